@@ -1,0 +1,134 @@
+"""Model and GPU presets: the inputs to every number in the lecture (§10.1–§10.7).
+
+All fields are in base units: bytes, bytes/s, FLOP/s, counts.  GB means 1e9
+bytes, GiB means 2**30 bytes; a preset's comment says which one the vendor
+used and where the figure comes from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+GB = 10**9
+GiB = 2**30
+KiB = 2**10
+MiB = 2**20
+TFLOP = 10**12
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a decoder-only transformer, as far as the KV cache cares."""
+
+    name: str
+    num_layers: int
+    num_heads: int  # query heads
+    num_kv_heads: int  # == num_heads for MHA, fewer for GQA
+    head_dim: int
+    num_params: float
+    dtype_bytes: int = 2  # bf16
+
+    def __post_init__(self):
+        for field in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "dtype_bytes"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelSpec {self.name!r}: {field} must be a positive integer, got {value!r}")
+        if not self.num_params > 0:
+            raise ValueError(f"ModelSpec {self.name!r}: num_params must be positive, got {self.num_params!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelSpec {self.name!r}: num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V, every layer, every KV head: 2 * L * n_kv * d_head * b (§10.2)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def gqa_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def with_kv_heads(self, num_kv_heads: int, name: str | None = None) -> "ModelSpec":
+        return replace(self, num_kv_heads=num_kv_heads, name=name or f"{self.name}-gqa{num_kv_heads}")
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator: memory, its bandwidth, dense bf16 peak, and the host link."""
+
+    name: str
+    hbm_bytes: float
+    hbm_bandwidth: float  # bytes/s
+    peak_flops: float  # dense bf16 (fp16 where the card has no bf16), FLOP/s
+    link_bandwidth: float  # host<->device, one direction, bytes/s
+    bf16: bool = True
+
+    def __post_init__(self):
+        for field in ("hbm_bytes", "hbm_bandwidth", "peak_flops", "link_bandwidth"):
+            value = getattr(self, field)
+            if not value > 0:
+                raise ValueError(f"GPUSpec {self.name!r}: {field} must be positive, got {value!r}")
+
+
+# The lecture's model (Lecture 2): a 7B-class MHA transformer, 32 layers x 32 heads x 128,
+# 6.74e9 parameters (the LLaMA-7B count, Touvron et al. 2023, Table 2), bf16.
+# Weights 13.48 GB, KV 2*32*32*128*2 = 524,288 B = 512 KiB per token.
+LECTURE_7B = ModelSpec("lecture-7b", 32, 32, 32, 128, 6.74e9)
+# The lecture's GQA-8 variant (§10.5, Exercises 1, 4, 5).  The lecture keeps N = 6.74e9 so that
+# only the cache changes; a real GQA-8 model of this shape has ~5.93e9 parameters (smaller K/V
+# projections).  We follow the lecture: this preset isolates the KV effect.
+LECTURE_7B_GQA8 = LECTURE_7B.with_kv_heads(8, "lecture-7b-gqa8")
+# Meta Llama 3 8B: 32 layers, 32 query heads, 8 KV heads, head dim 128, 8.03e9 parameters
+# (meta-llama/Meta-Llama-3-8B config.json; Llama 3 model card).
+LLAMA3_8B = ModelSpec("llama-3-8b", 32, 32, 8, 128, 8.03e9)
+# Meta Llama 3 70B: 80 layers, 64 query heads, 8 KV heads, head dim 128, 70.6e9 parameters.
+LLAMA3_70B = ModelSpec("llama-3-70b", 80, 64, 8, 128, 70.6e9)
+
+MODELS: dict[str, ModelSpec] = {m.name: m for m in (LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B)}
+MODELS["mha"] = LECTURE_7B
+MODELS["gqa8"] = LECTURE_7B_GQA8
+
+# GPU figures from the vendors' datasheets (dense, i.e. without 2:4 sparsity).  Memory sizes are
+# the marketed "GB" figure taken as 1e9 bytes, which is what the lecture's 80 - 13.5 - 4 = 62.5 GB
+# budget does; the physical H100 carries 80 GiB, of which CUDA reports about 79.1 GiB usable.
+GPUS: dict[str, GPUSpec] = {
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 80 GB HBM3, 3.35 TB/s, 989 TFLOPS bf16 dense.
+    # Host link PCIe Gen5 x16, 64 GB/s per direction (the lecture's swap link, §10.5).
+    "h100-sxm-80gb": GPUSpec("h100-sxm-80gb", 80 * GB, 3350 * GB, 989 * TFLOP, 64 * GB),
+    # NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS bf16 dense; PCIe Gen5 x16.
+    "h200": GPUSpec("h200", 141 * GB, 4800 * GB, 989 * TFLOP, 64 * GB),
+    # NVIDIA A100 datasheet: 80 GB HBM2e SXM at 2,039 GB/s; 40 GB HBM2 at 1,555 GB/s;
+    # 312 TFLOPS bf16 dense; PCIe Gen4 x16, 32 GB/s per direction.
+    "a100-80gb": GPUSpec("a100-80gb", 80 * GB, 2039 * GB, 312 * TFLOP, 32 * GB),
+    "a100-40gb": GPUSpec("a100-40gb", 40 * GB, 1555 * GB, 312 * TFLOP, 32 * GB),
+    # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOPS bf16 dense (242 sparse); PCIe Gen4 x16.
+    "l4": GPUSpec("l4", 24 * GB, 300 * GB, 121 * TFLOP, 32 * GB),
+    # NVIDIA T4 datasheet: 16 GB GDDR6, 320 GB/s, 65 TFLOPS fp16 mixed precision; no bf16
+    # (sm_75); PCIe Gen3 x16, 16 GB/s per direction.
+    "t4": GPUSpec("t4", 16 * GB, 320 * GB, 65 * TFLOP, 16 * GB, bf16=False),
+}
+GPUS["h100"] = GPUS["h100-sxm-80gb"]
+
+LECTURE_GPU = GPUS["h100-sxm-80gb"]
+LECTURE_MFU = 0.5  # "at 50% of peak" (§10.5, Lecture 2 §2.16)
+LECTURE_RESERVED_BYTES = 4 * GB  # activations and workspace: 80 - 13.5 - 4 = 62.5 GB (§10.2)
+
+
+def _lookup(table: dict, kind: str, name: str):
+    key = name.strip().lower()
+    if key not in table:
+        raise ValueError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(table))}")
+    return table[key]
+
+
+def get_model(name: str) -> ModelSpec:
+    return _lookup(MODELS, "model", name)
+
+
+def get_gpu(name: str) -> GPUSpec:
+    return _lookup(GPUS, "GPU", name)

@@ -1,0 +1,246 @@
+"""The ledger against hand derivations (the lecture's formulas done with a pencil, not the code).
+
+Every expected value below is written as the arithmetic a student would do: bytes per token as
+2 * L * n_kv * d * b, the budget as 80e9 - 13.48e9 - 4e9, and so on.
+"""
+import math
+
+import pytest
+
+from labsupport import ledger as L
+from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, ModelSpec, get_gpu
+
+H100 = GPUS["h100-sxm-80gb"]
+H200 = GPUS["h200"]
+
+KV_MHA = 2 * 32 * 32 * 128 * 2  # 524,288 = 512 KiB
+KV_GQA8 = 2 * 32 * 8 * 128 * 2  # 131,072 = 128 KiB
+BUDGET = 80e9 - 6.74e9 * 2 - 4e9  # 62.52 GB
+SEQ = 512 + 128
+
+
+def test_bytes_per_token_and_budget():
+    assert KV_MHA == 512 * 1024
+    assert L.kv_bytes_per_token(LECTURE_7B) == KV_MHA
+    assert L.kv_bytes_per_token(LECTURE_7B_GQA8) == KV_GQA8
+    assert L.kv_budget_bytes(LECTURE_7B, H100) == pytest.approx(62.52e9, rel=1e-12)
+    assert LECTURE_7B.weight_bytes == pytest.approx(13.48e9)
+
+
+def test_naive_allocator_lecture():
+    assert L.naive_slot_bytes(4096, KV_MHA) == 2_147_483_648  # exactly 2 GiB
+    # 62.52e9 / 2,147,483,648 = 29.11 -> 29 slots
+    assert L.naive_concurrency(BUDGET, 4096, KV_MHA) == 29
+    assert L.naive_utilization(BUDGET, 4096, SEQ, KV_MHA) == pytest.approx(29 * 640 * 524_288 / 62.52e9)
+    assert L.naive_utilization(BUDGET, 4096, SEQ, KV_MHA) == pytest.approx(0.15564, abs=1e-5)
+    # 32K: 62.52e9 / 17,179,869,184 = 3.64 -> 3 slots, 3 * 640 tokens held
+    assert L.naive_concurrency(BUDGET, 32768, KV_MHA) == 3
+    assert L.naive_utilization(BUDGET, 32768, SEQ, KV_MHA) == pytest.approx(3 * 640 * 524_288 / 62.52e9)
+    assert L.slot_occupancy(4096, 640) == pytest.approx(0.15625)
+    # a sequence longer than the slot is held only up to S_max
+    assert L.naive_utilization(BUDGET, 512, 640, KV_MHA) == pytest.approx(232 * 512 * 524_288 / 62.52e9)
+
+
+def test_paged_lecture():
+    # blocks of 16 x 524,288 = 8,388,608 B; 62.52e9 / 8,388,608 = 7,452.96 -> 7,452 blocks
+    assert L.num_blocks(BUDGET, 16, KV_MHA) == 7452
+    assert L.blocks_for(640, 16) == 40
+    assert L.blocks_for(641, 16) == 41
+    assert L.blocks_for(0, 16) == 0
+    assert L.paged_concurrency(BUDGET, 640, 16, KV_MHA) == 7452 // 40 == 186
+    assert L.paged_utilization(BUDGET, 640, 16, KV_MHA) == pytest.approx(186 * 640 * 524_288 / 62.52e9)
+    assert L.tail_waste_tokens(640, 16) == 0
+    assert L.tail_waste_tokens(641, 16) == 15
+    assert L.mean_tail_waste_tokens(16) == 7.5
+    assert L.block_table_entries(4096, 16) == 256
+    assert L.block_table_bytes(4096, 16) == 1024
+    assert L.block_table_bytes(4096, 16, entry_bytes=8) == 2048  # the lecture's "2 KB"
+
+
+def test_block_size_table():
+    rows = L.block_size_table([1, 16, 64, 256], 199, BUDGET, KV_MHA)
+    assert [r.table_entries for r in rows] == [4096, 256, 64, 16]
+    assert [r.mean_tail_tokens for r in rows] == [0, 7.5, 31.5, 127.5]
+    assert rows[1].waste_at_batch_bytes == pytest.approx(199 * 7.5 * 524_288)
+    assert rows[2].waste_fraction_of_budget == pytest.approx(199 * 31.5 * 524_288 / 62.52e9)
+    assert [r.contiguous_run_tokens for r in rows] == [1, 16, 64, 256]
+
+
+def test_fanout():
+    assert L.fanout_tokens(8, 4096, 256) == (34_816, 6_144)
+    assert L.sharing_factor(8, 4096, 256) == pytest.approx(34_816 / 6_144)
+    # n = 16 off 8K with 512-token outputs: 139,264 vs 16,384 tokens; 73.0 GB vs 8.6 GB
+    u, s = L.fanout_tokens(16, 8192, 512)
+    assert (u, s) == (16 * 8704, 8192 + 16 * 512)
+    assert u * KV_MHA / 1e9 == pytest.approx(73.01, abs=0.01)
+    assert s * KV_MHA / 1e9 == pytest.approx(8.59, abs=0.01)
+    # blocks: a 4K prompt fills 256 blocks, each branch owns 16 output blocks
+    assert L.fanout_blocks(8, 4096, 256, 16) == (8 * 272, 256 + 8 * 16)
+    # a prompt ending mid-block: 100 tokens = 6 full blocks + 4 tokens; each branch copies the partial one
+    # branch total ceil(110/16) = 7 blocks, 6 shared -> 1 private each
+    assert L.fanout_blocks(3, 100, 10, 16) == (3 * 7, 6 + 3 * 1)
+
+
+def test_swap_and_recompute_lecture():
+    kv4k = 4096 * KV_MHA
+    assert L.swap_round_trip_s(kv4k, 64e9) == pytest.approx(2 * 2_147_483_648 / 64e9)  # 67.1 ms
+    flops = 2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2  # 55.2 + 8.8 TFLOP
+    assert L.prefill_flops(LECTURE_7B, 4096) == pytest.approx(flops)
+    assert flops == pytest.approx(64.01e12, rel=1e-3)
+    assert L.recompute_s(LECTURE_7B, 4096, 989e12) == pytest.approx(flops / 494.5e12)  # 129.4 ms
+    assert L.breakeven_link_bandwidth(LECTURE_7B, 4096, 989e12) == pytest.approx(2 * kv4k / (flops / 494.5e12))
+    assert L.breakeven_link_bandwidth(LECTURE_7B, 4096, 989e12) / 1e9 == pytest.approx(33.18, abs=0.01)
+    gqa_be = L.breakeven_link_bandwidth(LECTURE_7B_GQA8, 4096, 989e12)
+    assert gqa_be / 1e9 == pytest.approx(8.30, abs=0.01)  # the lecture's 8.3 GB/s
+    assert L.preempt_choice(LECTURE_7B, 4096, 64e9, 989e12) == "swap"
+    assert L.preempt_choice(LECTURE_7B, 4096, 16e9, 989e12) == "recompute"
+
+
+def test_crossover_exercise4():
+    # 2 S 524,288 / 32e9 = (13.48e9 S + 524,288 S^2) / 494.5e12, solved for S by hand
+    s = (2 * 524_288 * 494.5e12 / 32e9 - 13.48e9) / 524_288
+    assert L.crossover_tokens(LECTURE_7B, 32e9, 989e12) == pytest.approx(s)
+    assert round(s) == 5195
+    # at that length the two costs agree; either side they do not
+    sw = L.swap_round_trip_s(s * KV_MHA, 32e9)
+    assert sw == pytest.approx(L.recompute_s(LECTURE_7B, s, 989e12), rel=1e-9)
+    assert L.preempt_choice(LECTURE_7B, 4000, 32e9, 989e12) == "recompute"
+    assert L.preempt_choice(LECTURE_7B, 6000, 32e9, 989e12) == "swap"
+    # on 64 GB/s swap is cheaper at every length for this model
+    assert L.crossover_tokens(LECTURE_7B, 64e9, 989e12) == 0.0
+
+
+def test_decode_cadence_and_slo():
+    step = 13.48e9 + 186 * 640 * 524_288
+    assert L.decode_step_bytes(LECTURE_7B, 186, 640) == pytest.approx(step)
+    assert L.tpot_s(LECTURE_7B, 186, 640, 3350e9) == pytest.approx(step / 3350e9)  # 22.65 ms
+    assert L.throughput_tok_s(186, step / 3350e9) == pytest.approx(186 * 3350e9 / step)
+    # (0.020 * 3350e9 - 13.48e9) / 335,544,320 = 159.5 -> 159
+    assert L.max_batch_for_tpot(LECTURE_7B, 640, 0.020, 3350e9) == 159
+    assert L.tpot_s(LECTURE_7B, 159, 640, 3350e9) <= 0.020 < L.tpot_s(LECTURE_7B, 160, 640, 3350e9)
+    assert L.goodput_tok_s(199, L.tpot_s(LECTURE_7B, 199, 640, 3350e9), 0.020) == 0.0
+    t29 = L.tpot_s(LECTURE_7B, 29, 640, 3350e9)
+    assert L.goodput_tok_s(29, t29, 0.020) == pytest.approx(29 / t29)
+    assert L.ttft_s(0.5, 0.129, 0.0226) == pytest.approx(0.6516)
+    with pytest.raises(ValueError, match="queueing_s"):
+        L.ttft_s(-1, 0.1, 0.0)
+    # Lecture 2: 989 TFLOP/s over 3,350 GB/s, bf16 -> B = 295.2
+    assert L.ridge_batch(LECTURE_7B, H100) == pytest.approx(989e12 / 3350e9)
+    assert int(L.ridge_batch(LECTURE_7B, H100)) == 295
+
+
+def test_compute_lecture_scenario():
+    r = L.compute(L.Scenario())
+    assert r["naive_concurrency"] == 29 and r["paged_concurrency"] == 186
+    assert r["kv_budget_bytes"] == pytest.approx(62.52e9)
+    assert r["swap_round_trip_s"] == pytest.approx(0.067108864)
+    assert r["fanout_factor"] == pytest.approx(17 / 3)
+    assert r["max_batch_for_slo"] == 159
+
+
+def test_other_configuration_llama3_8b_on_h200():
+    kv = 2 * 32 * 8 * 128 * 2
+    budget = 141e9 - 8.03e9 * 2 - 4e9  # 120.94 GB
+    r = L.compute(L.Scenario(model=LLAMA3_8B, gpu=H200))
+    assert r["kv_bytes_per_token"] == kv == 131_072
+    assert r["kv_budget_bytes"] == pytest.approx(budget)
+    assert r["naive_slot_bytes"] == 4096 * kv
+    assert r["naive_concurrency"] == math.floor(budget / (4096 * kv)) == 225
+    assert r["num_blocks"] == math.floor(budget / (16 * kv)) == 57_668
+    assert r["paged_concurrency"] == 57_668 // 40 == 1441
+    assert r["ridge_batch"] == pytest.approx(989e12 / 4800e9)
+    assert r["max_batch_for_slo"] == math.floor((0.020 * 4800e9 - 16.06e9) / (640 * kv)) == 952
+    assert r["tpot_s"] == pytest.approx((16.06e9 + 1441 * 640 * kv) / 4800e9)
+    rec = 2 * 8.03e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2
+    assert r["recompute_s"] == pytest.approx(rec / (0.5 * 989e12))
+    assert r["swap_round_trip_s"] == pytest.approx(2 * 4096 * kv / 64e9)
+
+
+def test_exercises():
+    e1 = L.exercise1()
+    assert e1["mha_slot_bytes"] == 131_072 * 524_288 and e1["mha_naive_concurrency"] == 0
+    assert e1["gqa_slot_bytes"] == 131_072 * 131_072 and e1["gqa_naive_concurrency"] == 3
+    assert e1["gqa_naive_utilization"] == pytest.approx(3 * 640 * 131_072 / 62.52e9)
+    # 62.52e9 / (16 * 131,072) = 29,812.6 -> 29,812 blocks // 40 = 745
+    assert e1["gqa_paged_concurrency"] == 745
+    e2 = L.exercise2()
+    mean = 0.7 * 512 * KV_MHA + 0.25 * 4096 * KV_MHA + 0.05 * 32768 * KV_MHA
+    assert e2["mean_slot_bytes"] == pytest.approx(mean)
+    assert int(e2["mean_concurrency"]) == 39
+    mu, sigma = L.lognormal_params()
+    assert math.exp(mu) == pytest.approx(800)
+    assert sigma == pytest.approx(math.log(25) / 1.6448536, rel=1e-6)
+    e3 = {r["block_size"]: r for r in L.exercise3()}
+    assert [e3[b]["entries_at_median"] for b in (8, 16, 64, 256)] == [100, 50, 13, 4]
+    assert [e3[b]["entries_at_p95"] for b in (8, 16, 64, 256)] == [2500, 1250, 313, 79]
+    e4 = L.exercise4()
+    assert e4["kv_bytes"] == 16384 * 131_072 == 2_147_483_648
+    rec = 2 * 6.74e9 * 16384 + 4 * 32 * 32 * 128 * 16384**2
+    assert e4["recompute_flops"] == pytest.approx(rec) and rec == pytest.approx(361.6e12, rel=1e-3)
+    assert e4["recompute_s"] == pytest.approx(rec / 494.5e12)  # 731 ms
+    assert e4["swap_advantage"] == pytest.approx((rec / 494.5e12) / (2 * 2_147_483_648 / 64e9))
+    assert e4["breakeven_link_bandwidth"] / 1e9 == pytest.approx(5.87, abs=0.01)
+    e5 = L.exercise5()
+    assert e5["peak_kv_bytes"] == 7700 * 131_072
+    assert e5["sessions_paged"] == 29_812 // math.ceil(7700 / 16) == 61
+    assert e5["sessions_naive"] == 29
+    assert e5["prefill_s"] == pytest.approx(97_000 * 2 * 6.74e9 / 494.5e12)
+
+
+# printed value, the half-unit of its last printed digit, and the exact value derived by hand
+ERRATA_BY_HAND = {
+    "KV per 640-token sequence": (0.328, 0.0005, 640 * 524_288 / 1e9),
+    "Naive utilization, S_max = 4K": (15.2, 0.05, 100 * 29 * 640 * 524_288 / 62.52e9),
+    "Naive utilization, S_max = 32K": (1.9, 0.05, 100 * 3 * 640 * 524_288 / 62.52e9),
+    "Paged concurrency, b = 16": (199, 0.5, 7452 // 40),
+    "TPOT at B = 199": (23.5, 0.05, 1e3 * (13.48e9 + 199 * 640 * 524_288) / 3350e9),
+    "Largest B meeting a 20 ms TPOT SLO": (164, 0.5, (0.020 * 3350e9 - 13.48e9) // (640 * 524_288)),
+    "Swap/recompute break-even, 4K MHA": (33.3, 0.05, 2 * 4096 * 524_288 / ((2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / 494.5e12) / 1e9),
+    "Crossover length, MHA on 32 GB/s": (2600, 50, (2 * 524_288 * 494.5e12 / 32e9 - 13.48e9) / 524_288),
+    "Tail waste at B = 199, b = 64 and 256": (5.1, 0.05, 100 * 199 * 32 * 524_288 / 62.52e9),
+    "Unshared fan-out, n = 8 off 4K": (17.9, 0.05, 34_816 * 524_288 / 1e9),
+    "Block-table overhead, 4K at b = 16": (2048, 0.5, 256 * 4),
+    "Exercise 1 paged GQA-8 concurrency": (744, 0.5, (62.52e9 // (16 * 131_072)) // 40),
+    "Exercise 5 session KV and sessions per card": (0.985, 0.0005, 7700 * 131_072 / 1e9),
+    "Naive column's throughput": (1 / 3, 0.05, (29 / ((13.48e9 + 29 * 640 * 524_288) / 3350e9)) / (199 / ((13.48e9 + 199 * 640 * 524_288) / 3350e9))),
+}
+
+
+def test_errata_rows_are_real():
+    by_name = {e.quantity: e for e in L.ERRATA}
+    assert set(by_name) == set(ERRATA_BY_HAND)
+    for name, (printed, half_unit, exact) in ERRATA_BY_HAND.items():
+        e = by_name[name]
+        assert e.printed_value == pytest.approx(printed), name
+        assert e.exact_value == pytest.approx(exact, rel=1e-9), name
+        # a real erratum: the exact value does not round to the printed one
+        assert abs(exact - printed) > half_unit, name
+        assert e.why and e.section
+
+
+@pytest.mark.parametrize("call", [
+    lambda: L.naive_slot_bytes(0, KV_MHA),
+    lambda: L.naive_slot_bytes(4096, -1),
+    lambda: L.blocks_for(-1, 16),
+    lambda: L.blocks_for(10, 0),
+    lambda: L.recompute_s(LECTURE_7B, 4096, 989e12, mfu=0),
+    lambda: L.recompute_s(LECTURE_7B, 4096, 989e12, mfu=1.5),
+    lambda: L.swap_round_trip_s(1e9, 0),
+    lambda: L.fanout_tokens(0, 4096, 256),
+    lambda: L.max_batch_for_tpot(LECTURE_7B, 640, -0.02, 3350e9),
+    lambda: L.exercise2(mix=((512, 0.5), (4096, 0.4))),
+    lambda: L.naive_utilization(float("nan"), 4096, 640, KV_MHA),
+])
+def test_bad_input_is_a_clear_value_error(call):
+    with pytest.raises(ValueError, match="must|sum"):
+        call()
+
+
+def test_specs_validate_and_lookup():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        ModelSpec("bad", 32, 32, 5, 128, 1e9)
+    with pytest.raises(ValueError, match="num_layers"):
+        ModelSpec("bad", 0, 32, 32, 128, 1e9)
+    with pytest.raises(ValueError, match="unknown GPU 'nope'"):
+        get_gpu("nope")
+    assert get_gpu("H100") is H100

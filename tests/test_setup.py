@@ -1,0 +1,164 @@
+"""Set-up a newcomer can trust: the two commands, the package lists, the CLI, the README's numbers."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# conda names that differ from the PyPI names
+CONDA_TO_PYPI = {"pytorch": "torch"}
+NOT_PACKAGES = {"python", "pip"}
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!;\[ ]", req.strip(), maxsplit=1)[0].lower()
+
+
+def _env_yml_packages() -> set[str]:
+    names = set()
+    text = (ROOT / "environment.yml").read_text()
+    for line in text.split("dependencies:", 1)[1].splitlines():
+        m = re.match(r"^\s*-\s+([A-Za-z0-9_.\-]+)", line)
+        if m and not line.strip().startswith("- -e") and m.group(1) != "pip:":
+            names.add(CONDA_TO_PYPI.get(_name(m.group(1)), _name(m.group(1))))
+    return names - NOT_PACKAGES
+
+
+def test_environment_yml_agrees_with_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = {_name(d) for d in project["dependencies"]}
+    test_deps = {_name(d) for d in project["optional-dependencies"]["test"]}
+    pyproject = deps | test_deps
+    env = _env_yml_packages()
+    # triton comes through `pip -e .` with its Linux-only marker, so conda lists it nowhere
+    assert env == pyproject - {"triton"}, (env ^ (pyproject - {"triton"}))
+    triton = [d for d in project["dependencies"] if _name(d) == "triton"]
+    assert triton and "platform_system == 'Linux'" in triton[0]
+    # lower bounds, never exact pins: a student's CUDA torch must survive the install
+    for dep in project["dependencies"]:
+        assert "==" not in dep.split(";")[0], dep
+
+
+def test_ci_calls_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^make test\s*$", ci, re.M)
+    readme = (ROOT / "README.md").read_text()
+    assert "make lab" in readme and "make test" in readme
+
+
+def _run(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "labsupport", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120, **kw)
+
+
+def test_readme_numbers_match_the_ledger():
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"<!-- ledger:begin -->\n(.*?)\n<!-- ledger:end -->", readme, re.S)
+    assert m, "README lacks the generated ledger section"
+    out = _run("ledger", "--markdown")
+    assert out.returncode == 0, out.stderr
+    assert m.group(1).strip() == out.stdout.strip(), (
+        "README's numbers are stale: regenerate with `python -m labsupport ledger --markdown`")
+
+
+def test_ledger_cli_json_keys_and_values():
+    out = _run("ledger", "--json")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    for key in ("kv_bytes_per_token kv_budget_bytes naive_slot_bytes naive_concurrency naive_utilization "
+                "paged_concurrency paged_utilization block_table_entries block_table_bytes fanout_tokens_unshared "
+                "fanout_tokens_shared fanout_factor swap_round_trip_s recompute_flops recompute_s breakeven_link_gbs "
+                "crossover_tokens tpot_s throughput_tok_s max_batch_for_slo ridge_batch").split():
+        assert key in r, key
+    assert r["kv_bytes_per_token"] == 524_288 and r["naive_concurrency"] == 29
+    # explicit shape flags: a 16-layer, 8-KV-head model has a quarter... 2*16*8*128*2 bytes per token
+    out = _run("ledger", "--json", "--layers", "16", "--kv-heads", "8", "--link-gbs", "32", "--s-max", "2048")
+    r = json.loads(out.stdout)
+    assert r["kv_bytes_per_token"] == 2 * 16 * 8 * 128 * 2
+    assert r["naive_slot_bytes"] == 2048 * 65_536
+    assert r["swap_round_trip_s"] == pytest.approx(2 * 2048 * 65_536 / 32e9)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--block-size", "0"], "--block-size"),
+    (["--s-max", "-5"], "--s-max"),
+    (["--gpu", "rtx9999"], "unknown GPU"),
+    (["--model", "gpt-9"], "unknown model"),
+    (["--kv-budget-gb", "0.000001"], "smaller than one block"),
+    (["--hbm-gb", "10"], "weights alone"),
+    (["--mfu", "2"], "--mfu"),
+    (["--prompt", "abc"], "invalid int"),
+    (["--kv-heads", "5"], "multiple of"),
+])
+def test_ledger_cli_bad_flags(flags, needle):
+    out = _run("ledger", *flags)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert needle in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_command_and_usage():
+    assert _run("frobnicate").returncode == 2
+    out = _run("--help")
+    assert out.returncode == 0 and "ledger" in out.stdout
+
+
+def test_doctor_reports_cpu_mode():
+    out = _run("doctor")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "OK: the labs can run here." in out.stdout
+    import torch
+    if not torch.cuda.is_available():
+        assert "interpreter" in out.stdout
+
+
+def test_triton_interpret_is_set_before_triton_import():
+    code = ("import os, sys; import labsupport; import torch; "
+            "assert torch.cuda.is_available() or os.environ.get('TRITON_INTERPRET') == '1'; print('ok')")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_make_lab_serves_jupyterlab():
+    if not (ROOT / ".venv" / ".installed").exists():
+        pytest.skip("make lab needs the venv that `make test` creates")
+    port = _free_port()
+    args = (f"--no-browser --ip=127.0.0.1 --port={port} --ServerApp.token= --ServerApp.password= "
+            "--ServerApp.open_browser=False")
+    proc = subprocess.Popen(["make", "-s", "lab", f"LAB_ARGS={args}"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        status = None
+        while time.time() < deadline and status != 200:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/lab", timeout=5) as resp:
+                    status = resp.status
+            except OSError:
+                time.sleep(0.5)
+        assert status == 200
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
