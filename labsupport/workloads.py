@@ -1,0 +1,641 @@
+"""Workloads for the labs: the lecture's synthetic ones and real public serving traces (§10.2–§10.5).
+
+Synthetic:
+  `chat_workload`      the fixed 512-token prompt / 128-token output chat workload of §10.2;
+  `lognormal_workload` sequence lengths with median 800 and 5% above 20,000 tokens (Exercise 3);
+  `agent_session`      Lecture 5's 20-step agent: 97,000 submitted prompt tokens, 7,700 distinct (Exercise 5);
+  `fanout_request`     n completions off one prompt (§10.4).
+
+Real traces (`load_trace`):
+  azure-conv, azure-code  Azure LLM Inference Trace 2023 (CSV: TIMESTAMP, ContextTokens, GeneratedTokens).
+      CC BY 4.0; cite Patel et al., "Splitwise: Efficient generative LLM inference using phase
+      splitting", ISCA 2024.
+  mooncake-conversation, mooncake-synthetic  Mooncake FAST'25 traces (JSONL: timestamp in ms,
+      input_length, output_length, hash_ids with one id per 512-token prompt block).  Apache-2.0
+      repository; cite Qin et al., "Mooncake: Trading More Storage for Less Computation", FAST 2025.
+
+A trace file is looked up in this order: an explicit path, $LABSUPPORT_DATA, the repository's
+data/, then ../shared/traces/ beside the repository.  If none holds it, `download(name)` fetches
+the public file into data/ and checks its sha256; with no network, `load_trace` says how to get
+the file and falls back to a synthetic workload fitted to the trace's statistics, labelled as such
+(`Workload.synthetic`).  Set LABSUPPORT_OFFLINE=1 to skip the download attempt.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from statistics import NormalDist
+from typing import Iterator, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Request", "Workload", "TraceInfo", "TraceStats", "TRACES", "TraceFormatError", "TraceUnavailable",
+    "TraceNotice", "chat_workload", "lognormal_params", "lognormal_workload", "agent_session",
+    "fanout_request", "fanout_workload", "find_trace", "trace_search_dirs", "download", "load_trace",
+    "load_azure", "load_mooncake", "read_azure_csv", "read_mooncake_jsonl", "synthetic_trace",
+    "prefix_hit_rate", "mooncake_token_ids", "MOONCAKE_BLOCK_TOKENS", "REPO_ROOT",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+class TraceFormatError(ValueError):
+    """A trace file does not have the expected format; the message names file and line."""
+
+
+class TraceUnavailable(FileNotFoundError):
+    """The trace is in none of the searched places and could not be downloaded."""
+
+
+class TraceNotice(UserWarning):
+    """A trace was replaced by a synthetic stand-in, or rows were skipped."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One serving request.  Lengths are in tokens; `arrival_s` counts from the workload's start."""
+
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...] = ()  # Mooncake: one id per 512-token prompt block
+    session_id: int | None = None
+    n: int = 1  # completions sharing this prompt (fan-out, §10.4)
+    token_ids: tuple[int, ...] | None = None  # prompt token ids, when the workload defines them
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass
+class Workload:
+    """A named list of requests and where they came from."""
+
+    name: str
+    requests: list[Request]
+    source: str
+    synthetic: bool
+    citation: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self.requests)
+
+    def __getitem__(self, i):
+        return self.requests[i]
+
+    def head(self, n: int) -> "Workload":
+        return Workload(self.name, self.requests[:n], self.source, self.synthetic, self.citation,
+                        self.notes + [f"first {n} requests"])
+
+    def prompt_lengths(self) -> np.ndarray:
+        return np.array([r.prompt_tokens for r in self.requests], dtype=np.int64)
+
+    def output_lengths(self) -> np.ndarray:
+        return np.array([r.output_tokens for r in self.requests], dtype=np.int64)
+
+    def total_lengths(self) -> np.ndarray:
+        return self.prompt_lengths() + self.output_lengths()
+
+    def as_pairs(self) -> list[tuple[int, int]]:
+        """(prompt_tokens, output_tokens) per request, what the allocator simulations take."""
+        return [(r.prompt_tokens, r.output_tokens) for r in self.requests]
+
+    def summary(self) -> dict[str, float]:
+        if not self.requests:
+            return {"count": 0}
+        p, o, t = self.prompt_lengths(), self.output_lengths(), self.total_lengths()
+        arr = [r.arrival_s for r in self.requests]
+        return {
+            "count": len(self.requests),
+            "duration_s": max(arr) - min(arr),
+            "prompt_median": float(np.median(p)), "prompt_p99": float(np.percentile(p, 99)),
+            "prompt_mean": float(p.mean()), "prompt_max": int(p.max()),
+            "output_median": float(np.median(o)), "output_p99": float(np.percentile(o, 99)),
+            "output_mean": float(o.mean()), "output_max": int(o.max()),
+            "total_over_4096": float((t > 4096).mean()), "total_over_32768": float((t > 32768).mean()),
+        }
+
+    def describe(self) -> str:
+        s = self.summary()
+        label = "SYNTHETIC" if self.synthetic else "real"
+        if not s["count"]:
+            return f"{self.name} ({label}): empty"
+        return (f"{self.name} ({label}, {self.source}): {s['count']:,} requests over {s['duration_s']:,.0f} s; "
+                f"prompt median {s['prompt_median']:,.0f} / p99 {s['prompt_p99']:,.0f} tokens, "
+                f"output median {s['output_median']:,.0f} / p99 {s['output_p99']:,.0f}")
+
+
+def _count(name: str, value, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _arrivals(num: int, rate_per_s: float | None, rng: np.random.Generator) -> np.ndarray:
+    if rate_per_s is None:
+        return np.zeros(num)
+    if not rate_per_s > 0:
+        raise ValueError(f"rate_per_s must be positive, got {rate_per_s!r}")
+    return np.cumsum(rng.exponential(1.0 / rate_per_s, size=num))  # Poisson arrivals
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic generators
+# ---------------------------------------------------------------------------------------------
+
+
+def chat_workload(num_requests: int = 200, prompt_tokens: int = 512, output_tokens: int = 128,
+                  rate_per_s: float | None = None, seed: int = 0) -> Workload:
+    """§10.2's chat workload: every request a 512-token prompt and a 128-token answer (640 tokens)."""
+    num = _count("num_requests", num_requests, 1)
+    p, o = _count("prompt_tokens", prompt_tokens, 1), _count("output_tokens", output_tokens, 1)
+    arr = _arrivals(num, rate_per_s, np.random.default_rng(seed))
+    reqs = [Request(i, float(arr[i]), p, o) for i in range(num)]
+    return Workload(f"chat {p}/{o}", reqs, "synthetic (lecture §10.2)", True)
+
+
+def lognormal_params(median_tokens: float, tail_tokens: float, tail_fraction: float) -> tuple[float, float]:
+    """(mu, sigma) of the lognormal with this median and P(length > tail_tokens) = tail_fraction.
+
+    median = e^mu, so mu = ln(median); the tail condition gives sigma = ln(tail / median) / z,
+    z the standard normal's (1 - tail_fraction) quantile (1.6449 for 5%).
+    """
+    if not median_tokens > 0:
+        raise ValueError(f"median_tokens must be positive, got {median_tokens!r}")
+    if not tail_tokens > median_tokens:
+        raise ValueError(f"tail_tokens ({tail_tokens!r}) must exceed median_tokens ({median_tokens!r})")
+    if not 0 < tail_fraction < 0.5:
+        raise ValueError(f"tail_fraction must be in (0, 0.5), got {tail_fraction!r}")
+    z = NormalDist().inv_cdf(1 - tail_fraction)
+    return math.log(median_tokens), math.log(tail_tokens / median_tokens) / z
+
+
+def lognormal_workload(num_requests: int = 1000, median_tokens: float = 800, tail_tokens: float = 20_000,
+                       tail_fraction: float = 0.05, output_share: float = 0.2, max_tokens: int | None = None,
+                       rate_per_s: float | None = None, seed: int = 0) -> Workload:
+    """Exercise 3: total sequence lengths lognormal with median 800 and 5% above 20,000 tokens.
+
+    Each length L is split into output = max(1, round(L * output_share)) and prompt = L - output
+    (the default share 0.2 is the chat workload's 128/640), so totals follow the distribution
+    exactly.  `max_tokens` clips the tail (a context window), None keeps it.
+    """
+    num = _count("num_requests", num_requests, 1)
+    if not 0 < output_share < 1:
+        raise ValueError(f"output_share must be in (0, 1), got {output_share!r}")
+    mu, sigma = lognormal_params(median_tokens, tail_tokens, tail_fraction)
+    rng = np.random.default_rng(seed)
+    lengths = np.maximum(2, np.rint(rng.lognormal(mu, sigma, size=num))).astype(np.int64)
+    if max_tokens is not None:
+        lengths = np.minimum(lengths, _count("max_tokens", max_tokens, 2))
+    arr = _arrivals(num, rate_per_s, rng)
+    reqs = []
+    for i, n in enumerate(lengths.tolist()):
+        out = min(n - 1, max(1, round(n * output_share)))
+        reqs.append(Request(i, float(arr[i]), n - out, out))
+    return Workload(f"lognormal median {median_tokens:g}, {100 * tail_fraction:g}% > {tail_tokens:,g}", reqs,
+                    f"synthetic (Exercise 3; mu={mu:.4f}, sigma={sigma:.4f})", True)
+
+
+def agent_session(steps: int = 20, submitted_tokens: int = 97_000, distinct_tokens: int = 7_700,
+                  output_per_step: int = 80, step_interval_s: float = 1.0, session_id: int = 0) -> Workload:
+    """Exercise 5: one agent session whose every step re-sends its whole context.
+
+    Step i's prompt is the first p_i tokens of one growing token stream, p_i = a + i*d, with the
+    last prompt holding all `distinct_tokens` and the prompts summing to `submitted_tokens`:
+        a + (steps-1) d = distinct,   steps*a + steps(steps-1)/2 * d = submitted.
+    The lecture's 97,000 / 7,700 over 20 steps gives a = 2,000 and d = 300 exactly: each step adds
+    its 80 output tokens plus 220 tokens of tool results, and 92.06% of submitted tokens are re-sent.
+    Token ids are defined (stream position + session offset) so a prefix cache can share them.
+    The last step also decodes its 80 output tokens, so the session's peak KV is distinct + 80.
+    """
+    steps = _count("steps", steps, 1)
+    submitted = _count("submitted_tokens", submitted_tokens, 1)
+    distinct = _count("distinct_tokens", distinct_tokens, 1)
+    out = _count("output_per_step", output_per_step, 1)
+    if steps == 1:
+        if submitted != distinct:
+            raise ValueError(f"one step submits its context once: submitted_tokens ({submitted}) must equal "
+                             f"distinct_tokens ({distinct})")
+        first, growth = float(distinct), 0.0
+    else:
+        growth = (steps * distinct - submitted) / (steps * (steps - 1) / 2)
+        first = distinct - (steps - 1) * growth
+    if first < 1 or growth < 0:
+        raise ValueError(f"no growing context fits: {steps} steps, {submitted} submitted, {distinct} distinct "
+                         f"tokens give a first prompt of {first:.1f} and growth {growth:.1f} per step")
+    if steps > 1 and growth < out:
+        raise ValueError(f"each step's {out} output tokens must fit in the context growth of {growth:.1f} tokens")
+    base = session_id * 10_000_000
+    prompts = [round(first + i * growth) for i in range(steps)]
+    reqs = [Request(i, i * step_interval_s, p, out, session_id=session_id, token_ids=tuple(range(base, base + p)))
+            for i, p in enumerate(prompts)]
+    return Workload(f"agent session ({steps} steps)", reqs,
+                    f"synthetic (Exercise 5; first prompt {first:g}, +{growth:g} tokens per step)", True,
+                    notes=[f"submitted {sum(prompts):,} prompt tokens, {prompts[-1]:,} distinct"])
+
+
+def fanout_request(n: int = 8, prompt_tokens: int = 4096, output_tokens: int = 256, request_id: int = 0,
+                   arrival_s: float = 0.0) -> Request:
+    """One request asking for n completions of one prompt (§10.4: n=8 off 4K, 256 tokens each)."""
+    return Request(request_id, arrival_s, _count("prompt_tokens", prompt_tokens, 1),
+                   _count("output_tokens", output_tokens, 1), n=_count("n", n, 1))
+
+
+def fanout_workload(num_requests: int = 10, n: int = 8, prompt_tokens: int = 4096, output_tokens: int = 256,
+                    rate_per_s: float | None = None, seed: int = 0) -> Workload:
+    num = _count("num_requests", num_requests, 1)
+    arr = _arrivals(num, rate_per_s, np.random.default_rng(seed))
+    reqs = [fanout_request(n, prompt_tokens, output_tokens, i, float(arr[i])) for i in range(num)]
+    return Workload(f"fan-out n={n} off {prompt_tokens}", reqs, "synthetic (lecture §10.4)", True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Real traces: registry, lookup, download
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceStats:
+    """Length statistics of a trace, used to fit the synthetic stand-in (computed from the public
+    file with numpy's default percentile; tests recompute them from the file)."""
+
+    count: int
+    duration_s: float
+    prompt_median: float
+    prompt_p99: float
+    prompt_max: int
+    output_median: float
+    output_p99: float
+    output_max: int
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    name: str
+    filename: str  # our name for the file (as in ../shared/traces/)
+    upstream_name: str  # the file's name upstream (also accepted when looking a trace up)
+    url: str
+    sha256: str
+    size_bytes: int
+    format: str  # "azure-csv" or "mooncake-jsonl"
+    citation: str
+    license: str
+    stats: TraceStats
+
+
+_AZURE = ("Patel et al., \"Splitwise: Efficient generative LLM inference using phase splitting\", ISCA 2024; "
+          "Azure LLM Inference Trace 2023, github.com/Azure/AzurePublicDataset")
+_MOONCAKE = ("Qin et al., \"Mooncake: Trading More Storage for Less Computation\", FAST 2025; "
+             "github.com/kvcache-ai/Mooncake, FAST25-release/traces")
+_AZURE_RAW = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data/"
+_MOONCAKE_RAW = "https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release/traces/"
+
+TRACES: dict[str, TraceInfo] = {t.name: t for t in (
+    TraceInfo("azure-conv", "AzureLLMInferenceTrace_2023_conv.csv", "AzureLLMInferenceTrace_conv.csv",
+              _AZURE_RAW + "AzureLLMInferenceTrace_conv.csv",
+              "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8", 719_188, "azure-csv",
+              _AZURE, "CC BY 4.0", TraceStats(19_366, 3501.72, 1020, 4142, 14_050, 129, 601, 1000)),
+    TraceInfo("azure-code", "AzureLLMInferenceTrace_2023_code.csv", "AzureLLMInferenceTrace_code.csv",
+              _AZURE_RAW + "AzureLLMInferenceTrace_code.csv",
+              "54e9a6d2a4bd06ba1e060304b900abbc74cbea53de96506e60fe5bb4f2277fb6", 320_117, "azure-csv",
+              _AZURE, "CC BY 4.0", TraceStats(8_819, 3435.95, 1469, 7436, 7437, 13, 251.46, 1899)),
+    TraceInfo("mooncake-conversation", "mooncake_fast25_conversation_trace.jsonl", "conversation_trace.jsonl",
+              _MOONCAKE_RAW + "conversation_trace.jsonl",
+              "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df", 3_029_533, "mooncake-jsonl",
+              _MOONCAKE, "Apache-2.0 (repository)", TraceStats(12_031, 3536.999, 6909, 85_400.4, 126_195, 350, 1118.5, 2000)),
+    TraceInfo("mooncake-synthetic", "mooncake_fast25_synthetic_trace.jsonl", "synthetic_trace.jsonl",
+              _MOONCAKE_RAW + "synthetic_trace.jsonl",
+              "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131", 1_136_313, "mooncake-jsonl",
+              _MOONCAKE, "Apache-2.0 (repository)", TraceStats(3_993, 1022.025, 11_587, 66_456.16, 191_378, 69, 768.08, 893)),
+)}
+
+
+def _info(name: str) -> TraceInfo:
+    if name not in TRACES:
+        raise ValueError(f"unknown trace {name!r}; choose one of: {', '.join(TRACES)}")
+    return TRACES[name]
+
+
+def trace_search_dirs() -> list[tuple[str, Path]]:
+    """Where traces are looked for, in order (after an explicit path)."""
+    dirs = []
+    env = os.environ.get("LABSUPPORT_DATA")
+    if env:
+        dirs.append(("$LABSUPPORT_DATA", Path(env).expanduser()))
+    dirs.append(("data/", REPO_ROOT / "data"))
+    dirs.append(("../shared/traces/", REPO_ROOT.parent / "shared" / "traces"))
+    return dirs
+
+
+def find_trace(name: str, path: str | os.PathLike | None = None) -> Path | None:
+    """The trace's file: `path` if given (it must exist), else the first hit in `trace_search_dirs()`."""
+    info = _info(name)
+    if path is not None:
+        p = Path(path).expanduser()
+        if p.is_dir():
+            for fname in (info.filename, info.upstream_name):
+                if (p / fname).is_file():
+                    return p / fname
+            raise FileNotFoundError(f"{p} holds neither {info.filename} nor {info.upstream_name}")
+        if not p.is_file():
+            raise FileNotFoundError(f"trace file {p} does not exist")
+        return p
+    for _, d in trace_search_dirs():
+        for fname in (info.filename, info.upstream_name):
+            if (d / fname).is_file():
+                return d / fname
+    return None
+
+
+def _how_to_get(info: TraceInfo) -> str:
+    return (f"to use the real {info.name} trace, download {info.url} "
+            f"(sha256 {info.sha256}) and save it as {REPO_ROOT / 'data' / info.filename}, "
+            f"or point $LABSUPPORT_DATA at a folder holding it")
+
+
+def download(name: str, dest_dir: str | os.PathLike | None = None, timeout: float = 20.0) -> Path:
+    """Fetch a public trace into `dest_dir` (default: the repository's data/) and verify its sha256."""
+    info = _info(name)
+    dest_dir = Path(dest_dir) if dest_dir is not None else REPO_ROOT / "data"
+    dest = dest_dir / info.filename
+    if os.environ.get("LABSUPPORT_OFFLINE"):
+        raise TraceUnavailable(f"LABSUPPORT_OFFLINE is set, not downloading; {_how_to_get(info)}")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=f".{info.filename}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(info.url, timeout=timeout) as resp:
+            while chunk := resp.read(1 << 16):
+                digest.update(chunk)
+                f.write(chunk)
+        if digest.hexdigest() != info.sha256:
+            raise ValueError(f"downloaded {info.url} but its sha256 is {digest.hexdigest()}, expected "
+                             f"{info.sha256}; the upstream file changed, so it was not kept")
+        shutil.move(tmp, dest)
+    except (urllib.error.URLError, OSError, TimeoutError) as e:
+        raise TraceUnavailable(f"could not download {info.url} ({e}); {_how_to_get(info)}") from e
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(f"downloaded the {info.name} trace from {info.url} to {dest} (sha256 verified)")
+    return dest
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse_time(text: str) -> float:
+    """Seconds since the epoch of 'YYYY-MM-DD HH:MM:SS[.fraction]' (any number of fraction digits)."""
+    whole, _, frac = text.strip().partition(".")
+    t = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S")
+    if frac and not frac.isdigit():
+        raise ValueError(f"bad fractional seconds {frac!r}")
+    return (t - datetime(1970, 1, 1)).total_seconds() + (float("0." + frac) if frac else 0.0)
+
+
+def _int_field(value, what: str, minimum: int) -> int:
+    if isinstance(value, str):
+        value = value.strip()
+        if not value.lstrip("-").isdigit():
+            raise ValueError(f"{what} is not an integer: {value!r}")
+        value = int(value)
+    elif isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} is not an integer: {value!r}")
+    if value < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {value}")
+    return value
+
+
+class _Rows:
+    """Collects malformed rows: raise on the first, or skip and report them all at the end."""
+
+    def __init__(self, path: Path, skip_malformed: bool):
+        self.path, self.skip, self.bad = path, skip_malformed, []
+
+    def error(self, line: int, why: str) -> None:
+        msg = f"{self.path}:{line}: {why}"
+        if not self.skip:
+            raise TraceFormatError(msg)
+        self.bad.append(msg)
+
+    def notes(self) -> list[str]:
+        if not self.bad:
+            return []
+        shown = "; ".join(self.bad[:5]) + (f"; ... ({len(self.bad) - 5} more)" if len(self.bad) > 5 else "")
+        warnings.warn(f"skipped {len(self.bad)} malformed row(s): {shown}", TraceNotice, stacklevel=3)
+        return [f"skipped {len(self.bad)} malformed row(s)"] + self.bad
+
+
+def read_azure_csv(path: str | os.PathLike, limit: int | None = None, skip_malformed: bool = False,
+                   name: str | None = None) -> Workload:
+    """Parse an Azure LLM Inference 2023 CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
+    path = Path(path)
+    rows = _Rows(path, skip_malformed)
+    reqs: list[Request] = []
+    t0 = None
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        need = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+        if header is None:
+            raise TraceFormatError(f"{path}:1: empty file, expected a header {','.join(need)}")
+        header = [h.strip() for h in header]
+        missing = [c for c in need if c not in header]
+        if missing:
+            raise TraceFormatError(f"{path}:1: header {header} lacks column(s) {missing}")
+        cols = [header.index(c) for c in need]
+        for row in reader:
+            if limit is not None and len(reqs) >= limit:
+                break
+            line = reader.line_num
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                rows.error(line, f"expected {len(header)} fields, got {len(row)}: {row!r}")
+                continue
+            try:
+                ts = _parse_time(row[cols[0]])
+                prompt = _int_field(row[cols[1]], "ContextTokens", 1)
+                output = _int_field(row[cols[2]], "GeneratedTokens", 1)
+            except ValueError as e:
+                rows.error(line, f"{e}: {row!r}")
+                continue
+            t0 = ts if t0 is None else t0
+            reqs.append(Request(len(reqs), ts - t0, prompt, output))
+    notes = rows.notes()
+    return Workload(name or path.stem, reqs, f"file {path}", False, _AZURE, notes)
+
+
+def read_mooncake_jsonl(path: str | os.PathLike, limit: int | None = None, skip_malformed: bool = False,
+                        name: str | None = None) -> Workload:
+    """Parse a Mooncake FAST'25 JSONL trace; checks len(hash_ids) == ceil(input_length / 512)."""
+    path = Path(path)
+    rows = _Rows(path, skip_malformed)
+    reqs: list[Request] = []
+    with open(path, encoding="utf-8") as f:
+        for line, text in enumerate(f, start=1):
+            if limit is not None and len(reqs) >= limit:
+                break
+            if not text.strip():
+                continue
+            try:
+                rec = json.loads(text)
+            except json.JSONDecodeError as e:
+                rows.error(line, f"not valid JSON ({e.msg} at column {e.colno})")
+                continue
+            try:
+                if not isinstance(rec, dict):
+                    raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+                missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in rec]
+                if missing:
+                    raise ValueError(f"missing field(s) {missing}")
+                ts = rec["timestamp"]
+                if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0:
+                    raise ValueError(f"timestamp must be a non-negative number of ms, got {ts!r}")
+                prompt = _int_field(rec["input_length"], "input_length", 1)
+                output = _int_field(rec["output_length"], "output_length", 1)
+                ids = rec["hash_ids"]
+                if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+                    raise ValueError(f"hash_ids must be a list of integers, got {str(ids)[:60]}")
+                want = -(-prompt // MOONCAKE_BLOCK_TOKENS)
+                if len(ids) != want:
+                    raise ValueError(f"hash_ids has {len(ids)} ids, expected ceil({prompt}/512) = {want}")
+            except ValueError as e:
+                rows.error(line, str(e))
+                continue
+            reqs.append(Request(len(reqs), ts / 1000.0, prompt, output, tuple(ids)))
+    notes = rows.notes()
+    return Workload(name or path.stem, reqs, f"file {path}", False, _MOONCAKE, notes)
+
+
+def synthetic_trace(name: str, num_requests: int | None = None, seed: int = 0) -> Workload:
+    """A stand-in for a trace that is not available, fitted to its statistics (`TraceInfo.stats`).
+
+    Prompt and output lengths are lognormal with the trace's median and 99th percentile, clipped
+    to [1, the trace's maximum]; arrivals are Poisson at the trace's mean rate.  Mooncake stand-ins
+    get unique hash ids: their prefix sharing is not modelled.  It is labelled synthetic everywhere.
+    """
+    info = _info(name)
+    st = info.stats
+    num = st.count if num_requests is None else _count("num_requests", num_requests, 1)
+    rng = np.random.default_rng(seed)
+    z99 = NormalDist().inv_cdf(0.99)
+
+    def draw(median, p99, top):
+        sigma = math.log(p99 / median) / z99
+        return np.clip(np.rint(rng.lognormal(math.log(median), sigma, size=num)), 1, top).astype(np.int64)
+
+    prompts, outputs = draw(st.prompt_median, st.prompt_p99, st.prompt_max), draw(st.output_median, st.output_p99, st.output_max)
+    arr = _arrivals(num, st.count / st.duration_s, rng)
+    reqs = []
+    next_id = 0
+    for i in range(num):
+        p = int(prompts[i])
+        ids = ()
+        if info.format == "mooncake-jsonl":
+            k = -(-p // MOONCAKE_BLOCK_TOKENS)
+            ids, next_id = tuple(range(next_id, next_id + k)), next_id + k
+        reqs.append(Request(i, float(arr[i]), p, int(outputs[i]), ids))
+    return Workload(f"SYNTHETIC stand-in for {name}", reqs,
+                    f"synthetic, fitted to {name}'s median/p99 lengths and mean rate (real file unavailable)",
+                    True, info.citation, [_how_to_get(info)])
+
+
+def load_trace(name: str, path: str | os.PathLike | None = None, *, limit: int | None = None,
+               download_missing: bool = True, fallback: bool = True, skip_malformed: bool = False) -> Workload:
+    """Load a real trace by name (see the module docstring for the lookup order and fallback)."""
+    info = _info(name)
+    p = find_trace(name, path)
+    why = f"not found in {', '.join(str(d) for _, d in trace_search_dirs())}"
+    if p is None and download_missing and not os.environ.get("LABSUPPORT_OFFLINE"):
+        try:
+            p = download(name)
+        except (TraceUnavailable, ValueError) as e:
+            if not fallback:
+                raise
+            why += f"; the download failed: {e}"
+    if p is None:
+        if not fallback:
+            raise TraceUnavailable(f"trace {name} {why}; {_how_to_get(info)}")
+        if "download failed" not in why:
+            why += f"; {_how_to_get(info)}"
+        warnings.warn(f"trace {name} is unavailable, using a SYNTHETIC stand-in fitted to its statistics. "
+                      f"The {name} trace was {why}", TraceNotice, stacklevel=2)
+        return synthetic_trace(name, limit)
+    reader = read_azure_csv if info.format == "azure-csv" else read_mooncake_jsonl
+    return reader(p, limit=limit, skip_malformed=skip_malformed, name=name)
+
+
+def load_azure(kind: str = "conv", path=None, **kwargs) -> Workload:
+    """The Azure LLM Inference Trace 2023, kind 'conv' or 'code'."""
+    if kind not in ("conv", "code"):
+        raise ValueError(f"Azure trace kind must be 'conv' or 'code', got {kind!r}")
+    return load_trace(f"azure-{kind}", path, **kwargs)
+
+
+def load_mooncake(kind: str = "conversation", path=None, **kwargs) -> Workload:
+    """A Mooncake FAST'25 trace, kind 'conversation' (real traffic) or 'synthetic'."""
+    if kind not in ("conversation", "synthetic"):
+        raise ValueError(f"Mooncake trace kind must be 'conversation' or 'synthetic', got {kind!r}")
+    return load_trace(f"mooncake-{kind}", path, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefix structure
+# ---------------------------------------------------------------------------------------------
+
+
+def prefix_hit_rate(workload: Workload | Sequence[Request]) -> float:
+    """Share of requested prompt blocks that an unbounded prefix cache would already hold.
+
+    Requests are taken in order; block j of a request hits when its hash id was seen before and
+    blocks 0..j-1 hit too (a prefix cache shares leading blocks only).
+    """
+    seen: set[int] = set()
+    hits = total = 0
+    for r in workload:
+        leading = True
+        for h in r.hash_ids:
+            total += 1
+            if leading and h in seen:
+                hits += 1
+            else:
+                leading = False
+            seen.add(h)
+    if total == 0:
+        raise ValueError("the workload has no hash ids (only Mooncake traces carry them)")
+    return hits / total
+
+
+def mooncake_token_ids(request: Request, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[int]:
+    """Stand-in token ids for a Mooncake request: block j's tokens are derived from hash id j, so
+    requests with equal leading hash ids get equal leading token ids (what a prefix cache needs)."""
+    if not request.hash_ids:
+        raise ValueError(f"request {request.request_id} has no hash ids")
+    ids: list[int] = []
+    for h in request.hash_ids:
+        ids.extend(range(h * block_tokens, (h + 1) * block_tokens))
+    return ids[: request.prompt_tokens]

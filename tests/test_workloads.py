@@ -1,0 +1,293 @@
+"""Workload generators against the lecture's figures, and the trace loaders against the real files.
+
+Published figures come from ../shared/traces/SOURCES.md (request counts, medians, p99s, the
+Mooncake prefix-hit shares); the lecture's come from §10.2–§10.4 and Exercises 3 and 5.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from labsupport import workloads as W
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+needs_traces = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces/ is absent (real trace files)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic generators
+# ---------------------------------------------------------------------------------------------
+
+
+def test_chat_workload_is_512_plus_128():
+    w = W.chat_workload(50)
+    assert len(w) == 50 and w.synthetic
+    assert set(w.total_lengths().tolist()) == {640}
+    assert set(w.prompt_lengths().tolist()) == {512}
+
+
+def test_lognormal_parameters_by_hand():
+    mu, sigma = W.lognormal_params(800, 20_000, 0.05)
+    assert mu == pytest.approx(math.log(800))
+    # ln(20000/800) = ln 25 = 3.21888; z(0.95) = 1.644854
+    assert sigma == pytest.approx(3.218876 / 1.644854, rel=1e-6)
+    w = W.lognormal_workload(40_000, seed=1)
+    t = w.total_lengths()
+    assert np.median(t) == pytest.approx(800, rel=0.03)
+    assert (t > 20_000).mean() == pytest.approx(0.05, abs=0.004)
+    o = w.output_lengths()
+    assert (o >= 1).all() and (w.prompt_lengths() >= 1).all()
+    with pytest.raises(ValueError, match="tail_tokens"):
+        W.lognormal_params(800, 500, 0.05)
+
+
+def test_agent_session_matches_exercise_5():
+    w = W.agent_session()
+    prompts = w.prompt_lengths()
+    assert len(w) == 20
+    assert prompts.sum() == 97_000 and prompts[-1] == 7_700
+    assert prompts[0] == 2_000 and set(np.diff(prompts).tolist()) == {300}
+    assert 1 - 7_700 / prompts.sum() == pytest.approx(0.9206, abs=1e-4)  # "92% re-sent"
+    # each prompt is the previous one extended: a prefix cache sees the whole history again
+    for a, b in zip(w.requests, w.requests[1:]):
+        assert b.token_ids[: a.prompt_tokens] == a.token_ids
+    with pytest.raises(ValueError, match="output tokens must fit"):
+        W.agent_session(steps=20, submitted_tokens=97_000, distinct_tokens=7_700, output_per_step=400)
+
+
+def test_fanout_request_tokens():
+    r = W.fanout_request(8, 4096, 256)
+    unshared = r.n * (r.prompt_tokens + r.output_tokens)
+    shared = r.prompt_tokens + r.n * r.output_tokens
+    assert (unshared, shared) == (34_816, 6_144)  # §10.4: 5.7x
+    assert len(W.fanout_workload(3, n=16, prompt_tokens=8192, output_tokens=512)) == 3
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        W.fanout_request(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Real traces
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_traces
+@pytest.mark.parametrize("name", list(W.TRACES))
+def test_checksums_and_sizes_match_the_shared_files(name):
+    info = W.TRACES[name]
+    data = (SHARED / info.filename).read_bytes()
+    assert len(data) == info.size_bytes
+    assert hashlib.sha256(data).hexdigest() == info.sha256
+
+
+@needs_traces
+def test_azure_traces_match_published_shape():
+    conv = W.load_azure("conv", download_missing=False, fallback=False)
+    code = W.load_azure("code", download_missing=False, fallback=False)
+    assert not conv.synthetic and str(SHARED) in conv.source
+    assert (len(conv), len(code)) == (19_366, 8_819)
+    sc, sd = conv.summary(), code.summary()
+    assert (sc["prompt_median"], sc["output_median"], sc["prompt_p99"]) == (1020, 129, 4142)
+    assert (sd["prompt_median"], sd["output_median"]) == (1469, 13)
+    assert conv.total_lengths().max() < 32_768  # "Nothing exceeds 32K tokens"
+    assert conv[0].arrival_s == 0.0 and 3000 < sc["duration_s"] <= 3600  # one hour
+    assert (conv[0].prompt_tokens, conv[0].output_tokens) == (374, 44)  # the file's first row
+
+
+@needs_traces
+def test_mooncake_traces_match_published_shape():
+    conv = W.load_mooncake("conversation", download_missing=False, fallback=False)
+    syn = W.load_mooncake("synthetic", download_missing=False, fallback=False)
+    assert (len(conv), len(syn)) == (12_031, 3_993)
+    s = conv.summary()
+    assert (s["prompt_median"], s["output_median"]) == (6909, 350)
+    assert s["prompt_p99"] == pytest.approx(85_400, abs=1)
+    assert s["total_over_4096"] == pytest.approx(0.678, abs=5e-4)
+    assert s["total_over_32768"] == pytest.approx(0.070, abs=5e-4)
+    assert W.prefix_hit_rate(conv) == pytest.approx(0.366, abs=5e-4)
+    assert W.prefix_hit_rate(syn) == pytest.approx(0.640, abs=5e-4)
+    r = conv[0]
+    ids = W.mooncake_token_ids(r)
+    assert len(ids) == r.prompt_tokens and len(r.hash_ids) == math.ceil(r.prompt_tokens / 512)
+
+
+@needs_traces
+def test_fallback_statistics_are_the_files_statistics():
+    for name, info in W.TRACES.items():
+        w = W.load_trace(name, download_missing=False, fallback=False)
+        p, o = w.prompt_lengths(), w.output_lengths()
+        st = info.stats
+        assert st.count == len(w)
+        assert (st.prompt_median, st.output_median) == (np.median(p), np.median(o))
+        assert st.prompt_p99 == pytest.approx(np.percentile(p, 99), abs=0.01)
+        assert st.output_p99 == pytest.approx(np.percentile(o, 99), abs=0.01)
+        assert (st.prompt_max, st.output_max) == (p.max(), o.max())
+        assert st.duration_s == pytest.approx(w.summary()["duration_s"], abs=0.01)
+
+
+def test_lookup_order(tmp_path, monkeypatch):
+    info = W.TRACES["azure-conv"]
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    shared = tmp_path / "shared" / "traces"
+    shared.mkdir(parents=True)
+    env = tmp_path / "env"
+    env.mkdir()
+    explicit = tmp_path / "mine.csv"
+    for d in (repo / "data", shared, env):
+        (d / info.filename).write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    explicit.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    monkeypatch.setattr(W, "REPO_ROOT", repo)
+    monkeypatch.setenv("LABSUPPORT_DATA", str(env))
+    assert W.find_trace("azure-conv", explicit) == explicit
+    assert W.find_trace("azure-conv") == env / info.filename
+    monkeypatch.delenv("LABSUPPORT_DATA")
+    assert W.find_trace("azure-conv") == repo / "data" / info.filename
+    (repo / "data" / info.filename).unlink()
+    assert W.find_trace("azure-conv") == shared / info.filename
+    (shared / info.filename).rename(shared / info.upstream_name)  # the upstream name is accepted too
+    assert W.find_trace("azure-conv") == shared / info.upstream_name
+    (shared / info.upstream_name).unlink()
+    assert W.find_trace("azure-conv") is None
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        W.find_trace("azure-conv", tmp_path / "missing.csv")
+    with pytest.raises(ValueError, match="unknown trace 'azure'"):
+        W.find_trace("azure")
+
+
+def test_default_search_reaches_shared_traces_from_any_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LABSUPPORT_DATA", raising=False)
+    dirs = [d for _, d in W.trace_search_dirs()]
+    assert dirs[-1] == Path(W.__file__).resolve().parent.parent.parent / "shared" / "traces"
+
+
+class _FakeResponse(io.BytesIO):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+
+def test_download_verifies_the_checksum(tmp_path, monkeypatch):
+    monkeypatch.delenv("LABSUPPORT_OFFLINE", raising=False)
+    body = b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+    good = W.TraceInfo(**{**W.TRACES["azure-conv"].__dict__, "sha256": hashlib.sha256(body).hexdigest()})
+    monkeypatch.setitem(W.TRACES, "azure-conv", good)
+    seen = []
+    monkeypatch.setattr(W.urllib.request, "urlopen", lambda url, timeout: seen.append(url) or _FakeResponse(body))
+    path = W.download("azure-conv", tmp_path)
+    assert seen == [good.url] and path.read_bytes() == body
+    bad = W.TraceInfo(**{**good.__dict__, "sha256": "0" * 64})
+    monkeypatch.setitem(W.TRACES, "azure-conv", bad)
+    with pytest.raises(ValueError, match="sha256"):
+        W.download("azure-conv", tmp_path / "other")
+    assert not any((tmp_path / "other").iterdir())  # nothing half-written is kept
+
+
+def test_no_file_no_network_falls_back_to_a_labelled_synthetic_workload(tmp_path, monkeypatch):
+    monkeypatch.setattr(W, "REPO_ROOT", tmp_path / "repo")
+    monkeypatch.delenv("LABSUPPORT_DATA", raising=False)
+    monkeypatch.delenv("LABSUPPORT_OFFLINE", raising=False)
+
+    def offline(url, timeout):
+        raise W.urllib.error.URLError("network is unreachable")
+
+    monkeypatch.setattr(W.urllib.request, "urlopen", offline)
+    with pytest.warns(W.TraceNotice, match="SYNTHETIC stand-in"):
+        w = W.load_trace("azure-conv", limit=4000)
+    assert w.synthetic and "SYNTHETIC" in w.name and "unavailable" in w.source
+    assert any("download https://" in n for n in w.notes)
+    s = w.summary()
+    assert s["prompt_median"] == pytest.approx(1020, rel=0.1)
+    assert s["output_median"] == pytest.approx(129, rel=0.1)
+    with pytest.raises(W.TraceUnavailable, match="could not download"):
+        W.load_trace("azure-conv", fallback=False)
+    monkeypatch.setenv("LABSUPPORT_OFFLINE", "1")
+    with pytest.raises(W.TraceUnavailable, match="not found"):
+        W.load_trace("mooncake-conversation", fallback=False)
+    with pytest.warns(W.TraceNotice):
+        m = W.load_trace("mooncake-conversation", limit=100)
+    assert m.synthetic and all(len(r.hash_ids) == math.ceil(r.prompt_tokens / 512) for r in m)
+
+
+# ---------------------------------------------------------------------------------------------
+# Malformed files are reported with file and line
+# ---------------------------------------------------------------------------------------------
+
+
+def test_malformed_azure_rows_name_file_and_line(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:15:46.68,374,44\n"
+                 "2023-11-16 18:15:47.00,abc,44\n"
+                 "2023-11-16 18:15:48.00,10\n"
+                 "yesterday,5,5\n"
+                 "2023-11-16 18:15:49.5,20,-3\n"
+                 "2023-11-16 18:15:50.25,30,7\n")
+    with pytest.raises(W.TraceFormatError, match=f"{p}:3: ContextTokens is not an integer: 'abc'"):
+        W.read_azure_csv(p)
+    with pytest.warns(W.TraceNotice, match="skipped 4 malformed"):
+        w = W.read_azure_csv(p, skip_malformed=True)
+    assert [(r.prompt_tokens, r.output_tokens) for r in w] == [(374, 44), (30, 7)]
+    assert w[1].arrival_s == pytest.approx(3.57)
+    joined = "\n".join(w.notes)
+    for line in (3, 4, 5, 6):
+        assert f"{p}:{line}:" in joined
+    q = tmp_path / "h.csv"
+    q.write_text("time,prompt,out\n1,2,3\n")
+    with pytest.raises(W.TraceFormatError, match=f"{q}:1: header .* lacks column"):
+        W.read_azure_csv(q)
+
+
+def test_malformed_mooncake_lines_name_file_and_line(tmp_path):
+    p = tmp_path / "t.jsonl"
+    good = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}
+    lines = [json.dumps(good), "{not json", json.dumps({**good, "hash_ids": [1]}),
+             json.dumps({k: v for k, v in good.items() if k != "output_length"}),
+             json.dumps({**good, "input_length": "many"}), json.dumps({**good, "timestamp": 1500})]
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(W.TraceFormatError, match=f"{p}:2: not valid JSON"):
+        W.read_mooncake_jsonl(p)
+    with pytest.warns(W.TraceNotice):
+        w = W.read_mooncake_jsonl(p, skip_malformed=True)
+    assert len(w) == 2 and w[1].arrival_s == 1.5
+    joined = "\n".join(w.notes)
+    assert f"{p}:3: hash_ids has 1 ids, expected ceil(600/512) = 2" in joined
+    assert f"{p}:4: missing field(s) ['output_length']" in joined
+    assert f"{p}:5: input_length is not an integer" in joined
+
+
+def test_real_csv_parses_like_the_csv_module(tmp_path):
+    """The loader against Python's csv module on a slice of the real file (or a stand-in)."""
+    src = SHARED / "AzureLLMInferenceTrace_2023_conv.csv"
+    text = src.read_text().splitlines()[:200] if src.exists() else (
+        ["TIMESTAMP,ContextTokens,GeneratedTokens"] + [f"2023-11-16 18:15:{i:02d}.5,{i + 1},{i + 2}" for i in range(50)])
+    p = tmp_path / "slice.csv"
+    p.write_text("\n".join(text) + "\n")
+    rows = list(csv.DictReader(io.StringIO("\n".join(text))))
+    w = W.read_azure_csv(p)
+    assert [(r.prompt_tokens, r.output_tokens) for r in w] == [
+        (int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in rows]
+    assert all(b.arrival_s >= a.arrival_s for a, b in zip(w.requests, w.requests[1:]))
+
+
+def test_bad_generator_arguments():
+    for call, match in [(lambda: W.chat_workload(0), "num_requests must be >= 1"),
+                        (lambda: W.chat_workload(5, prompt_tokens=-1), "prompt_tokens must be >= 1"),
+                        (lambda: W.chat_workload(5, rate_per_s=0), "rate_per_s must be positive"),
+                        (lambda: W.lognormal_workload(5, output_share=1.5), "output_share"),
+                        (lambda: W.load_azure("chat"), "'conv' or 'code'")]:
+        with pytest.raises(ValueError, match=match):
+            call()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(W.chat_workload(3, rate_per_s=2.0)) == 3
