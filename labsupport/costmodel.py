@@ -1,0 +1,122 @@
+"""The cost-model clock: one engine step's time from the roofline (§10.5, §10.6; Lecture 2 §2.15–§2.16).
+
+A step reads every weight once plus the KV of every decoding sequence, and does the FLOPs of its
+prefills and decodes; it takes whichever of the two is longer at the GPU's bandwidth and at
+``mfu`` of its peak.  Bytes moved over the host link for swaps are added on top (the step waits
+for them).  With the lecture's 7B on an H100 a decode-only step of B sequences of S tokens takes
+(13.48e9 + B * S * 524,288) / 3.35e12 s, the ledger's ``tpot_s``; a lone 4,096-token prefill
+takes the ledger's ``recompute_s`` (129 ms).  The preemption choice is the ledger's break-even.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import ledger
+from .specs import LECTURE_GPU, LECTURE_MFU, LECTURE_7B, GPUSpec, ModelSpec, get_gpu, get_model
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Where one step's time goes (seconds)."""
+
+    memory_s: float  # weights + KV bytes over HBM bandwidth
+    compute_s: float  # prefill + decode FLOPs at mfu x peak
+    swap_s: float  # bytes over the host link
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.swap_s + self.overhead_s
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Prices engine steps for a ModelSpec on a GPUSpec.
+
+    link_bandwidth overrides the GPU's host link (the §10.5 knob); step_overhead_s is a fixed
+    per-step scheduler/launch cost (0 by default, so the clock matches the ledger exactly).
+    """
+
+    model: ModelSpec = LECTURE_7B
+    gpu: GPUSpec = LECTURE_GPU
+    mfu: float = LECTURE_MFU
+    link_bandwidth: float | None = None
+    step_overhead_s: float = 0.0
+
+    def __post_init__(self):
+        if not 0 < self.mfu <= 1:
+            raise ValueError(f"mfu must be in (0, 1], got {self.mfu!r}")
+        if self.link_bandwidth is not None and not self.link_bandwidth > 0:
+            raise ValueError(f"link_bandwidth must be positive, got {self.link_bandwidth!r}")
+        if not self.step_overhead_s >= 0:
+            raise ValueError(f"step_overhead_s must be >= 0, got {self.step_overhead_s!r}")
+        # constants of the hot path (step_s runs once per engine step, hundreds of thousands of times)
+        m, g = self.model, self.gpu
+        object.__setattr__(self, "_weight_s", m.weight_bytes / g.hbm_bandwidth)
+        object.__setattr__(self, "_kv_s_per_token", m.kv_bytes_per_token / g.hbm_bandwidth)
+        object.__setattr__(self, "_decode_flop_s", 2 * m.num_params / (g.peak_flops * self.mfu))
+        object.__setattr__(self, "_attn_flop_s", 4 * m.num_layers * m.num_heads * m.head_dim / (g.peak_flops * self.mfu))
+        object.__setattr__(self, "_link_s_per_byte", 1.0 / self.link)
+
+    @classmethod
+    def from_names(cls, model: str, gpu: str, **kw) -> "CostModel":
+        return cls(get_model(model), get_gpu(gpu), **kw)
+
+    @property
+    def link(self) -> float:
+        return self.gpu.link_bandwidth if self.link_bandwidth is None else self.link_bandwidth
+
+    @property
+    def flop_rate(self) -> float:
+        return self.gpu.peak_flops * self.mfu
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.model.kv_bytes_per_token
+
+    @property
+    def attn_flops_per_key(self) -> int:
+        """FLOPs one query token spends per key it attends to: QK^T and PV, 2 * 2 * L * H * d."""
+        m = self.model
+        return 4 * m.num_layers * m.num_heads * m.head_dim
+
+    def step(self, decode_seqs: int = 0, decode_context_tokens: int = 0, prefill_lens=(),
+             swap_bytes: float = 0.0) -> StepTime:
+        """Price one step, term by term.
+
+        decode_seqs: sequences decoding one token; decode_context_tokens: the sum over them of the
+        tokens each attends to (its length including the new token); prefill_lens: the length of
+        each prefill in the step (the ledger's prefill FLOPs each); swap_bytes: bytes over the link.
+        """
+        return StepTime(*self._terms(decode_seqs, decode_context_tokens,
+                                     sum(self.prefill_flops(s) for s in prefill_lens), swap_bytes))
+
+    def step_s(self, decode_seqs: int, decode_context_tokens: int, prefill_flops: float, swap_bytes: float) -> float:
+        """:meth:`step`'s total for the engine's hot path (prefill FLOPs already summed)."""
+        memory, compute, swap, overhead = self._terms(decode_seqs, decode_context_tokens, prefill_flops, swap_bytes)
+        return (memory if memory > compute else compute) + swap + overhead
+
+    def _terms(self, decode_seqs, decode_context_tokens, prefill_flops, swap_bytes):
+        # an idle step (only a swap) reads no weights; the divisions are precomputed in __post_init__
+        busy = decode_seqs or prefill_flops
+        memory = (self._weight_s if busy else 0.0) + decode_context_tokens * self._kv_s_per_token
+        compute = (prefill_flops / self.flop_rate + decode_seqs * self._decode_flop_s
+                   + decode_context_tokens * self._attn_flop_s)
+        overhead = self.step_overhead_s if busy or swap_bytes else 0.0
+        return memory, compute, swap_bytes * self._link_s_per_byte, overhead
+
+    def prefill_flops(self, tokens: int) -> float:
+        return ledger.prefill_flops(self.model, tokens)
+
+    def swap_round_trip_s(self, tokens: int) -> float:
+        return ledger.swap_round_trip_s(tokens * self.model.kv_bytes_per_token, self.link)
+
+    def recompute_s(self, tokens: int) -> float:
+        return ledger.recompute_s(self.model, tokens, self.gpu.peak_flops, self.mfu)
+
+    def preempt_choice(self, tokens: int) -> str:
+        """§10.5's per-sequence break-even: 'swap' when 2 * KV / link < prefill FLOPs / (mfu * peak)."""
+        return ledger.preempt_choice(self.model, tokens, self.link, self.gpu.peak_flops, self.mfu)
+
+    def crossover_tokens(self) -> float:
+        return ledger.crossover_tokens(self.model, self.link, self.gpu.peak_flops, self.mfu)

@@ -1,0 +1,856 @@
+"""The engine loop: admit, allocate, batch, run, stream — with a watermark, preemption and an SLO ledger.
+
+§10.1's five jobs and §10.5's loop, built for real.  Every step (iteration-level scheduling, Orca):
+
+1. arrivals join the waiting queue (the step boundary they waited for is their *scheduling delay*);
+2. every running sequence reserves the slot of its next token, in priority order; when the pool
+   runs dry the **victim is the running sequence of the latest-arriving request** (ties: the highest
+   branch), i.e. the one first-come-first-served ranks last — vLLM's policy.  It is swapped to host
+   memory or dropped to be recomputed (``preemption="swap" | "recompute" | "auto"``; ``auto`` asks
+   the ledger's §10.5 break-even for that sequence's length: 2 x KV bytes / link vs prefill FLOPs
+   at mfu x peak);
+3. if nobody was preempted this step, swapped-out sequences come back first (oldest first);
+4. if nothing is swapped out, waiting requests are admitted first-come-first-served while the
+   free blocks stay at or above the **watermark** (new arrivals only; a preempted sequence is
+   taken back as soon as its blocks fit), up to ``max_num_seqs`` sequences and a per-step token
+   budget ``max_num_batched_tokens`` (a prefill longer than the budget runs alone in its step);
+5. one forward pass: prefills of the admitted, one decode token for everyone else;
+6. tokens stream out; finished sequences leave at the end of this step and their blocks are
+   reused by the next one.
+
+A request that can never fit (its longest sequence needs more blocks than the pool has, or its
+prompt plus the watermark does) is rejected with a reason; the others continue.
+
+``n > 1`` prefills the prompt once and forks it: the branches share the prompt's blocks and
+copy-on-write the partly filled last one on their first token (§10.4).
+
+Tokens never depend on batching or preemption: sampling is greedy or draws one uniform number
+per (request seed, branch, output position), so a swapped or recomputed sequence continues with
+exactly the tokens it would have produced (§10.5: preemption loses the cache, never tokens).
+
+Two clocks.  With a ``model`` and no ``cost_model`` the clock advances by each step's measured
+wall time (the tiny model really runs).  With a :class:`~labsupport.costmodel.CostModel` each
+step is priced by the roofline for any ModelSpec/GPUSpec, so the same scheduler replays a real
+trace at H100 scale on a laptop; without a model it needs no tensors at all (token ids are not
+produced, only counted).  Both can be combined: real tokens, cost-model time.
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import operator
+import time
+from array import array
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .allocators import BlockAllocator
+from .costmodel import CostModel
+from .specs import LECTURE_GPU
+
+PREEMPTION_MODES = ("auto", "swap", "recompute")
+_MASK64 = (1 << 64) - 1
+
+
+# --- sampling -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 is greedy; otherwise softmax(logits / temperature) sampled with a counter-based
+    uniform seeded by (seed, branch, output position).  seed None means the request id."""
+
+    temperature: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0
+                and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+GREEDY = SamplingParams()
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, branch: int, position: int) -> float:
+    """A number in [0, 1) that depends only on its three arguments (no generator state to carry)."""
+    x = _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ branch) ^ position)
+    return (x >> 11) * (1.0 / (1 << 53))
+
+
+def sample_token(logits, params: SamplingParams, seed: int, branch: int, position: int) -> int:
+    """One token from a logits row [vocab]: argmax, or the inverse CDF at uniform(seed, branch, position)."""
+    import torch
+
+    if params.temperature == 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.double() / params.temperature, dim=-1)
+    cdf = torch.cumsum(probs, dim=-1)
+    u = uniform(seed, branch, position) * float(cdf[-1])
+    return min(int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype), right=True)), logits.numel() - 1)
+
+
+# --- requests, sequences, results -----------------------------------------------------------------
+
+class _Seq:
+    """One branch of a request: what the scheduler moves between running, swapped and waiting."""
+
+    __slots__ = ("seq_id", "req", "branch", "tokens", "num_out", "max_new", "num_cached", "shared_tail",
+                 "first_t", "last_t", "times", "done", "key")
+
+    def __init__(self, seq_id: int, req: "_Request", branch: int):
+        self.seq_id = seq_id
+        self.req = req
+        self.branch = branch
+        self.tokens = None if req.prompt is None else list(req.prompt)  # prompt + outputs (real tokens)
+        self.num_out = 0
+        self.max_new = req.max_new
+        self.num_cached = 0  # tokens whose K/V are in the pool (prompt + outputs - 1 while running)
+        self.shared_tail = False  # forked, last block maybe still shared: the next append may copy it
+        self.first_t = None
+        self.last_t = None
+        self.times = None
+        self.done = False
+        self.key = (req.arrival, req.order, branch)  # first-come-first-served priority
+
+
+class _Request:
+    __slots__ = ("request_id", "order", "prompt", "prompt_len", "max_new", "n", "sampling", "seed", "arrival",
+                 "seqs", "status", "reason", "t_sched", "t_admit", "t_first", "t_finish", "preemptions",
+                 "remaining")
+
+    def __init__(self, request_id, order, prompt, prompt_len, max_new, n, sampling, arrival):
+        self.request_id = request_id
+        self.order = order
+        self.prompt = prompt
+        self.prompt_len = prompt_len
+        self.max_new = max_new
+        self.n = n
+        self.sampling = sampling
+        self.seed = request_id if sampling.seed is None else sampling.seed
+        self.arrival = arrival
+        self.seqs: list[_Seq] = []
+        self.status = "pending"
+        self.reason = ""
+        self.t_sched = self.t_admit = self.t_first = self.t_finish = None
+        self.preemptions = 0
+        self.remaining = n
+
+
+@dataclass
+class RequestResult:
+    """One request's outputs and timeline (seconds on the engine's clock).
+
+    TTFT = scheduling delay (arrival -> the next step boundary) + queueing (-> the step that
+    admitted it) + prefill (that step's duration) (§10.6).  tpot_s is the worst branch's mean
+    time per output token after the first; token_times (when recorded) has every token's time.
+    """
+
+    request_id: int
+    status: str  # "finished" or "rejected"
+    reason: str
+    prompt_len: int
+    max_new_tokens: int
+    n: int
+    arrival_time: float
+    outputs: list[list[int]]  # per branch; empty lists when the engine ran without a model
+    num_output_tokens: list[int]
+    scheduled_time: float | None = None
+    admitted_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    token_times: list[list[float]] | None = None
+    preemptions: int = 0
+    tpot_s: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def scheduling_delay_s(self) -> float | None:
+        return None if self.scheduled_time is None else self.scheduled_time - self.arrival_time
+
+    @property
+    def queueing_s(self) -> float | None:
+        return None if self.admitted_time is None else self.admitted_time - self.scheduled_time
+
+    @property
+    def prefill_s(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.admitted_time
+
+    @property
+    def total_output_tokens(self) -> int:
+        return sum(self.num_output_tokens)
+
+    def per_token_tpot(self) -> list[list[float]]:
+        """Gaps between consecutive tokens of each branch (needs record_token_times)."""
+        if self.token_times is None:
+            raise ValueError("token times were not recorded: Engine(record_token_times=True)")
+        return [[b - a for a, b in zip(t, t[1:])] for t in self.token_times]
+
+
+@dataclass
+class TokenEvent:
+    """What the streaming callback receives for every token as its step ends."""
+
+    request_id: int
+    branch: int
+    index: int  # 0 for the first output token
+    token: int | None  # None when the engine runs without a model
+    time: float
+    finished: bool
+
+
+@dataclass
+class Counters:
+    steps: int = 0
+    busy_s: float = 0.0  # clock time spent in steps (the rest is idle, waiting for arrivals)
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    preemptions: dict = field(default_factory=lambda: {"swap": 0, "recompute": 0})
+    swapped_out_bytes: int = 0
+    swapped_in_bytes: int = 0
+    recomputed_tokens: int = 0
+    peak_blocks: int = 0
+    peak_running: int = 0
+    rejected: int = 0
+    leaked_blocks: int = 0
+    block_times: array = field(default_factory=lambda: array("d"))  # step end times
+    blocks_in_use: array = field(default_factory=lambda: array("l"))  # used blocks after each step
+
+    @property
+    def total_preemptions(self) -> int:
+        return sum(self.preemptions.values())
+
+
+@dataclass
+class EngineResult:
+    requests: dict[int, RequestResult]
+    counters: Counters
+    clock_s: float
+    clock: str  # "cost-model" or "real"
+    num_blocks: int
+    block_size: int
+
+    def outputs(self) -> dict[int, list[list[int]]]:
+        return {rid: r.outputs for rid, r in self.requests.items()}
+
+    def slo(self, ttft_slo_s: float, tpot_slo_s: float) -> "SLOReport":
+        return slo_report(self, ttft_slo_s, tpot_slo_s)
+
+
+# --- the engine ------------------------------------------------------------------------------------
+
+class Engine:
+    """A paged-KV serving engine: ``add_request`` then ``step()`` or ``run()``.
+
+    model: a :class:`labsupport.model.TinyTransformer` (real tokens through a PagedKVCache), or None.
+    cost_model: a :class:`CostModel` for the cost-model clock (required without a model).
+    num_blocks / block_size: the KV pool.  watermark: the fraction of blocks new admissions must
+    leave free.  preemption: "auto", "swap" or "recompute".  on_token: streaming callback.
+    ``auto`` prices the break-even with ``cost_model``, or, without one, with the model's own
+    shape on the lecture's H100.
+    """
+
+    def __init__(self, model=None, num_blocks: int | None = None, block_size: int = 16, *,
+                 cost_model: CostModel | None = None, watermark: float = 0.01, preemption: str = "auto",
+                 max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, attention: str = "auto",
+                 on_token: Callable[[TokenEvent], None] | None = None, record_token_times: bool = True):
+        if isinstance(model, CostModel) and cost_model is None:
+            model, cost_model = None, model
+        if model is None and cost_model is None:
+            raise ValueError("Engine needs a model (real tokens), a cost_model (cost-model clock), or both")
+        if num_blocks is None:
+            raise ValueError("num_blocks is required")
+        for name, v in (("num_blocks", num_blocks), ("block_size", block_size), ("max_num_seqs", max_num_seqs)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if max_num_batched_tokens is not None and (not isinstance(max_num_batched_tokens, int)
+                                                   or max_num_batched_tokens < 1):
+            raise ValueError(f"max_num_batched_tokens must be a positive integer or None, got "
+                             f"{max_num_batched_tokens!r}")
+        if not (isinstance(watermark, (int, float)) and 0 <= watermark < 1):
+            raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark!r}")
+        if preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
+        self.model = model
+        self.cost_model = cost_model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.watermark = watermark
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.preemption = preemption
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.attention = attention
+        self.on_token = on_token
+        self.record_token_times = record_token_times
+        self.clock_kind = "cost-model" if cost_model is not None else "real"
+        if model is not None:
+            from .kvcache import PagedKVCache
+            from .model import resolve_attention
+
+            resolve_attention(attention, model.device)  # fail early on a bad name
+            c = model.cfg
+            self.cache = PagedKVCache(num_blocks, block_size, c.num_layers, c.num_kv_heads, c.head_dim,
+                                      dtype=model.dtype, device=model.device)
+            self.allocator = self.cache.allocator
+        else:
+            self.cache = None
+            self.allocator = BlockAllocator(num_blocks, block_size)
+        # what preemption prices, and what a swapped block weighs: the cost model's spec, or the
+        # model's real shape and dtype (on the lecture GPU)
+        self._pricing = cost_model or CostModel(model.spec(), LECTURE_GPU)
+        self.kv_bytes_per_token = self._pricing.model.kv_bytes_per_token
+        self.clock = 0.0
+        self.counters = Counters()
+        self._requests: dict[int, _Request] = {}
+        self._pending: list = []  # heap of (arrival, order, request)
+        self._waiting: deque = deque()  # _Request (new) or _Seq (preempted, to recompute)
+        self._swapped: list[_Seq] = []  # sorted by priority
+        self._running: list[_Seq] = []  # sorted by priority
+        self._next_request = 0
+        self._next_seq = 0
+        self._unfinished = 0
+
+    # -- requests ---------------------------------------------------------------------------------
+    def add_request(self, prompt_ids: Sequence[int] | None = None, max_new_tokens: int = 16, *, n: int = 1,
+                    sampling: SamplingParams | None = None, arrival_time: float | None = None,
+                    prompt_len: int | None = None) -> int:
+        """Queue a request; returns its id.  Without a model pass ``prompt_len`` instead of ids.
+
+        A request that can never fit is not an exception: it is recorded as rejected, with the
+        reason, at its arrival, and the rest of the run is unaffected.
+        """
+        sampling = GREEDY if sampling is None else sampling
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        if prompt_ids is not None:
+            try:
+                prompt = [operator.index(t) for t in prompt_ids]
+            except TypeError:
+                raise ValueError(f"prompt_ids must be integer token ids, got {list(prompt_ids)[:8]!r}") from None
+            if prompt_len is not None and prompt_len != len(prompt):
+                raise ValueError(f"prompt_len={prompt_len} disagrees with {len(prompt)} prompt ids")
+            if self.model is not None:
+                vocab = self.model.cfg.vocab_size
+                bad = [t for t in prompt if not 0 <= t < vocab]
+                if bad:
+                    raise ValueError(f"prompt token id {bad[0]} is outside the model's vocabulary [0, {vocab})")
+            plen = len(prompt)
+        else:
+            if self.model is not None:
+                raise ValueError("this engine runs a model: pass prompt_ids (token ids), not just a length")
+            prompt = None
+            plen = prompt_len
+        if not isinstance(plen, int) or isinstance(plen, bool) or plen < 1:
+            raise ValueError(f"the prompt must have at least one token, got length {plen!r}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        arrival = self.clock if arrival_time is None else float(arrival_time)
+        if not (math.isfinite(arrival) and arrival >= 0):
+            raise ValueError(f"arrival_time must be a finite time >= 0, got {arrival_time!r}")
+        rid = self._next_request
+        self._next_request += 1
+        req = _Request(rid, rid, prompt, plen, max_new_tokens, n, sampling, arrival)
+        self._requests[rid] = req
+        reason = self._never_fits(req)
+        if reason:
+            req.status = "rejected"
+            req.reason = reason
+            req.t_finish = arrival
+            self.counters.rejected += 1
+            return rid
+        heapq.heappush(self._pending, (arrival, req.order, req))
+        self._unfinished += 1
+        return rid
+
+    def _never_fits(self, req: _Request) -> str:
+        bs, nb = self.block_size, self.num_blocks
+        # a branch holds prompt + max_new - 1 tokens at most (the last token is never cached)
+        longest = req.prompt_len + req.max_new - 1
+        need = -(-longest // bs)
+        if need > nb:
+            return (f"request needs {need:,} blocks ({req.prompt_len:,} prompt + {req.max_new:,} output tokens "
+                    f"at block size {bs}) but the whole pool has {nb:,}")
+        prompt_blocks = -(-req.prompt_len // bs)
+        if prompt_blocks + self.watermark_blocks > nb:
+            return (f"prompt needs {prompt_blocks:,} blocks and admission keeps a watermark of "
+                    f"{self.watermark_blocks:,} free, more than the pool's {nb:,}")
+        if req.n > self.max_num_seqs:
+            return f"n={req.n} branches exceed max_num_seqs={self.max_num_seqs}"
+        if self.model is not None and longest > self.model.cfg.max_seq_len:
+            return (f"{req.prompt_len:,} prompt + {req.max_new:,} output tokens exceed the model's "
+                    f"max_seq_len={self.model.cfg.max_seq_len:,}")
+        return ""
+
+    # -- state ------------------------------------------------------------------------------------
+    @property
+    def has_unfinished(self) -> bool:
+        return self._unfinished > 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_swapped(self) -> int:
+        return len(self._swapped)
+
+    # -- preemption -------------------------------------------------------------------------------
+    def preempt_kind(self, num_tokens: int) -> str:
+        if self.preemption != "auto":
+            return self.preemption
+        return self._pricing.preempt_choice(max(1, num_tokens))
+
+    def _preempt(self, seq: _Seq) -> int:
+        """Evict one running sequence; returns the bytes it sends over the link."""
+        kind = self.preempt_kind(seq.num_cached)
+        sid = seq.seq_id
+        nbytes = 0
+        if kind == "swap":
+            held = len(self.allocator.block_tables[sid])
+            nbytes = held * self.block_size * self.kv_bytes_per_token
+            if self.cache is not None:
+                self.cache.swap_out(sid)
+            else:
+                self.allocator.swap_out(sid)
+            bisect.insort(self._swapped, seq, key=_priority)
+            self.counters.swapped_out_bytes += nbytes
+        else:
+            if self.cache is not None:
+                self.cache.drop(sid)
+            else:
+                self.allocator.free(sid)
+            seq.num_cached = 0
+            self._waiting.appendleft(seq)
+        seq.shared_tail = False
+        self.counters.preemptions[kind] += 1
+        seq.req.preemptions += 1
+        return nbytes
+
+    # -- one iteration --------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Run one iteration; returns False when there is nothing left to do."""
+        t_start = self.clock
+        wall0 = time.perf_counter()
+        pending, waiting = self._pending, self._waiting
+        while pending and pending[0][0] <= t_start:
+            req = heapq.heappop(pending)[2]
+            req.status = "waiting"
+            req.t_sched = t_start
+            waiting.append(req)
+        running = self._running
+        if not running and not waiting and not self._swapped:
+            if not pending:
+                return False
+            self.clock = pending[0][0]  # idle: jump to the next arrival
+            return True
+
+        alloc = self.allocator
+        bs = self.block_size
+        # Without a model nothing waits for a forward pass, so slots are appended as soon as they
+        # are reserved (one pass over the batch); with a model they are reserved here and
+        # appended by the cache in the forward pass.
+        eager = self.model is None
+        append = alloc.append_slot
+        swap_bytes = 0
+        preempted = False
+        ctx = 0  # tokens the decode batch attends to, for the cost model
+        # 2. every running sequence reserves its next slot, oldest first; victims from the back
+        reserved = 0
+        free = alloc.num_free_blocks
+        decode: list[_Seq] = []
+        i = 0
+        while i < len(running):
+            seq = running[i]
+            need = 0 if seq.num_cached % bs else 1
+            if seq.shared_tail and not need and alloc.ref_count(alloc.block_tables[seq.seq_id][-1]) > 1:
+                need = 1
+            if need > free:
+                while need > free:
+                    victim = running.pop()
+                    swap_bytes += self._preempt(victim)
+                    preempted = True
+                    free = alloc.num_free_blocks - reserved
+                    if victim is seq:
+                        break
+                if i >= len(running):
+                    break
+            free -= need
+            if eager:
+                append(seq.seq_id)
+                seq.num_cached += 1
+                seq.shared_tail = False
+                ctx += seq.num_cached
+            else:
+                reserved += need
+            decode.append(seq)
+            i += 1
+
+        # 3. swapped-out sequences come back before anyone new is admitted
+        max_seqs = self.max_num_seqs
+        if not preempted and self._swapped:
+            swapped = self._swapped
+            while swapped and len(running) < max_seqs:
+                seq = swapped[0]
+                held = -(-seq.num_cached // bs)
+                need = -(-(seq.num_cached + 1) // bs)  # its blocks, and the slot of this step's token
+                if need > free:
+                    break
+                swapped.pop(0)
+                if self.cache is not None:
+                    self.cache.swap_in(seq.seq_id)
+                else:
+                    alloc.swap_in(seq.seq_id)
+                nb = held * bs * self.kv_bytes_per_token
+                swap_bytes += nb
+                self.counters.swapped_in_bytes += nb
+                free -= need
+                if eager:
+                    append(seq.seq_id)
+                    seq.num_cached += 1
+                    ctx += seq.num_cached
+                else:
+                    reserved += need - held
+                bisect.insort(running, seq, key=_priority)
+                decode.append(seq)
+
+        # 4. admission, first come first served, behind the watermark
+        prefills: list[tuple[_Seq, list[_Seq]]] = []  # (sequence to prefill, branches forked from it)
+        prefill_flops = 0.0
+        if not preempted and not self._swapped and waiting:
+            budget = self.max_num_batched_tokens
+            budget_left = None if budget is None else budget - len(decode)
+            cost = self._pricing
+            while waiting:
+                item = waiting[0]
+                if isinstance(item, _Request):
+                    tokens, nseq, floor = item.prompt_len, item.n, self.watermark_blocks
+                else:
+                    tokens, nseq, floor = item.req.prompt_len + item.num_out, 1, 0
+                need = -(-tokens // bs)
+                if free - need < floor or len(running) + nseq > max_seqs:
+                    break
+                if budget_left is not None and tokens > budget_left and prefills:
+                    break
+                waiting.popleft()
+                free -= need
+                if budget_left is not None:
+                    budget_left -= tokens
+                if isinstance(item, _Request):
+                    item.status = "running"
+                    item.t_admit = t_start
+                    seqs = [self._new_seq(item, b) for b in range(item.n)]
+                    item.seqs = seqs
+                    prefills.append((seqs[0], seqs[1:]))
+                    for s in seqs:
+                        bisect.insort(running, s, key=_priority)
+                else:
+                    prefills.append((item, []))
+                    self.counters.recomputed_tokens += tokens - 1
+                    bisect.insort(running, item, key=_priority)
+                prefill_flops += cost.prefill_flops(tokens)
+
+        if not decode and not prefills:
+            raise RuntimeError(
+                f"engine stalled with {len(running)} running, {len(waiting)} waiting, {len(self._swapped)} "
+                f"swapped and {alloc.num_free_blocks} free blocks (a request that can never fit was not rejected)")
+
+        # 5. run: allocate and compute
+        emitted = self._execute(prefills, decode)
+        if not eager:
+            for seq in decode:
+                ctx += seq.num_cached
+        if self.cost_model is not None:
+            dt = self.cost_model.step_s(len(decode), ctx, prefill_flops, swap_bytes)
+        else:
+            dt = time.perf_counter() - wall0
+        t_end = t_start + dt
+        self.clock = t_end
+
+        # 6. stream, retire
+        c = self.counters
+        c.steps += 1
+        c.busy_s += dt
+        c.decode_tokens += len(decode)
+        for seq, _ in prefills:
+            c.prefill_tokens += seq.num_cached
+        on_token, record = self.on_token, self.record_token_times
+        finished: list[_Seq] = []
+        if emitted is None and on_token is None and not record:
+            # cost-model fast path: no token ids, no per-token times, no callback
+            for seq in decode:
+                n = seq.num_out = seq.num_out + 1
+                if n >= seq.max_new:
+                    finished.append(seq)
+            for seq, children in prefills:
+                for s in (seq, *children):
+                    s.num_out += 1
+                    if s.first_t is None:  # a recomputed sequence had its first token long ago
+                        s.first_t = t_end
+                    if s.num_out >= s.max_new:
+                        finished.append(s)
+                req = seq.req
+                if req.t_first is None:
+                    req.t_first = t_end
+        else:
+            if emitted is None:
+                emitted = [(s, None) for seq, children in prefills for s in (seq, *children)]
+                emitted += [(seq, None) for seq in decode]
+            for seq, tok in emitted:
+                n = seq.num_out = seq.num_out + 1
+                if tok is not None:
+                    seq.tokens.append(tok)
+                if seq.first_t is None:
+                    seq.first_t = t_end
+                    if record:
+                        seq.times = [t_end]
+                    req = seq.req
+                    if req.t_first is None:
+                        req.t_first = t_end
+                elif record:
+                    seq.times.append(t_end)
+                done = n >= seq.max_new or (tok is not None and tok in seq.req.sampling.stop_token_ids)
+                if on_token is not None:
+                    on_token(TokenEvent(seq.req.request_id, seq.branch, n - 1, tok, t_end, done))
+                if done:
+                    finished.append(seq)
+        for seq in finished:
+            seq.done = True
+            seq.last_t = t_end
+            if self.cache is not None:
+                self.cache.free(seq.seq_id)
+            else:
+                alloc.free(seq.seq_id)
+            req = seq.req
+            req.remaining -= 1
+            if req.remaining == 0:
+                req.status = "finished"
+                req.t_finish = t_end
+                self._unfinished -= 1
+        any_done = bool(finished)
+        if any_done:
+            self._running = [s for s in running if not s.done]
+        used = alloc.num_used_blocks
+        c.block_times.append(t_end)
+        c.blocks_in_use.append(used)
+        if used > c.peak_blocks:
+            c.peak_blocks = used
+        if len(running) > c.peak_running:
+            c.peak_running = len(running)
+        return True
+
+    def _new_seq(self, req: _Request, branch: int) -> _Seq:
+        seq = _Seq(self._next_seq, req, branch)
+        self._next_seq += 1
+        return seq
+
+    def _execute(self, prefills, decode) -> list[tuple[_Seq, int]] | None:
+        """Allocate the step's prefills (decode slots too, with a model), run the model, sample.
+
+        Returns (sequence, token) in emission order, or None without a model (nothing sampled)."""
+        if self.model is None:  # decode slots were appended while reserving; no tokens to emit
+            alloc = self.allocator
+            for seq, children in prefills:
+                tokens = seq.req.prompt_len + seq.num_out
+                alloc.allocate(seq.seq_id, tokens)
+                seq.num_cached = tokens
+                for child in children:
+                    alloc.fork(seq.seq_id, child.seq_id)
+                    child.num_cached = tokens
+                    child.shared_tail = seq.shared_tail = True
+            return None
+        emitted = []
+        logits = self.model.forward_paged(
+            self.cache,
+            prefills=[(seq.seq_id, seq.tokens) for seq, _ in prefills],
+            decodes=[(seq.seq_id, seq.tokens[-1]) for seq in decode],
+            attention=self.attention)
+        row = 0
+        for seq, children in prefills:
+            seq.num_cached = len(seq.tokens)
+            for s in (seq, *children):
+                emitted.append((s, sample_token(logits[row], s.req.sampling, s.req.seed, s.branch, s.num_out)))
+            for child in children:
+                self.cache.fork(seq.seq_id, child.seq_id)
+                child.num_cached = seq.num_cached
+                child.shared_tail = seq.shared_tail = True
+            row += 1
+        for seq in decode:
+            seq.num_cached += 1
+            seq.shared_tail = False
+            emitted.append((seq, sample_token(logits[row], seq.req.sampling, seq.req.seed, seq.branch,
+                                              seq.num_out)))
+            row += 1
+        return emitted
+
+    # -- the whole run --------------------------------------------------------------------------------
+    def run(self, max_steps: int | None = None, progress: bool = False) -> EngineResult:
+        """Step until every request has finished or been rejected; then check nothing leaked."""
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self._unfinished, desc="requests", unit="req")
+        steps = 0
+        last = self._unfinished
+        while self.step():
+            steps += 1
+            if bar is not None and self._unfinished != last:
+                bar.update(last - self._unfinished)
+                last = self._unfinished
+            if max_steps is not None and steps >= max_steps:
+                break
+        if bar is not None:
+            bar.close()
+        if not self.has_unfinished:
+            self.allocator.check_invariants()
+            self.counters.leaked_blocks = self.allocator.num_used_blocks
+        return self.result()
+
+    def result(self) -> EngineResult:
+        out = {}
+        for rid, req in self._requests.items():
+            seqs = req.seqs
+            tpot = None
+            for s in seqs:
+                if s.num_out > 1:
+                    t = (s.last_t - s.first_t) / (s.num_out - 1)
+                    tpot = t if tpot is None else max(tpot, t)
+            out[rid] = RequestResult(
+                request_id=rid, status=req.status, reason=req.reason, prompt_len=req.prompt_len,
+                max_new_tokens=req.max_new, n=req.n, arrival_time=req.arrival,
+                outputs=[s.tokens[req.prompt_len:] if s.tokens is not None else [] for s in seqs],
+                num_output_tokens=[s.num_out for s in seqs], scheduled_time=req.t_sched,
+                admitted_time=req.t_admit, first_token_time=req.t_first, finish_time=req.t_finish,
+                token_times=[list(s.times or ()) for s in seqs] if self.record_token_times else None,
+                preemptions=req.preemptions, tpot_s=tpot)
+        return EngineResult(out, self.counters, self.clock, self.clock_kind, self.num_blocks, self.block_size)
+
+
+def _priority(seq: _Seq):
+    return seq.key
+
+
+# --- the SLO ledger (§10.6) ------------------------------------------------------------------------------
+
+def _pct(values: list[float], q: float) -> float:
+    """Percentile by linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return math.nan
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+@dataclass
+class SLOReport:
+    """§10.6's ledger for one run: throughput, goodput and where TTFT went."""
+
+    requests: int
+    finished: int
+    rejected: int
+    duration_s: float
+    output_tokens: int
+    throughput_tok_s: float
+    throughput_req_s: float
+    ttft_slo_s: float
+    tpot_slo_s: float
+    good_requests: int
+    good_tokens: int
+    goodput_req_frac: float
+    goodput_tok_frac: float
+    goodput_tok_s: float
+    ttft: dict  # p50 / p99 / mean of ttft, queueing, prefill, scheduling_delay (seconds)
+    tpot: dict  # p50 / p99 / mean (seconds)
+    preemptions: dict
+    swapped_out_bytes: int
+    swapped_in_bytes: int
+    recomputed_tokens: int
+    peak_blocks: int
+    num_blocks: int
+    leaked_blocks: int
+    steps: int
+    rejections: list[str]
+
+    def as_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def slo_report(result: EngineResult, ttft_slo_s: float, tpot_slo_s: float) -> SLOReport:
+    """Goodput counts a request (and its tokens) only if TTFT <= ttft_slo_s and TPOT <= tpot_slo_s.
+
+    Rejected requests count against goodput (their requested tokens are in the token denominator).
+    Duration runs from the first arrival to the last finish.
+    """
+    for name, v in (("ttft_slo_s", ttft_slo_s), ("tpot_slo_s", tpot_slo_s)):
+        if not (isinstance(v, (int, float)) and v > 0):
+            raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+    reqs = list(result.requests.values())
+    fin = [r for r in reqs if r.finished]
+    parts = {"ttft": [], "queueing": [], "prefill": [], "scheduling_delay": []}
+    tpots = []
+    good = good_tok = out_tok = want_tok = 0
+    for r in reqs:
+        if not r.finished:
+            want_tok += r.n * r.max_new_tokens
+            continue
+        tok = r.total_output_tokens
+        out_tok += tok
+        want_tok += tok
+        parts["ttft"].append(r.ttft_s)
+        parts["queueing"].append(r.queueing_s)
+        parts["prefill"].append(r.prefill_s)
+        parts["scheduling_delay"].append(r.scheduling_delay_s)
+        if r.tpot_s is not None:
+            tpots.append(r.tpot_s)
+        if r.ttft_s <= ttft_slo_s and (r.tpot_s is None or r.tpot_s <= tpot_slo_s):
+            good += 1
+            good_tok += tok
+    start = min((r.arrival_time for r in reqs), default=0.0)
+    end = max((r.finish_time for r in fin), default=start)
+    dur = end - start
+    stats = lambda xs: {"p50": _pct(xs, 50), "p99": _pct(xs, 99), "mean": sum(xs) / len(xs) if xs else math.nan}
+    c = result.counters
+    return SLOReport(
+        requests=len(reqs), finished=len(fin), rejected=sum(1 for r in reqs if r.status == "rejected"),
+        duration_s=dur, output_tokens=out_tok,
+        throughput_tok_s=out_tok / dur if dur > 0 else math.nan,
+        throughput_req_s=len(fin) / dur if dur > 0 else math.nan,
+        ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, good_requests=good, good_tokens=good_tok,
+        goodput_req_frac=good / len(reqs) if reqs else math.nan,
+        goodput_tok_frac=good_tok / want_tok if want_tok else math.nan,
+        goodput_tok_s=good_tok / dur if dur > 0 else math.nan,
+        ttft={k: stats(v) for k, v in parts.items()}, tpot=stats(tpots),
+        preemptions=dict(c.preemptions), swapped_out_bytes=c.swapped_out_bytes,
+        swapped_in_bytes=c.swapped_in_bytes, recomputed_tokens=c.recomputed_tokens, peak_blocks=c.peak_blocks,
+        num_blocks=result.num_blocks, leaked_blocks=c.leaked_blocks, steps=c.steps,
+        rejections=[f"request {r.request_id}: {r.reason}" for r in reqs if r.status == "rejected"])

@@ -1,0 +1,396 @@
+"""The engine loop (§10.5) and the SLO ledger (§10.6): admission, preemption, fan-out, two clocks."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+import labsupport  # noqa: F401
+from labsupport import ledger
+from labsupport.costmodel import CostModel
+from labsupport.engine import Engine, SamplingParams, sample_token, slo_report
+from labsupport.model import ModelConfig, TinyTransformer
+from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+H100 = CostModel(LECTURE_7B, LECTURE_GPU)
+
+
+def cost_engine(num_blocks, block_size=16, **kw):
+    return Engine(cost_model=kw.pop("cost_model", H100), num_blocks=num_blocks, block_size=block_size, **kw)
+
+
+# --- tokens never depend on the pool, the batch or preemption ----------------------------------
+
+@pytest.fixture(scope="module")
+def model():
+    return TinyTransformer(ModelConfig(init_std=0.3, seed=3))
+
+
+def _requests():
+    rng = random.Random(7)
+    reqs = []
+    for i in range(7):
+        prompt = [rng.randrange(1, 110) for _ in range(rng.randint(3, 26))]
+        n = 3 if i == 2 else 1
+        temp = 0.0 if i % 2 == 0 and n == 1 else 0.9
+        reqs.append((prompt, rng.randint(6, 16), n, SamplingParams(temperature=temp, seed=100 + i)))
+    return reqs
+
+
+def _run(model, num_blocks, preemption, cost_model=None, **kw):
+    spec = model.spec()
+    eng = Engine(model, num_blocks=num_blocks, block_size=4, preemption=preemption, watermark=0.0,
+                 cost_model=cost_model or CostModel(spec, LECTURE_GPU), **kw)
+    ids = [eng.add_request(p, m, n=n, sampling=sp) for p, m, n, sp in _requests()]
+    res = eng.run()
+    assert eng.allocator.num_used_blocks == 0 and res.counters.leaked_blocks == 0
+    assert not eng.allocator.block_tables and not eng.allocator.seq_lens
+    return [res.requests[i].outputs for i in ids], res
+
+
+@pytest.fixture(scope="module")
+def baseline(model):
+    return _run(model, 400, "swap")
+
+
+def test_baseline_has_no_preemption_and_greedy_matches_the_model(model, baseline):
+    outs, res = baseline
+    assert res.counters.total_preemptions == 0
+    for (prompt, m, n, sp), out in zip(_requests(), outs):
+        assert [len(o) for o in out] == [m] * n
+        if sp.temperature == 0:  # an independent reference: the model's own contiguous decode
+            assert out[0] == model.generate_contiguous(prompt, m).tokens
+    fan = outs[2]
+    assert len({tuple(b) for b in fan}) == 3  # sampled branches diverge (seeded per branch)
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute", "auto"])
+def test_tiny_pool_forces_preemption_but_not_different_tokens(model, baseline, mode):
+    spec = model.spec()
+    cm = None
+    if mode == "auto":
+        # choose the link so the §10.5 break-even falls at 20 tokens: below it recompute, above swap.
+        # 2 S kv / W = (2 N S + 4 L H d S^2) / F at S = 20  =>  W = 2 kv F / (2 N + 4 L H d 20)
+        f = LECTURE_GPU.peak_flops * 0.5
+        link = 2 * spec.kv_bytes_per_token * f / (2 * spec.num_params + 4 * 4 * 4 * 32 * 20)
+        cm = CostModel(spec, LECTURE_GPU, link_bandwidth=link)
+        assert cm.crossover_tokens() == pytest.approx(20)
+    outs, res = _run(model, 14, mode, cost_model=cm)
+    p = res.counters.preemptions
+    if mode == "auto":
+        assert p["swap"] > 0 and p["recompute"] > 0, p
+    else:
+        assert p[mode] >= 3 and sum(p.values()) == p[mode], p
+    assert outs == baseline[0]
+    if p["swap"]:
+        assert res.counters.swapped_out_bytes > 0 and res.counters.swapped_in_bytes == res.counters.swapped_out_bytes
+    if p["recompute"]:
+        assert res.counters.recomputed_tokens > 0
+
+
+def test_real_clock_gives_the_same_tokens(model, baseline):
+    eng = Engine(model, num_blocks=400, block_size=4, watermark=0.0)
+    ids = [eng.add_request(p, m, n=n, sampling=sp) for p, m, n, sp in _requests()]
+    res = eng.run()
+    assert res.clock == "real" and res.clock_s > 0
+    assert [res.requests[i].outputs for i in ids] == baseline[0]
+
+
+def test_streaming_callback_sees_every_token_in_order(model, baseline):
+    events = []
+    eng = Engine(model, num_blocks=400, block_size=4, cost_model=CostModel(model.spec(), LECTURE_GPU),
+                 on_token=events.append)
+    ids = [eng.add_request(p, m, n=n, sampling=sp) for p, m, n, sp in _requests()]
+    res = eng.run()
+    for rid, want in zip(ids, baseline[0]):
+        for b, toks in enumerate(want):
+            evs = [e for e in events if e.request_id == rid and e.branch == b]
+            assert [e.token for e in evs] == toks
+            assert [e.index for e in evs] == list(range(len(toks)))
+            assert [e.finished for e in evs] == [False] * (len(toks) - 1) + [True]
+            assert [e.time for e in evs] == res.requests[rid].token_times[b]
+    assert [e.time for e in events] == sorted(e.time for e in events)
+
+
+def test_a_request_alone_or_in_a_crowd_samples_the_same(model):
+    sp = SamplingParams(temperature=1.0, seed=5)
+    alone = Engine(model, num_blocks=100, block_size=8, cost_model=H100)
+    a = alone.add_request([9, 8, 7, 6], 12, sampling=sp)
+    crowd = Engine(model, num_blocks=100, block_size=8, cost_model=H100)
+    for k in range(3):
+        crowd.add_request([k + 1] * (k + 2), 10, sampling=SamplingParams(temperature=0.7, seed=k))
+    b = crowd.add_request([9, 8, 7, 6], 12, sampling=sp)
+    assert alone.run().requests[a].outputs == crowd.run().requests[b].outputs
+
+
+def test_sampling_follows_the_distribution():
+    # logits (0, ln 3) at temperature 1 are probabilities (1/4, 3/4)
+    logits = torch.tensor([0.0, math.log(3.0)])
+    sp = SamplingParams(temperature=1.0)
+    draws = [sample_token(logits, sp, 11, 0, pos) for pos in range(4000)]
+    assert abs(draws.count(0) / 4000 - 0.25) < 0.03
+    assert draws == [sample_token(logits, sp, 11, 0, pos) for pos in range(4000)]  # pure function
+    assert draws != [sample_token(logits, sp, 11, 1, pos) for pos in range(4000)]  # another branch
+    assert sample_token(torch.tensor([0.0, 5.0, 1.0]), SamplingParams(), 0, 0, 0) == 1  # greedy
+
+
+# --- fan-out shares the prompt's blocks (§10.4) -------------------------------------------------------
+
+def test_fanout_shares_prompt_blocks_and_copies_the_tail_on_write():
+    eng = cost_engine(100, 16, watermark=0.0)
+    eng.add_request(prompt_len=40, max_new_tokens=5, n=4)
+    eng.step()  # prefill once, fork three times
+    a = eng.allocator
+    assert a.num_used_blocks == 3  # ceil(40 / 16), not 4 x 3 = 12
+    tables = list(a.block_tables.values())
+    assert len(tables) == 4 and all(t == tables[0] for t in tables)
+    assert [a.ref_count(b) for b in tables[0]] == [4, 4, 4]
+    eng.step()  # each branch writes position 40, inside the shared third block: three copies, one in place
+    assert a.num_used_blocks == 2 + 4
+    tables = list(a.block_tables.values())
+    assert all(t[:2] == tables[0][:2] for t in tables) and len({t[2] for t in tables}) == 4
+    assert [a.ref_count(b) for b in tables[0][:2]] == [4, 4]
+    res = eng.run()
+    assert res.requests[0].num_output_tokens == [5] * 4 and res.counters.leaked_blocks == 0
+    # by the end each branch holds 44 tokens: still the 2 shared blocks plus its own third block
+    assert res.counters.peak_blocks == 6 == ledger.fanout_blocks(4, 40, 5, 16)[1]
+
+
+def test_fanout_copy_on_write_moves_the_right_kv_on_real_tensors(model):
+    prompt = [7, 3, 9, 1, 4, 4, 2, 8, 5, 6]  # 10 tokens at b = 4: blocks of 4, 4, 2
+    eng = Engine(model, num_blocks=40, block_size=4, cost_model=H100, watermark=0.0)
+    rid = eng.add_request(prompt, 9, n=3)  # greedy: all three branches must agree
+    eng.step()
+    assert eng.allocator.num_used_blocks == 3
+    eng.step()  # position 10 lands in the shared third block: two copies, one write in place
+    assert eng.allocator.num_used_blocks == 2 + 3
+    out = eng.run().requests[rid].outputs
+    # a copied block missing tokens 8 and 9 (or the wrong ones) would change the branches' tokens
+    assert out == [model.generate_contiguous(prompt, 9).tokens] * 3
+
+
+def test_fanout_of_a_block_aligned_prompt_needs_no_copy():
+    eng = cost_engine(100, 16, watermark=0.0)
+    eng.add_request(prompt_len=32, max_new_tokens=3, n=3)
+    eng.step()
+    assert eng.allocator.num_used_blocks == 2
+    eng.step()
+    assert eng.allocator.num_used_blocks == 2 + 3  # a fresh block each, the prompt blocks untouched
+
+
+# --- the cost-model clock against the ledger ----------------------------------------------------------
+
+def test_cost_clock_reproduces_ledger_tpot_for_a_steady_batch():
+    b, prompt = 16, 639
+    eng = cost_engine(7452, 16, watermark=0.0)
+    ids = [eng.add_request(prompt_len=prompt, max_new_tokens=3) for _ in range(b)]
+    res = eng.run()
+    w, kv, bw = 13.48e9, 524_288, 3350e9
+    n_params, attn = 6.74e9, 4 * 32 * 32 * 128
+    f = 989e12 * 0.5
+    # step 1: 16 prefills of 639 tokens, compute-bound: (2 N S + 4 L H d S^2) each over 50% of peak
+    prefill = b * (2 * n_params * prompt + attn * prompt**2) / f
+    assert prefill > w / bw
+    # step 2: every sequence attends to 640 tokens: the lecture's (13.48 GB + B x 640 x 512 KiB) / 3.35 TB/s
+    step2 = (w + b * 640 * kv) / bw
+    step3 = (w + b * 641 * kv) / bw
+    assert step2 > b * (2 * n_params + attn * 640) / f  # memory-bound, as §10.6 assumes
+    for i in ids:
+        t = res.requests[i].token_times[0]
+        assert t[0] == pytest.approx(prefill, rel=1e-12)
+        assert t[1] - t[0] == pytest.approx(step2, rel=1e-9)
+        assert t[2] - t[1] == pytest.approx(step3, rel=1e-9)
+        assert res.requests[i].tpot_s == pytest.approx((step2 + step3) / 2, rel=1e-9)
+    assert step2 == pytest.approx(ledger.tpot_s(LECTURE_7B, b, 640, LECTURE_GPU.hbm_bandwidth), rel=1e-12)
+
+
+def test_cost_model_prices_the_lecture_preemption_numbers():
+    # §10.5: a 4,096-token MHA sequence swaps in 67 ms round trip and recomputes in 129 ms
+    assert H100.swap_round_trip_s(4096) == pytest.approx(2 * 4096 * 524_288 / 64e9)
+    assert H100.recompute_s(4096) == pytest.approx((2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / 494.5e12)
+    assert H100.preempt_choice(4096) == "swap"
+    slow = CostModel(LECTURE_7B, LECTURE_GPU, link_bandwidth=8 * GB)  # below the 33 GB/s break-even
+    assert slow.preempt_choice(4096) == "recompute"
+    st = H100.step(decode_seqs=0, prefill_lens=[4096])
+    assert st.total_s == pytest.approx(H100.recompute_s(4096))
+
+
+def test_ttft_splits_into_scheduling_delay_queueing_and_prefill():
+    eng = cost_engine(7452, 16, watermark=0.0)
+    a = eng.add_request(prompt_len=4096, max_new_tokens=3, arrival_time=0.0)
+    b = eng.add_request(prompt_len=100, max_new_tokens=2, arrival_time=0.05)  # arrives mid-step
+    res = eng.run()
+    n_params, attn, f = 6.74e9, 4 * 32 * 32 * 128, 494.5e12
+    step1 = (2 * n_params * 4096 + attn * 4096**2) / f  # A's prefill, 129 ms
+    # step 2: B's prefill alongside A's first decode (4,097 tokens attended)
+    mem2 = (13.48e9 + 4097 * 524_288) / 3350e9
+    cmp2 = (2 * n_params * 100 + attn * 100**2 + 2 * n_params + attn * 4097) / f
+    step2 = max(mem2, cmp2)
+    rb = res.requests[b]
+    assert rb.scheduling_delay_s == pytest.approx(step1 - 0.05, rel=1e-12)
+    assert rb.queueing_s == 0
+    assert rb.prefill_s == pytest.approx(step2, rel=1e-9)
+    assert rb.ttft_s == pytest.approx(rb.scheduling_delay_s + rb.queueing_s + rb.prefill_s)
+    ra = res.requests[a]
+    assert ra.scheduling_delay_s == 0 and ra.queueing_s == 0 and ra.prefill_s == pytest.approx(step1)
+
+
+def test_queueing_behind_the_watermark():
+    def run(watermark):
+        eng = cost_engine(100, 16, watermark=watermark)
+        a = eng.add_request(prompt_len=80 * 16, max_new_tokens=2)  # 80 blocks, then one more
+        b = eng.add_request(prompt_len=15 * 16, max_new_tokens=1)  # 15 blocks
+        res = eng.run()
+        assert res.counters.leaked_blocks == 0
+        return res.requests[a], res.requests[b]
+
+    # watermark 10% = 10 blocks: 100 - 80 - 15 = 5 < 10, so B waits until A leaves
+    a, b = run(0.10)
+    assert b.admitted_time == a.finish_time and b.queueing_s == a.finish_time > 0
+    a, b = run(0.0)  # 5 >= 0: both in the first step
+    assert b.admitted_time == 0 and b.queueing_s == 0
+
+
+# --- preemption policy, overload, rejection, leaks ----------------------------------------------------
+
+def test_victim_is_the_latest_arrival_not_the_sequence_that_needs_the_block():
+    eng = cost_engine(6, 4, watermark=0.0, preemption="recompute")
+    r0 = eng.add_request(prompt_len=8, max_new_tokens=4)  # 2 full blocks: needs a third at once
+    r1 = eng.add_request(prompt_len=5, max_new_tokens=2)  # 2 blocks, room in the second
+    r2 = eng.add_request(prompt_len=5, max_new_tokens=2)
+    eng.step()  # all three prefilled: 6 of 6 blocks used
+    assert eng.allocator.num_free_blocks == 0
+    eng.step()  # r0 needs a block: r2, the latest arrival, is evicted, not r1 and not r0
+    res = eng.run()
+    assert [res.requests[r].preemptions for r in (r0, r1, r2)] == [0, 0, 1]
+    assert res.counters.preemptions == {"swap": 0, "recompute": 1}
+    assert res.counters.recomputed_tokens == 5  # its prompt; its first token was never cached
+    assert all(r.finished for r in res.requests.values()) and res.counters.leaked_blocks == 0
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute", "auto"])
+def test_overload_finishes_everything_and_leaks_nothing(mode):
+    rng = random.Random(3)
+    eng = cost_engine(40, 16, preemption=mode, max_num_seqs=64)
+    want = {}
+    for i in range(60):
+        p, o, n = rng.randint(1, 300), rng.randint(1, 200), rng.choice([1, 1, 1, 2])
+        want[eng.add_request(prompt_len=p, max_new_tokens=o, n=n, arrival_time=rng.uniform(0, 0.5))] = [o] * n
+    res = eng.run()
+    assert res.counters.total_preemptions > 10
+    assert {i: r.num_output_tokens for i, r in res.requests.items()} == want
+    assert all(r.finished for r in res.requests.values())
+    assert eng.allocator.num_used_blocks == 0 and res.counters.leaked_blocks == 0
+    assert res.counters.blocks_in_use[-1] == 0 and max(res.counters.blocks_in_use) == res.counters.peak_blocks <= 40
+    assert res.counters.peak_running <= 64
+
+
+def test_requests_that_can_never_fit_are_rejected_and_the_rest_run():
+    eng = cost_engine(10, 16, watermark=0.2)  # 10 blocks; new admissions keep 2 free
+    ok1 = eng.add_request(prompt_len=30, max_new_tokens=20)
+    too_long = eng.add_request(prompt_len=100, max_new_tokens=100)  # 199 cached tokens = 13 blocks
+    too_wide = eng.add_request(prompt_len=150, max_new_tokens=1)  # 10 blocks + 2 watermark > 10
+    ok2 = eng.add_request(prompt_len=8 * 16, max_new_tokens=33)  # 8 + 2 blocks to enter; grows to exactly 10
+    res = eng.run()
+    assert res.requests[too_long].status == "rejected"
+    assert "13 blocks" in res.requests[too_long].reason and "has 10" in res.requests[too_long].reason
+    assert res.requests[too_wide].status == "rejected" and "watermark" in res.requests[too_wide].reason
+    assert res.requests[ok1].finished and res.requests[ok2].finished
+    assert res.counters.rejected == 2 and res.counters.leaked_blocks == 0
+    rep = res.slo(10.0, 1.0)
+    assert rep.rejected == 2 and rep.finished == 2 and len(rep.rejections) == 2
+
+
+def test_token_budget_caps_prefills_per_step_but_never_starves_a_long_prompt():
+    eng = cost_engine(1000, 16, max_num_batched_tokens=1000)
+    a = eng.add_request(prompt_len=600, max_new_tokens=2)
+    b = eng.add_request(prompt_len=600, max_new_tokens=2)
+    c = eng.add_request(prompt_len=3000, max_new_tokens=2)  # longer than the budget: runs alone
+    res = eng.run()
+    r = res.requests
+    assert r[a].admitted_time == 0 and r[b].admitted_time > 0 and r[c].admitted_time > r[b].admitted_time
+    assert all(x.finished for x in r.values())
+
+
+def test_max_num_seqs_bounds_the_batch():
+    eng = cost_engine(1000, 16, max_num_seqs=3)
+    for _ in range(8):
+        eng.add_request(prompt_len=10, max_new_tokens=5)
+    res = eng.run()
+    assert res.counters.peak_running == 3 and all(r.finished for r in res.requests.values())
+
+
+def test_bad_arguments_are_clear_errors(model):
+    with pytest.raises(ValueError, match="needs a model"):
+        Engine(num_blocks=10)
+    with pytest.raises(ValueError, match="preemption"):
+        cost_engine(10, preemption="evict")
+    with pytest.raises(ValueError, match="watermark"):
+        cost_engine(10, watermark=1.5)
+    with pytest.raises(ValueError, match="num_blocks"):
+        cost_engine(0)
+    eng = cost_engine(10)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        eng.add_request(prompt_len=5, max_new_tokens=0)
+    with pytest.raises(ValueError, match="n must"):
+        eng.add_request(prompt_len=5, max_new_tokens=1, n=0)
+    with pytest.raises(ValueError, match="at least one token"):
+        eng.add_request(prompt_len=0, max_new_tokens=1)
+    with pytest.raises(ValueError, match="arrival_time"):
+        eng.add_request(prompt_len=5, max_new_tokens=1, arrival_time=-1)
+    assert eng.run().requests == {}  # the rejected calls left nothing behind
+    real = Engine(model, num_blocks=10, block_size=4, cost_model=H100)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        real.add_request(prompt_len=5, max_new_tokens=1)
+    with pytest.raises(ValueError, match="vocabulary"):
+        real.add_request([1, 999], 3)
+    with pytest.raises(ValueError, match="integer token ids"):
+        real.add_request([1, 2.5], 3)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+
+
+def test_model_engine_rejects_requests_past_the_context_window():
+    m = TinyTransformer(ModelConfig(max_seq_len=16, init_std=0.3))
+    eng = Engine(m, num_blocks=50, block_size=4, cost_model=H100)
+    ok = eng.add_request([1, 2, 3], 14)  # 3 + 14 - 1 = 16 positions
+    too_long = eng.add_request([1, 2, 3], 15)
+    res = eng.run()
+    assert res.requests[ok].finished and len(res.requests[ok].outputs[0]) == 14
+    assert res.requests[too_long].status == "rejected" and "max_seq_len=16" in res.requests[too_long].reason
+
+
+# --- the SLO ledger -----------------------------------------------------------------------------------
+
+def test_goodput_counts_only_requests_meeting_both_slos():
+    # a GPU of round numbers: weights 1 s per step, so every decode step takes 1 s plus KV
+    gpu = GPUSpec("toy", 1e12, 13.48e9, 1e30, 1e9)
+    eng = cost_engine(10_000, 16, cost_model=CostModel(LECTURE_7B, gpu), watermark=0.0)
+    fast = eng.add_request(prompt_len=10, max_new_tokens=2, arrival_time=0.0)
+    slow = eng.add_request(prompt_len=10, max_new_tokens=4, arrival_time=10.0)
+    res = eng.run()
+    kv = 524_288 / 13.48e9  # seconds per cached token per step
+    # fast: prefill step 1 s (compute is free) -> TTFT 1; one decode at 11 tokens attended
+    assert res.requests[fast].ttft_s == pytest.approx(1.0)
+    assert res.requests[fast].tpot_s == pytest.approx(1 + 11 * kv)
+    # slow: same TTFT; three decodes at 11, 12, 13 tokens
+    assert res.requests[slow].tpot_s == pytest.approx(1 + 12 * kv)
+    rep = slo_report(res, ttft_slo_s=1.5, tpot_slo_s=1 + 11.5 * kv)
+    assert rep.good_requests == 1 and rep.goodput_req_frac == 0.5
+    assert rep.good_tokens == 2 and rep.goodput_tok_frac == pytest.approx(2 / 6)
+    assert rep.output_tokens == 6 and rep.finished == 2
+    assert rep.duration_s == pytest.approx(res.requests[slow].finish_time)
+    assert slo_report(res, 0.5, 10).good_requests == 0  # TTFT of 1 s misses a 0.5 s SLO
+    with pytest.raises(ValueError, match="ttft_slo_s"):
+        slo_report(res, 0, 1)

@@ -1,0 +1,131 @@
+"""`python -m labsupport simulate`: real traces through the scheduler on the cost-model clock (§10.5, §10.6)."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+import labsupport  # noqa: F401
+from labsupport import simulate
+from labsupport.workloads import REPO_ROOT
+
+TRACES = REPO_ROOT.parent / "shared" / "traces"
+AZURE_CONV = TRACES / "AzureLLMInferenceTrace_2023_conv.csv"
+MOONCAKE_CONV = TRACES / "mooncake_fast25_conversation_trace.jsonl"
+needs_azure = pytest.mark.skipif(not AZURE_CONV.exists(), reason="../shared/traces not present")
+
+
+def run_json(capsys, *args) -> dict:
+    rc = simulate.main([*args, "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    return json.loads(out)
+
+
+def _azure_rows(limit=None):
+    with open(AZURE_CONV, newline="") as f:
+        rows = [(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv.DictReader(f)]
+    return rows[:limit] if limit else rows
+
+
+@needs_azure
+def test_full_azure_conv_replay_accounts_for_every_request(capsys):
+    d = run_json(capsys, "--trace", "azure-conv")  # lecture H100: lecture-7b, 62.52 GB, b = 16
+    rows = _azure_rows()
+    assert d["requests"] == len(rows) == 19_366
+    assert d["finished"] + d["rejected"] == 19_366 and d["rejected"] == 0
+    assert d["output_tokens"] == sum(o for _, o in rows)
+    assert d["leaked_blocks"] == 0
+    assert d["num_blocks"] == 62_520_000_000 // (16 * 524_288) == 7452
+    assert 0 < d["peak_blocks"] <= 7452
+    t = d["ttft"]
+    for k in ("p50", "p99"):  # every part is a time, and the parts are no larger than the whole
+        assert 0 <= t["queueing"][k] <= t["ttft"][k] and 0 < t["prefill"][k] <= t["ttft"][k]
+    assert t["ttft"]["mean"] == pytest.approx(t["queueing"]["mean"] + t["prefill"]["mean"]
+                                              + t["scheduling_delay"]["mean"])
+    # a lone decode step of the lecture 7B moves at least the weights: 13.48 GB / 3.35 TB/s = 4.02 ms
+    assert d["tpot"]["p50"] >= 13.48e9 / 3350e9
+    assert 0 <= d["goodput_req_frac"] <= 1
+
+
+@needs_azure
+def test_requests_longer_than_the_pool_are_rejected_the_rest_complete(capsys):
+    # 1 GB of KV = floor(1e9 / 8 MiB) = 119 blocks of 16 tokens; admission keeps int(0.01 x 119) = 1 free
+    d = run_json(capsys, "--trace", "azure-conv", "--limit", "300", "--kv-budget-gb", "1")
+    rows = _azure_rows(300)
+    blocks = lambda t: -(-t // 16)
+    never = [(p, o) for p, o in rows if blocks(p + o - 1) > 119 or blocks(p) + 1 > 119]
+    assert d["num_blocks"] == 119
+    assert 0 < d["rejected"] == len(never) and d["finished"] == 300 - len(never)
+    assert d["leaked_blocks"] == 0 and len(d["rejections"]) == len(never)
+    assert "blocks" in d["rejections"][0]
+
+
+def _write_bad_csv(tmp_path: Path) -> Path:
+    p = tmp_path / "bad.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:15:46.6805900,374,44\n"
+                 "2023-11-16 18:15:47.0000000,-5,10\n"  # line 3: negative
+                 "2023-11-16 18:15:48.0000000,,10\n"  # line 4: missing
+                 "2023-11-16 18:15:49.0000000,12,abc\n"  # line 5: not a number
+                 "2023-11-16 18:15:50.0000000,100,20\n")
+    return p
+
+
+def test_malformed_rows_rejected_with_file_and_line(tmp_path, capsys):
+    p = _write_bad_csv(tmp_path)
+    rc = simulate.main(["--trace", "azure-conv", "--trace-file", str(p)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert f"{p}:3" in err and "ContextTokens" in err and len(err.strip().splitlines()) == 1
+
+
+def test_malformed_rows_skipped_and_reported(tmp_path, capsys):
+    p = _write_bad_csv(tmp_path)
+    rc = simulate.main(["--trace", "azure-conv", "--trace-file", str(p), "--bad-rows", "skip", "--json"])
+    cap = capsys.readouterr()
+    assert rc == 0
+    for line in (3, 4, 5):
+        assert f"{p}:{line}" in cap.err
+    d = json.loads(cap.out)
+    assert d["requests"] == 2 and d["finished"] == 2 and d["output_tokens"] == 44 + 20
+
+
+def test_synthetic_chat_workload(capsys):
+    d = run_json(capsys, "--trace", "synthetic", "--synthetic-requests", "40", "--synthetic-rate", "100")
+    assert d["requests"] == d["finished"] == 40 and d["output_tokens"] == 40 * 128
+    assert d["synthetic"] is True and d["leaked_blocks"] == 0
+
+
+@pytest.mark.skipif(not MOONCAKE_CONV.exists(), reason="../shared/traces not present")
+def test_mooncake_conversation_overload_with_both_preemption_modes(capsys):
+    # long Mooncake prompts on a 10 GB pool, arrivals 20x faster: the pool runs dry
+    for mode in ("swap", "recompute"):
+        d = run_json(capsys, "--trace", "mooncake-conv", "--limit", "120", "--kv-budget-gb", "10",
+                     "--rate-scale", "20", "--preemption", mode)
+        assert d["finished"] + d["rejected"] == 120
+        assert d["preemptions"][mode] > 0 and d["leaked_blocks"] == 0
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--block-size", "0"], "--block-size"),
+    (["--trace", "nope"], "--trace"),
+    (["--gpu", "b200x"], "unknown GPU"),
+    (["--watermark", "2"], "--watermark"),
+    (["--frobnicate"], "unrecognized"),
+    (["--trace", "synthetic", "--trace-file", "x.csv"], "--trace-file"),
+    (["--trace-file", "/nonexistent/trace.csv"], "does not exist"),
+])
+def test_bad_flags_are_one_line_errors(capsys, args, needle):
+    assert simulate.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and err.startswith("simulate: error:")
+
+
+@needs_azure
+def test_bench_prints_its_figures(capsys):
+    assert simulate.bench(["--limit", "300", "--profile-requests", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "steps/s" in out and "where the time goes" in out and "300 finished" in out
