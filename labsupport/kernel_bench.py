@@ -16,7 +16,10 @@ interpreter, not a GPU.
 ``bench gpu`` is the <4-minute GPU check: correctness on CUDA for the test matrix (dtypes x block
 sizes x GQA ratios x lengths at block edges x split-K, against the torch reference, with unused
 pool slots poisoned with NaN), then a trimmed sweep, written to ``data/gpu_results.json`` with the
-date, GPU, driver, torch and triton versions.
+date, GPU, driver, torch and triton versions.  The matrix is ~50 configurations and ~120 distinct
+kernel compilations (1-2 s of one CPU core each on a fresh Triton cache), which alone would eat
+most of the four minutes, so it is checked by ``--workers`` processes in parallel (default: half
+the CPU cores, at most 8); the sweep then stops starting rows at ``--budget-s``.
 
 SDPA is given ``[B, H, S, D]`` views (``transpose(1, 2)``) of the contiguous K/V the contiguous
 kernel reads, with ``enable_gqa`` for GQA; torch picks its backend.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -265,7 +269,8 @@ def _decode_combo(base: dict, block_sizes, dtype, kv_bytes: int, copy_bandwidth:
     v = torch.randn_like(k)
     lens = torch.full((batch,), seq_len, dtype=torch.int32, device=device)
     out = torch.empty_like(q)
-    tile = tile_tokens or K._attention_tile(head_dim, group > 1)
+    capability = torch.cuda.get_device_capability(device) if torch.device(device).type == "cuda" else None
+    tile = tile_tokens or K.default_tile(dtype, num_q_heads, num_kv_heads, head_dim, capability)
     splits = K.suggest_num_splits(batch, num_kv_heads, seq_len, num_sms, tile=tile)
     opts = dict(num_splits=splits, tile_tokens=tile_tokens)
     moved = kv_bytes + 2 * q.numel() * elem  # K and V once, q in, out back
@@ -351,18 +356,41 @@ def default_check_configs(bf16: bool = True) -> list[tuple]:
 
 
 def correctness_matrix(progress=None, *, configs=None, head_dim: int = HEAD_DIM, long_len: int = 1000,
-                       device="cuda") -> list[dict]:
+                       device="cuda", workers: int = 1) -> list[dict]:
     """The CPU test matrix, compiled for CUDA, against the torch reference.
 
     Each configuration runs one batch with lengths 1, 2b-1, 2b, 2b+1 and ``long_len`` (b the block
     size), slots past each length and spare blocks NaN-filled, table entries past each length junk.
+    Nearly all of the time goes to compiling (~50 configurations, each a few kernel variants, about
+    a second or two of one CPU core apiece), so ``workers > 1`` checks disjoint slices of the matrix
+    in that many processes at once; each configuration seeds its own generator, so the inputs (and
+    so the results) do not depend on how the matrix was sliced.
     """
     if configs is None:
         configs = default_check_configs(bf16=torch.cuda.get_device_capability()[0] >= 8)
+    indexed = list(enumerate(configs))
+    workers = max(1, min(workers, len(indexed)))
+    if workers == 1:
+        return _check_configs(indexed, head_dim, long_len, device, progress)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    slices = [indexed[w::workers] for w in range(workers)]
+    # spawn, not fork: a forked child cannot use the CUDA context its parent already holds
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_check_configs, part, head_dim, long_len, device, None) for part in slices]
+        results = [row for future in futures for row in future.result()]
+    results.sort(key=lambda row: row["index"])
+    if progress is not None:
+        progress.update(len(results))
+    return results
+
+
+def _check_configs(indexed, head_dim: int, long_len: int, device, progress) -> list[dict]:
     tolerance = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 5e-3}
-    gen = torch.Generator().manual_seed(2)
     results = []
-    for dtype, bs, hq, hkv, splits in configs:
+    for index, (dtype, bs, hq, hkv, splits) in indexed:
+        gen = torch.Generator().manual_seed(1000 + index)
         lens_list = [1, 2 * bs - 1, 2 * bs, 2 * bs + 1, long_len]
         s_pool = -(-max(lens_list) // bs) * bs
         batch = len(lens_list)
@@ -387,9 +415,10 @@ def correctness_matrix(progress=None, *, configs=None, head_dim: int = HEAD_DIM,
         err = float((out.float() - expected).abs().max()) / scale
         gta_err = float((gta.float() - expected).abs().max()) / scale
         ok = (not torch.isnan(out).any().item()) and err <= tolerance[dtype] and gta_err <= tolerance[dtype] and gather_ok
-        results.append(dict(dtype=str(dtype), block_size=bs, num_q_heads=hq, num_kv_heads=hkv, num_splits=splits,
-                            seq_lens=lens_list, max_rel_err=err, gather_then_attend_max_rel_err=gta_err,
-                            gather_exact=gather_ok, tolerance=tolerance[dtype], passed=bool(ok)))
+        results.append(dict(index=index, dtype=str(dtype), block_size=bs, num_q_heads=hq, num_kv_heads=hkv,
+                            num_splits=splits, seq_lens=lens_list, max_rel_err=err,
+                            gather_then_attend_max_rel_err=gta_err, gather_exact=gather_ok,
+                            tolerance=tolerance[dtype], passed=bool(ok)))
         _say(progress, f"check   {str(dtype):>14} bs={bs:>3} Hq={hq:>2} Hkv={hkv:>2} splits={splits}  "
                        f"rel err {err:.2e}  {'ok' if ok else 'FAIL'}")
     return results
@@ -518,6 +547,8 @@ def gpu_check(argv: list[str]) -> int:
     parser.add_argument("--out", default="data/gpu_results.json")
     parser.add_argument("--budget-s", type=float, default=210.0,
                         help="stop starting sweep rows after this many seconds (the whole check stays < 4 min)")
+    parser.add_argument("--workers", type=int, default=min(8, max(1, (os.cpu_count() or 2) // 2)),
+                        help="processes that compile and check the correctness matrix in parallel")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench gpu: no CUDA GPU is visible, so there is nothing to check "
@@ -527,7 +558,7 @@ def gpu_check(argv: list[str]) -> int:
     deadline = started + args.budget_s
     meta = environment()
     print(f"{meta['gpu']} ({meta['capability']}, driver {meta['driver']}), torch {meta['torch']}, triton {meta['triton']}")
-    checks = correctness_matrix()
+    checks = correctness_matrix(workers=args.workers)
     failed = [c for c in checks if not c["passed"]]
     print(f"correctness: {len(checks) - len(failed)}/{len(checks)} configurations passed "
           f"({time.monotonic() - started:.0f} s)")

@@ -78,7 +78,12 @@ Hardware and dtype notes
 * fp16, bf16 and fp32 inputs; accumulation is always fp32.  fp32 ``tl.dot`` uses
   ``input_precision="ieee"`` (not TF32), so fp32 results match the reference to ~1e-6.
 * Compiled on CUDA (Ampere sm_80 and newer for bf16).  **On a T4 (sm_75) bf16 is unsupported —
-  use fp16**; the wrapper raises a ValueError for bf16 on GPUs older than sm_80.
+  use fp16**; the wrapper raises a ValueError for bf16 on GPUs older than sm_80.  On sm_75 Triton
+  lowers even fp16 ``tl.dot`` to fp32 FMAs (no tensor cores), as it does fp32 "ieee" dots
+  everywhere; those kernels take smaller tiles so they stay within registers (``_attention_tile``).
+* tests/test_kernels_compile.py compiles the kernels for sm_75/80/90 on a machine without a GPU
+  (Triton's own CUDA pipeline and the ptxas inside its wheel) and checks for register spills and
+  16-byte loads — what the interpreter cannot see.
 * Without a GPU the same kernels run on CPU tensors through Triton's interpreter
   (``TRITON_INTERPRET=1``, which ``import labsupport`` sets before triton is imported).  Two
   interpreter limitations are worked around: its ``tl.dot`` multiplies bf16 *bit patterns*
@@ -119,6 +124,7 @@ __all__ = [
     "kv_token_offset",
     "kv_token_offsets",
     "suggest_num_splits",
+    "default_tile",
     "backend_status",
     "interpreter_active",
     "SUPPORTED_DTYPES",
@@ -131,6 +137,7 @@ MAX_SPLITS = 256
 _LOG2E = 1.4426950408889634
 # Grid axes 1 and 2 are limited to 65,535 programs on CUDA.
 _MAX_GRID_YZ = 65535
+_PROBE_TILE = 64  # tokens per program of kv_token_offsets
 
 
 # --------------------------------------------------------------------------------------------
@@ -524,6 +531,11 @@ def _kernel(base, token_offset_fn):
         scope = dict(fn.__globals__, kv_token_offset=token_offset_fn)
         clone = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
         clone.__module__, clone.__qualname__, clone.__doc__ = fn.__module__, fn.__qualname__, fn.__doc__
+        # FunctionType does not copy annotations, and `BLOCK_SIZE: tl.constexpr` lives there: without
+        # them the compiler takes every constexpr for a runtime argument (tl.arange(0, TILE) then
+        # fails to compile on a GPU, while the interpreter, which sees plain ints, does not notice).
+        clone.__annotations__ = dict(fn.__annotations__)
+        clone.__kwdefaults__ = fn.__kwdefaults__
         _VARIANTS[key] = triton.jit(clone)
     return _VARIANTS[key]
 
@@ -546,16 +558,44 @@ class _NullContext:
 _TILE_ELEMS = 1 << 16 if _INTERPRETING else 1 << 13
 
 
-def _attention_tile(head_dim: int, use_dot: bool) -> int:
-    # About 8K values per K (or V) tile on a GPU: 64 tokens up to D=128.  The broadcast path
-    # materialises [G_PAD, TILE, D] products, so it takes smaller tiles at large D; tl.dot needs
-    # TILE >= 16 either way.
-    budget = _TILE_ELEMS if use_dot or head_dim <= 128 else _TILE_ELEMS // 2
-    return max(16, min(256 if _INTERPRETING else 64, budget // head_dim))
+def _attention_tile(head_dim: int, use_dot: bool, fma_dot: bool = False) -> int:
+    """Tokens per loop iteration of the attention kernel, sized so a program's tiles fit in registers.
+
+    Budgets (elements of one K tile) were set by compiling for sm_75/80/90 and reading ptxas's
+    register counts (tests/test_kernels_compile.py keeps them spill-free):
+    * tensor-core ``tl.dot`` (fp16/bf16 on sm_80+): 8K, i.e. 64 tokens up to D=128 (~110 registers);
+    * the broadcast path (MHA) materialises ``[G_PAD, TILE, D]`` fp32 products: 4K (D=128: 32 tokens,
+      ~80 registers; 64 tokens needed 140-255);
+    * an FMA ``tl.dot`` — fp32 with ``input_precision="ieee"``, or any dot before sm_80, where Triton
+      lowers fp16 dots to fp32 FMAs too — holds ``[16, D]`` operands per thread: 2K (64 tokens at
+      D=128 spilled to the stack on sm_75 and, for fp32, on sm_80).
+    ``tl.dot`` needs TILE >= 16, so 16 is the floor.  The interpreter takes larger tiles (fewer
+    Python-level iterations); the tile changes the schedule, never the result.
+    """
+    if _INTERPRETING:
+        return max(16, min(256, (_TILE_ELEMS if use_dot or head_dim <= 128 else _TILE_ELEMS // 2) // head_dim))
+    budget = (_TILE_ELEMS // 4) if (use_dot and fma_dot) else _TILE_ELEMS if use_dot else _TILE_ELEMS // 2
+    return max(16, min(64, budget // head_dim))
+
+
+def _uses_dot(group: int, head_dim: int) -> bool:
+    return group > 1 and head_dim >= 16
+
+
+def _fma_dot(dtype: torch.dtype, capability: tuple[int, int] | None) -> bool:
+    """Whether a ``tl.dot`` in this dtype compiles to FMAs rather than tensor-core MMAs."""
+    return dtype == torch.float32 or (capability is not None and tuple(capability) < (8, 0))
+
+
+def default_tile(dtype: torch.dtype, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 capability: tuple[int, int] | None = None) -> int:
+    """Tokens per loop iteration the attention kernels pick for these shapes on a GPU of ``capability``."""
+    use_dot = _uses_dot(num_q_heads // num_kv_heads, head_dim)
+    return _attention_tile(head_dim, use_dot, _fma_dot(dtype, capability))
 
 
 def _gather_tile(row_elems: int) -> tuple[int, int]:
-    """(tokens, row elements) per gather program: whole rows up to 4K (16K interpreted) elements."""
+    """(tokens, row elements) per gather program: whole rows up to 2K (16K interpreted) elements."""
     cols = min(triton.next_power_of_2(row_elems), _TILE_ELEMS // 4)
     return max(2, min(256, _TILE_ELEMS // cols)), cols
 
@@ -570,13 +610,35 @@ def suggest_num_splits(batch: int, num_kv_heads: int, seq_len: int, num_sms: int
     return int(max(1, min(wanted, most, MAX_SPLITS)))
 
 
-def _launch_attention(q, k, v, block_tables, seq_lens, out, layout: _Layout, scale: float, num_splits: int,
-                      paged: bool, tile_tokens=None, use_dot=None, force_split=False, token_offset_fn=None):
+@dataclass
+class _Launch:
+    """One kernel launch, described before it happens: the kernel, its grid and its arguments.
+
+    The wrappers build these and run them; the offline compile check (tests/test_kernels_compile.py)
+    builds the same ones and compiles them for sm_75/80/90 without a GPU, so what it compiles is
+    exactly what a student's launch would.
+    """
+    kernel: object
+    grid: tuple
+    args: tuple
+    kwargs: dict
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, **self.kwargs)
+
+
+def _attention_launches(q, k, v, block_tables, seq_lens, out, layout: _Layout, scale: float, num_splits: int,
+                        paged: bool, tile_tokens=None, use_dot=None, force_split=False,
+                        token_offset_fn=None, capability: tuple[int, int] | None = None) -> list[_Launch]:
+    """The launches for one attention call.  ``capability`` (major, minor) is the GPU the kernels
+    will run on; by default that of ``q``'s device (the offline compile check passes its target's)."""
     batch, group, head_dim = layout.batch, layout.group, layout.head_dim
     if use_dot is None:
-        use_dot = group > 1 and head_dim >= 16
+        use_dot = _uses_dot(group, head_dim)
+    if capability is None and q.device.type == "cuda":
+        capability = torch.cuda.get_device_capability(q.device)
     group_pad = max(16, triton.next_power_of_2(group)) if use_dot else triton.next_power_of_2(group)
-    tile = tile_tokens or _attention_tile(head_dim, use_dot)
+    tile = tile_tokens or _attention_tile(head_dim, use_dot, _fma_dot(q.dtype, capability))
     dot_fp32 = q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and _INTERPRETING)
     split = force_split or num_splits > 1
     if split:
@@ -586,26 +648,52 @@ def _launch_attention(q, k, v, block_tables, seq_lens, out, layout: _Layout, sca
         part_acc = part_ml = out  # unused by the unsplit kernel
     kernel = _kernel(_decode_attention_kernel, token_offset_fn) if paged else _decode_attention_kernel
     table = block_tables if paged else seq_lens  # any int32 pointer; the contiguous path never reads it
+    launches = [_Launch(
+        kernel, (batch, layout.num_kv_heads, num_splits),
+        (q, k, v, table, seq_lens, out, part_acc, part_ml,
+         scale * _LOG2E, layout.num_q_heads,
+         q.stride(0), q.stride(1),
+         k.stride(0), k.stride(1), k.stride(2),
+         block_tables.stride(0) if paged else 0,
+         out.stride(0), out.stride(1)),
+        dict(GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
+             BLOCK_SIZE=layout.block_size if paged else 1, TILE=tile,
+             NUM_SPLITS=num_splits, SPLIT=split, PAGED=paged, USE_DOT=use_dot, DOT_FP32=dot_fp32,
+             num_warps=4),
+    )]
+    if split:
+        launches.append(_Launch(
+            _merge_splits_kernel, (batch, layout.num_q_heads),
+            (part_acc, part_ml, out, layout.num_q_heads, out.stride(0), out.stride(1)),
+            dict(NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
+                 num_warps=4),
+        ))
+    return launches
+
+
+def _launch_attention(q, k, v, block_tables, seq_lens, out, layout: _Layout, scale: float, num_splits: int,
+                      paged: bool, tile_tokens=None, use_dot=None, force_split=False, token_offset_fn=None):
+    launches = _attention_launches(q, k, v, block_tables, seq_lens, out, layout, scale, num_splits, paged,
+                                   tile_tokens, use_dot, force_split, token_offset_fn)
     with _device_guard(q):
-        kernel[(batch, layout.num_kv_heads, num_splits)](
-            q, k, v, table, seq_lens, out, part_acc, part_ml,
-            scale * _LOG2E, layout.num_q_heads,
-            q.stride(0), q.stride(1),
-            k.stride(0), k.stride(1), k.stride(2),
-            block_tables.stride(0) if paged else 0,
-            out.stride(0), out.stride(1),
-            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
-            BLOCK_SIZE=layout.block_size if paged else 1, TILE=tile,
-            NUM_SPLITS=num_splits, SPLIT=split, PAGED=paged, USE_DOT=use_dot, DOT_FP32=dot_fp32,
-            num_warps=4,
-        )
-        if split:
-            _merge_splits_kernel[(batch, layout.num_q_heads)](
-                part_acc, part_ml, out, layout.num_q_heads, out.stride(0), out.stride(1),
-                NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim,
-                num_warps=4,
-            )
+        for launch in launches:
+            launch()
     return out
+
+
+def _gather_launch(cache, block_tables, seq_lens, out, token_offset_fn=None) -> _Launch:
+    batch, out_len, num_kv_heads, head_dim = out.shape
+    row_elems = num_kv_heads * head_dim
+    tile, cols = _gather_tile(row_elems)
+    return _Launch(
+        _kernel(_paged_gather_kernel, token_offset_fn),
+        (triton.cdiv(out_len, tile), batch, triton.cdiv(row_elems, cols)),
+        (cache, block_tables, seq_lens, out, out_len, row_elems,
+         cache.stride(0), cache.stride(1),
+         block_tables.stride(0),
+         out.stride(0), out.stride(1)),
+        dict(BLOCK_SIZE=cache.shape[1], TILE=tile, COLS=cols, num_warps=4),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -649,17 +737,9 @@ def paged_gather(cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torc
         out = torch.empty(out_shape, dtype=cache.dtype, device=cache.device)
     if out.numel() == 0:
         return out
-    row_elems = num_kv_heads * head_dim
-    tile, cols = _gather_tile(row_elems)
-    kernel = _kernel(_paged_gather_kernel, token_offset_fn)
+    launch = _gather_launch(cache, block_tables, seq_lens, out, token_offset_fn)
     with _device_guard(cache):
-        kernel[(triton.cdiv(out.shape[1], tile), batch, triton.cdiv(row_elems, cols))](
-            cache, block_tables, seq_lens, out, out.shape[1], row_elems,
-            cache.stride(0), cache.stride(1),
-            block_tables.stride(0),
-            out.stride(0), out.stride(1),
-            BLOCK_SIZE=block_size, TILE=tile, COLS=cols, num_warps=4,
-        )
+        launch()
     return out
 
 
@@ -787,17 +867,26 @@ def kv_token_offsets(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_s
     max_len = int(seq_lens.max()) if batch else 0
     if (batch and int(seq_lens.min()) < 0) or max_len > block_tables.shape[1] * block_size:
         raise ValueError(f"seq_lens must be in 0..{block_tables.shape[1] * block_size}")
+    if batch > 2**31 - 1 or -(-max_len // _PROBE_TILE) > _MAX_GRID_YZ:
+        raise ValueError(f"kv_token_offsets launches one program per {_PROBE_TILE} tokens on grid axis 1: "
+                         f"max(seq_lens) must be <= {_PROBE_TILE * _MAX_GRID_YZ}, got {max_len}")
     out = torch.empty(batch, max_len, dtype=torch.int64, device=block_tables.device)
     if out.numel() == 0:
         return out
-    tile = 64
-    kernel = _kernel(_token_offset_probe_kernel, token_offset_fn)
+    launch = _offsets_launch(block_tables, seq_lens, out, block_size, stride_block, stride_slot, token_offset_fn)
     with _device_guard(block_tables):
-        kernel[(batch, triton.cdiv(max_len, tile))](
-            block_tables, seq_lens, out, block_tables.stride(0), stride_block, stride_slot, max_len,
-            BLOCK_SIZE=block_size, TILE=tile,
-        )
+        launch()
     return out
+
+
+def _offsets_launch(block_tables, seq_lens, out, block_size: int, stride_block: int, stride_slot: int,
+                    token_offset_fn=None) -> _Launch:
+    batch, max_len = out.shape
+    return _Launch(
+        _kernel(_token_offset_probe_kernel, token_offset_fn), (batch, triton.cdiv(max_len, _PROBE_TILE)),
+        (block_tables, seq_lens, out, block_tables.stride(0), stride_block, stride_slot, max_len),
+        dict(BLOCK_SIZE=block_size, TILE=_PROBE_TILE),
+    )
 
 
 # --------------------------------------------------------------------------------------------
