@@ -1,0 +1,197 @@
+# %% [markdown]
+# # Lab 00 — Setup: your machine, the labs, and how they are graded
+#
+# Lecture 10 opens Part II with one number, **29 against 295**, and spends seventy-five minutes
+# showing that most of the gap is a data structure. These labs rebuild that argument with real
+# mechanisms you can poke at: an allocator, a paged KV cache on real tensors, a Triton kernel, a tiny
+# transformer and an engine loop. This lab makes sure your machine can run them and shows you how a
+# lab works, in ten minutes.
+#
+# **By the end of this lab you can**
+#
+# 1. run `labsupport`'s doctor and read what it says about your machine (GPU or CPU-only);
+# 2. recognise the three kinds of cell in every lab — prose, runnable code, and exercises with a
+#    checkoff — and grade yourself;
+# 3. keep GB, GiB and KiB apart, which every later lab depends on (learning objective 2 of the
+#    lecture asks you to *compute* memory waste, and a units slip is the most common way to get it wrong).
+
+# %% [markdown]
+# ## 1. What is this machine?
+#
+# Always import `labsupport` first, before anything that imports Triton: on a machine without a CUDA
+# GPU it switches Triton to its interpreter, which must happen before Triton loads. Then ask the
+# doctor. Its output depends on your machine, so yours will differ from your neighbour's.
+
+# %%
+import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
+from labsupport import doctor, viz
+from labsupport.checkoff import check
+from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8
+from labsupport.units import fmt_bytes, fmt_gb, fmt_gib
+
+# %% tags=["nbval-ignore-output"]
+report = doctor.report()
+print(doctor.format_report(report))
+
+# %% [markdown]
+# The same report is one command away in a terminal: `python -m labsupport doctor`. Read the last
+# line first: **OK** means every lab can run here. A `PROBLEM` line says what to fix.
+#
+# ### CPU-only mode
+#
+# Most of you will run these labs on a laptop. That is fine, and it is a deliberate design choice:
+#
+# * **Every number derived in the labs is the same on every machine.** Memory budgets, slot sizes,
+#   utilization, the swap-versus-recompute break-even: they are arithmetic on the *lecture's* H100 and
+#   model, computed exactly by `labsupport.ledger`, not measured on your machine.
+# * **Mechanisms run for real, at small sizes.** The block allocator, the paged cache's tensors, the
+#   copy-on-write fork and the engine loop all run on CPU tensors; the labs shrink the sizes so each
+#   notebook finishes in under a minute.
+# * **Kernels run through Triton's interpreter.** The same Triton source that compiles for a GPU runs
+#   on the CPU, slowly (seconds for what a GPU does in microseconds). Timings measured on a CPU say
+#   nothing about a GPU, and the labs say so wherever they show one.
+#
+# The cell below tells you which mode this kernel is in.
+
+# %% tags=["nbval-ignore-output"]
+if report["cuda"]:
+    print(f"GPU mode: {report['gpu']['name']}; Triton kernels are compiled.")
+else:
+    print(f"CPU-only mode: Triton runs in its interpreter ({report['triton_mode']}); sizes are kept small.")
+
+# %% [markdown]
+# ## 2. How a lab works
+#
+# Every lab follows the lecture section by section. You will meet three kinds of code cell:
+#
+# 1. **Cells you just run.** They compute the lecture's numbers with `labsupport`, draw charts, and
+#    show sliders. Change their inputs freely.
+# 2. **Exercises.** A cell containing a comment `# TODO N.M: …` followed by
+#    `raise NotImplementedError(…)`. Replace those two lines with your code. Until you do, the cell
+#    stops with that `NotImplementedError`, which is expected and harmless: the notebook keeps going.
+# 3. **Checkoffs.** `check("N.M", answer)` grades your answer — a number, a choice, or your function
+#    itself. A function checkoff calls your code on inputs you have not seen (other GPUs, other models)
+#    and compares with `labsupport`'s real mechanisms. When it passes you see exactly one line:
+#
+#    ```
+#    ✅ Checkoff N.M passed
+#    ```
+#
+#    When it does not, you get a `CheckoffError` that says what was wrong and gives a hint, never the
+#    answer. For example, answering 512,000 to the first checkoff below says
+#
+#    ```
+#    CheckoffError: [0.1] you gave 512,000 B, which is not exactly right; it is too low. 512,000 is 512 decimal kB; …
+#    Hint: KiB is the binary kilobyte, …
+#    ```
+#
+# **Grading yourself.** From a terminal in the repository:
+#
+# ```
+# python -m labsupport grade notebooks/00_setup.ipynb          # scoreboard: passed / failed / not attempted
+# python -m labsupport grade notebooks/*.ipynb --json          # the same for every lab, as JSON
+# pytest --nbval-lax notebooks/00_setup.ipynb                  # runs it, and compares each checkoff's line
+# ```
+#
+# `grade` runs your saved notebook from top to bottom in a fresh kernel, ignoring whatever outputs are
+# stored in it, so **save before grading**, and make sure the notebook runs from a fresh start
+# (*Kernel → Restart Kernel and Run All Cells*), not only in the order you happened to run it.
+
+# %% [markdown]
+# ## 3. Bytes, and the three ways to write a thousand of them
+#
+# The lecture's model stores **512 KiB** of keys and values for every token it holds. The GPU on
+# its box has **80 GB** of memory. Those two prefixes are not the same kind of thousand:
+#
+# | prefix | means | example |
+# |---|---|---|
+# | kB, MB, GB | powers of 10: $10^3, 10^6, 10^9$ bytes | the H100's "80 GB", the 62.5 GB KV budget |
+# | KiB, MiB, GiB | powers of 2: $2^{10}, 2^{20}, 2^{30}$ bytes | 512 KiB per token, a 2 MiB block |
+#
+# Mixing them costs 2.4% at the kilo level and 7.4% at the giga level — enough to turn the H100's
+# 29 reserve-to-max slots (lab 01) into 28 if its 4 GB reserve is read as 4 GiB. The labs write every
+# byte count exactly and name its unit; `labsupport.units` prints both readings:
+
+# %%
+print("80 GB      =", fmt_bytes(80e9))
+print("2 GiB      =", fmt_bytes(2 * 2**30))
+print("62.52e9 B  =", fmt_gb(62.52e9), "=", fmt_gib(62.52e9))
+
+# %% [markdown]
+# ### Exercise 0.1 — your first checkoff
+#
+# Set `kv_512_kib` to 512 KiB, **in bytes**, written as a Python expression (let Python do the
+# arithmetic), then run the cell.
+
+# %%
+### BEGIN SOLUTION 0.1: set kv_512_kib to 512 KiB in bytes, as a Python expression
+kv_512_kib = 512 * 2**10
+### END SOLUTION
+check("0.1", kv_512_kib)
+
+# %% [markdown]
+# ### Exercise 0.2 — your first function checkoff
+#
+# Where do 512 KiB per token come from? For every token the cache holds, every layer keeps a **key**
+# vector and a **value** vector for each KV head, each `head_dim` elements wide, each element
+# `dtype_bytes` bytes (2 for bf16):
+#
+# $$\text{KV bytes per token} \;=\; 2 \times L \times n_{kv} \times d_{head} \times b$$
+#
+# Write it as a function. The checkoff calls it on eight shapes — the lecture's 7B, its GQA-8
+# variant, Llama 3 70B, fp32 and fp8 caches, and two toy shapes — and compares each with the
+# formula evaluated independently.
+
+# %%
+def kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes=2):
+    """Bytes of K and V the cache stores per token, over all layers and KV heads."""
+    ### BEGIN SOLUTION 0.2: return the KV bytes per token from the four arguments
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+    ### END SOLUTION
+
+
+check("0.2", kv_bytes_per_token)
+
+# %% [markdown]
+# `labsupport` has the same quantity on every model preset, which is what the later labs use:
+
+# %%
+for model in (LECTURE_7B, LECTURE_7B_GQA8):
+    per_token = model.kv_bytes_per_token
+    print(f"{model.name:>16}: {per_token:,} B per token = {per_token / 2**10:,.0f} KiB; "
+          f"a 4,096-token sequence holds {fmt_gb(4096 * per_token)}")
+
+# %% [markdown]
+# ## 4. Do sliders and charts work here?
+#
+# Every lab has panels like the one below: controls on top, a chart that redraws when you move them,
+# and a line stating the exact numbers. Drag the slider (or click it and use the arrow keys). If you
+# see the slider and the chart redraws, JupyterLab's widgets work on your machine. If you see
+# *"Error displaying widget"* instead, run the cell again; if that does not help, restart JupyterLab
+# from the repository's environment (`make lab`).
+#
+# The slider is the number of KV heads. Grouped-query attention (GQA) lets several query heads share
+# one KV head; the cache shrinks by the group size, which is why the lecture keeps returning to a
+# "GQA-8" variant of its model.
+
+# %%
+viz.kv_heads_panel()
+
+# %% [markdown]
+# ## Self-check
+#
+# 1. Your laptop has no GPU. Will the labs' figure for the naive allocator's concurrency on an H100 be
+#    different from your neighbour's, who has one?
+# 2. Which is larger, 80 GB or 80 GiB, and by how many bytes?
+# 3. A cell stops with `NotImplementedError: TODO 1.2: …`. Did something break?
+#
+# <details><summary>Answers</summary>
+#
+# 1. No. It is arithmetic on the lecture's H100 and model (`labsupport.ledger`), identical everywhere.
+#    Only measured timings depend on your machine.
+# 2. 80 GiB = 85,899,345,920 B, larger than 80 GB = 80,000,000,000 B by 5,899,345,920 B (7.4%).
+# 3. No: that is exercise 1.2 waiting for you. Replace the two marked lines with your code.
+#
+# </details>
+#
+# Next: **Lab 01 — five jobs, and 29 against 295.**

@@ -1,0 +1,263 @@
+# %% [markdown]
+# # Lab 01 — Five jobs, and 29 against 295 (§10.1)
+#
+# Lecture 2 left one collision on the board: an H100's decode arithmetic **wants a batch of 295**,
+# and its KV cache **permits 29**. Part II is about that gap. Before anyone blames the hardware, this
+# lab derives both numbers yourself — with the formula and the code side by side — and then lets you
+# move the GPU, the model and the maximum sequence length to see which of the two walls moves.
+#
+# **Learning objectives served** (the lecture's numbering)
+#
+# * **Objective 1** — list the five jobs a serving engine performs on every request, and name the
+#   resource each one contends for.
+# * The ground for **objective 2** — the reserve-to-maximum allocator's memory arithmetic, which lab 02
+#   turns into wasted memory, lost concurrency and lost throughput.
+#
+# Timing in the lecture: minutes 0–6. Here: about 20 minutes.
+
+# %%
+import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
+from labsupport import ledger, viz
+from labsupport.checkoff import check
+from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, LECTURE_RESERVED_BYTES
+from labsupport.units import fmt_bytes, fmt_gb
+
+H100 = LECTURE_GPU
+print(f"model: {LECTURE_7B.name}, {LECTURE_7B.num_params / 1e9:.2f}e9 parameters, "
+      f"{LECTURE_7B.num_layers} layers × {LECTURE_7B.num_heads} heads × {LECTURE_7B.head_dim}, bf16")
+print(f"GPU:   {H100.name}, {fmt_gb(H100.hbm_bytes, 0)} HBM at {H100.hbm_bandwidth / GB:,.0f} GB/s, "
+      f"{H100.peak_flops / 1e12:,.0f} TFLOP/s dense bf16")
+
+# %% [markdown]
+# ## 1. What a serving engine is asked to do
+#
+# A serving engine is the thing between an HTTP request and 201 forward passes. It does five jobs,
+# and each contends for a different resource — which is why they are usually five pieces of code
+# that fight each other.
+#
+# | job | what it decides |
+# |---|---|
+# | **Admit** | accept a request now, queue it, or reject it |
+# | **Allocate** | where the sequence's KV goes, for its prefill and for its growth |
+# | **Batch** | which sequences run in the next forward pass |
+# | **Run** | launching the kernels: prefill for arrivals, decode for everyone else |
+# | **Stream** | returning each token as it is produced |
+#
+# Read §10.1 again with one question per row: *what does this job hand out, and what runs out first
+# if it hands out too much?*
+#
+# ### Exercise 1.3 — which two jobs are about memory?
+#
+# The lecture says two of the five are about memory and only one is about arithmetic. Name the two
+# memory jobs, as a set of the verbs above in lower case.
+
+# %%
+### BEGIN SOLUTION 1.3: set memory_jobs to the set of the two jobs that contend for memory, e.g. {"run", "stream"}
+memory_jobs = {"admit", "allocate"}
+### END SOLUTION
+check("1.3", memory_jobs)
+
+# %% [markdown]
+# The whole table, as the lecture boards it:
+#
+# | job | resource it contends for |
+# |---|---|
+# | Admit | **memory** — admitting a request promises it KV space for as long as it lives |
+# | Allocate | **memory** — finding KV space for the prefill and for the growth |
+# | Batch | the next forward pass: *as many as possible* (§2.14), *memory will not allow it* (§2.15) |
+# | Run | **arithmetic** (and HBM bandwidth) — the kernels themselves |
+# | Stream | user-visible latency — each step's duration is what the user feels |
+#
+# *"It is a memory-management problem wearing a scheduler's clothes."* The rest of this lab
+# computes the two numbers that make that sentence true.
+
+# %% [markdown]
+# ## 2. What the arithmetic wants: the ridge-point batch, 295
+#
+# During decode each sequence in the batch produces one token per step. To do it, the GPU streams
+# **every weight once** from HBM, whatever the batch size, and each sequence does a multiply and an
+# add per weight. With $N$ parameters of $b$ bytes each and a batch of $B$:
+#
+# $$\text{FLOP per step} = 2NB, \qquad \text{bytes per step} \approx N b, \qquad
+# \text{intensity} = \frac{2NB}{Nb} = \frac{2B}{b}\ \text{FLOP/byte}.$$
+#
+# The GPU is balanced (its **ridge point**) at $P / W$ FLOP per byte, peak FLOP/s over HBM bytes/s.
+# Below it the step waits on memory; above it, on arithmetic. Setting the two equal:
+#
+# $$B^\ast = \frac{P}{W}\cdot\frac{b}{2}.$$
+#
+# (This counts weight bytes only, as Lecture 2 did. The KV reads each sequence adds push the
+# intensity *down*, so the true ridge batch is larger still — for long sequences, out of reach.
+# Lab 07 puts them back.)
+#
+# ### Exercise 1.1 — the ridge-point batch
+#
+# Write `ridge_batch(model, gpu)` from the fields `gpu.peak_flops` (FLOP/s), `gpu.hbm_bandwidth`
+# (bytes/s) and `model.dtype_bytes`. The checkoff runs it on 16 model/GPU pairs, including fp32 and
+# fp8 weights, so typed-in constants will not pass.
+
+# %%
+def ridge_batch(model, gpu):
+    """The decode batch at which a step's FLOP per byte reaches the GPU's ridge point."""
+    ### BEGIN SOLUTION 1.1: return the ridge-point batch from gpu.peak_flops, gpu.hbm_bandwidth and model.dtype_bytes
+    return gpu.peak_flops / gpu.hbm_bandwidth * model.dtype_bytes / 2
+    ### END SOLUTION
+
+
+check("1.1", ridge_batch)
+
+# %% [markdown]
+# The ledger (`labsupport.ledger`, which every later lab uses) computes the same quantity:
+
+# %%
+ridge = ledger.ridge_batch(LECTURE_7B, H100)
+print(f"B* = {H100.peak_flops / 1e12:,.0f} TFLOP/s ÷ {H100.hbm_bandwidth / GB:,.0f} GB/s × 2 B ÷ 2 = {ridge:.1f}")
+
+# %% [markdown]
+# On a log–log plot of attainable FLOP/s against the batch, the ridge point is the corner of the
+# roofline. The shaded region is where memory will not let you go — the subject of the next section.
+
+# %%
+viz.decode_roofline_figure(LECTURE_7B, H100, s_max=4096).show()
+
+# %% [markdown]
+# ## 3. What the memory permits: 29
+#
+# The first KV cache anyone writes reserves, for every request, room for the longest sequence it is
+# allowed — $S_{max}$ tokens — because its keys and values are one tensor whose shape must be fixed
+# when it is allocated. So:
+#
+# $$\text{KV budget} = \text{HBM} - \text{weights} - \text{reserve} = 80 - 13.48 - 4 = 62.52\ \text{GB}$$
+#
+# $$\text{slot} = S_{max} \times \text{KV per token} = 4{,}096 \times 512\ \text{KiB} = 2{,}147{,}483{,}648\ \text{B} = 2.147\ \text{GB}$$
+#
+# $$B_{mem} = \left\lfloor \frac{\text{KV budget}}{\text{slot}} \right\rfloor$$
+#
+# The 4 GB reserve holds activations and workspace; `labsupport.specs.LECTURE_RESERVED_BYTES` is
+# that number. Watch the units: the budget is decimal GB (the card's marketed 80 GB), the per-token KV
+# is binary KiB.
+#
+# ### Exercise 1.2 — the memory-limited batch
+#
+# Write `memory_batch(model, gpu, s_max)`: how many reserve-to-max slots fit in the KV budget.
+# You need `gpu.hbm_bytes`, `model.num_params`, `model.dtype_bytes`, and the KV bytes per token from
+# lab 00 (`model.kv_bytes_per_token` has it). A card whose weights leave no budget holds zero
+# sequences. The checkoff tries ten model/GPU/S_max combinations.
+
+# %%
+def memory_batch(model, gpu, s_max, reserved_bytes=LECTURE_RESERVED_BYTES):
+    """How many S_max-token reserve-to-max KV slots fit beside the weights and the reserve."""
+    ### BEGIN SOLUTION 1.2: return the number of whole S_max slots that fit in the KV budget (0 if none)
+    budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - reserved_bytes
+    slot = s_max * model.kv_bytes_per_token
+    return max(0, int(budget // slot))
+    ### END SOLUTION
+
+
+check("1.2", memory_batch)
+
+# %% [markdown]
+# And from the ledger, with every byte written out:
+
+# %%
+kv = ledger.kv_bytes_per_token(LECTURE_7B)
+budget = ledger.kv_budget_bytes(LECTURE_7B, H100)
+slot = ledger.naive_slot_bytes(4096, kv)
+memory = ledger.naive_concurrency(budget, 4096, kv)
+print(f"weights    {fmt_bytes(LECTURE_7B.weight_bytes)}")
+print(f"KV budget  {fmt_bytes(budget)}")
+print(f"slot       {fmt_bytes(slot)}  (4,096 tokens × {kv:,} B)")
+print(f"B_mem      {budget / slot:.2f} slots → {memory}")
+print(f"the gap    {ridge:.1f} / {memory} = {ridge / memory:.1f}×")
+
+# %% [markdown]
+# ## 4. The collision, on any card
+#
+# Both bars come from the ledger. Before you touch anything, predict: which controls move the blue
+# bar, and which move the orange one?
+#
+# Then try:
+#
+# * **GQA.** Switch the model to `lecture-7b-gqa8` (8 KV heads instead of 32). Which bar moves, and
+#   by how much? Why not the other?
+# * **Long context.** Slide S_max to 32,768, the "advertise long context" setting of §10.2. Then to
+#   131,072 (Exercise 1's brochure).
+# * **A bigger card.** The H200 has 141 GB at 4.8 TB/s and the same peak. The ridge *falls*; why?
+# * **A bigger model.** `llama-3-70b` on an H100: what is left for the cache?
+
+# %%
+viz.batch_gap_panel()
+
+# %% [markdown]
+# What you should have seen: the ridge point is a property of the GPU (and of bytes per weight); it
+# does not care about the model's shape or the sequence length. The memory batch depends on
+# everything else — the model's KV bytes per token, the card's memory, and above all **S_max**, a
+# number that says nothing about how long sequences really are. Lab 02 measures how much of those
+# 29 slots is ever filled.
+
+# %% [markdown]
+# ## 5. The job that cannot be undone
+#
+# Admission in an LLM engine is a bet on an unknown length: the engine knows the prompt but not how
+# many tokens the model will emit.
+#
+# ### Exercise 1.4 — the lecture's "ask the room"
+#
+# *Which of the five jobs can the engine get wrong in a way it cannot recover from?* Answer with one
+# verb, in lower case.
+
+# %%
+### BEGIN SOLUTION 1.4: set unrecoverable to the one job ("admit", "allocate", "batch", "run" or "stream") the engine cannot take back
+unrecoverable = "admit"
+### END SOLUTION
+check("1.4", unrecoverable)
+
+# %% [markdown]
+# **Admit** — because the promise has already been made. A bad batch costs one step (it is re-chosen
+# every iteration), a bad allocation can be freed, a slow kernel costs latency once. An admitted
+# request that turns out to be long has been promised KV space the card may not have, and the engine's
+# only moves then are to refuse others, preempt someone, or crash. That is §10.5, forty minutes early.
+
+# %% [markdown]
+# ## 6. Two walls, one of them made of software
+#
+# Lecture 2 presented 29 as a hardware fact. It is not one wall but two, and one is a data structure.
+# Had the cache held only what each sequence *uses* — a 512-token prompt and 128 generated tokens,
+# packed in 16-token blocks, which is §10.3 — the same budget would hold:
+
+# %%
+packed = ledger.paged_concurrency(budget, 512 + 128, 16, kv)
+print(f"packed (640-token sequences, 16-token blocks): {packed} sequences, "
+      f"{packed / memory:.2f}× the reserve-to-max {memory}, {packed / ridge:.0%} of the way to {ridge:.0f}")
+
+# %% [markdown]
+# The lecture rounds this to "29 to 200, 68% of the way to the ridge point" and later boards 199.
+# The ledger records where the exact arithmetic and the printed figure part, and why:
+
+# %%
+viz.errata_note("Paged concurrency")
+
+# %% [markdown]
+# ## Self-check
+#
+# 1. Name the five jobs and the resource each contends for. Which two are about memory?
+# 2. Why does a GQA-8 model move the memory bar but not the compute bar?
+# 3. Double the HBM bandwidth of a card and keep its peak FLOP/s. What happens to the ridge-point
+#    batch, and is that good news?
+# 4. Raise S_max from 4,096 to 32,768 with the same workload. By what factor does the memory batch
+#    fall, and has anything about the requests changed?
+#
+# <details><summary>Answers</summary>
+#
+# 1. Admit (memory: a promise of KV space), allocate (memory: the KV space itself), batch (the next
+#    forward pass), run (arithmetic and bandwidth), stream (user-visible latency). Admit and allocate.
+# 2. GQA shrinks KV bytes per token (by 4× here); the ridge point depends only on the GPU's peak over
+#    bandwidth and the bytes per weight, which GQA leaves alone.
+# 3. It halves: the card is balanced at a smaller batch. Good news for latency, but only if memory can
+#    hold even that many sequences.
+# 4. The slot grows 8×, so 29 becomes 3 — a factor of about 10 (floors). Nothing about the requests
+#    changed: that is §10.2's point, and lab 02's.
+#
+# </details>
+#
+# Next: **Lab 02 — the naive allocator, and where 86% of the cache goes.**

@@ -1,0 +1,264 @@
+"""labsupport.build: one source -> an executed solution notebook and a student notebook, and --check.
+
+Most tests build a small lab in a temporary root without a kernel; one executes it for real.  The
+last ones check the repository itself: the committed notebooks are what the sources generate, and
+labsupport's source never spells the to-do word.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labsupport import build as B
+
+ROOT = Path(__file__).resolve().parents[1]
+WORD = "TO" + "DO"
+
+DEMO = '''# %% [markdown]
+# # Demo lab
+# Prose.
+
+# %%
+import os
+from labsupport.checkoff import check
+print("cwd is", os.path.basename(os.getcwd()))
+
+# %% tags=["solution-only"]
+secret = "instructors only"
+
+# %%
+### BEGIN SOLUTION 0.1: set kib to 512 KiB in bytes
+kib = 512 * 1024
+### END SOLUTION
+check("0.1", kib)
+
+# %%
+def per_token(layers, heads, dim, nbytes):
+    """Docstring stays."""
+    ### BEGIN SOLUTION 0.2: return the KV bytes per token
+    k = layers * heads * dim * nbytes
+    return 2 * k
+    ### END SOLUTION
+
+# %% tags=["keep-me"]
+check("0.2", per_token)
+
+# %%
+from labsupport import viz
+viz.kv_heads_panel()
+'''
+
+
+def make_lab(tmp_path: Path, text: str = DEMO, name: str = "00_demo") -> B.Lab:
+    (tmp_path / "solutions").mkdir(exist_ok=True)
+    (tmp_path / "solutions" / f"{name}.py").write_text(text)
+    (lab,) = B.discover(tmp_path, [name])
+    return lab
+
+
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+# --- the student copy ------------------------------------------------------------------------------
+
+def test_student_copy_cuts_solutions_and_keeps_the_pass_lines(tmp_path):
+    parsed = B.parse(make_lab(tmp_path))
+    sol, stu = parsed.solution, parsed.student
+    assert len(sol.cells) == 7 and len(stu.cells) == 6  # the solution-only cell is gone
+    assert all("instructors only" not in c.source for c in stu.cells)
+    value_cell, function_cell, check_cell = code_cells(stu)[1:4]
+    assert value_cell.source == (
+        f"# {WORD} 0.1: set kib to 512 KiB in bytes\n"
+        f'raise NotImplementedError("{WORD} 0.1: set kib to 512 KiB in bytes")\n'
+        'check("0.1", kib)')
+    assert function_cell.source == (
+        'def per_token(layers, heads, dim, nbytes):\n    """Docstring stays."""\n'
+        f"    # {WORD} 0.2: return the KV bytes per token\n"
+        f'    raise NotImplementedError("{WORD} 0.2: return the KV bytes per token")')
+    assert value_cell.outputs == [nbformat.v4.new_output("stream", name="stdout", text="✅ Checkoff 0.1 passed\n")]
+    assert check_cell.outputs[0].text == "✅ Checkoff 0.2 passed\n"
+    assert value_cell.metadata.tags == ["checkoff", "nbval-check-output"]
+    assert check_cell.metadata.tags == ["keep-me", "checkoff", "nbval-check-output"]
+    assert function_cell.outputs == [] and function_cell.metadata == {}
+    # Only checkoff cells carry an execution count (their code-cell number): nbval skips unrun cells.
+    assert [c.execution_count for c in code_cells(stu)] == [None, 2, None, 4, None]
+    # The solution keeps its code and its markers; nothing is executed yet.
+    assert "### BEGIN SOLUTION 0.1" in code_cells(sol)[2].source and "kib = 512 * 1024" in code_cells(sol)[2].source
+    assert all(c.outputs == [] for c in code_cells(sol))
+    assert [r.checkoff_id for r in parsed.regions] == ["0.1", "0.2"]
+    assert parsed.checkoffs == {"0.1": 3, "0.2": 5}
+
+
+def test_student_prompt_is_valid_python_for_awkward_prompts(tmp_path):
+    text = DEMO.replace("set kib to 512 KiB in bytes", 'say "hi" \\ and 20% more')
+    stu = B.parse(make_lab(tmp_path, text)).student
+    source = code_cells(stu)[1].source
+    compile(source, "cell", "exec")
+    with pytest.raises(NotImplementedError, match=r'0\.1: say "hi" \\ and 20% more'):
+        exec(source, {"check": None})
+
+
+def test_ids_and_metadata_are_deterministic(tmp_path):
+    lab = make_lab(tmp_path)
+    one, two = B.parse(lab), B.parse(lab)
+    assert B.dumps(one.solution) == B.dumps(two.solution) and B.dumps(one.student) == B.dumps(two.student)
+    sol_ids = [c.id for c in one.solution.cells]
+    assert len(set(sol_ids)) == len(sol_ids)
+    assert sol_ids[0] == B.cell_id("00_demo", 0)
+    assert [c.id for c in one.student.cells] == [i for k, i in enumerate(sol_ids) if k != 2]  # shared ids
+    other = B.parse(make_lab(tmp_path, name="00_other"))
+    assert other.solution.cells[0].id != sol_ids[0]  # ids come from the file name too
+    meta = one.solution.metadata
+    assert set(meta) == {"kernelspec", "language_info"}
+    assert meta.kernelspec == {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    assert "version" not in meta.language_info
+    assert (one.solution.nbformat, one.solution.nbformat_minor) == (4, 5)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace("    ### END SOLUTION\n", "", 1), "never closed"),
+    (lambda t: t.replace("### BEGIN SOLUTION 0.1: set kib to 512 KiB in bytes", "### BEGIN SOLUTION"), "N.M: <prompt"),
+    (lambda t: t.replace("### BEGIN SOLUTION 0.1: set kib to 512 KiB in bytes\n", ""), "without a matching"),
+    (lambda t: t.replace('check("0.2", per_token)', 'check("0.9", per_token)'), "not registered"),
+    (lambda t: t.replace('check("0.2", per_token)', "per_token"), r"registered checkoffs \['0.2'\] have no check"),
+    (lambda t: t.replace('check("0.2", per_token)', 'check("1.1", per_token)'), "belongs to lab 1"),
+    (lambda t: t.replace("SOLUTION 0.2:", "SOLUTION 0.3:"), r"checkoffs \['0.2'\] have no"),
+    (lambda t: t.replace('secret = "instructors only"', 'check("0.1", 1)'), "solution-only cell cannot"),
+    (lambda t: t + '\n# %%\ncheck("0.1", kib)\n', "checked twice"),
+    (lambda t: t + "\n# %% [markdown]\n# ### BEGIN SOLUTION 0.1: x\n# ### END SOLUTION\n", "code cells"),
+])
+def test_broken_sources_are_rejected_with_a_reason(tmp_path, edit, message):
+    with pytest.raises(B.BuildError, match=message):
+        B.parse(make_lab(tmp_path, edit(DEMO)))
+
+
+# --- writing, rebuilding, --check --------------------------------------------------------------
+
+def test_build_check_and_rebuild_without_executing(tmp_path, capsys):
+    lab = make_lab(tmp_path)
+    root = str(tmp_path)
+    assert B.main(["--root", root, "--no-execute"]) == 0
+    student = lab.student_path.read_text()
+    solution = lab.solution_path.read_text()
+    assert B.main(["--root", root, "--no-execute", "00"]) == 0
+    assert lab.student_path.read_text() == student and lab.solution_path.read_text() == solution
+    capsys.readouterr()
+
+    # Never executed: --check says so, cell by cell.
+    assert B.main(["--root", root, "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "solutions/00_demo.ipynb, cell 2: not executed" in out
+
+    # Pretend it was executed, then edit the student copy, add a stray notebook, drop a source.
+    nb = nbformat.read(lab.solution_path, as_version=4)
+    for n, cell in enumerate(code_cells(nb), start=1):
+        cell.execution_count = n
+    B.write(nb, lab.solution_path)
+    assert B.main(["--root", root, "--check"]) == 0
+    stu = nbformat.read(lab.student_path, as_version=4)
+    stu.cells[3].source += "\nprint('edited')"
+    B.write(stu, lab.student_path)
+    B.write(stu, tmp_path / "notebooks" / "05_orphan.ipynb")
+    capsys.readouterr()
+    assert B.main(["--root", root, "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "notebooks/00_demo.ipynb, cell 4: source differs from the generated cell" in out
+    assert "notebooks/05_orphan.ipynb: no source" in out
+    lab.student_path.unlink()
+    assert B.main(["--root", root, "--check"]) == 1
+    assert "notebooks/00_demo.ipynb: missing" in capsys.readouterr().out
+
+
+def test_no_execute_keeps_outputs_of_unchanged_cells_only(tmp_path):
+    lab = make_lab(tmp_path)
+    B.main(["--root", str(tmp_path), "--no-execute"])
+    nb = nbformat.read(lab.solution_path, as_version=4)
+    for cell in code_cells(nb):
+        cell.execution_count = 7
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="old\n")]
+    B.write(nb, lab.solution_path)
+    make_lab(tmp_path, DEMO.replace("kib = 512 * 1024", "kib = 2**19"))
+    B.main(["--root", str(tmp_path), "--no-execute"])
+    cells = code_cells(nbformat.read(lab.solution_path, as_version=4))
+    assert [c.execution_count for c in cells] == [7, 7, None, 7, 7, 7]
+    assert cells[2].outputs == [] and cells[0].outputs[0].text == "old\n"
+
+
+def test_a_lab_without_checkoffs_builds_only_as_the_instructors_board(tmp_path):
+    board = "# %% [markdown]\n# # The board\n\n# %%\nprint('segment 1')\n"
+    lab = make_lab(tmp_path, board, name="99_board")
+    assert lab.instructor
+    assert B.main(["--root", str(tmp_path), "--no-execute", "99"]) == 0
+    assert lab.solution_path.exists() and lab.student_path.exists()
+    with pytest.raises(B.BuildError, match="has no checkoffs"):
+        B.parse(make_lab(tmp_path, board, name="09_no_checkoffs"))
+
+
+def test_unknown_lab_name_is_an_error(tmp_path, capsys):
+    make_lab(tmp_path)
+    assert B.main(["--root", str(tmp_path), "--no-execute", "07"]) == 1
+    assert "no lab source matches '07'" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    (empty / "solutions").mkdir(parents=True)
+    assert B.main(["--root", str(empty)]) == 2
+
+
+def test_checkoff_cells_must_print_only_their_line(tmp_path):
+    parsed = B.parse(make_lab(tmp_path))
+    executed = copy.deepcopy(parsed.solution)
+    for cell in code_cells(executed):
+        cell.execution_count = 1
+    code_cells(executed)[2].outputs = [nbformat.v4.new_output("stream", name="stdout", text="✅ Checkoff 0.1 passed\n")]
+    code_cells(executed)[4].outputs = [nbformat.v4.new_output("stream", name="stdout", text="✅ Checkoff 0.2 passed\n")]
+    B.validate_outputs(parsed, executed)
+    code_cells(executed)[4].outputs[0].text = "debug 42\n✅ Checkoff 0.2 passed\n"
+    with pytest.raises(B.BuildError, match="must print only"):
+        B.validate_outputs(parsed, executed)
+    code_cells(executed)[4].outputs = [nbformat.v4.new_output("error", ename="ValueError", evalue="bad", traceback=[])]
+    with pytest.raises(B.BuildError, match="raised ValueError: bad"):
+        B.validate_outputs(parsed, executed)
+
+
+@pytest.mark.slow
+def test_build_executes_the_solution_in_its_folder(tmp_path):
+    lab = make_lab(tmp_path)
+    assert B.main(["--root", str(tmp_path)]) == 0
+    nb = nbformat.read(lab.solution_path, as_version=4)
+    cells = code_cells(nb)
+    assert cells[0].outputs[0].text == "cwd is solutions\n"
+    assert cells[2].outputs[0].text == "✅ Checkoff 0.1 passed\n"
+    assert cells[4].outputs[0].text == "✅ Checkoff 0.2 passed\n"
+    assert all(c.execution_count for c in cells)
+    assert set(nb.metadata) == {"kernelspec", "language_info"} and "widgets" not in nb.metadata
+    (panel,) = cells[5].outputs  # a widget keeps its plain text, not a view of a model nobody stored
+    assert set(panel.data) == {"text/plain"} and panel.data["text/plain"].startswith("Fewer KV heads")
+    before = lab.solution_path.read_text()
+    assert B.main(["--root", str(tmp_path), "00"]) == 0
+    assert lab.solution_path.read_text() == before  # rebuilding changes nothing
+    assert B.main(["--root", str(tmp_path), "--check"]) == 0
+
+
+# --- the repository itself ------------------------------------------------------------------------
+
+def test_committed_notebooks_match_their_sources(capsys):
+    assert B.discover(ROOT), "no lab sources in solutions/"
+    assert B.main(["--root", str(ROOT), "--check"]) == 0, capsys.readouterr().out
+
+
+def test_every_lab_has_a_todo_per_checkoff():
+    for lab in B.discover(ROOT):
+        parsed = B.parse(lab)
+        assert set(parsed.checkoffs) == {r.checkoff_id for r in parsed.regions}
+        student_text = json.dumps([c.source for c in parsed.student.cells])
+        for checkoff_id in parsed.checkoffs:
+            assert f'raise NotImplementedError(\\"{WORD} {checkoff_id}:' in student_text
+
+
+def test_labsupport_source_never_spells_the_word():
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "labsupport").rglob("*.py") if WORD in p.read_text()]
+    assert offenders == []

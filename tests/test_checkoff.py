@@ -1,0 +1,212 @@
+"""labsupport.checkoff: the registry, value/choice/function checkoffs, and labs 00–01's checkoffs.
+
+Expected values are written out by hand here (524,288 B; 295.2; 29), never read from the graders.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from labsupport import checkoff as C
+from labsupport.checkoff import CheckoffError, check
+from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_GPU
+
+
+@pytest.fixture(autouse=True)
+def _fresh_results():
+    C.reset_results()
+    yield
+    C.reset_results()
+
+
+def _fail(checkoff_id, answer) -> CheckoffError:
+    with pytest.raises(CheckoffError) as info:
+        check(checkoff_id, answer)
+    assert info.value.checkoff_id == checkoff_id
+    assert str(info.value).startswith(f"[{checkoff_id}] ")
+    assert "Hint: " in str(info.value)
+    return info.value
+
+
+# --- the one-line pass, and failures that teach --------------------------------------------------
+
+def test_pass_prints_exactly_one_line(capsys):
+    check("0.1", 512 * 1024)
+    assert capsys.readouterr().out == "✅ Checkoff 0.1 passed\n"
+    assert C.results() == {"0.1": {"status": "passed", "detail": ""}}
+
+
+def test_wrong_value_names_the_problem_not_the_answer(capsys):
+    err = _fail("0.1", 512_000)
+    text = str(err)
+    assert "512,000" in text and "too low" in text and "decimal kB" in text
+    assert "524,288" not in text and "524288" not in text  # the answer is never printed
+    assert err.hint == C.get("0.1").hint and "KiB" in err.hint
+    assert capsys.readouterr().out == ""  # no pass line on failure
+    assert C.results()["0.1"]["status"] == "failed"
+
+
+def test_units_slip_is_named():
+    assert "KiB" in str(_fail("0.1", 512 * 1000 * 1.024 * 1.024))  # off by 1.024 from 524,288
+    assert "GB" in C.units_slip(2.147e9 / 2**30 * 1e9, 2.147e9)  # GiB figure read as GB
+    assert "factor of 2" in C.units_slip(10, 20)
+    assert C.units_slip(21, 20) == ""
+    assert C.units_slip(-5, 5) == ""
+
+
+@pytest.mark.parametrize("answer, words", [("524288", "str"), (None, "None"), (True, "True"),
+                                           (lambda: 1, "function"), (math.nan, "finite"),
+                                           (np.array([1.0, 2.0]), "several")])
+def test_value_rejects_non_numbers_with_a_reason(answer, words):
+    assert words in str(_fail("0.1", answer))
+
+
+def test_value_accepts_numpy_and_torch_scalars(capsys):
+    check("0.1", np.int64(524_288))
+    check("0.1", torch.tensor(524_288.0))
+    assert capsys.readouterr().out.count("✅ Checkoff 0.1 passed") == 2
+
+
+# --- function checkoffs ------------------------------------------------------------------------
+
+def test_function_checkoff_runs_the_student_function(capsys):
+    check("0.2", lambda layers, heads, dim, nbytes: 2 * layers * heads * dim * nbytes)
+    assert capsys.readouterr().out == "✅ Checkoff 0.2 passed\n"
+
+
+def test_function_checkoff_reports_the_failing_call():
+    text = str(_fail("0.2", lambda layers, heads, dim, nbytes: layers * heads * dim * nbytes))
+    assert "kv_bytes_per_token(num_layers=32, num_kv_heads=32, head_dim=128, dtype_bytes=2)" in text
+    assert "262,144" in text and "too low" in text and "factor of 2" in text
+
+
+def test_function_checkoff_reports_student_exceptions():
+    def broken(layers, heads, dim, nbytes):
+        return layers * heads * dim * nbytes * undefined_name  # noqa: F821
+
+    text = str(_fail("0.2", broken))
+    assert "broken(32, 32, 128, 2) raised NameError" in text
+
+
+def test_not_implemented_passes_through_as_not_attempted():
+    def unfinished(*_):
+        raise NotImplementedError("exercise 0.2 waiting")
+
+    with pytest.raises(NotImplementedError, match="waiting"):
+        check("0.2", unfinished)
+    assert C.results()["0.2"] == {"status": "not attempted", "detail": "exercise 0.2 waiting"}
+
+
+def test_function_checkoff_wants_the_function_itself():
+    assert "no parentheses" in str(_fail("0.2", 524_288))
+
+
+# --- lab 01 ------------------------------------------------------------------------------------
+
+def _ridge(model, gpu):  # derived in the test: B * 2N FLOP over N * b bytes = peak / bandwidth
+    return gpu.peak_flops / gpu.hbm_bandwidth * model.dtype_bytes / 2
+
+
+def _memory(model, gpu, s_max):
+    kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+    budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4e9
+    return max(0, math.floor(budget / (s_max * kv)))
+
+
+def test_lab01_hand_numbers():
+    assert _ridge(LECTURE_7B, LECTURE_GPU) == pytest.approx(989 / 3.35)  # 295.2
+    assert _memory(LECTURE_7B, LECTURE_GPU, 4096) == 29  # 62.52e9 // 2,147,483,648
+
+
+def test_ridge_checkoff(capsys):
+    check("1.1", _ridge)
+    check("1.1", lambda m, g: math.floor(_ridge(m, g)))  # a whole batch is fine either way
+    assert capsys.readouterr().out.count("passed") == 2
+    text = str(_fail("1.1", lambda m, g: 295.2))  # typed-in constants fail on the other cards
+    assert "ridge_batch(" in text
+    text = str(_fail("1.1", lambda m, g: g.peak_flops / g.hbm_bandwidth))  # ignores bytes per weight
+    assert "fp32" in text or "fp8" in text
+
+
+def test_memory_checkoff(capsys):
+    check("1.2", _memory)
+    assert capsys.readouterr().out == "✅ Checkoff 1.2 passed\n"
+    assert "whole slots" in str(_fail("1.2", lambda m, g, s: _memory(m, g, s) + 0.5))
+    negative = lambda m, g, s: (g.hbm_bytes - m.weight_bytes - 4e9) // (s * m.kv_bytes_per_token)  # noqa: E731
+    assert "negative" in str(_fail("1.2", negative))
+    gib = lambda m, g, s: max(0, int((g.hbm_bytes - m.weight_bytes - 4 * 2**30) // (s * m.kv_bytes_per_token)))  # noqa: E731
+    _fail("1.2", gib)
+
+
+def test_choice_checkoffs(capsys):
+    check("1.3", {"Admit", " allocate"})
+    check("1.3", ["allocate", "admit"])
+    check("1.4", "ADMIT ")
+    assert capsys.readouterr().out.count("passed") == 3
+    text = str(_fail("1.3", {"admit", "run"}))
+    assert "1 of your choices does not belong" in text and "1 is missing" in text and "compute" in text
+    assert "set of options" in str(_fail("1.3", "admit"))
+    assert "re-chosen" in str(_fail("1.4", "batch"))
+    assert "not one of" in str(_fail("1.4", "schedule"))
+
+
+# --- the registry -------------------------------------------------------------------------------
+
+def test_labs_register_their_checkoffs_in_order():
+    assert [c.id for c in C.load_lab(0)] == ["0.1", "0.2"]
+    assert [c.id for c in C.load_lab(1)] == ["1.1", "1.2", "1.3", "1.4"]
+    assert C.load_lab(97) == []
+    for lab in (0, 1):
+        for c in C.load_lab(lab):
+            assert c.module == f"labsupport.checkoffs.lab{lab:02d}"
+            assert len(c.hint) > 60 and c.title
+
+
+def test_unknown_and_malformed_ids():
+    with pytest.raises(KeyError, match="lab 1 registers: 1.1, 1.2, 1.3, 1.4"):
+        check("1.9", 1)
+    with pytest.raises(ValueError, match="lab.number"):
+        check("one", 1)
+
+
+def test_a_later_lab_registers_a_checkoff():
+    try:
+        C.value("98.1", "a test checkoff", expected=lambda: 2 * GB, rel_tol=0.01, hint="two decimal gigabytes")
+        check("98.1", 2.01e9)
+        with pytest.raises(CheckoffError, match="within 1.00%"):
+            check("98.1", 2.1e9)
+
+        @C.function("98.2", "a test function", hint="return the square")
+        def _grader(fn):
+            for x in (2, 3):
+                C.expect_close(C.call(fn, x), x * x, f"square({x})")
+
+        check("98.2", lambda x: x * x)
+        with pytest.raises(CheckoffError, match=r"square\(2\) returned 5"):
+            check("98.2", lambda x: x * x + 1)
+        with pytest.raises(ValueError, match="registered twice"):
+            C.register(replace(C.REGISTRY["98.1"], module="somewhere.else"))
+    finally:
+        C.REGISTRY.pop("98.1", None)
+        C.REGISTRY.pop("98.2", None)
+
+
+def test_choice_rejects_an_answer_outside_its_options():
+    with pytest.raises(ValueError, match="not among the options"):
+        C.choice("98.3", "bad", answer="maybe", options=("yes", "no"), hint="h")
+    assert "98.3" not in C.REGISTRY
+
+
+def test_registration_requires_a_hint():
+    with pytest.raises(ValueError, match="hint"):
+        C.value("98.4", "no hint", expected=1, hint="  ")
+    assert "98.4" not in C.REGISTRY
+
+
+def test_memory_checkoff_covers_a_card_the_weights_overflow():
+    # Llama 3 70B's 141.2 GB of bf16 weights do not fit an 80 GB H100: the answer there is 0.
+    assert _memory(replace(LECTURE_7B, num_params=70.6e9), GPUS["h100"], 4096) == 0

@@ -1,0 +1,125 @@
+"""labsupport.viz: pure figures with the lecture's numbers, panels that react, one palette and unit style.
+
+Bar heights are checked against hand arithmetic: 989 TFLOP/s / 3,350 GB/s = 295.2; 62.52 GB of KV
+budget over 2,147,483,648 B slots = 29; over 17,179,869,184 B (32K) = 3.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import pytest
+
+from labsupport import viz
+from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LLAMA3_70B
+
+RIDGE_H100 = 989e12 / 3350e9
+
+
+def test_batch_gap_figure_has_the_lectures_bars():
+    fig = viz.batch_gap_figure(LECTURE_7B, LECTURE_GPU, 4096)
+    assert isinstance(fig, go.Figure)
+    (bar,) = fig.data
+    assert list(bar.y) == [pytest.approx(RIDGE_H100), 29]
+    assert list(bar.marker.color) == [viz.PALETTE["compute"], viz.PALETTE["memory"]]
+    assert "gap ×10.2" in fig.layout.annotations[0].text  # 295.2 / 29
+    assert list(viz.batch_gap_figure(LECTURE_7B, LECTURE_GPU, 32_768).data[0].y)[1] == 3
+    assert list(viz.batch_gap_figure(LECTURE_7B_GQA8, LECTURE_GPU, 4096).data[0].y)[1] == 116  # 62.52e9 // 536,870,912
+
+
+def test_batch_gap_figure_when_the_weights_do_not_fit():
+    fig = viz.batch_gap_figure(LLAMA3_70B, GPUS["h100"], 4096)  # 141.2 GB of weights on an 80 GB card
+    assert list(fig.data[0].y)[1] == 0
+    assert "overflow" in fig.layout.annotations[0].text
+
+
+def test_roofline_figure_marks_ridge_and_memory_wall():
+    fig = viz.decode_roofline_figure(LECTURE_7B, LECTURE_GPU, 4096)
+    (line,) = fig.data
+    assert max(line.y) == pytest.approx(989)  # TFLOP/s, flat above the ridge
+    assert line.y[0] == pytest.approx(2 * 3350e9 / 2 / 1e12)  # B = 1: 2 B / b FLOP per byte x 3.35 TB/s
+    xs = sorted(shape.x0 for shape in fig.layout.shapes)
+    assert xs == [pytest.approx(29), pytest.approx(29), pytest.approx(RIDGE_H100)]  # wall line, shaded region, ridge
+
+
+def test_template_is_projector_sized_and_uses_the_palette():
+    fig = viz.batch_gap_figure(LECTURE_7B, LECTURE_GPU, 4096)
+    template = fig.layout.template.layout
+    assert template.font.size >= 16 and template.title.font.size >= 20
+    assert list(template.colorway)[:2] == [viz.PALETTE["compute"], viz.PALETTE["memory"]]
+    assert len(set(viz.PALETTE.values())) == len(viz.PALETTE)  # one colour, one meaning
+
+
+def test_units_are_labelled():
+    assert viz.in_unit(2**31, "GiB") == 2
+    assert viz.in_unit(2_147_483_648, "GB") == pytest.approx(2.147483648)
+    assert viz.bytes_axis_title("KV budget", "GB") == "KV budget (GB; 1 GB = 10⁹ B)"
+    assert "2³⁰" in viz.bytes_axis_title("slot", "GiB")
+    assert viz.bytes_axis_title("KV per token", "KiB", note=False) == "KV per token (KiB)"
+    with pytest.raises(ValueError, match="unknown byte unit"):
+        viz.in_unit(1, "gigs")
+
+
+def test_panel_reacts_to_its_controls():
+    panel = viz.batch_gap_panel()
+    assert set(panel.controls) == {"gpu", "model", "s_max"}
+    assert isinstance(panel.figure, go.FigureWidget)
+    assert list(panel.figure.data[0].y)[1] == 29
+    before = panel.text()
+    panel.controls["s_max"].value = 32_768
+    assert list(panel.figure.data[0].y)[1] == 3
+    assert "memory permits B = 3:" in panel.text() and panel.text() != before
+    panel.controls["model"].value = "lecture-7b-gqa8"  # 62.52e9 // (32,768 x 131,072 B) = 14
+    assert list(panel.figure.data[0].y)[1] == 14
+    panel.controls["gpu"].value = "h200"  # 989 / 4,800 x 2 / 2 = 206.0
+    assert list(panel.figure.data[0].y)[0] == pytest.approx(989e12 / 4800e9)
+    assert "h200" in panel.figure.layout.title.text
+    assert panel.updates == 3
+
+
+def test_panel_text_is_deterministic_and_is_its_plain_repr():
+    a, b = viz.batch_gap_panel(), viz.batch_gap_panel()
+    assert a.text() == b.text()
+    assert a.text().splitlines()[0].endswith("[gpu=h100-sxm-80gb, model=lecture-7b, s_max=4,096]")
+    bundle = a._repr_mimebundle_()
+    assert bundle["text/plain"] == a.text()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == a.widget.model_id
+    assert "uid" not in bundle["text/plain"]
+
+
+def test_panel_shows_rejected_input_in_its_readout_and_keeps_the_figure():
+    panel = viz.kv_heads_panel()
+    assert list(panel.figure.data[0].y) == [512, 512]  # KiB per token, MHA
+    panel.controls["num_kv_heads"].value = 8
+    assert list(panel.figure.data[0].y) == [512, 128]
+    assert "131,072 B = 128 KiB" in panel.text()
+
+    def figure(num_kv_heads):
+        return viz.kv_heads_figure(num_kv_heads)
+
+    import ipywidgets as widgets
+
+    picky = viz.Panel(figure, {"num_kv_heads": widgets.IntSlider(value=8, min=1, max=32)}, title="t")
+    picky.controls["num_kv_heads"].value = 3  # 3 does not divide 32 query heads
+    assert picky.error is not None and "must divide" in picky.text()
+    assert "must divide" in picky.readout.value
+    assert list(picky.figure.data[0].y) == [512, 128]
+    picky.controls["num_kv_heads"].value = 16
+    assert picky.error is None and list(picky.figure.data[0].y) == [512, 256]
+
+
+def test_patch_figure_replaces_traces_of_another_kind():
+    target = go.FigureWidget(go.Bar(x=[1, 2], y=[3, 4]))
+    viz.patch_figure(target, go.Figure([go.Scatter(x=[1], y=[9]), go.Scatter(x=[2], y=[8])]))
+    assert [t.type for t in target.data] == ["scatter", "scatter"]
+    assert list(target.data[1].y) == [8]
+
+
+def test_panel_needs_a_control():
+    with pytest.raises(ValueError, match="at least one control"):
+        viz.Panel(lambda: go.Figure(), {})
+
+
+def test_errata_note_quotes_printed_and_exact():
+    text = viz.errata_note("Paged concurrency").data
+    assert "*199 (6.9x over 29)*" in text and "**186" in text
+    with pytest.raises(ValueError, match="no erratum matches"):
+        viz.errata_note("no such quantity")
