@@ -452,6 +452,13 @@ class Engine:
         seq.req.preemptions += 1
         return nbytes
 
+    def _cow_need(self, seq: _Seq, copies: dict[int, int]) -> int:
+        """Blocks the next append of a forked branch takes when its last block is partly filled:
+        one copy while someone else still holds that block, none for its last holder (which writes
+        in place).  `copies` counts branches already promised a copy of it this step."""
+        last = self.allocator.block_tables[seq.seq_id][-1]
+        return 1 if self.allocator.ref_count(last) - copies.get(last, 0) > 1 else 0
+
     # -- one iteration --------------------------------------------------------------------------------
     def step(self) -> bool:
         """Run one iteration; returns False when there is nothing left to do."""
@@ -483,13 +490,13 @@ class Engine:
         # 2. every running sequence reserves its next slot, oldest first; victims from the back
         reserved = 0
         free = alloc.num_free_blocks
+        copies: dict[int, int] = {}  # with a model: shared tail block -> branches that will copy it away
         decode: list[_Seq] = []
         i = 0
         while i < len(running):
             seq = running[i]
-            need = 0 if seq.num_cached % bs else 1
-            if seq.shared_tail and not need and alloc.ref_count(alloc.block_tables[seq.seq_id][-1]) > 1:
-                need = 1
+            cow = seq.shared_tail and seq.num_cached % bs
+            need = self._cow_need(seq, copies) if cow else (0 if seq.num_cached % bs else 1)
             if need > free:
                 while need > free:
                     victim = running.pop()
@@ -498,6 +505,8 @@ class Engine:
                     free = alloc.num_free_blocks - reserved
                     if victim is seq:
                         break
+                    if cow:  # the victim may have held the shared tail: then there is less to copy
+                        need = self._cow_need(seq, copies)
                 if i >= len(running):
                     break
             free -= need
@@ -508,6 +517,9 @@ class Engine:
                 ctx += seq.num_cached
             else:
                 reserved += need
+                if cow and need:  # this branch will copy the tail away, so one holder fewer shares it
+                    last = alloc.block_tables[seq.seq_id][-1]
+                    copies[last] = copies.get(last, 0) + 1
             decode.append(seq)
             i += 1
 

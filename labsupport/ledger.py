@@ -513,6 +513,12 @@ def _errata() -> list[Erratum]:
                 f"{r['num_blocks']:,} // 40 = {r['paged_concurrency']}. 199 is not reachable from 62.5 GB and "
                 "0.328 GB (that gives 190); it matches neither unit. We use 199 only where the lecture does, labelled.",
                 r["paged_concurrency"], 199),
+        Erratum("Paged utilization, 640-token workload", "§10.3", "98.7% (15.2% -> 98.7%)",
+                f"{100 * r['paged_utilization']:.2f}%",
+                f"{r['paged_concurrency']} sequences x 640 tokens x 524,288 B of a {r['kv_budget_bytes'] / GB:.2f} GB "
+                "budget. 640 is a multiple of 16, so these sequences waste no tail at all; 98.7% is 640 / 648, "
+                "the lecture's b/2 = 8-token mean tail applied to a length that has none.",
+                100 * r["paged_utilization"], 98.7),
         Erratum("TPOT at B = 199", "§10.6", "23.5 ms (78.8 GB/step)",
                 f"{1e3 * tpot_199:.2f} ms ({decode_step_bytes(sc.model, 199, sc.seq_tokens) / GB:.2f} GB/step)",
                 f"13.48 GB + 199 x 0.3355 GB = {decode_step_bytes(sc.model, 199, sc.seq_tokens) / GB:.2f} GB; at the "
@@ -545,11 +551,13 @@ def _errata() -> list[Erratum]:
                 block_table_bytes(4096, 16, 4), 2048),
         Erratum("Exercise 1 paged GQA-8 concurrency", "Exercise 1", "≈ 744 (248x)",
                 f"{ex1['gqa_paged_concurrency']} ({ex1['gqa_cost_factor']:.1f}x)",
-                "29,812 blocks of 2 MiB // 40 blocks per 640-token sequence = 745.", ex1["gqa_paged_concurrency"], 744),
+                f"{num_blocks(ex1['budget_bytes'], 16, 131_072):,} blocks of 2 MiB // 40 blocks per 640-token sequence "
+                f"= {ex1['gqa_paged_concurrency']}.", ex1["gqa_paged_concurrency"], 744),
         Erratum("Exercise 5 session KV and sessions per card", "Exercise 5", "0.985 GB, 63 sessions (2.2x)",
                 f"{ex5['peak_kv_bytes'] / GB:.3f} GB, {ex5['sessions_paged']} sessions "
                 f"({ex5['sessions_paged'] / ex5['sessions_naive']:.2f}x)",
-                "7,700 x 131,072 B = 1.009 GB (0.985 takes 128 KiB as 128,000 B); 29,812 blocks // 482 = 61.",
+                f"7,700 x 131,072 B = 1.009 GB (0.985 takes 128 KiB as 128,000 B); "
+                f"{num_blocks(ex1['budget_bytes'], 16, 131_072):,} blocks // 482 = {ex5['sessions_paged']}.",
                 ex5["peak_kv_bytes"] / GB, 0.985),
         Erratum("Naive column's throughput", "§10.6", "'a third of the throughput'",
                 f"{naive_tput:,.0f} vs {paged_tput:,.0f} tok/s = {naive_tput / paged_tput:.2f}",

@@ -368,32 +368,51 @@ class TinyTransformer(nn.Module):
         The cache must have room: the engine reserves blocks before calling this.
         """
         attn_fn = _decode_attention_fn(attention, self.device)
-        parts, positions, prefill_spans = [], [], []
-        slots = []
-        offset = 0
-        for seq_id, ids in prefills:
-            ids = list(ids)
-            if not ids:
-                raise ValueError(f"prefill of sequence {seq_id!r} has no tokens")
-            slots.append(cache.prepare_prefill(seq_id, len(ids), token_ids=ids).to(self.device))
-            parts.append(torch.tensor(ids, device=self.device))
-            positions.append(torch.arange(len(ids), device=self.device))
-            prefill_spans.append((offset, offset + len(ids)))
-            offset += len(ids)
+        prefills = [(seq_id, list(ids)) for seq_id, ids in prefills]
         dec_ids = [sid for sid, _ in decodes]
         n_dec = len(dec_ids)
+        # Validate everything before the cache changes, so a rejected call leaves it as it was.
+        seen = set()
+        for seq_id in [sid for sid, _ in prefills] + dec_ids:
+            if seq_id in seen:
+                raise ValueError(f"sequence {seq_id!r} appears twice in one step")
+            seen.add(seq_id)
+        for seq_id, ids in prefills:
+            if not ids:
+                raise ValueError(f"prefill of sequence {seq_id!r} has no tokens")
+            if seq_id in cache.allocator.seq_lens:
+                raise ValueError(f"prefill of sequence {seq_id!r}: it is already in the cache")
+        for seq_id in dec_ids:
+            cache.allocator.table(seq_id)  # raises for an unknown or swapped-out sequence
+        parts = [torch.tensor(ids, device=self.device) for _, ids in prefills]
         if n_dec:
-            # prepare_decode reserves one slot per sequence (copy-on-write included); the new token's
-            # position is the sequence length before it.
-            slots.append(cache.prepare_decode(dec_ids).to(self.device))
-            seq_lens = cache.seq_lens_tensor(dec_ids).to(self.device)
-            block_tables = cache.block_table_tensor(dec_ids).to(self.device)
             parts.append(torch.tensor([t for _, t in decodes], device=self.device))
-            positions.append(seq_lens.long() - 1)
         if not parts:
             return torch.empty(0, self.cfg.vocab_size)
         ids = torch.cat(parts)
         self._check_tokens(ids)
+
+        positions, prefill_spans, slots, done = [], [], [], []
+        offset = 0
+        try:
+            for seq_id, p_ids in prefills:
+                slots.append(cache.prepare_prefill(seq_id, len(p_ids), token_ids=p_ids).to(self.device))
+                done.append(seq_id)
+                positions.append(torch.arange(len(p_ids), device=self.device))
+                prefill_spans.append((offset, offset + len(p_ids)))
+                offset += len(p_ids)
+            if n_dec:
+                # prepare_decode reserves one slot per sequence (copy-on-write included), all or
+                # nothing; the new token's position is the sequence length before it.
+                slots.append(cache.prepare_decode(dec_ids).to(self.device))
+        except Exception:
+            for seq_id in done:  # the pool ran dry part-way: release what this call allocated
+                cache.free(seq_id)
+            raise
+        if n_dec:
+            seq_lens = cache.seq_lens_tensor(dec_ids).to(self.device)
+            block_tables = cache.block_table_tensor(dec_ids).to(self.device)
+            positions.append(seq_lens.long() - 1)
         pos = torch.cat(positions)
         slot_mapping = torch.cat(slots)
 

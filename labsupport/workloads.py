@@ -484,6 +484,9 @@ def read_azure_csv(path: str | os.PathLike, limit: int | None = None, skip_malfo
                 rows.error(line, f"{e}: {row!r}")
                 continue
             t0 = ts if t0 is None else t0
+            if ts < t0:  # arrivals count from the first row, so none may come before it
+                rows.error(line, f"TIMESTAMP {row[cols[0]].strip()!r} is earlier than the first row's: {row!r}")
+                continue
             reqs.append(Request(len(reqs), ts - t0, prompt, output))
     notes = rows.notes()
     return Workload(name or path.stem, reqs, f"file {path}", False, _AZURE, notes)
@@ -513,8 +516,8 @@ def read_mooncake_jsonl(path: str | os.PathLike, limit: int | None = None, skip_
                 if missing:
                     raise ValueError(f"missing field(s) {missing}")
                 ts = rec["timestamp"]
-                if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0:
-                    raise ValueError(f"timestamp must be a non-negative number of ms, got {ts!r}")
+                if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts < math.inf:
+                    raise ValueError(f"timestamp must be a finite, non-negative number of ms, got {ts!r}")
                 prompt = _int_field(rec["input_length"], "input_length", 1)
                 output = _int_field(rec["output_length"], "output_length", 1)
                 ids = rec["hash_ids"]

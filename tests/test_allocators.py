@@ -151,6 +151,10 @@ def test_per_request_smax_refuses_while_enough_is_free():
     assert alloc.layout() == before
     st_ = alloc.stats(next_request_tokens=1000)
     assert st_.external_tokens == 1904 and st_.free_bytes == 1904 * KV_MHA
+    # a hole exactly the next request's size is usable: only strictly smaller ones are external
+    assert alloc.stats(next_request_tokens=512).external_tokens == 0
+    assert alloc.stats(next_request_tokens=513).external_tokens == 1024
+    assert alloc.stats().external_tokens == 1904 - 880  # no next request: all but the largest hole
     alloc.check_invariants()
     alloc.free("D")  # merges with the 880 hole: 5120..9000
     assert alloc.holes() == [(0, 512), (4608, 4392)]
@@ -574,6 +578,22 @@ def test_paged_stats_match_hand_accounting(lengths, b):
     assert st_.free_tokens == b  # the one spare block
 
 
+def test_paged_stats_split_the_tail_into_reservation_and_internal_with_final_lengths():
+    alloc = BlockAllocator(10, 4)
+    alloc.allocate("a", 5)  # 2 blocks, 3 empty slots; will grow to 20: all 3 will be filled
+    alloc.allocate("b", 6)  # 2 blocks, 2 empty slots; will grow to 7: 1 filled, 1 never
+    alloc.allocate("c", 9)  # 3 blocks, 3 empty slots; no final length given: all internal
+    st_ = alloc.stats(final_lens={"a": 20, "b": 7})
+    assert (st_.reserved_tokens, st_.occupied_tokens) == (28, 20)
+    assert st_.reservation_tokens == 3 + 1 and st_.internal_tokens == 0 + 1 + 3
+    assert alloc.stats().reservation_tokens == 0 and alloc.stats().internal_tokens == 8
+    # a forked branch's shared tail is copied before it grows: not a reservation of either holder
+    alloc.fork("a", "a2")
+    st2 = alloc.stats(final_lens={"a": 20, "a2": 20, "b": 7})
+    assert (st2.occupied_tokens, st2.logical_tokens) == (20, 25)
+    assert st2.reservation_tokens == 1 and st2.internal_tokens == 3 + 1 + 3
+
+
 # ---------------------------------------------------------------------------------------------
 # The vLLM paper's Fig. 2 on a real length distribution
 # ---------------------------------------------------------------------------------------------
@@ -622,3 +642,18 @@ def test_prefix_hit_needs_the_very_parent_block_not_a_reused_one():
     alloc.allocate("C", 2, [5, 2])
     assert alloc.num_cached_tokens["C"] == 1  # a0 ([5]) is a hit; a1 (after [1]) must not be
     alloc.check_invariants()
+
+
+def test_bench_allocator_prints_its_figures(capsys):
+    """Issue 3's `python -m labsupport bench allocator` runs and reports positive rates (the speed
+    target lives in the benchmark's printout, not here)."""
+    import re
+
+    from labsupport.bench import main as bench_main
+
+    assert bench_main(["allocator", "--seconds", "0.01", "--no-profile", "--num-blocks", "256", "--batch", "4"]) == 0
+    out = capsys.readouterr().out
+    for label in ("block allocate+free pairs/s", "sequence allocate+free pairs/s", "append_slot/s",
+                  "appends/s (tokens)"):
+        m = re.search(re.escape(label) + r"\s+([0-9.]+) [Mk]", out)
+        assert m and float(m.group(1)) > 0, (label, out)

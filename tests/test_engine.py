@@ -6,6 +6,8 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import labsupport  # noqa: F401
 from labsupport import ledger
@@ -189,6 +191,41 @@ def test_fanout_of_a_block_aligned_prompt_needs_no_copy():
     assert eng.allocator.num_used_blocks == 2 + 3  # a fresh block each, the prompt blocks untouched
 
 
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_fanout_in_a_full_pool_evicts_a_sharer_then_writes_in_place(model, mode):
+    # n = 2 off a 3-token prompt at b = 4 in a pool of ONE block: after the prefill both branches hold
+    # that block (ref 2) and want position 3 inside it.  No block is free, so the later branch is
+    # evicted; the earlier one is then the block's only holder and writes in place, no copy needed.
+    # (Counting the copy it no longer needs once made the engine evict it too and stall.)
+    for eng in (cost_engine(1, 4, watermark=0.0, preemption=mode),
+                Engine(model, num_blocks=1, block_size=4, watermark=0.0, preemption=mode, cost_model=H100)):
+        prompt = [5, 6, 7]
+        rid = (eng.add_request(prompt, 2, n=2) if eng.model is not None
+               else eng.add_request(prompt_len=3, max_new_tokens=2, n=2))
+        res = eng.run()
+        r = res.requests[rid]
+        assert r.finished and r.num_output_tokens == [2, 2]
+        assert res.counters.preemptions == {"swap": int(mode == "swap"), "recompute": int(mode == "recompute")}
+        assert res.counters.leaked_blocks == 0 and res.counters.peak_blocks == 1
+        if eng.model is not None:
+            assert r.outputs == [model.generate_contiguous(prompt, 2).tokens] * 2
+
+
+def test_tail_copies_are_counted_exactly_with_a_model(model):
+    # n = 3 off a 3-token prompt at b = 4: one shared block (ref 3).  The first decode needs exactly
+    # 3 - 1 = 2 copies (the last holder writes in place), and the pool has exactly 2 more blocks,
+    # so nobody is preempted on either path.
+    prompt = [5, 6, 7]
+    eng = Engine(model, num_blocks=3, block_size=4, watermark=0.0, preemption="swap", cost_model=H100)
+    rid = eng.add_request(prompt, 2, n=3)
+    res = eng.run()
+    assert res.counters.total_preemptions == 0
+    assert res.requests[rid].outputs == [model.generate_contiguous(prompt, 2).tokens] * 3
+    eng = cost_engine(3, 4, watermark=0.0, preemption="swap")
+    eng.add_request(prompt_len=3, max_new_tokens=2, n=3)
+    assert eng.run().counters.total_preemptions == 0
+
+
 # --- the cost-model clock against the ledger ----------------------------------------------------------
 
 def test_cost_clock_reproduces_ledger_tpot_for_a_steady_batch():
@@ -224,6 +261,23 @@ def test_cost_model_prices_the_lecture_preemption_numbers():
     assert slow.preempt_choice(4096) == "recompute"
     st = H100.step(decode_seqs=0, prefill_lens=[4096])
     assert st.total_s == pytest.approx(H100.recompute_s(4096))
+
+
+def test_cost_model_step_terms_by_hand():
+    # 3 decodes attending to 1,000 tokens in all, one 200-token prefill and 1 GB over the link
+    st = H100.step(decode_seqs=3, decode_context_tokens=1000, prefill_lens=[200], swap_bytes=1e9)
+    assert st.memory_s == pytest.approx((13.48e9 + 1000 * 524_288) / 3350e9)
+    flops = (2 * 6.74e9 * 200 + 4 * 32 * 32 * 128 * 200**2) + 3 * 2 * 6.74e9 + 1000 * 4 * 32 * 32 * 128
+    assert st.compute_s == pytest.approx(flops / 494.5e12)
+    assert st.swap_s == pytest.approx(1e9 / 64e9)
+    assert st.total_s == pytest.approx(max(st.memory_s, st.compute_s) + 1e9 / 64e9)
+    assert H100.step_s(3, 1000, H100.prefill_flops(200), 1e9) == pytest.approx(st.total_s)
+    # a compute-bound decode step: a card with near-infinite bandwidth is priced by its FLOPs alone
+    fast = CostModel(LECTURE_7B, GPUSpec("fast-hbm", 80e9, 1e30, 989e12, 64e9))
+    assert fast.step_s(8, 8 * 4096, 0.0, 0.0) == pytest.approx(
+        (8 * 2 * 6.74e9 + 8 * 4096 * 4 * 32 * 32 * 128) / 494.5e12)
+    idle = H100.step(swap_bytes=64e9)  # a swap-only step reads no weights
+    assert (idle.memory_s, idle.compute_s, idle.total_s) == (0.0, 0.0, pytest.approx(1.0))
 
 
 def test_ttft_splits_into_scheduling_delay_queueing_and_prefill():
@@ -279,6 +333,56 @@ def test_victim_is_the_latest_arrival_not_the_sequence_that_needs_the_block():
     assert all(r.finished for r in res.requests.values()) and res.counters.leaked_blocks == 0
 
 
+@pytest.mark.parametrize("link_gbs, kind", [(64, "swap"), (32, "recompute")])
+def test_auto_preemption_follows_the_break_even_for_the_victims_length(link_gbs, kind):
+    # The victim below is r2 with 5 cached tokens.  §10.5 / Exercise 4 by hand for the lecture 7B at
+    # 50% of 989 TFLOP/s: swapping S tokens costs 2 S 524,288 / W, recomputing them
+    # (2 x 6.74e9 S + 4 x 32 x 32 x 128 S^2) / 494.5e12.  At S = 5: recompute = 136.3 us;
+    # swap = 81.9 us on 64 GB/s (swap wins) and 163.8 us on 32 GB/s (recompute wins: the 32 GB/s
+    # crossover is 5,195 tokens, below which recomputing is cheaper).
+    s = 5
+    rec = (2 * 6.74e9 * s + 4 * 32 * 32 * 128 * s**2) / 494.5e12
+    swap = 2 * s * 524_288 / (link_gbs * 1e9)
+    assert (swap < rec) == (kind == "swap")
+    cm = CostModel(LECTURE_7B, LECTURE_GPU, link_bandwidth=link_gbs * GB)
+    eng = cost_engine(6, 4, watermark=0.0, preemption="auto", cost_model=cm)
+    rids = [eng.add_request(prompt_len=p, max_new_tokens=m) for p, m in ((8, 4), (5, 2), (5, 2))]
+    res = eng.run()
+    assert [res.requests[r].preemptions for r in rids] == [0, 0, 1]
+    assert res.counters.preemptions == {"swap": int(kind == "swap"), "recompute": int(kind == "recompute")}
+    if kind == "swap":  # two blocks of 4 tokens out and back, 524,288 B per token
+        assert res.counters.swapped_out_bytes == res.counters.swapped_in_bytes == 2 * 4 * 524_288
+
+
+def test_swapped_branches_come_back_oldest_first():
+    # n = 3 off a full 4-token block, pool of 2 blocks.  Step 2: each branch needs a fresh block and
+    # one is free: branch 0 takes it; branch 1 needs one, so the latest (branch 2) is swapped out -
+    # which frees nothing, the prompt block is still shared - and then branch 1 itself.  When
+    # branch 0 finishes, 2 blocks are free: enough for one branch (4 tokens + its next slot = 2
+    # blocks).  The oldest, branch 1, must come back first, though it was swapped out last.
+    eng = cost_engine(2, 4, watermark=0.0, preemption="swap")
+    rid = eng.add_request(prompt_len=4, max_new_tokens=4, n=3)
+    res = eng.run()
+    t = res.requests[rid].token_times
+    assert res.counters.preemptions == {"swap": 2, "recompute": 0}
+    assert t[0][-1] < t[1][1] and t[1][-1] < t[2][1]  # 0 finishes, then 1 runs, then 2
+
+
+def test_a_swap_costs_its_bytes_over_the_link_on_the_clock():
+    # the victim scenario with preemption="swap": r2's 2 blocks of 4 tokens go out and come back,
+    # 2 x 8 x 524,288 B in all; everything else about the schedule is the same on an infinite link
+    def clock(link):
+        eng = cost_engine(6, 4, watermark=0.0, preemption="swap",
+                          cost_model=CostModel(LECTURE_7B, LECTURE_GPU, link_bandwidth=link))
+        for p, m in ((8, 4), (5, 2), (5, 2)):
+            eng.add_request(prompt_len=p, max_new_tokens=m)
+        res = eng.run()
+        assert res.counters.preemptions["swap"] == 1
+        return res.clock_s
+
+    assert clock(64e9) - clock(1e30) == pytest.approx(2 * 8 * 524_288 / 64e9, rel=1e-9)
+
+
 @pytest.mark.parametrize("mode", ["swap", "recompute", "auto"])
 def test_overload_finishes_everything_and_leaks_nothing(mode):
     rng = random.Random(3)
@@ -294,6 +398,30 @@ def test_overload_finishes_everything_and_leaks_nothing(mode):
     assert eng.allocator.num_used_blocks == 0 and res.counters.leaked_blocks == 0
     assert res.counters.blocks_in_use[-1] == 0 and max(res.counters.blocks_in_use) == res.counters.peak_blocks <= 40
     assert res.counters.peak_running <= 64
+
+
+@settings(max_examples=150, deadline=None)
+@given(block_size=st.sampled_from([1, 2, 4, 8]), num_blocks=st.integers(1, 12),
+       mode=st.sampled_from(["swap", "recompute", "auto"]), watermark=st.sampled_from([0.0, 0.1]),
+       max_num_seqs=st.sampled_from([2, 4, 256]),
+       reqs=st.lists(st.tuples(st.integers(1, 24), st.integers(1, 24), st.integers(1, 3),
+                               st.floats(0, 0.01)), min_size=1, max_size=6))
+def test_any_small_pool_finishes_every_request_it_accepts(block_size, num_blocks, mode, watermark, max_num_seqs,
+                                                           reqs):
+    """Random tiny pools, fan-outs and arrivals: whatever add_request accepts, run() finishes with
+    every branch's tokens, the bookkeeping consistent and no block in use (a stalled or leaking
+    engine fails here)."""
+    eng = cost_engine(num_blocks, block_size, watermark=watermark, preemption=mode, max_num_seqs=max_num_seqs)
+    ids = {eng.add_request(prompt_len=p, max_new_tokens=o, n=n, arrival_time=t): (o, n) for p, o, n, t in reqs}
+    res = eng.run(max_steps=100_000)
+    assert not eng.has_unfinished
+    for rid, (o, n) in ids.items():
+        r = res.requests[rid]
+        assert r.status in ("finished", "rejected")
+        if r.finished:
+            assert r.num_output_tokens == [o] * n
+    eng.allocator.check_invariants()
+    assert eng.allocator.num_used_blocks == 0 and res.counters.leaked_blocks == 0
 
 
 def test_requests_that_can_never_fit_are_rejected_and_the_rest_run():
@@ -321,6 +449,27 @@ def test_token_budget_caps_prefills_per_step_but_never_starves_a_long_prompt():
     r = res.requests
     assert r[a].admitted_time == 0 and r[b].admitted_time > 0 and r[c].admitted_time > r[b].admitted_time
     assert all(x.finished for x in r.values())
+
+
+def test_token_budget_counts_the_decode_tokens_too():
+    # budget 1,000: step 1 prefills A (600; B's 500 would make 1,100).  Step 2 decodes A (1 token),
+    # leaving 999: B (500) fits, C (500) would make 1,001 and waits for step 3.
+    eng = cost_engine(1000, 16, max_num_batched_tokens=1000)
+    a, b, c = (eng.add_request(prompt_len=p, max_new_tokens=3) for p in (600, 500, 500))
+    r = eng.run().requests
+    t1, t2 = r[a].admitted_time, r[b].admitted_time
+    assert t1 == 0 < t2 < r[c].admitted_time
+    assert r[c].admitted_time == r[a].token_times[0][1]  # the end of step 2 (A's second token)
+
+
+def test_model_engine_runs_on_the_cost_clock_like_the_ledger(model):
+    # real tokens, cost-model time: a 5-token prompt, then decodes attending to 6 and 7 tokens
+    eng = Engine(model, num_blocks=10, block_size=4, cost_model=H100, watermark=0.0)
+    rid = eng.add_request([1, 2, 3, 4, 5], 3)
+    t = eng.run().requests[rid].token_times[0]
+    assert t[0] == pytest.approx(13.48e9 / 3350e9)  # a 5-token prefill is memory-bound: the weights
+    assert t[1] - t[0] == pytest.approx((13.48e9 + 6 * 524_288) / 3350e9, rel=1e-9)
+    assert t[2] - t[1] == pytest.approx((13.48e9 + 7 * 524_288) / 3350e9, rel=1e-9)
 
 
 def test_max_num_seqs_bounds_the_batch():
@@ -372,6 +521,20 @@ def test_model_engine_rejects_requests_past_the_context_window():
 
 
 # --- the SLO ledger -----------------------------------------------------------------------------------
+
+def test_percentiles_match_numpy():
+    # the SLO ledger's p50/p99 against an independent reference (numpy's default, linear)
+    import numpy as np
+
+    from labsupport.engine import _pct
+
+    rng = random.Random(1)
+    for n in (1, 2, 7, 100):
+        xs = [rng.expovariate(1.0) for _ in range(n)]
+        for q in (0, 50, 99, 100):
+            assert _pct(xs, q) == pytest.approx(float(np.percentile(xs, q)), rel=1e-12)
+    assert math.isnan(_pct([], 50))
+
 
 def test_goodput_counts_only_requests_meeting_both_slos():
     # a GPU of round numbers: weights 1 s per step, so every decode step takes 1 s plus KV

@@ -1,8 +1,8 @@
 """The paged KV cache on real tensors: gather must return exactly the K/V each sequence was given.
 
 The reference is a plain Python list of per-token (k, v) tensors per sequence; no cache code is
-involved in building it.  Values are small integers times a pattern, exact in every float dtype
-used, so comparisons are bit for bit (torch.equal).
+involved in building it.  Values are integers below 2^24 (exact in float32; the dtype test uses
+random values), so comparisons are bit for bit (torch.equal).
 """
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from labsupport.kvcache import ContiguousKVCache, PagedKVCache
 L, H, D = 2, 2, 3
 
 
-def token_kv(key: int, dtype=torch.float32):
-    """One token's (k, v), each [L, H, D]: a distinct pattern per key, exact in fp16/bf16."""
+def token_kv(key: int):
+    """One token's (k, v), each [L, H, D] float32: a distinct pattern per key (mod 1,000,003, so two
+    tokens of one test never collide by accident), every value an integer below 2^24, so exact."""
     base = torch.arange(L * H * D, dtype=torch.float32).reshape(L, H, D)
-    k = (base + (key % 97) * 16).to(dtype)
+    k = base + (key % 1_000_003) * 16
     return k, (-k - 1)
 
 
@@ -133,6 +134,7 @@ def test_tables_and_lengths_for_the_kernel():
     sl = cache.seq_lens_tensor(["x", "y"])
     assert sl.dtype == torch.int32 and sl.tolist() == [5, 1]
     assert cache.k_cache[0].shape == (8, 2, H, D) and len(cache.v_cache) == L
+    assert cache.occupancy() == 4 / 8 and cache.pool_bytes == 8 * 2 * (2 * L * H * D * 4)
 
 
 def test_prefix_cached_prompt_is_not_rewritten():
@@ -236,6 +238,40 @@ def test_contiguous_cache_round_trip_and_limits():
     cache.free("a")
     assert cache.add_sequence("c", *stack(toks[:1])) == 0  # the freed slot is reused
     cache.check_invariants()
+
+
+def test_contiguous_cache_rejects_bad_input_and_changes_nothing():
+    cache = ContiguousKVCache(2, 4, L, H, D)
+    toks = [token_kv(i) for i in range(3)]
+    cache.add_sequence("a", *stack(toks))
+    cache.add_sequence("full", *stack(toks + [token_kv(3)]))  # at S_max already
+    k, v = token_kv(9)
+    one_k, one_v = k[:, None], v[:, None]
+
+    def state():
+        a = cache.gather("a")
+        return cache.allocator.layout(), {s: sl.length for s, sl in cache.allocator.slots.items()}, a
+
+    before = state()
+    cases = [
+        (UnknownSequence, "unknown sequence 'zz'", lambda: cache.append(["zz"], one_k, one_v)),
+        (ValueError, "appears twice", lambda: cache.append(["a", "a"], torch.cat([one_k] * 2, 1),
+                                                          torch.cat([one_v] * 2, 1))),
+        (ValueError, "expected \\(2, 2, 2, 3\\)", lambda: cache.append(["a", "full"], one_k, one_v)),
+        # all or nothing: "a" has room, "full" does not, so "a" must not grow either
+        (ReservationExceeded, "'full' is at S_max=4", lambda: cache.append(["a", "full"], torch.cat([one_k] * 2, 1),
+                                                                           torch.cat([one_v] * 2, 1))),
+        (ValueError, "already holds a slot", lambda: cache.add_sequence("a", *stack(toks[:1]))),
+        (OutOfBlocks, "all 2 slots", lambda: cache.add_sequence("c", *stack(toks[:1]))),
+        (UnknownSequence, "unknown sequence", lambda: cache.free("zz")),
+    ]
+    for exc, match, fn in cases:
+        with pytest.raises(exc, match=match):
+            fn()
+        after = state()
+        assert after[:2] == before[:2], match
+        assert torch.equal(after[2][0], before[2][0]) and torch.equal(after[2][1], before[2][1])
+        cache.check_invariants()
 
 
 def test_same_workload_reads_back_the_same_from_both_caches():

@@ -161,7 +161,7 @@ def test_exercises():
     assert e1["mha_slot_bytes"] == 131_072 * 524_288 and e1["mha_naive_concurrency"] == 0
     assert e1["gqa_slot_bytes"] == 131_072 * 131_072 and e1["gqa_naive_concurrency"] == 3
     assert e1["gqa_naive_utilization"] == pytest.approx(3 * 640 * 131_072 / 62.52e9)
-    # 62.52e9 / (16 * 131,072) = 29,812.6 -> 29,812 blocks // 40 = 745
+    # 62.52e9 / (16 * 131,072) = 29,811.9 -> 29,811 blocks // 40 = 745
     assert e1["gqa_paged_concurrency"] == 745
     e2 = L.exercise2()
     mean = 0.7 * 512 * KV_MHA + 0.25 * 4096 * KV_MHA + 0.05 * 32768 * KV_MHA
@@ -173,6 +173,12 @@ def test_exercises():
     e3 = {r["block_size"]: r for r in L.exercise3()}
     assert [e3[b]["entries_at_median"] for b in (8, 16, 64, 256)] == [100, 50, 13, 4]
     assert [e3[b]["entries_at_p95"] for b in (8, 16, 64, 256)] == [2500, 1250, 313, 79]
+    # mean tail (b - 1) / 2 tokens of 524,288 B, at B = 199 sequences, over the 62.52 GB budget
+    for b in (8, 16, 64, 256):
+        assert e3[b]["mean_tail_tokens"] == (b - 1) / 2
+        assert e3[b]["waste_at_batch_bytes"] == 199 * (b - 1) / 2 * 524_288
+        assert e3[b]["waste_fraction_of_budget"] == pytest.approx(199 * (b - 1) / 2 * 524_288 / 62.52e9)
+    assert e3[16]["waste_at_batch_bytes"] == 782_499_840  # 0.78 GB = 1.25% (the lecture's 0.80 GB, 1.3%)
     e4 = L.exercise4()
     assert e4["kv_bytes"] == 16384 * 131_072 == 2_147_483_648
     rec = 2 * 6.74e9 * 16384 + 4 * 32 * 32 * 128 * 16384**2
@@ -180,9 +186,12 @@ def test_exercises():
     assert e4["recompute_s"] == pytest.approx(rec / 494.5e12)  # 731 ms
     assert e4["swap_advantage"] == pytest.approx((rec / 494.5e12) / (2 * 2_147_483_648 / 64e9))
     assert e4["breakeven_link_bandwidth"] / 1e9 == pytest.approx(5.87, abs=0.01)
+    assert e4["swap_s"] == pytest.approx(2 * 2_147_483_648 / 64e9)  # the same 67 ms as a 4K MHA sequence
+    assert e4["mha_crossover_tokens"] == pytest.approx((2 * 524_288 * 494.5e12 / 32e9 - 13.48e9) / 524_288)
+    assert e2["slot_bytes"] == [512 * KV_MHA, 4096 * KV_MHA, 32768 * KV_MHA]
     e5 = L.exercise5()
     assert e5["peak_kv_bytes"] == 7700 * 131_072
-    assert e5["sessions_paged"] == 29_812 // math.ceil(7700 / 16) == 61
+    assert e5["sessions_paged"] == 29_811 // math.ceil(7700 / 16) == 61
     assert e5["sessions_naive"] == 29
     assert e5["prefill_s"] == pytest.approx(97_000 * 2 * 6.74e9 / 494.5e12)
 
@@ -193,6 +202,7 @@ ERRATA_BY_HAND = {
     "Naive utilization, S_max = 4K": (15.2, 0.05, 100 * 29 * 640 * 524_288 / 62.52e9),
     "Naive utilization, S_max = 32K": (1.9, 0.05, 100 * 3 * 640 * 524_288 / 62.52e9),
     "Paged concurrency, b = 16": (199, 0.5, 7452 // 40),
+    "Paged utilization, 640-token workload": (98.7, 0.05, 100 * 186 * 640 * 524_288 / 62.52e9),
     "TPOT at B = 199": (23.5, 0.05, 1e3 * (13.48e9 + 199 * 640 * 524_288) / 3350e9),
     "Largest B meeting a 20 ms TPOT SLO": (164, 0.5, (0.020 * 3350e9 - 13.48e9) // (640 * 524_288)),
     "Swap/recompute break-even, 4K MHA": (33.3, 0.05, 2 * 4096 * 524_288 / ((2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / 494.5e12) / 1e9),

@@ -156,6 +156,43 @@ def test_bad_inputs_are_rejected():
     assert resolve_attention("auto", "cuda") == "triton"
 
 
+def test_forward_paged_rejects_bad_input_and_leaves_the_cache_as_it_was():
+    from labsupport.allocators import OutOfBlocks, SwappedOut, UnknownSequence
+    from labsupport.kvcache import PagedKVCache
+
+    m = TinyTransformer(GQA)
+    c = m.cfg
+    cache = PagedKVCache(6, 4, c.num_layers, c.num_kv_heads, c.head_dim)  # 24 token slots
+    m.forward_paged(cache, prefills=[("a", [1, 2, 3]), ("s", [4])], attention="reference")
+    cache.swap_out("s")
+
+    def state():
+        snap = cache.allocator.snapshot()
+        return snap, [t.clone() for t in cache.k_cache]
+
+    before = state()
+    cases = [
+        (ValueError, "token id 500", dict(prefills=[("b", [1, 500])])),
+        (ValueError, "token id 500", dict(decodes=[("a", 500)])),
+        (ValueError, "token id -1", dict(prefills=[("b", [1])], decodes=[("a", -1)])),
+        (UnknownSequence, "'zz'", dict(prefills=[("b", [1, 2])], decodes=[("zz", 3)])),
+        (SwappedOut, "swapped out", dict(prefills=[("b", [1, 2])], decodes=[("s", 3)])),
+        (ValueError, "already in the cache", dict(prefills=[("a", [1])])),
+        (ValueError, "appears twice", dict(prefills=[("b", [1])], decodes=[("b", 2)])),
+        (ValueError, "no tokens", dict(prefills=[("b", [])])),
+        # 3 + 3 blocks for b and c but only 5 free: c fails after b was allocated, and b is undone
+        (OutOfBlocks, "allocate 'c'", dict(prefills=[("b", [1] * 12), ("c", [2] * 12)])),
+    ]
+    for exc, match, kw in cases:
+        with pytest.raises(exc, match=match):
+            m.forward_paged(cache, attention="reference", **kw)
+        after = state()
+        assert after[0]["block_tables"] == before[0]["block_tables"], kw
+        assert after[0]["seq_lens"] == before[0]["seq_lens"] and after[0]["ref_counts"] == before[0]["ref_counts"]
+        assert all(torch.equal(x, y) for x, y in zip(after[1], before[1])), kw
+        cache.check_invariants()
+
+
 def test_save_load_round_trip(tmp_path):
     m = TinyTransformer(GQA)
     path = tmp_path / "m.pt"

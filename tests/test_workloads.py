@@ -45,6 +45,8 @@ def test_lognormal_parameters_by_hand():
     assert (t > 20_000).mean() == pytest.approx(0.05, abs=0.004)
     o = w.output_lengths()
     assert (o >= 1).all() and (w.prompt_lengths() >= 1).all()
+    # each total L splits into output = max(1, round(0.2 L)) (the chat workload's 128 / 640) + prompt
+    assert [int(x) for x in o[:2000]] == [max(1, round(0.2 * int(n))) for n in t[:2000]]
     with pytest.raises(ValueError, match="tail_tokens"):
         W.lognormal_params(800, 500, 0.05)
 
@@ -116,6 +118,26 @@ def test_mooncake_traces_match_published_shape():
     r = conv[0]
     ids = W.mooncake_token_ids(r)
     assert len(ids) == r.prompt_tokens and len(r.hash_ids) == math.ceil(r.prompt_tokens / 512)
+
+
+def test_prefix_hit_rate_counts_only_leading_blocks():
+    reqs = [W.Request(0, 0.0, 1536, 1, hash_ids=(1, 2, 3)),
+            W.Request(1, 0.0, 1536, 1, hash_ids=(9, 2, 3)),  # 2 and 3 were seen, but after a miss: 0 hits
+            W.Request(2, 0.0, 1536, 1, hash_ids=(1, 2, 4))]  # 1, 2 hit; 4 is new
+    assert W.prefix_hit_rate(reqs) == 2 / 9
+    with pytest.raises(ValueError, match="no hash ids"):
+        W.prefix_hit_rate([W.Request(0, 0.0, 10, 1)])
+
+
+def test_mooncake_token_ids_share_exactly_the_shared_hash_blocks():
+    a = W.Request(0, 0.0, 1100, 1, hash_ids=(7, 8, 9))  # 512 + 512 + 76 tokens
+    b = W.Request(1, 0.0, 1500, 1, hash_ids=(7, 8, 4))
+    ia, ib = W.mooncake_token_ids(a), W.mooncake_token_ids(b)
+    assert (len(ia), len(ib)) == (1100, 1500)
+    assert ia[:1024] == ib[:1024] and ia[:512] == list(range(7 * 512, 8 * 512))
+    assert not set(ia[1024:]) & set(ib[1024:])  # block 2 differs: no token id in common
+    with pytest.raises(ValueError, match="no hash ids"):
+        W.mooncake_token_ids(W.Request(2, 0.0, 10, 1))
 
 
 @needs_traces
@@ -232,15 +254,17 @@ def test_malformed_azure_rows_name_file_and_line(tmp_path):
                  "2023-11-16 18:15:48.00,10\n"
                  "yesterday,5,5\n"
                  "2023-11-16 18:15:49.5,20,-3\n"
-                 "2023-11-16 18:15:50.25,30,7\n")
+                 "2023-11-16 18:15:50.25,30,7\n"
+                 "2023-11-16 18:15:45.00,30,7\n")  # before the first row: a negative arrival
     with pytest.raises(W.TraceFormatError, match=f"{p}:3: ContextTokens is not an integer: 'abc'"):
         W.read_azure_csv(p)
-    with pytest.warns(W.TraceNotice, match="skipped 4 malformed"):
+    with pytest.warns(W.TraceNotice, match="skipped 5 malformed"):
         w = W.read_azure_csv(p, skip_malformed=True)
     assert [(r.prompt_tokens, r.output_tokens) for r in w] == [(374, 44), (30, 7)]
     assert w[1].arrival_s == pytest.approx(3.57)
     joined = "\n".join(w.notes)
-    for line in (3, 4, 5, 6):
+    assert f"{p}:8: TIMESTAMP '2023-11-16 18:15:45.00' is earlier than the first row's" in joined
+    for line in (3, 4, 5, 6, 8):
         assert f"{p}:{line}:" in joined
     q = tmp_path / "h.csv"
     q.write_text("time,prompt,out\n1,2,3\n")
@@ -253,7 +277,8 @@ def test_malformed_mooncake_lines_name_file_and_line(tmp_path):
     good = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}
     lines = [json.dumps(good), "{not json", json.dumps({**good, "hash_ids": [1]}),
              json.dumps({k: v for k, v in good.items() if k != "output_length"}),
-             json.dumps({**good, "input_length": "many"}), json.dumps({**good, "timestamp": 1500})]
+             json.dumps({**good, "input_length": "many"}), json.dumps({**good, "timestamp": 1500}),
+             '{"timestamp": NaN, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}']
     p.write_text("\n".join(lines) + "\n")
     with pytest.raises(W.TraceFormatError, match=f"{p}:2: not valid JSON"):
         W.read_mooncake_jsonl(p)
@@ -264,6 +289,7 @@ def test_malformed_mooncake_lines_name_file_and_line(tmp_path):
     assert f"{p}:3: hash_ids has 1 ids, expected ceil(600/512) = 2" in joined
     assert f"{p}:4: missing field(s) ['output_length']" in joined
     assert f"{p}:5: input_length is not an integer" in joined
+    assert f"{p}:7: timestamp must be a finite, non-negative number of ms, got nan" in joined  # json allows NaN
 
 
 def test_real_csv_parses_like_the_csv_module(tmp_path):
