@@ -6,6 +6,16 @@ import sys
 
 # name -> "module:function"; each function takes argv and prints its figures.
 BENCHES = {
+    "allocator": "labsupport.allocator_bench:bench",
+    "kernel": "labsupport.kernel_bench:bench_kernel",
+    "gpu": "labsupport.kernel_bench:gpu_check",
+    "notebooks": "labsupport.build:bench_notebooks",
+    "viz": "labsupport.viz:bench",
+    "viz_memory": "labsupport.viz_memory:bench",
+    "engine": "labsupport.simulate:bench",
+    "viz_slo": "labsupport.viz_slo:bench",
+    "viz_sharing": "labsupport.viz_sharing:bench",
+    "viz_engine": "labsupport.viz_engine:bench",
 }
 
 

@@ -533,7 +533,8 @@ def _errata() -> list[Erratum]:
         Erratum("Crossover length, MHA on 32 GB/s", "Exercise 4", "about 2,600 tokens",
                 f"{ex4['mha_crossover_tokens']:,.0f} tokens",
                 "Solving 2 S x 524,288 / 32e9 = (13.48e9 S + 524,288 S^2) / 494.5e12 gives S = 5,195. The printed "
-                "2,600 is what the equation gives with the attention term 2 L H d S^2 instead of 4 L H d S^2.",
+                "2,600 is half of that root: it is what the equation gives with the attention term doubled "
+                "(8 L H d S^2 instead of 4 L H d S^2); no unit reading of the lecture's inputs reaches it.",
                 ex4["mha_crossover_tokens"], 2600),
         Erratum("Tail waste at B = 199, b = 64 and 256", "§10.3 table vs Exercise 3", "4.8% / 17.0% (table); 5.1% / 20.4% (Ex. 3)",
                 f"{100 * waste64:.2f}% / {100 * 199 * 128 * kv / r['kv_budget_bytes']:.2f}% of the budget",
@@ -545,6 +546,12 @@ def _errata() -> list[Erratum]:
                 f"{unshared_bytes / GB:.2f} GB against {fanout_tokens(8, 4096, 256)[1] * kv / GB:.2f} GB",
                 "34,816 tokens x 524,288 B = 18.25 GB (17.0 GiB); 17.9 matches neither unit.",
                 unshared_bytes / GB, 17.9),
+        Erratum("Fork cost at b = 256, fan-out of 8", "Exercise 3", "8 x 64 MB = 512 MB",
+                f"7 x {256 * kv / GB * 1e3:.1f} MB = {7 * 256 * kv / GB * 1e3:.1f} MB",
+                "Copy-on-write copies a whole block, 256 x 524,288 B = 134.2 MB, not its mean 128-token fill "
+                "(64 MiB = 67.1 MB, which the lecture writes as 64 MB). And only 7 of the 8 branches copy: after "
+                "seven have diverged the eighth holds the block alone and writes in place.",
+                7 * 256 * kv / GB * 1e3, 512),
         Erratum("Block-table overhead, 4K at b = 16", "§10.3", "256 entries ≈ 2 KB",
                 f"256 entries = {block_table_bytes(4096, 16, 4):,} B with int32 entries",
                 "2 KB needs 8-byte (int64) entries; vLLM and our cache store int32 block ids, 1 KiB.",

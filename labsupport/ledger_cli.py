@@ -11,7 +11,7 @@ import math
 import sys
 
 from . import ledger as L
-from .specs import GB, GiB, GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model
+from .specs import GB, GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model
 from .units import fmt_pct
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import html
 import math
 import statistics
-import sys
 import time
 from typing import Callable
 
@@ -341,25 +340,43 @@ def errata_note(*quantities: str):
 
 # --- benchmark ------------------------------------------------------------------------------------
 
-def bench(argv: list[str] | None = None) -> int:
-    """`python -m labsupport bench viz [--repeats N]`: Python time per closed-form panel update."""
+def time_updates(update, repeats: int) -> list[float]:
+    """Milliseconds of Python for each of `repeats` calls of `update(i)`, sorted (the 50 ms budget)."""
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        update(i)
+        times.append(1e3 * (time.perf_counter() - start))
+    return sorted(times)
+
+
+def report_updates(name: str, times_ms: list[float], target_ms: float | None = 50.0) -> None:
+    """One line of a panel benchmark: median, p95 and max of sorted update times."""
+    p95 = times_ms[min(len(times_ms) - 1, int(0.95 * len(times_ms)))]
+    target = f" (target ≤ {target_ms:g} ms)" if target_ms else ""
+    print(f"{name}: {len(times_ms)} updates, median {statistics.median(times_ms):.1f} ms, "
+          f"p95 {p95:.1f} ms, max {times_ms[-1]:.1f} ms{target}", flush=True)
+
+
+def bench_panels(cases: dict, argv: list[str] | None, prog: str, repeats: int = 20) -> int:
+    """Time panels: `cases` maps a name to (make_panel, control name, values to cycle through)."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m labsupport bench viz")
-    p.add_argument("--repeats", type=int, default=40)
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("--repeats", type=int, default=repeats)
     args = p.parse_args(argv or [])
+    for name, (make, control, values) in cases.items():
+        panel = make()
+
+        def update(i, panel=panel, control=control, values=values):
+            panel.controls[control].value = values[(i + 1) % len(values)]
+
+        report_updates(name, time_updates(update, args.repeats))
+    return 0
+
+
+def bench(argv: list[str] | None = None) -> int:
+    """`python -m labsupport bench viz [--repeats N]`: Python time per closed-form panel update."""
     panels = {"batch_gap_panel (lab 01)": (batch_gap_panel, "s_max", [v for _, v in S_MAX_OPTIONS]),
               "kv_heads_panel (lab 00)": (kv_heads_panel, "num_kv_heads", [1, 2, 4, 8, 16, 32])}
-    for name, (make, control, values) in panels.items():
-        panel = make()
-        times = []
-        for i in range(args.repeats):
-            start = time.perf_counter()
-            panel.controls[control].value = values[(i + 1) % len(values)]
-            times.append(time.perf_counter() - start)
-        times_ms = sorted(1e3 * t for t in times)
-        p95 = times_ms[min(len(times_ms) - 1, int(0.95 * len(times_ms)))]
-        print(f"{name}: {len(times_ms)} updates, median {statistics.median(times_ms):.1f} ms, "
-              f"p95 {p95:.1f} ms, max {times_ms[-1]:.1f} ms (target ≤ 50 ms)")
-    sys.stdout.flush()
-    return 0
+    return bench_panels(panels, argv, "python -m labsupport bench viz", repeats=40)

@@ -209,6 +209,7 @@ ERRATA_BY_HAND = {
     "Crossover length, MHA on 32 GB/s": (2600, 50, (2 * 524_288 * 494.5e12 / 32e9 - 13.48e9) / 524_288),
     "Tail waste at B = 199, b = 64 and 256": (5.1, 0.05, 100 * 199 * 32 * 524_288 / 62.52e9),
     "Unshared fan-out, n = 8 off 4K": (17.9, 0.05, 34_816 * 524_288 / 1e9),
+    "Fork cost at b = 256, fan-out of 8": (512, 0.5, 7 * 256 * 524_288 / 1e6),
     "Block-table overhead, 4K at b = 16": (2048, 0.5, 256 * 4),
     "Exercise 1 paged GQA-8 concurrency": (744, 0.5, (62.52e9 // (16 * 131_072)) // 40),
     "Exercise 5 session KV and sessions per card": (0.985, 0.0005, 7700 * 131_072 / 1e9),

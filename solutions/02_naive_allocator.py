@@ -1,0 +1,525 @@
+# %% [markdown]
+# # Lab 02 — The naive allocator, and where 86% of your cache goes (§10.2, Exercises 1 and 2)
+#
+# Every framework that shipped before 2023 stored a sequence's keys and values as one tensor, sized
+# when the request arrived for the longest sequence it was allowed — $S_{max}$ — because moving a
+# multi-gigabyte tensor mid-flight is unthinkable. The allocation is sized by the **limit**; the
+# occupancy is set by **reality**. This lab builds that allocator for real, runs the lecture's chat
+# workload through it, and measures how much of the card holds tokens. Then it breaks the allocator
+# a second way — per-request $S_{max}$ — and reproduces the vLLM paper's measurement on a real trace.
+#
+# **Learning objectives served** (the lecture's numbering)
+#
+# * **Objective 2** — compute the memory a reserve-to-maximum allocator wastes for a given
+#   distribution of prompt and output lengths, and convert that waste into lost concurrency and
+#   lost throughput.
+# * **Objective 3** — distinguish internal from external fragmentation in a KV cache, and say which
+#   one paging eliminates and which one it merely bounds.
+#
+# Timing in the lecture: minutes 6–16 (*protected*). Here: about 45 minutes. Eleven checkoffs.
+
+# %%
+import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
+import random
+
+import torch
+
+from labsupport import ledger, viz, viz_memory, workloads
+from labsupport.allocators import (BlockAllocator, ContiguousAllocator, OutOfBlocks, ReservationExceeded,
+                                   ReserveToMaxAllocator, fig2_breakdown, simulate_breakdown)
+from labsupport.checkoff import check
+from labsupport.kvcache import ContiguousKVCache
+from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
+from labsupport.units import fmt_bytes, fmt_gb, fmt_pct
+
+torch.manual_seed(0)
+MODEL, H100 = LECTURE_7B, LECTURE_GPU
+KV = ledger.kv_bytes_per_token(MODEL)  # 524,288 B = 512 KiB per token
+BUDGET = ledger.kv_budget_bytes(MODEL, H100)  # 80 GB - 13.48 GB of weights - 4 GB reserve
+PROMPT, OUTPUT, S_MAX = 512, 128, 4096
+print(f"KV per token {KV:,} B; KV budget {fmt_bytes(BUDGET)}")
+print(f"the chat workload: {PROMPT}-token prompts, {OUTPUT}-token outputs = {PROMPT + OUTPUT} tokens; S_max = {S_MAX:,}")
+
+# %% [markdown]
+# ## 1. The one line of arithmetic
+#
+# A reserve-to-max allocator gives every sequence a slot of $S_{max}$ tokens at the model's KV bytes
+# per token, however short the sequence turns out to be:
+#
+# $$\text{slot} = S_{max} \times \text{KV per token}, \qquad
+#   B_{naive} = \left\lfloor \frac{\text{KV budget}}{\text{slot}} \right\rfloor, \qquad
+#   \text{utilization} = \frac{B_{naive} \times S_{actual} \times \text{KV per token}}{\text{KV budget}}.$$
+#
+# The board picture is one slot — a long rectangle of 4,096 token positions — with the first 640
+# shaded:
+
+# %%
+viz_memory.slot_figure(S_MAX, PROMPT, OUTPUT).show()
+
+# %% [markdown]
+# ### Exercise 2.1 — the slot
+#
+# Set `slot_bytes` to the bytes one reserve-to-max slot reserves at $S_{max} = 4{,}096$, as a Python
+# expression from `S_MAX` and `KV`.
+
+# %%
+### BEGIN SOLUTION 2.1: set slot_bytes to the bytes of one S_max = 4,096 slot
+slot_bytes = S_MAX * KV
+### END SOLUTION
+check("2.1", slot_bytes)
+
+# %% [markdown]
+# ### Exercise 2.2 — how many slots fit
+#
+# Set `naive_seqs` to the number of sequences the budget holds under reserve-to-max. `BUDGET` is in
+# bytes (decimal GB on the card's box: 80e9 − 13.48e9 − 4e9).
+
+# %%
+### BEGIN SOLUTION 2.2: set naive_seqs to the number of whole S_max slots in BUDGET
+naive_seqs = int(BUDGET // (S_MAX * KV))
+### END SOLUTION
+check("2.2", naive_seqs)
+
+# %% [markdown]
+# ## 2. Build it, and measure
+#
+# Formulas are claims; the allocator is the thing. `ReserveToMaxAllocator` is the naive allocator
+# of §10.2: one contiguous slot of $S_{max}$ token positions per sequence, in an address space of
+# `BUDGET // KV` positions. We serve the chat workload through it the way an engine would —
+# admit and prefill each request's 512 prompt tokens, then decode 128 steps, one token per sequence
+# per step — until it refuses a request.
+
+# %%
+alloc = ReserveToMaxAllocator.from_budget(BUDGET, KV, s_max=S_MAX)
+admitted = 0
+while True:
+    try:
+        alloc.allocate(admitted, num_tokens=PROMPT)  # prefill: the prompt's KV goes into the new slot
+    except OutOfBlocks as refusal:
+        print(f"request {admitted} refused: {refusal}")
+        break
+    admitted += 1
+for step in range(OUTPUT):  # decode: every resident sequence appends one token per step
+    for seq in range(admitted):
+        alloc.append(seq)
+alloc.check_invariants()
+st = alloc.stats()
+print(f"admitted {admitted} sequences; address space {alloc.capacity_tokens:,} token positions "
+      f"= {fmt_gb(alloc.capacity_tokens * KV)}")
+print(f"reserved {st.reserved_tokens:,} positions, holding tokens {st.occupied_tokens:,}, "
+      f"reserved and never filled {st.internal_tokens:,}, free {st.free_tokens:,}")
+
+# %% [markdown]
+# The same workload on **real tensors**: `ContiguousKVCache` keeps K and V as
+# `[max_seqs, S_max, kv_heads, head_dim]` per layer, exactly the shape the naive design needs. The
+# lecture's cache (62.5 GB) does not fit in a laptop, so this one keeps the token geometry — 29
+# slots of 4,096 positions, 512 + 128 tokens each — and shrinks each token to one layer, one head of
+# 8 floats. Bytes per token change; which positions hold tokens does not, and that is what
+# utilization counts.
+
+# %%
+cache = ContiguousKVCache(max_seqs=admitted, s_max=S_MAX, num_layers=1, num_kv_heads=1, head_dim=8)
+seqs = list(range(admitted))
+for s in seqs:
+    k = torch.randn(1, PROMPT, 1, 8)
+    cache.add_sequence(s, k, -k)
+for step in range(OUTPUT):
+    k = torch.randn(1, len(seqs), 1, 8)
+    cache.append(seqs, k, -k)
+k0, v0 = cache.gather(0)
+print(f"real cache: {cache.pool_bytes:,} B of tensors for {admitted} slots; sequence 0 gathers back "
+      f"{k0.shape[1]} tokens; slot occupancy {cache.stats().occupied_tokens / cache.stats().reserved_tokens:.4f}")
+print(f"allocator at lecture scale:                         slot occupancy "
+      f"{st.occupied_tokens / st.reserved_tokens:.4f}")
+
+# %% [markdown]
+# ### Exercise 2.3 — measure utilization over a live allocator
+#
+# Write `utilization(alloc, budget_bytes)`: the fraction of the KV budget holding real tokens, read
+# off a live allocator. Every live sequence's slot is in `alloc.slots` (a dict of `Slot` objects with
+# `.size`, the positions reserved, and `.length`, the tokens stored so far); the allocator's
+# `kv_bytes_per_token` converts tokens to bytes. The checkoff runs your function on allocators in the
+# middle of serving — sequences of many lengths, some finished, several models and budgets.
+
+# %%
+def utilization(alloc, budget_bytes):
+    """Bytes holding real tokens in a live allocator, as a fraction of the KV budget."""
+    ### BEGIN SOLUTION 2.3: return the bytes the live sequences' tokens occupy, over budget_bytes
+    held_tokens = sum(slot.length for slot in alloc.slots.values())
+    return held_tokens * alloc.kv_bytes_per_token / budget_bytes
+    ### END SOLUTION
+
+
+check("2.3", utilization)
+
+# %% [markdown]
+# The allocator's own statistics give the same measurement. Against the closed form:
+
+# %%
+measured = alloc.stats().occupied_bytes / BUDGET
+closed = ledger.naive_utilization(BUDGET, S_MAX, PROMPT + OUTPUT, KV)
+print(f"measured on the real allocator: {fmt_pct(measured, 4)}  "
+      f"({fmt_gb(alloc.stats().occupied_bytes, 2)} of {fmt_gb(BUDGET, 2)})")
+print(f"ledger closed form:             {fmt_pct(closed, 4)}")
+print(f"reserved and never filled:      {fmt_pct(alloc.stats().internal_bytes / BUDGET)} of the budget")
+assert abs(measured - closed) < 1e-12
+
+# %% [markdown]
+# The board writes **"9.5 of 62.5"** and then says *15%*. The exact figure is 9.73 of 62.52 GB:
+
+# %%
+viz.errata_note("S_max = 4K")
+
+# %% [markdown]
+# And the second board drawing: the 29 slots stacked, each with its 640 tokens shaded. Everything
+# orange is memory the card has, the allocator has promised away, and no token will ever occupy.
+
+# %%
+viz_memory.slot_stack_figure(alloc, BUDGET).show()
+
+# %% [markdown]
+# ## 3. What the waste costs: concurrency and throughput
+#
+# Had each sequence held only what it uses — 640 tokens, in 16-token blocks (lab 03 builds it) — the
+# same budget would hold $\lfloor 7{,}452 / 40 \rfloor = 186$ sequences. Concurrency is not the end
+# of it: during decode, a memory-bound step reads every weight once plus every resident sequence's
+# KV, and yields one token per sequence (Lecture 2 §2.15):
+#
+# $$t_{step} = \frac{N b + B \times S \times \text{KV per token}}{\text{HBM bandwidth}}, \qquad
+#   \text{throughput} = \frac{B}{t_{step}}.$$
+#
+# ### Exercise 2.4 — the naive batch's throughput
+#
+# Set `naive_tok_s` to the decode throughput (tokens/s) of the naive batch of 2.2, every sequence at
+# 640 tokens, on the H100 (`H100.hbm_bandwidth` bytes/s; weights `MODEL.weight_bytes`).
+
+# %%
+### BEGIN SOLUTION 2.4: set naive_tok_s to B / t_step for the naive batch of 640-token sequences
+b_naive = ledger.naive_concurrency(BUDGET, S_MAX, KV)
+t_step = (MODEL.weight_bytes + b_naive * (PROMPT + OUTPUT) * KV) / H100.hbm_bandwidth
+naive_tok_s = b_naive / t_step
+### END SOLUTION
+check("2.4", naive_tok_s)
+
+# %%
+seq_tokens = PROMPT + OUTPUT
+b_naive = ledger.naive_concurrency(BUDGET, S_MAX, KV)
+b_paged = ledger.paged_concurrency(BUDGET, seq_tokens, 16, KV)
+for label, b in (("reserve-to-max", b_naive), ("paged, b = 16", b_paged)):
+    t = ledger.tpot_s(MODEL, b, seq_tokens, H100.hbm_bandwidth)
+    print(f"{label:>15}: B = {b:>3}, step {1e3 * t:5.2f} ms, {ledger.throughput_tok_s(b, t):6,.0f} tok/s")
+print(f"the allocator alone costs {b_paged / b_naive:.2f}x in concurrency and "
+      f"{ledger.throughput_tok_s(b_paged, ledger.tpot_s(MODEL, b_paged, seq_tokens, H100.hbm_bandwidth)) / ledger.throughput_tok_s(b_naive, ledger.tpot_s(MODEL, b_naive, seq_tokens, H100.hbm_bandwidth)):.2f}x in throughput")
+
+# %% [markdown]
+# Throughput grows less than concurrency because the weights are read once per step whoever is in the
+# batch, and each extra sequence adds its own KV to the step (§10.6 returns to this: your neighbours
+# set your cadence). Two printed figures part from the exact ones here:
+
+# %%
+viz.errata_note("Paged concurrency", "Naive column")
+
+# %% [markdown]
+# ## 4. The knobs: S_max, the workload, the model, the card
+#
+# Every number below is measured on a real `ReserveToMaxAllocator` filled by the panel (the readout
+# puts the ledger's closed form beside it). Predict before you move anything:
+#
+# * **Advertise long context.** Slide $S_{max}$ to 32,768. The workload did not change. What happens to
+#   the number of slots and to utilization?
+# * **The brochure.** Slide $S_{max}$ to 131,072 (Exercise 1).
+# * **GQA-8.** Switch the model to `lecture-7b-gqa8`: which numbers move, and by what factor?
+# * **Short limits.** $S_{max}$ = 512 with 640-token sequences: utilization looks great. Why is that
+#   configuration still wrong? (Read the readout's note.)
+
+# %%
+viz_memory.naive_panel()
+
+# %% [markdown]
+# ### Exercise 2.5 — the long-context advertisement
+#
+# Set `util_32k` to the utilization (a fraction) of the chat workload under $S_{max} = 32{,}768$, MHA,
+# on the H100. Use the ledger's functions or your own arithmetic; the checkoff wants the exact value.
+
+# %%
+### BEGIN SOLUTION 2.5: set util_32k to the utilization at S_max = 32,768 (a fraction)
+util_32k = ledger.naive_utilization(BUDGET, 32_768, PROMPT + OUTPUT, KV)
+### END SOLUTION
+check("2.5", util_32k)
+
+# %% [markdown]
+# *"…the same chat workload's utilization falls to 1.9%, because the slot grew 8× and the occupancy
+# did not."* The exact figure, from the real allocator and the ledger:
+
+# %%
+for s_max in (4096, 32_768):
+    a = viz_memory.fill_reserve_to_max(BUDGET, s_max, PROMPT + OUTPUT, KV)
+    m = viz_memory.naive_measurement(a, BUDGET)
+    print(f"S_max = {s_max:>6,}: {m['concurrency']:>2} slots of {fmt_gb(m['slot_bytes'])}, utilization "
+          f"{fmt_pct(m['utilization'])} (one slot's occupancy {fmt_pct((PROMPT + OUTPUT) / s_max)})")
+viz.errata_note("S_max = 32K")
+
+# %% [markdown]
+# ## 5. Exercise 1 — the long-context brochure
+#
+# Your service advertises a 128K context window: $S_{max} = 131{,}072$. The workload is unchanged.
+#
+# $$\text{slot}_{MHA} = 131{,}072 \times 524{,}288\ \text{B} = 68.72\ \text{GB} > 62.52\ \text{GB}$$
+#
+# One slot is larger than the whole budget. The real allocator agrees — it cannot admit anyone:
+
+# %%
+mha_128k = viz_memory.fill_reserve_to_max(BUDGET, 131_072, PROMPT + OUTPUT, KV)
+print(f"MHA at S_max = 131,072: {mha_128k.num_seqs} requests admitted")
+viz_memory.slot_stack_figure(mha_128k, BUDGET).show()
+
+# %% [markdown]
+# Relax to GQA-8 (8 KV heads: 131,072 B = 128 KiB per token). The KV budget is the same 62.52 GB —
+# the lecture keeps the parameter count fixed so that only the cache changes.
+#
+# ### Exercise 2.6 — the brochure under GQA-8
+#
+# Set `util_128k_gqa` to the reserve-to-max utilization (a fraction) of the chat workload at
+# $S_{max} = 131{,}072$ under GQA-8 (`LECTURE_7B_GQA8`).
+
+# %%
+KV_GQA = LECTURE_7B_GQA8.kv_bytes_per_token
+### BEGIN SOLUTION 2.6: set util_128k_gqa to the GQA-8 utilization at S_max = 131,072 (a fraction)
+util_128k_gqa = ledger.naive_utilization(BUDGET, 131_072, PROMPT + OUTPUT, KV_GQA)
+### END SOLUTION
+check("2.6", util_128k_gqa)
+
+# %% [markdown]
+# The lecture's sketch prints 0.39%: it takes a 640-token GQA-8 sequence as 0.082 GB, i.e. 128 KiB as
+# 128,000 B. Exactly, $640 \times 131{,}072 = 83{,}886{,}080$ B $= 0.0839$ GB, and:
+
+# %%
+gqa_naive = viz_memory.fill_reserve_to_max(BUDGET, 131_072, PROMPT + OUTPUT, KV_GQA)
+m = viz_memory.naive_measurement(gqa_naive, BUDGET)
+print(f"GQA-8, S_max = 131,072: slot {fmt_gb(m['slot_bytes'])}, {m['concurrency']} slots, "
+      f"utilization {fmt_pct(m['utilization'], 3)} (lecture: 0.39%)")
+
+# %% [markdown]
+# Now paging, with the real block allocator: a pool of 16-token blocks on the same budget, filled with
+# 640-token sequences until it refuses one.
+
+# %%
+pool = BlockAllocator(ledger.num_blocks(BUDGET, 16, KV_GQA), 16)
+paged_gqa = 0
+while pool.can_allocate(pool.blocks_needed(PROMPT + OUTPUT)):
+    pool.allocate(paged_gqa, PROMPT + OUTPUT)
+    paged_gqa += 1
+print(f"paged, GQA-8, b = 16: {pool.num_blocks:,} blocks of {16 * KV_GQA:,} B; {paged_gqa} sequences "
+      f"of 640 tokens; {pool.num_free_blocks} blocks left")
+viz.errata_note("Exercise 1")
+
+# %% [markdown]
+# ### Exercise 2.7 — what the marketing claim cost
+#
+# Set `brochure_cost` to the factor by which the 128K reservation divides GQA-8 concurrency: paged
+# (b = 16) over reserve-to-max at $S_{max} = 131{,}072$.
+
+# %%
+### BEGIN SOLUTION 2.7: set brochure_cost to paged concurrency / naive concurrency under GQA-8
+brochure_cost = ledger.paged_concurrency(BUDGET, PROMPT + OUTPUT, 16, KV_GQA) / ledger.naive_concurrency(
+    BUDGET, 131_072, KV_GQA)
+### END SOLUTION
+check("2.7", brochure_cost)
+
+# %% [markdown]
+# The claim cost about 248× in concurrency, and it cost it **for every request**, including the 99%
+# that never exceed 1,000 tokens. Under paging the claim is nearly free: $S_{max}$ stops being a
+# memory parameter and becomes a policy limit — which is why long-context serving and paged
+# allocation arrived together.
+#
+# ## 6. Internal and external fragmentation
+#
+# **Internal fragmentation** is space reserved inside a sequence's own allocation that the sequence
+# never fills: the 3,456 empty positions of each slot above — 84% of the budget, proportional to
+# $S_{max} - S_{actual}$.
+#
+# **External fragmentation** is free space *between* allocations, too small for the next request.
+# With uniform slots there is none — the one virtue of reserving to the maximum. The real allocator
+# shows it: retire a random third of the 29 sequences and every freed slot fits the next arrival.
+
+# %%
+rng = random.Random(0)
+for seq in rng.sample(range(admitted), admitted // 3):
+    alloc.free(seq)
+print(f"free positions {alloc.free_tokens:,} in holes of {sorted({s for _, s in alloc.holes()})} tokens")
+refilled = 0
+while alloc.fits(S_MAX):
+    alloc.allocate(f"new {refilled}", num_tokens=PROMPT)
+    refilled += 1
+print(f"admitted {refilled} new requests into the freed slots; free now {alloc.free_tokens:,} positions "
+      f"(less than one slot)")
+
+# %% [markdown]
+# *"Just set S_max per request."* Good instinct, wrong outcome — that is Exercise 2.
+#
+# ### Exercise 2 — per-request S_max
+#
+# Requests arrive declaring $S_{max} \in \{512, 4{,}096, 32{,}768\}$ in proportions 70/25/5. Each
+# reserves a slot of its own declared size.
+#
+# $$\overline{\text{slot}} = \sum_i p_i \, S_{max,i} \times \text{KV per token}, \qquad
+#   \bar B \approx \frac{\text{KV budget}}{\overline{\text{slot}}}$$
+#
+# Set `mean_slot_bytes` (Exercise 2.8) and `mean_seqs` (Exercise 2.9, budget over mean slot).
+
+# %%
+MIX = viz_memory.EXERCISE2_MIX  # ((512, 0.70), (4096, 0.25), (32768, 0.05))
+### BEGIN SOLUTION 2.8: set mean_slot_bytes to the share-weighted mean of the declared slots, in bytes
+mean_slot_bytes = sum(share * s_max * KV for s_max, share in MIX)
+### END SOLUTION
+check("2.8", mean_slot_bytes)
+
+# %%
+### BEGIN SOLUTION 2.9: set mean_seqs to BUDGET divided by the mean declared slot
+mean_seqs = BUDGET / sum(share * s_max * KV for s_max, share in MIX)
+### END SOLUTION
+check("2.9", mean_seqs)
+
+# %% [markdown]
+# About 39: better than 29, still far under paging's 186. Now the failure mode paging does not have.
+# A real first-fit `ContiguousAllocator` — variable-size slots in one address space, freed slots
+# merged with free neighbours, nothing ever moved — receives requests drawn from the mix. Whenever
+# it refuses one, a random 30% of residents finish and the request tries again. The run stops at the
+# first **medium (4,096-token) request refused while more than enough memory is free in total**:
+
+# %%
+run = viz_memory.run_until_fragmented(int(BUDGET // KV), MIX, kv_bytes_per_token=KV, seed=0, stop_sizes=[4096])
+run.allocator.check_invariants()
+ref = run.refusal
+print(f"after {run.arrivals} arrivals, {run.retirements} retirements and {run.earlier_refusals} earlier refusals "
+      f"({run.earlier_fragmented} of them already fragmentation), {run.allocator.num_seqs} residents:")
+print(f"  {ref}")
+print(f"  free {fmt_gb(ref.free_tokens * KV)} in {len(run.allocator.holes())} holes; largest "
+      f"{fmt_gb(ref.largest_hole_tokens * KV)}; the request needs {fmt_gb(ref.requested_tokens * KV)} in one piece")
+viz_memory.address_space_figure(run.allocator, ref).show()
+
+# %% [markdown]
+# Worse, a sequence still cannot grow past its own guess: the allocator has no way to extend a slot
+# that has neighbours.
+
+# %%
+small = ContiguousAllocator(4 * 4096, kv_bytes_per_token=KV)
+small.allocate("guessed 512", 512, num_tokens=PROMPT)
+small.allocate("neighbour", 4096)
+try:
+    small.append("guessed 512", OUTPUT)
+except ReservationExceeded as exc:
+    print(f"ReservationExceeded: {exc}")
+
+# %% [markdown]
+# Variable-size allocation turns a *quantity* problem into a *placement* problem; fixed-size blocks
+# are how every allocator since 1962 refused that trade.
+#
+# ### Exercises 2.10 and 2.11 — which waste does paging remove?
+#
+# Paging cuts the cache into fixed-size blocks and gives each sequence a table of them (lab 03). Set
+# `eliminated` to the fragmentation paging eliminates and `bounded` to the one it only bounds
+# (`"internal"` or `"external"`).
+
+# %%
+### BEGIN SOLUTION 2.10: set eliminated to "internal" or "external"
+eliminated = "external"
+### END SOLUTION
+check("2.10", eliminated)
+
+# %%
+### BEGIN SOLUTION 2.11: set bounded to "internal" or "external"
+bounded = "internal"
+### END SOLUTION
+check("2.11", bounded)
+
+# %% [markdown]
+# ## 7. The measurement that started it: the vLLM paper's Fig. 2, on a real trace
+#
+# The paper's contribution was *a measurement first and a mechanism second*: it averaged, over a
+# loaded run, how much of the KV cache held token states under its Orca baselines and under paging —
+# **20.4% (Orca Max), 26.8% (Pow2), 38.2% (Oracle), 96.3% (vLLM)**. The Orca baselines reserve:
+#
+# * **Max** — $S_{max}$ for every request (this lab's allocator);
+# * **Pow2** — the prompt plus the true output length rounded up to a power of two;
+# * **Oracle** — exactly prompt + output (a perfect length predictor).
+#
+# We replay the first 1,000 requests of the **Azure LLM Inference 2023 conversation trace**
+# (Patel et al., ISCA 2024) through each real allocator on the lecture's 62.52 GB pool
+# (`allocators.fig2_breakdown`: every request waiting from the start, iteration-level admission,
+# samples taken while memory is the bottleneck). Max is run at two context windows: 8,192 (the
+# smallest power of two holding these 1,000 requests) and 16,384 (what the whole trace needs).
+
+# %%
+trace = workloads.load_azure("conv")
+stats = trace.summary()
+print(f"{trace.name} ({'SYNTHETIC stand-in' if trace.synthetic else 'real trace'}): {stats['count']:,} requests; "
+      f"prompt median {stats['prompt_median']:,.0f}, output median {stats['output_median']:,.0f} tokens")
+head = trace.head(1000)
+pairs = head.as_pairs()
+capacity = int(BUDGET // KV)
+breakdowns = fig2_breakdown(pairs, capacity, s_max=8192)
+max16k = simulate_breakdown(pairs, capacity, "max", s_max=16_384)
+for b in breakdowns.values():
+    print(b.row())
+print(max16k.row().replace("max    ", "max 16K"))
+
+# %%
+shown = {"max": breakdowns["max"], "max 16K": max16k, **{k: breakdowns[k] for k in ("pow2", "oracle", "paged")}}
+fig = viz_memory.fig2_figure(shown, labels={"max 16K": "Orca (Max), 16K"},
+                             title="Azure conversation trace, lecture's H100 pool")
+fig.show()
+
+# %%
+prompt_total = sum(p for p, _ in pairs)
+output_total = sum(o for _, o in pairs)
+print(f"first 1,000 requests: mean prompt {prompt_total / len(pairs):,.0f}, mean output {output_total / len(pairs):,.0f} "
+      f"tokens; outputs are {fmt_pct(output_total / (prompt_total + output_total), 1)} of all tokens")
+for key in ("max", "pow2", "oracle", "paged"):
+    print(f"{viz_memory.POLICY_LABELS[key]:>14}: token states {fmt_pct(breakdowns[key].token_states, 1)} here, "
+          f"{fmt_pct(viz_memory.PAPER_FIG2_TOKEN_STATES[key], 1)} in the paper")
+
+# %% [markdown]
+# Read it as a measurement, not a benchmark to match:
+#
+# * **Max** wastes most of the pool, and how much depends on the limit you picked, not on the
+#   requests: doubling the context window roughly halves its token-state share.
+# * **Pow2 and Oracle** come out much better on this trace than in the paper. Reservation can only
+#   waste the not-yet-generated part of a request, and on Azure conversations outputs are a small
+#   share of all tokens (printed above); a workload with longer outputs relative to prompts leaves
+#   more reserved-but-unfilled memory. Both still lose a large slice to **external fragmentation** —
+#   holes between variable-size slots, Exercise 2's failure, measured.
+# * **Paged** holds tokens in nearly all of the pool. The rest is the 1% of blocks vLLM keeps free as
+#   a watermark (§10.5) and the last-block slots sequences are about to fill; tails are bounded, as
+#   2.11 says, and no free block is ever the wrong size.
+
+# %% [markdown]
+# ## Self-check
+#
+# 1. Raise $S_{max}$ from 4,096 to 32,768 with the same workload. Which fragmentation grows, and why
+#    does the number of sequences fall by more than 8×?
+# 2. *"Allocate lazily and realloc when it grows."* Price one realloc of a 4K MHA slot: a copy reads and
+#    writes 2.147 GB at 3,350 GB/s. How many decode steps of the 29-sequence batch is that?
+# 3. Per-request $S_{max}$ raises mean concurrency to about 39. Name two ways it still fails.
+# 4. Which waste does paging eliminate, which does it bound, and which — the space for tokens not yet
+#    emitted — can no allocator remove?
+#
+# <details><summary>Answers</summary>
+#
+# 1. Internal fragmentation: it is proportional to $S_{max} - S_{actual}$. The slot grows 8×, and the
+#    whole slots that fit fall from 29 to 3 (the floor loses the remainder), so utilization falls from
+#    15.56% to 1.61%.
+# 2. $2 \times 2.147\ \text{GB} / 3{,}350\ \text{GB/s} = 1.28$ ms — about a fifth of a 6.93 ms step,
+#    *per sequence that grows*, while 28 others wait; and it needs a free 2× slot to copy into, which
+#    is exactly what a full card does not have.
+# 3. External fragmentation (a request refused with gigabytes free, as the run above showed), and
+#    sequences still cannot grow past their declared guess (truncate the under-guessers, waste memory
+#    on the over-guessers).
+# 4. Paging eliminates external fragmentation, bounds internal fragmentation to less than one block per
+#    sequence, and does not touch the third waste: a sequence that will emit 128 tokens needs space for
+#    127 it has not emitted yet. Paging makes that space available to whoever needs it *now* — and can
+#    promise it twice, which is §10.5's problem.
+#
+# </details>
+#
+# Next: **Lab 03 — PagedAttention's block table.**
