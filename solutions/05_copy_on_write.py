@@ -1,0 +1,491 @@
+# %% [markdown]
+# # Lab 05 — Copy-on-write: n completions for the price of one prompt (§10.4)
+#
+# Paging was motivated by capacity, but the part that reshapes the rest of the semester is that a
+# sequence's KV is now a **list of references to blocks** rather than an owned array — so two
+# sequences can name the same block. Reference-count the blocks, copy one only when someone is about
+# to write into it while others still read it, and you have **copy-on-write for KV**.
+#
+# This lab runs that mechanism for real: the tiny transformer samples eight completions off one
+# prompt through the paged cache, and every number below is read off the allocator's reference
+# counts and block counts, then compared with the closed form.
+#
+# **Learning objectives served** (the lecture's numbering)
+#
+# * **Objective 5** — explain copy-on-write sharing for parallel sampling, and compute the sharing
+#   factor for a fan-out of n completions off a common prompt.
+# * **Objective 4**, revisited — what a block table makes possible beyond capacity.
+# * A preview of the prefix-cache lecture (Nov 9): the same mechanism across requests, measured on a
+#   real trace.
+#
+# Timing in the lecture: minutes 36–46. Here: about 30 minutes.
+
+# %%
+import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
+
+import torch
+
+from labsupport import ledger, viz, viz_sharing
+from labsupport.checkoff import check
+from labsupport.engine import Engine, SamplingParams, sample_token
+from labsupport.kvcache import PagedKVCache
+from labsupport.model import load_tiny_model
+from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, MiB
+from labsupport.units import fmt_gb
+from labsupport.workloads import load_mooncake
+
+# The tiny model's matrices are far too small to gain from several threads, and on a shared
+# machine extra threads only wait for each other: one thread is fastest and reproducible.
+torch.set_num_threads(1)
+model, tok, trained = load_tiny_model()
+cfg = model.cfg
+print(f"tiny model: {cfg.num_layers} layers, {cfg.num_heads} query heads, {cfg.num_kv_heads} KV heads × "
+      f"{cfg.head_dim}, {cfg.num_params:,} parameters, {'trained on the lecture' if trained else 'RANDOM weights'}")
+print(f"KV per token: 2 × {cfg.num_layers} × {cfg.num_kv_heads} × {cfg.head_dim} × 4 B (fp32) = "
+      f"{model.spec().kv_bytes_per_token:,} B")
+
+# %% [markdown]
+# ## 1. One prompt, eight branches: the board
+#
+# Prefill one prompt into a real `PagedKVCache`, then **fork** it seven times. A fork copies no
+# tensor at all: the child gets a copy of the parent's *block table*, and every block it names gets
+# one more reference. The prompt below is 41 characters — 41 tokens for the character-level model —
+# so at block size 16 it fills two blocks and 9 slots of a third.
+
+# %%
+BLOCK = 16
+N_BRANCHES = 8
+prompt_text = "Copy-on-write: one prompt, eight branches"
+prompt_ids = tok.encode(prompt_text)
+cache = PagedKVCache(32, BLOCK, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+first_logits = model.forward_paged(cache, prefills=[(0, prompt_ids)])  # one prefill, for branch 0
+for branch in range(1, N_BRANCHES):
+    cache.fork(0, branch)  # a table copy and a reference each: no K/V moves
+alloc = cache.allocator
+print(f"{len(prompt_ids)} prompt tokens → block table {alloc.table(0)}; every branch names the same blocks")
+print("ref counts:", {b: alloc.ref_count(b) for b in alloc.table(0)}, "| blocks in use:", alloc.num_used_blocks)
+viz_sharing.refcount_board_figure(alloc, range(N_BRANCHES), title="One prompt's blocks, eight arrows each: refcount 8").show()
+
+# %% [markdown]
+# Now **one branch writes a token**. Its next token belongs in slot 9 of block 2 — a block seven other
+# branches still read. Writing in place would change their history, so the allocator takes a fresh
+# block, the cache copies the shared block into it (the 9 prompt tokens come along), and the branch's
+# table now names the copy. Block 2 drops to refcount 7; the copy has refcount 1.
+
+# %%
+writer = 3
+before = alloc.table(writer)
+token = sample_token(first_logits[0], SamplingParams(temperature=0.8), seed=7, branch=writer, position=0)
+model.forward_paged(cache, decodes=[(writer, token)])  # one decode step for branch 3 alone
+after = alloc.table(writer)
+src, dst = before[-1], after[-1]
+print(f"branch {writer}: table {before} → {after}; block {src} ref {alloc.ref_count(src)}, block {dst} ref {alloc.ref_count(dst)}")
+same = all(torch.equal(pool[dst, :9], pool[src, :9]) for pool in (*cache.k_cache, *cache.v_cache))
+print(f"the copy holds the same 9 prompt tokens' K and V, bit for bit: {same}")
+viz_sharing.refcount_board_figure(alloc, range(N_BRANCHES), highlight={src, dst},
+                                  title="One branch wrote a token: new block, refcount 7 + 1").show()
+
+# %% [markdown]
+# Two things to notice. The **full** blocks 0 and 1 were not touched: nobody ever writes into a full
+# block again, so they stay shared for as long as the branches live. And only the writer paid: the
+# other seven branches did not copy anything, and will not until they write.
+#
+# ### Exercise 5.1 — the copy-on-write append
+#
+# Write the piece of the allocator that does this. `cow_append` reserves the slot for one more token
+# of sequence `seq`, working on plain Python structures:
+#
+# * `tables[seq]` — the sequence's block table (a list of block ids), edited in place;
+# * `seq_lens[seq]` — how many tokens it holds;
+# * `ref_counts[b]` — how many table entries name block `b` (0 for a free block);
+# * `free_blocks` — a list of free block ids; take one with `free_blocks.pop(0)`.
+#
+# Return `(slot, cow)`: `slot = block_id * block_size + offset` for the new token, and `cow` either
+# `None` or `(src, dst)`, the block to copy from and the block to copy into (the cache does the
+# tensor copy). **Copy only when you must.** The checkoff replays fork/append/free histories through
+# your function and the real `BlockAllocator` side by side and compares every table and count.
+
+# %%
+def cow_append(seq, tables, seq_lens, ref_counts, free_blocks, block_size):
+    """Reserve the slot of one more token of `seq`; copy-on-write its last block if it is shared."""
+    ### BEGIN SOLUTION 5.1: reserve the new token's slot, copying the last block only when you must; return (slot, cow)
+    table = tables[seq]
+    n = seq_lens[seq]
+    offset = n % block_size
+    cow = None
+    if offset == 0:  # the last block is full (or there is none): the token starts a new block
+        block = free_blocks.pop(0)
+        ref_counts[block] = 1
+        table.append(block)
+    else:
+        block = table[-1]
+        if ref_counts[block] > 1:  # someone else still reads this block: copy before writing
+            new = free_blocks.pop(0)
+            ref_counts[new] = 1
+            ref_counts[block] -= 1
+            table[-1] = new
+            cow = (block, new)
+            block = new
+    seq_lens[seq] = n + 1
+    return block * block_size + offset, cow
+    ### END SOLUTION
+
+
+check("5.1", cow_append)
+
+# %% [markdown]
+# Your function on the board's situation — eight holders of a 41-token prompt, branch 3 writes:
+
+# %%
+tables = {b: [0, 1, 2] for b in range(N_BRANCHES)}
+seq_lens = {b: len(prompt_ids) for b in range(N_BRANCHES)}
+ref_counts = [N_BRANCHES] * 3 + [0] * 29
+free_blocks = list(range(3, 32))
+print("append to branch 3 →", cow_append(writer, tables, seq_lens, ref_counts, free_blocks, BLOCK),
+      "| ref counts", ref_counts[:4])
+print("append to branch 3 again →", cow_append(writer, tables, seq_lens, ref_counts, free_blocks, BLOCK),
+      "(its block is private now: no copy)")
+
+# %% [markdown]
+# ## 2. Parallel sampling through the engine
+#
+# The engine does all of this for a request with `n > 1`: it prefills the prompt **once**, forks it
+# into n branches, and each branch samples its own continuation (each draws its own random numbers,
+# seeded by request, branch and position). Eight completions of the opening of §10.4:
+
+# %%
+fanout_prompt = tok.encode(
+    "Capacity was the motivation; sharing is the part that reshapes the rest of the semester. Once a "
+    "sequence's KV is a list of references to blocks rather than an owned array, two sequences can "
+    "name the same block. Reference-count it, and copy only on divergence, and you have ", errors="replace")
+NEW_TOKENS = 48
+engine = Engine(model, num_blocks=256, block_size=BLOCK)
+rid = engine.add_request(fanout_prompt, max_new_tokens=NEW_TOKENS, n=N_BRANCHES,
+                         sampling=SamplingParams(temperature=0.8, seed=2026))
+result = engine.run()
+for branch, out in enumerate(result.requests[rid].outputs):
+    print(f"branch {branch}: …{tok.decode(out)!r}")
+
+# %% [markdown]
+# How many blocks did that take? The engine records the blocks in use after every step. A branch
+# caches its prompt plus every output token but the last (the last one is emitted, never attended
+# to), so each branch holds $P + O - 1$ tokens at its peak. Compare the engine's peak with both ways
+# of counting on the allocator (`viz_sharing.measure_fanout` replays the fan-out on two real
+# allocators, forked and unshared) and with the ledger's block formula:
+
+# %%
+P, O = len(fanout_prompt), NEW_TOKENS - 1
+measured = viz_sharing.measure_fanout(N_BRANCHES, P, O, BLOCK)
+closed = ledger.fanout_blocks(N_BRANCHES, P, O, BLOCK)
+block_bytes = BLOCK * model.spec().kv_bytes_per_token
+print(f"prompt {P} tokens, {O} cached output tokens per branch, block size {BLOCK}")
+print(f"engine peak blocks:           {result.counters.peak_blocks}")
+print(f"allocator, forked:            {measured.shared_blocks} blocks ({measured.cow_copies} copy-on-write copies)")
+print(f"allocator, unshared:          {measured.unshared_blocks} blocks")
+print(f"ledger.fanout_blocks:         {closed[1]} shared, {closed[0]} unshared")
+print(f"at the tiny model's size:     {measured.shared_blocks * block_bytes / MiB:.2f} MiB shared vs "
+      f"{measured.unshared_blocks * block_bytes / MiB:.2f} MiB unshared — {measured.factor:.3f}× "
+      f"(blocks of {BLOCK} tokens × {model.spec().kv_bytes_per_token:,} B = {block_bytes:,} B)")
+assert result.counters.peak_blocks == measured.shared_blocks == closed[1]
+
+# %% [markdown]
+# ## 3. The sharing factor
+#
+# n completions of $O$ tokens off a $P$-token prompt hold, in tokens,
+#
+# $$\text{unshared} = n\,(P + O), \qquad \text{shared} = P + n\,O, \qquad
+# \text{factor} = \frac{n\,(P+O)}{P + n\,O}.$$
+#
+# The lecture's case, n = 8 off a 4,096-token prompt with 256-token completions:
+# $8 \times 4{,}352 = 34{,}816$ tokens against $4{,}096 + 8 \times 256 = 6{,}144$, a factor of
+# $34{,}816 / 6{,}144 = 5.667$ — printed **5.7×**. In blocks of 16, both lengths are whole blocks, so the
+# allocator agrees exactly: 2,176 against 384 blocks.
+
+# %%
+for n, p, o in ((8, 4096, 256), (16, 8192, 512)):
+    unshared_tok, shared_tok = ledger.fanout_tokens(n, p, o)
+    m = viz_sharing.measure_fanout(n, p, o, 16)
+    kv_block = 16 * LECTURE_7B.kv_bytes_per_token
+    print(f"n = {n} off {p:,}, {o} each: tokens {unshared_tok:,} → {shared_tok:,} = {unshared_tok / shared_tok:.4f}×; "
+          f"allocator blocks {m.unshared_blocks:,} → {m.shared_blocks:,} = {m.factor:.4f}×; "
+          f"{fmt_gb(m.unshared_blocks * kv_block, 2)} → {fmt_gb(m.shared_blocks * kv_block, 2)}")
+
+# %% [markdown]
+# The second line is the lecture's other row: **n = 16 off 8K, 73.0 GB → 8.6 GB**, and the unshared
+# fan-out does not fit in the 62.52 GB budget at all. Push both into the real allocator with the
+# lecture's pool — 7,452 blocks of 16 tokens of 512 KiB each:
+
+# %%
+pool_blocks = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU), 16, LECTURE_7B.kv_bytes_per_token)
+for share in (False, True):
+    run = viz_sharing.fanout_in_pool(16, 8192, 512, 16, pool_blocks, share=share)
+    what = "shared  " if share else "unshared"
+    outcome = "fits" if run.fits else f"REFUSED — {run.refusal}"
+    print(f"{what}: {run.branches_admitted} of 16 branches admitted, {run.used_blocks:,} of {pool_blocks:,} blocks "
+          f"in use: {outcome}")
+
+# %% [markdown]
+# The board's version of the lecture prints "17.9 GB against 3.2 GB" for the n = 8 case; the exact
+# bytes are 18.25 GB against 3.22 GB:
+
+# %%
+viz.errata_note("Unshared fan-out")
+
+# %% [markdown]
+# ### Exercise 5.2 — the fan-out in blocks
+#
+# The token formula ignores blocks. The allocator does not: the prompt's **full** blocks are shared
+# for ever, but a partly filled last prompt block is written into by every branch's first token. Write
+# `fanout_blocks(n, prompt, output, block_size)` returning `(unshared_blocks, shared_blocks)` — the
+# blocks in use once each of the n branches holds `prompt + output` tokens, without and with sharing.
+# The checkoff compares with the real allocator on twelve cases, including prompts that end mid-block.
+
+# %%
+def fanout_blocks(n, prompt, output, block_size):
+    """(unshared, shared) blocks held by n branches of prompt + output tokens each."""
+    ### BEGIN SOLUTION 5.2: return (unshared_blocks, shared_blocks) for n branches of prompt + output tokens
+    per_branch = -(-(prompt + output) // block_size)  # ceil
+    full_prompt = prompt // block_size  # shared for ever
+    return n * per_branch, full_prompt + n * (per_branch - full_prompt)
+    ### END SOLUTION
+
+
+check("5.2", fanout_blocks)
+
+# %% [markdown]
+# Now move the sliders. Before you do, predict: which control moves the factor most? What happens as
+# n grows without bound (the factor tends to $(P+O)/O$)? Why does GQA-8 not change the factor, only
+# whether the unshared bar fits?
+
+# %%
+viz_sharing.fanout_panel()
+
+# %% [markdown]
+# ## 4. Block size × fork cost
+#
+# §10.3 said block size trades tail waste against the kernel's contiguous run. Sharing adds a third
+# term: **copy-on-write duplicates a whole block on a single divergent token**. When n branches each
+# write their first token into a shared, partly filled tail, the first n − 1 writers each copy it;
+# the last finds refcount 1 and writes in place. Averaged over prompt lengths (every tail fill equally
+# likely), one divergence copies $(n-1)\,(b-1)/b$ blocks of $b$ tokens, of which on average
+# $(b-1)/2$ slots hold prompt tokens — the rest is the empty end of the block, copied anyway.
+#
+# The allocator's copy-on-write events, counted at each block size (n = 8, prompts of 4,096 … 4,096 + b − 1
+# tokens), priced at the lecture's 512 KiB per token:
+
+# %%
+costs = [viz_sharing.measure_fork_cost(b, n=8) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+kv = LECTURE_7B.kv_bytes_per_token
+for c in costs:
+    print(f"b = {c.block_size:>3}: {c.copies:5.3f} copies per divergence, "
+          f"{c.copied_bytes(kv) / 1e6:8.1f} MB copied, of which {c.filled_bytes(kv) / 1e6:7.1f} MB prompt tokens")
+viz_sharing.fork_cost_figure(costs, kv, "MB", title="Fork cost grows with the block (lecture's 7B, n = 8)").show()
+
+# %% [markdown]
+# Exercise 3 of the lecture says $b = 256$ "makes a fan-out of 8 copy 8 × 64 MB = 512 MB". The
+# allocator disagrees in three small ways, all visible above: only **7** copies happen (the last
+# branch writes in place), a copy moves the **whole** 256-token block (7 × 256 × 512 KiB = 939.5 MB
+# when the tail is partly filled; 935.9 MB on average over tail fills), and the prompt tokens inside
+# those blocks average $(b-1)/2 = 127.5$, not 128, tokens: 7 × 127.5 × 512 KiB = 467.9 MB. The printed
+# "64 MB" is 128 tokens × 512 KiB = 64 MiB (67.1 MB), so its 512 MB is really 512 MiB = 536.9 MB: the
+# filled half of eight copies.
+#
+# On this machine, with the tiny model's real tensors, the copy is a real `index_copy_` per layer.
+# Timings vary from run to run; the trend is what to read:
+
+# %% tags=["nbval-ignore-output"]
+import time
+
+def time_divergence(block_size, n=8, prompt=1001, repeats=20):
+    """Mean seconds for one decode-slot reservation of n forked branches (copies included)."""
+    total = 0.0
+    for _ in range(repeats):
+        c = PagedKVCache(-(-prompt // block_size) + n, block_size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        c.prepare_prefill(0, prompt)
+        for b in range(1, n):
+            c.fork(0, b)
+        t = time.perf_counter()
+        c.prepare_decode(list(range(n)))
+        total += time.perf_counter() - t
+    return total / repeats
+
+for b in (1, 16, 256):
+    print(f"b = {b:>3}: {1e6 * time_divergence(b):8.1f} µs per divergence of 8 branches (tiny model, this machine)")
+
+# %% [markdown]
+# ### Exercise 5.3 — reference counts after a divergence
+#
+# Eight branches share a 100-token prompt at block size 16 (six full blocks and one holding 4 tokens).
+# **Five** of them — branches 0 to 4 — each write one token. Give
+#
+# * `refcounts`: the ref_count of every block in use at that moment (any order), and
+# * `copies`: how many block copies copy-on-write will have made once **all eight** have written one
+#   token each.
+#
+# Work it out on paper first; the board above is the picture.
+
+# %%
+### BEGIN SOLUTION 5.3: set refcounts (every in-use block's ref_count after branches 0-4 write) and copies (after all 8 write)
+refcounts = [8] * 6 + [3] + [1] * 5
+copies = 7
+### END SOLUTION
+check("5.3", {"refcounts": refcounts, "copies": copies})
+
+# %% [markdown]
+# ## 5. Sharing is exact: the tokens do not change
+#
+# Blocks are shared because the tokens are identical, so their keys and values are identical: no
+# output changes. Check it the direct way. Sample eight branches twice — once off a single prefill
+# forked eight ways, once with eight private prefills of the same prompt (each its own forward pass,
+# so the arithmetic is the same shape) — with the same random numbers per branch and position:
+
+# %%
+def sample_branches(prompt, n, steps, share, temperature=0.8, seed=11):
+    """n sampled continuations off `prompt`, prefilling it once (forked) or once per branch."""
+    c = PagedKVCache(64, BLOCK, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+    params = SamplingParams(temperature=temperature)
+    if share:
+        rows = [model.forward_paged(c, prefills=[(0, prompt)])[0]] * n
+        for b in range(1, n):
+            c.fork(0, b)
+    else:
+        rows = [model.forward_paged(c, prefills=[(b, prompt)])[0] for b in range(n)]
+    tokens = [[sample_token(rows[b], params, seed, b, 0)] for b in range(n)]
+    logits = [rows]
+    for pos in range(1, steps):
+        out = model.forward_paged(c, decodes=[(b, tokens[b][-1]) for b in range(n)])
+        logits.append(list(out))
+        for b in range(n):
+            tokens[b].append(sample_token(out[b], params, seed, b, pos))
+    kv = [c.gather(b) for b in range(n)]
+    return tokens, logits, kv, c.allocator.num_used_blocks
+
+shared_run = sample_branches(prompt_ids, N_BRANCHES, 24, share=True)
+private_run = sample_branches(prompt_ids, N_BRANCHES, 24, share=False)
+same_tokens = shared_run[0] == private_run[0]
+same_logits = all(torch.equal(a, b) for sa, sb in zip(shared_run[1], private_run[1]) for a, b in zip(sa, sb))
+same_kv = all(torch.equal(ka, kb) and torch.equal(va, vb)
+              for (ka, va), (kb, vb) in zip(shared_run[2], private_run[2]))
+print(f"token ids identical: {same_tokens}; logits bit-identical: {same_logits}; every branch's K/V bit-identical: {same_kv}")
+print(f"blocks in use: {shared_run[3]} shared vs {private_run[3]} private")
+for b in range(3):
+    print(f"branch {b}: {tok.decode(shared_run[0][b])!r}")
+
+# %% [markdown]
+# ## 6. Does anything in this mechanism know the branches came from the same request?
+#
+# No. The allocator shares a block because its *content* is the same — nothing in the block table
+# says "request". Two requests from two users that begin with the same system prompt could share
+# those blocks just as soundly. That is the prefix cache of the Nov 9 lecture, and the block
+# allocator already carries its index: a full block is entered under a hash **chained** with the hash
+# of the block before it (the same tokens after a different prefix have different keys and values),
+# and a later allocation that starts with the same tokens reuses the blocks.
+#
+# How much would it save on real traffic? The Mooncake FAST'25 **conversation** trace is an hour of
+# production requests; each prompt is described by `hash_ids`, one id per 512-token block, equal ids
+# meaning equal content *and* equal prefix. We replay every request's blocks, in arrival order,
+# through a prefix-caching `BlockAllocator` (one allocator block per 512-token trace block, the hash
+# id as its content), with a pool large enough that nothing is ever evicted:
+
+# %%
+trace = load_mooncake("conversation")
+summary = trace.summary()
+print(f"{trace.name} ({'SYNTHETIC stand-in: the real file is missing' if trace.synthetic else 'real trace'}): "
+      f"{summary['count']:,} requests over {summary['duration_s']:,.0f} s; prompt median {summary['prompt_median']:,.0f} "
+      f"/ p99 {summary['prompt_p99']:,.0f} tokens")
+replay = viz_sharing.replay_prefix_cache(trace)
+print(f"prompt blocks requested: {replay.requested_blocks:,}; served by the prefix index: {replay.hit_blocks:,} "
+      f"= {100 * replay.hit_rate:.2f}%; allocated: {replay.allocated_blocks:,}")
+saved_tokens = replay.hit_blocks * replay.block_tokens
+saved_flops = 2 * LECTURE_7B.num_params * saved_tokens  # the weights' FLOPs alone
+print(f"prefill not redone: {saved_tokens:,} tokens ≈ {saved_flops / 1e18:.2f} EFLOP of the lecture's 7B, "
+      f"{saved_flops / (0.5 * LECTURE_GPU.peak_flops) / 3600:.2f} H100-hours at 50% of peak, over a one-hour trace")
+viz_sharing.prefix_sharing_figure(replay, title="Mooncake conversation trace: blocks a prefix index serves").show()
+
+# %% [markdown]
+# The trace's documentation (`../shared/traces/SOURCES.md`) states that with an unbounded cache
+# **36.6%** of requested blocks hit an already-seen prefix; the allocator's index reproduces it.
+#
+# An unbounded index is the best case. A 512-token block of the lecture's 7B is 512 × 512 KiB =
+# 268 MB of KV, so one H100's whole 62.52 GB budget holds only 232 of them — and it is also where the
+# running sequences live. The allocator keeps freed indexed blocks until the pool needs them (least
+# recently freed first). Give the index the KV budget of one H100, of a host's DRAM (ten times that)
+# and of an SSD (a hundred times), and watch the hit rate (first 3,000 requests, to keep this quick).
+# That is the trade in Mooncake's title — *more storage for less computation* — and the Nov 9 lecture.
+
+# %%
+block_bytes_7b = 512 * LECTURE_7B.kv_bytes_per_token
+h100_blocks = int(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU) // block_bytes_7b)
+head = trace.head(3000)
+tiers = {"one H100's KV budget": h100_blocks, "× 10 (a host's DRAM)": 10 * h100_blocks,
+         "× 100 (an SSD)": 100 * h100_blocks}
+bounded = [viz_sharing.replay_prefix_cache(head, num_blocks=cap) for cap in tiers.values()]
+head_unbounded = viz_sharing.replay_prefix_cache(head)
+for name, r in zip(tiers, bounded):
+    print(f"{name:>22}: {r.num_blocks:>6,} blocks = {r.num_blocks * block_bytes_7b / GB:7.1f} GB → {100 * r.hit_rate:5.2f}% hit")
+print(f"{'unbounded':>22}: {100 * head_unbounded.hit_rate:5.2f}% hit")
+viz_sharing.prefix_capacity_figure(bounded, head_unbounded).show()
+
+# %% [markdown]
+# ### Exercise 5.4 — count the prefix hits yourself
+#
+# Reproduce the 36.6% without the allocator. Write `prefix_hit_blocks(requests)`: `requests` is a list
+# of requests in arrival order, each a list of block ids; return how many blocks an unbounded prefix
+# index would serve. A block counts only if the request's **whole prefix** up to and including it was
+# seen before — an id seen after a *different* prefix is a different block. Keep it linear in the
+# number of blocks (chain a hash rather than storing whole prefixes). The checkoff compares with the
+# allocator's index on small tricky lists and on the first 2,000 requests of the trace.
+
+# %%
+def prefix_hit_blocks(requests):
+    """Blocks an unbounded prefix index would serve, replaying `requests` (lists of block ids) in order."""
+    ### BEGIN SOLUTION 5.4: return the number of leading blocks whose whole prefix was seen before
+    seen = set()
+    hits = 0
+    for ids in requests:
+        key = None
+        leading = True
+        for block_id in ids:
+            key = hash((key, block_id))  # the prefix ending here, chained: O(1) per block
+            if leading and key in seen:
+                hits += 1
+            else:
+                leading = False
+            seen.add(key)
+    return hits
+    ### END SOLUTION
+
+
+check("5.4", prefix_hit_blocks)
+
+# %%
+mine = prefix_hit_blocks([list(r.hash_ids) for r in trace])
+print(f"your count on the whole trace: {mine:,} of {replay.requested_blocks:,} blocks = "
+      f"{100 * mine / replay.requested_blocks:.2f}% (the allocator's index: {replay.hit_blocks:,})")
+
+# %% [markdown]
+# ## Self-check
+#
+# 1. A fork of a 4,096-token sequence at block size 16: how many bytes of K/V does it copy?
+# 2. Eight branches each write one token into a shared, half-full tail block. How many copies, and
+#    what is the original block's refcount afterwards?
+# 3. Why is the sharing factor for n = 8 off 4K 5.67 and not 8?
+# 4. Raising the block size from 16 to 256 barely changes the 5.67× — so what does it cost a fan-out?
+# 5. Does prefix sharing across requests change any request's output tokens? Why not?
+#
+# <details><summary>Answers</summary>
+#
+# 1. None. A fork copies the block table (256 entries) and bumps 256 reference counts; K/V is copied
+#    later, one block at a time, only when a branch writes into a block others still name.
+# 2. Seven copies; the eighth branch finds refcount 1 and writes in place, so the original ends with
+#    refcount 1 (held by that last branch).
+# 3. Only the prompt is shared; each branch's 256 output tokens are its own. 34,816 / 6,144 = 5.67,
+#    tending to (P + O)/O = 17 as n grows.
+# 4. Each divergence copies whole blocks: up to (n − 1) × 256 × 512 KiB ≈ 940 MB instead of ≈ 59 MB at
+#    b = 16, and the tail waste of every sequence grows too.
+# 5. No: a block is shared only when its content — the same tokens after the same prefix — is
+#    identical, so its K and V are identical; the outputs are bit-for-bit the same (section 5).
+#
+# </details>
+#
+# Next: **Lab 06 — the engine loop, admission, and the two ways to break a promise.**

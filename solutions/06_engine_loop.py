@@ -1,0 +1,508 @@
+# %% [markdown]
+# # Lab 06 — The engine loop, admission, and the two ways to break a promise (§10.5, Exercise 4)
+#
+# An engine admits a sequence knowing its prompt and not its output length, hands out blocks on
+# demand, and can therefore be fully admitted and still run out when the resident sequences keep
+# going. This lab runs the loop for real on the tiny model and watches it stream; overloads it with a
+# real trace to see the watermark trade refusals for preemptions; derives the lecture's **67 ms swap
+# against 129 ms recompute** live; and then measures *your* machine to find your own break-even.
+#
+# **Learning objectives served** (the lecture's numbering)
+#
+# * **Objective 6** — derive the swap-versus-recompute threshold for a preempted sequence from its KV
+#   bytes, a link bandwidth and its recompute cost, and say why that threshold is a property of the
+#   model and the machine rather than of the request.
+# * **Objective 1**, continued — the five jobs become a loop of six verbs.
+# * Groundwork for **objective 7** (lab 07): queueing is what refusing a request costs.
+#
+# Timing in the lecture: minutes 46–58. Here: about 40 minutes.
+
+# %%
+import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
+
+import time
+
+import torch
+
+from labsupport import ledger, viz, viz_engine
+from labsupport.checkoff import check
+from labsupport.costmodel import CostModel
+from labsupport.engine import Engine, SamplingParams
+from labsupport.model import load_tiny_model
+from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LECTURE_MFU
+from labsupport.workloads import load_azure
+
+# The tiny model's matrices are far too small to gain from several threads, and on a shared
+# machine extra threads only wait for each other: one thread is fastest and reproducible.
+torch.set_num_threads(1)
+model, tok, trained = load_tiny_model()
+H100 = LECTURE_GPU
+# Prompts for the tiny model, from §10.5 itself (the model was trained on the lecture, so it continues them).
+LECTURE_TEXT = (
+    "Assemble the pieces into the loop an engine actually runs. Every iteration: pick the set of sequences "
+    "to run, allocate any blocks they need to grow, run one forward pass, append the emitted tokens, retire "
+    "anyone who finished, and admit new arrivals into the freed space. The batch is re-chosen every "
+    "iteration, not every request. A finished sequence leaves at the end of the step that finished it, and "
+    "its blocks are available to the next arrival immediately, rather than when the slowest member of some "
+    "fixed batch completes. Paging is what makes this cheap: adding and removing a sequence is editing a "
+    "table, not repacking a tensor. Admission is a promise the engine can be forced to break. The engine "
+    "admits a sequence knowing its prompt length and not its output length. Blocks are handed out on "
+    "demand, so a card can be fully admitted and still run out when the resident sequences all decide to "
+    "keep going. Something has to give, and the engine has exactly three moves: refuse new arrivals, "
+    "preempt a resident sequence, or crash. Real engines do the first two and reserve a watermark of free "
+    "blocks so that the second is rare. Preemption is the interesting one, because it has two "
+    "implementations and choosing between them is an arithmetic problem you can do from Lecture 2's "
+    "numbers alone. Evict a sequence's KV and you must either swap it to host memory and bring it back, or "
+    "discard it and recompute the prefill when the sequence is rescheduled.")
+print(f"tiny model: {model.cfg.num_params:,} parameters, {'trained on the lecture' if trained else 'RANDOM weights'}; "
+      f"lecture model: {LECTURE_7B.name} on {H100.name}")
+
+# %% [markdown]
+# ## 1. The loop as six verbs
+#
+# §10.5 assembles the pieces into the loop an engine runs **every iteration**:
+#
+# | verb | what `labsupport.engine.Engine.step()` does |
+# |---|---|
+# | **pick** | the batch is re-chosen: every resident sequence, oldest first |
+# | **allocate** | each reserves the slot of its next token (a new block when its last is full; a copy if shared); if the pool runs dry, **preempt** the newest |
+# | **admit** | waiting arrivals join, first come first served, while the free blocks stay above the **watermark** |
+# | **run** | one forward pass: prefills of the admitted, one decode token for everyone else |
+# | **append** | each sequence appends the token it sampled — and **streams** it |
+# | **retire** | finished sequences leave at the end of this step; their blocks serve the next one |
+#
+# (The lecture lists admit last, "into the freed space"; the engine admits *before* the forward pass,
+# into the space freed by the previous step's retirements — the same cycle, cut at a different point.)
+#
+# Six requests arrive at different steps; at most four sequences run at once. Watch the box below
+# while the cell runs: tokens appear step by step, as a user of a streaming API would see them.
+
+# %%
+import html as _html
+
+import ipywidgets as widgets
+from IPython.display import display
+
+openings = ("Assemble", "The batch", "Paging is", "The engine admits", "Real engines", "Evict a")
+prompts = [LECTURE_TEXT[LECTURE_TEXT.index(w):LECTURE_TEXT.index(w) + 40] for w in openings]
+schedule = [(step, dict(prompt_ids=tok.encode(p, errors="replace"), max_new_tokens=n,
+                        sampling=SamplingParams(temperature=0.6, seed=1)))
+            for step, p, n in zip([0, 0, 2, 5, 9, 14], prompts, [12, 30, 20, 24, 16, 20])]
+live = widgets.HTML(value="<i>the engine has not started</i>")
+display(live)
+streamed: dict = {}
+
+def show_step(rec):
+    for rid, branch, token, _ in rec.emitted:
+        streamed[rid] = streamed.get(rid, "") + tok.decode([token])
+    rows = "".join(f"<tr><td><b>r{r}</b>&nbsp;</td><td><code>{_html.escape(t)}</code></td></tr>"
+                   for r, t in sorted(streamed.items()))
+    live.value = (f"<div style='font-size:16px'>step {rec.step}: batch of {len(rec.emitted)}, "
+                  f"{rec.blocks_in_use} blocks in use<table>{rows}</table></div>")
+
+engine = Engine(model, num_blocks=48, block_size=8, max_num_seqs=4)
+log = viz_engine.stream_engine(engine, schedule, on_step=show_step)
+print(viz_engine.stream_text(log, tok.decode))
+
+# %% [markdown]
+# Read the log by column. **B** changes from step to step: the batch is re-chosen every iteration.
+# When a request finishes it is *retired* in that step, the block count drops, and in the next step a
+# waiting request is admitted into the space (r4 arrives before step 10 and waits for a slot: four
+# sequences are already running). Nothing waits for the slowest member of a batch — that is Orca's
+# iteration-level scheduling (Oct 7), and paging is what makes it cheap: adding and removing a
+# sequence edits a table, it does not repack a tensor.
+#
+# Replay the run: drag the step slider or press play. Blue cells are prefills (the step a request was
+# admitted), green ones decode steps, pale orange ones a request waiting for admission.
+
+# %%
+viz_engine.stream_panel(log, tok.decode, upto=12)
+
+# %% [markdown]
+# ## 2. Admission is a promise the engine can be forced to break
+#
+# Blocks are handed out on demand, so a card can be fully admitted and still run out when the
+# resident sequences all keep going. The engine has exactly three moves: **refuse** new arrivals
+# (safe; costs queueing), **preempt** a resident sequence (costs a stall), or crash. Real engines do
+# the first two and keep a **watermark** of free blocks at admission so that the second is rare.
+#
+# Overload the lecture's engine — the 7B on an H100, 7,452 blocks of 16 tokens — with real traffic:
+# the first 600 requests of the Azure LLM inference trace (conversation), arriving 8× faster than
+# recorded. The engine runs on its **cost-model clock** (each step priced by the roofline at H100
+# scale), so this replay takes a fraction of a second per setting and is exactly reproducible.
+
+# %%
+azure = load_azure("conv")
+summary = azure.summary()
+print(f"{azure.name} ({'SYNTHETIC stand-in: the real file is missing' if azure.synthetic else 'real trace'}): "
+      f"{summary['count']:,} requests over {summary['duration_s']:,.0f} s; prompt median {summary['prompt_median']:,.0f}"
+      f", output median {summary['output_median']:,.0f} tokens")
+burst = azure.requests[:600]
+pool = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, H100), 16, LECTURE_7B.kv_bytes_per_token)
+watermarks = [0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]
+sweep = viz_engine.watermark_sweep(burst, watermarks, num_blocks=pool, preemption="swap", speedup=8.0)
+print(f"{'watermark':>9} | {'refused':>7} | {'preempted':>9} | {'mean queueing':>13} | {'p99 TPOT':>8} | makespan")
+for r in sweep:
+    print(f"{100 * r.watermark:8.1f}% | {r.waited:7d} | {r.total_preemptions:9d} | {r.mean_queueing_s:11.2f} s | "
+          f"{1e3 * r.p99_tpot_s:5.1f} ms | {r.makespan_s:6.1f} s")
+
+# %% [markdown]
+# With no watermark the engine admits everyone it can and then has to preempt (89 times); a 1%
+# watermark (vLLM's default) removes nine preemptions in ten; by 5% there are none. In exchange more
+# requests are refused at admission and wait in the queue — queueing that shows up in TTFT (lab 07) —
+# while the residents' cadence (p99 TPOT) improves, because fewer of them share each step. Move the slider; the right panel shows the pool filling, with the watermark line.
+
+# %%
+viz_engine.watermark_panel(sweep, watermark=0.01)
+
+# %% [markdown]
+# *Ask the room:* "Which of your three moves is cheapest for the user?" Refusing new arrivals —
+# nobody resident is hurt. That is why watermarks exist. But how expensive is the second move?
+#
+# ## 3. Two ways to break a promise: swap or recompute
+#
+# Evict a sequence's KV and you must either **swap** it to host memory and bring it back, or
+# **discard** it and redo its prefill when it is rescheduled. For one sequence of $S$ tokens:
+#
+# $$\text{KV} = S \cdot 2\,L\,n_{kv}\,d_{head}\,b, \qquad
+# t_{swap} = \frac{2 \cdot \text{KV}}{W_{link}}, \qquad
+# t_{recompute} = \frac{2NS + 4\,L\,n_{heads}\,d_{head}\,S^2}{\text{MFU} \cdot F_{peak}}.$$
+#
+# The swap goes over the link twice — out now, back in later. The recompute is the prefill:
+# 2 FLOP per parameter per token, plus attention's $QK^\top$ and $PV$ against every earlier key.
+# Derive the lecture's pair live, for a 4,096-token sequence of the 7B on an H100:
+
+# %%
+S = 4096
+m = LECTURE_7B
+kv_per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
+kv = S * kv_per_token
+swap_s = 2 * kv / H100.link_bandwidth
+weight_flops = 2 * m.num_params * S
+attention_flops = 4 * m.num_layers * m.num_heads * m.head_dim * S ** 2
+rate = LECTURE_MFU * H100.peak_flops
+recompute_s = (weight_flops + attention_flops) / rate
+print(f"KV        = {S:,} × {kv_per_token:,} B = {kv:,} B = {kv / GB:.3f} GB")
+print(f"swap      = 2 × {kv / GB:.3f} GB ÷ {H100.link_bandwidth / GB:.0f} GB/s = {1e3 * swap_s:.1f} ms")
+print(f"recompute = ({weight_flops / 1e12:.1f} + {attention_flops / 1e12:.1f}) TFLOP ÷ {rate / 1e12:.1f} TFLOP/s "
+      f"= {1e3 * recompute_s:.1f} ms")
+print(f"ledger:     swap {1e3 * ledger.swap_round_trip_s(kv, H100.link_bandwidth):.1f} ms, "
+      f"recompute {1e3 * ledger.recompute_s(m, S, H100.peak_flops):.1f} ms")
+
+# %% [markdown]
+# Swap wins, by 1.9×. But it wins *on this link*. Set the two times equal and solve for the link:
+#
+# $$W^\ast = \frac{2 \cdot \text{KV} \cdot \text{MFU} \cdot F_{peak}}{2NS + 4\,L\,n_{heads}\,d_{head}\,S^2}$$
+#
+# — on any faster link swap wins, on any slower one recompute does. Note the numerator is linear in
+# $S$ and the denominator quadratic: $W^\ast$ *falls* as sequences grow, because attention is quadratic
+# while the cache is linear.
+#
+# ### Exercise 6.1 — the break-even bandwidth
+#
+# Write `breakeven_bandwidth(model, seq_tokens, peak_flops, mfu)` in bytes/s, from the model's fields
+# (`num_layers`, `num_heads`, `num_kv_heads`, `head_dim`, `dtype_bytes`, `num_params`). The checkoff
+# tries ten models, lengths and GPUs, including GQA and an fp8 cache.
+
+# %%
+def breakeven_bandwidth(model, seq_tokens, peak_flops, mfu=LECTURE_MFU):
+    """The host-link bandwidth (bytes/s) at which swapping and recomputing a sequence cost the same."""
+    ### BEGIN SOLUTION 6.1: return the link bandwidth W* (bytes/s) at which swapping and recomputing cost the same
+    kv_bytes = seq_tokens * 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+    flops = 2 * model.num_params * seq_tokens + 4 * model.num_layers * model.num_heads * model.head_dim * seq_tokens ** 2
+    return 2 * kv_bytes * mfu * peak_flops / flops
+    ### END SOLUTION
+
+
+check("6.1", breakeven_bandwidth)
+
+# %%
+for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
+    mine = breakeven_bandwidth(mdl, 4096, H100.peak_flops)
+    print(f"{mdl.name:>16}, 4K: W* = {mine / GB:.2f} GB/s (ledger {ledger.breakeven_link_bandwidth(mdl, 4096, H100.peak_flops) / GB:.2f})")
+viz.errata_note("break-even")
+
+# %% [markdown]
+# **33.18 GB/s for MHA, 8.30 GB/s for GQA-8.** The lecture's three remarks, each checkable here:
+#
+# 1. *The threshold is a property of the model and the machine, not of the request*: every 4K MHA
+#    sequence on this card has the same 67 ms against 129 ms, so the policy can be decided offline.
+# 2. *GQA changes the answer, not just the magnitude*: GQA-8 shrinks the cache 4× and leaves the
+#    prefill's FLOPs alone. On a 16 GB/s link (PCIe Gen3 x16, a T4's), a 4K MHA sequence should be
+#    recomputed and the same-length GQA-8 sequence swapped — a pretraining decision rewrote the
+#    engine's preemption policy.
+# 3. *Both are stalls*: 67 ms is nearly three decode steps at the 22.6 ms ambient TPOT.
+
+# %%
+for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
+    sw = ledger.swap_round_trip_s(4096 * mdl.kv_bytes_per_token, 16 * GB)
+    rc = ledger.recompute_s(mdl, 4096, H100.peak_flops)
+    print(f"{mdl.name:>16} on 16 GB/s: swap {1e3 * sw:6.1f} ms, recompute {1e3 * rc:6.1f} ms → "
+          f"{ledger.preempt_choice(mdl, 4096, 16 * GB, H100.peak_flops)}")
+tpot = ledger.tpot_s(LECTURE_7B, 186, 640, H100.hbm_bandwidth)
+print(f"67.1 ms ÷ {1e3 * tpot:.2f} ms per decode step (B = 186, 640-token sequences) = {swap_s / tpot:.1f} steps")
+viz_engine.breakeven_figure([LECTURE_7B, LECTURE_7B_GQA8], H100).show()
+
+# %% [markdown]
+# ## 4. Which sequence, and how: preemption in the engine
+#
+# When a running sequence needs a block and none is free, `labsupport`'s engine (like vLLM) gives up on
+# the sequence of the **latest-arriving** request — the one first-come-first-served ranks last — and
+# repeats until the blocks are there. `preemption="auto"` then decides *per victim* from the
+# break-even: swap when $2\,\text{KV}/W < \text{FLOPs}/F$, else recompute.
+#
+# ### Exercise 6.2 — the preemption plan
+#
+# Write `preemption_plan(running, blocks_needed, block_size, model, gpu, link_bandwidth, mfu)`.
+# `running` is a list of `(name, arrival_time, tokens)`; return the victims in eviction order, each as
+# `(name, "swap" or "recompute")`, stopping as soon as their blocks (a sequence of $S$ tokens holds
+# $\lceil S/b \rceil$) cover `blocks_needed`. Your `breakeven_bandwidth` is the tool for the second half.
+
+# %%
+def preemption_plan(running, blocks_needed, block_size, model, gpu, link_bandwidth, mfu=LECTURE_MFU):
+    """Victims in the order the engine preempts them, each with the cheaper way to do it."""
+    ### BEGIN SOLUTION 6.2: return [(name, "swap" or "recompute"), ...] in the order the engine preempts, until blocks_needed are freed
+    plan, freed = [], 0
+    for name, arrival, tokens in sorted(running, key=lambda r: r[1], reverse=True):
+        if freed >= blocks_needed:
+            break
+        faster = link_bandwidth > breakeven_bandwidth(model, tokens, gpu.peak_flops, mfu)
+        plan.append((name, "swap" if faster else "recompute"))
+        freed += -(-tokens // block_size)
+    return plan
+    ### END SOLUTION
+
+
+check("6.2", preemption_plan)
+
+# %% [markdown]
+# Your plan for a batch of mixed lengths on a 32 GB/s link — where, as Exercise 4 will show, the
+# crossover sits at about 5,200 tokens, so one global policy is wrong:
+
+# %%
+batch = [("a", 0.0, 9000), ("b", 0.5, 700), ("c", 1.25, 5400), ("d", 2.0, 300), ("e", 3.0, 12_000), ("f", 3.5, 2048)]
+print(preemption_plan(batch, 900, 16, LECTURE_7B, H100, 32 * GB))
+
+# %% [markdown]
+# ### Preemption loses the cache, never the tokens
+#
+# Now run the real thing. Six requests of the tiny model, prompts of 50 to 280 tokens, 32 sampled
+# tokens each, go through the engine four times: once with a pool big enough that nothing is ever
+# preempted, then with a pool of 64 blocks (of 16) under **swap**, **recompute** and **auto**.
+#
+# For `auto` the engine needs prices. We price the tiny model as if it ran on the lecture's H100 and
+# give it a made-up host link, chosen so that the break-even falls at 160 tokens, inside this batch —
+# so auto has a real choice to make. (On the H100's real 64 GB/s link a model this small would
+# recompute anything under about 14,700 tokens: its prefill is cheap next to its cache.) Those prices are
+# also the engine's clock here, so the run is reproducible.
+
+# %%
+tiny = model.spec()
+demo_link = ledger.breakeven_link_bandwidth(tiny, 160, H100.peak_flops)
+pricing = CostModel(tiny, H100, link_bandwidth=demo_link)
+print(f"demo link {demo_link / GB:,.0f} GB/s: crossover {pricing.crossover_tokens():.0f} tokens "
+      f"(on the real 64 GB/s link: {ledger.crossover_tokens(tiny, 64 * GB, H100.peak_flops):,.0f})")
+lengths = [220, 50, 280, 100, 180, 70]
+requests = [dict(prompt_ids=tok.encode(LECTURE_TEXT[190 * i:190 * i + n], errors="replace"),
+                 max_new_tokens=32, sampling=SamplingParams(temperature=0.8, seed=40 + i))
+            for i, n in enumerate(lengths)]
+enough = sum(-(-(n + 31) // 16) for n in lengths)
+wall = {}
+t = time.perf_counter()
+reference = viz_engine.run_requests(requests, num_blocks=enough, model=model, cost_model=pricing)
+wall["no pressure"] = time.perf_counter() - t
+pressured = {}
+for mode in ("swap", "recompute", "auto"):
+    t = time.perf_counter()
+    pressured[mode] = viz_engine.run_requests(requests, num_blocks=64, model=model, cost_model=pricing, preemption=mode)
+    wall[mode] = time.perf_counter() - t
+for row in viz_engine.stall_rows(pressured, reference):
+    print(f"{row['label']:>9}: {row['swap']} swapped, {row['recompute']} recomputed; {row['swapped_bytes']:,} B over the "
+          f"link, {row['recomputed_tokens']} tokens recomputed; identical tokens: {row['same_tokens']}")
+print("request 0's 32 tokens, in every run:", {k: tok.decode(v.requests[0].outputs[0])
+                                                for k, v in {"no pressure": reference, **pressured}.items()})
+
+# %% [markdown]
+# The same tokens, every time, whichever way the cache was lost: the tokens are the state, and
+# sampling draws one random number per (request, branch, position), so a resumed sequence draws the
+# numbers it would have drawn anyway. The wall-clock time of those runs on your machine (it varies):
+
+# %% tags=["nbval-ignore-output"]
+for label, seconds in wall.items():
+    print(f"{label:>11}: {seconds:.2f} s of real time for {len(requests)} requests")
+
+# %% [markdown]
+# ### What each way costs, at the lecture's scale
+#
+# The tokens cannot tell swap from recompute; the clock can. Forty requests with 4,096-token prompts
+# and 256-token outputs arrive at once on the lecture's H100 (7,452 blocks): 29 prompts fit, they
+# grow, and the engine must preempt. Price the same burst on the H100's 64 GB/s link and on a
+# 32 GB/s one:
+
+# %%
+lecture_burst = [dict(prompt_len=4096, max_new_tokens=256, arrival_time=0.0) for _ in range(40)]
+rows = []
+for link in (64 * GB, 32 * GB):
+    cm = CostModel(LECTURE_7B, H100, link_bandwidth=link)
+    roomy = viz_engine.run_requests(lecture_burst, num_blocks=40 * 272, cost_model=cm)
+    runs = {f"{mode}, {link / GB:.0f} GB/s": viz_engine.run_requests(lecture_burst, num_blocks=pool, cost_model=cm,
+                                                                    preemption=mode)
+            for mode in ("swap", "recompute", "auto")}
+    for row in viz_engine.stall_rows(runs, roomy):
+        rows.append(row)
+        print(f"{row['label']:>19}: {row['swap']} swap + {row['recompute']} recompute; run took {row['clock_s']:.3f} s, "
+              f"{1e3 * row['stall_s']:6.1f} ms more than with room for all 40")
+swap64, rec64 = rows[0]["clock_s"], rows[1]["clock_s"]
+print(f"recompute − swap on 64 GB/s: {1e3 * (rec64 - swap64):.1f} ms for 2 preemptions = "
+      f"{1e3 * (rec64 - swap64) / 2:.1f} ms each (the derivation: 129.4 − 67.1 = 62.3 ms, at 4,096 tokens)")
+viz_engine.stall_figure(rows, "ms", title="Extra time the burst took because memory ran out").show()
+cm64 = CostModel(LECTURE_7B, H100)
+timeline = {"room for all 40": viz_engine.run_requests(lecture_burst, num_blocks=40 * 272, cost_model=cm64),
+            "7,452 blocks, swap": viz_engine.run_requests(lecture_burst, num_blocks=pool, cost_model=cm64, preemption="swap"),
+            "7,452 blocks, recompute": viz_engine.run_requests(lecture_burst, num_blocks=pool, cost_model=cm64,
+                                                               preemption="recompute")}
+viz_engine.blocks_figure(timeline, pool, title="Blocks in use: the burst on the H100's pool (64 GB/s link)").show()
+
+# %% [markdown]
+# On 64 GB/s swapping is cheaper, and `auto` swaps. On 32 GB/s these ~4,200-token victims sit
+# *below* the crossover, recompute is (barely) cheaper, and `auto` recomputes. And the extra time is
+# more than the 67 or 129 ms of the mechanism: a preempted sequence also waits for blocks to come
+# back — which is why the right goal is to preempt *rarely*, not cheaply.
+#
+# ## 5. Exercise 4 — the break-even you will actually hit
+#
+# 1. A **16K GQA-8** sequence: swap time, recompute time, and the break-even bandwidth. Its KV is
+#    $16{,}384 \times 128$ KiB = 2.147 GB — exactly the bytes of a 4K MHA sequence, so the swap is the
+#    same 67 ms. Its prefill is not: the weights' term grows 4× and attention's 16×.
+# 2. The length at which swapping stops winning on a **32 GB/s** link, under **MHA**. Setting
+#    $2 S\,\text{kv}/W = (2NS + 4LHdS^2)/F$ and dividing by $S$ leaves a *linear* equation:
+#
+# $$S^\ast = \frac{2\,\text{kv}\,F/W - 2N}{4\,L\,H\,d}.$$
+
+# %% [markdown]
+# ### Exercise 6.3 — Exercise 4's numbers
+#
+# Compute the four numbers, from the presets' fields (`LECTURE_7B_GQA8`, `LECTURE_7B`, `H100`, and
+# `rate` = 50% of the H100's peak, defined above): the 16K GQA-8 recompute time in **milliseconds**,
+# how many times cheaper its swap is (over the H100's 64 GB/s link), its break-even bandwidth in
+# **GB/s**, and the MHA crossover on a 32 GB/s link in **tokens**.
+
+# %%
+### BEGIN SOLUTION 6.3: compute the four numbers of Exercise 4 (ms, ratio, GB/s, tokens)
+g = LECTURE_7B_GQA8
+s16 = 16_384
+kv16 = s16 * g.kv_bytes_per_token
+swap16 = 2 * kv16 / H100.link_bandwidth
+rec16 = (2 * g.num_params * s16 + 4 * g.num_layers * g.num_heads * g.head_dim * s16 ** 2) / rate
+coef = 4 * m.num_layers * m.num_heads * m.head_dim
+exercise4 = {
+    "recompute_ms": 1e3 * rec16,
+    "swap_advantage": rec16 / swap16,
+    "breakeven_gbs": breakeven_bandwidth(g, s16, H100.peak_flops) / GB,
+    "crossover_tokens": (2 * m.kv_bytes_per_token * rate / (32 * GB) - 2 * m.num_params) / coef,
+}
+### END SOLUTION
+check("6.3", exercise4)
+
+# %% [markdown]
+# The ledger's version, term by term:
+
+# %%
+ex4 = ledger.exercise4()
+w16 = 2 * LECTURE_7B_GQA8.num_params * 16_384
+print(f"16K GQA-8: KV {ex4['kv_bytes'] / GB:.3f} GB; swap {1e3 * ex4['swap_s']:.1f} ms; recompute "
+      f"({w16 / 1e12:.1f} + {(ex4['recompute_flops'] - w16) / 1e12:.1f}) TFLOP ÷ {rate / 1e12:.1f} TFLOP/s = "
+      f"{1e3 * ex4['recompute_s']:.1f} ms; swap wins {ex4['swap_advantage']:.1f}×; "
+      f"W* = {ex4['breakeven_link_bandwidth'] / GB:.2f} GB/s (printed 5.9)")
+print(f"MHA crossover on 32 GB/s: {ex4['mha_crossover_tokens']:,.2f} tokens")
+erratum = next(e for e in ledger.ERRATA if e.quantity.startswith("Crossover"))
+print(f"ledger.ERRATA — {erratum.quantity} ({erratum.section}): printed {erratum.printed!r}, exact {erratum.exact}")
+
+# %% [markdown]
+# The lecture's solution sketch writes the right equation and prints "S ≈ 2,600". Its root is
+# 5,195. Which slip lands on 2,600? Vary the attention coefficient: counting only the causal half of
+# the $S^2$ term would *double* the root; it takes twice the attention FLOPs — or halving the exact
+# root — to land on 2,598:
+
+# %%
+for c, why in ((2, "half the attention term (causal half)"), (4, "the lecture's own 4·L·H·d"), (8, "twice the attention term")):
+    root = (2 * kv_per_token * rate / (32 * GB) - 2 * m.num_params) / (c * m.num_layers * m.num_heads * m.head_dim)
+    print(f"{c}·L·H·d ({why}): S* = {root:,.0f}")
+
+# %% [markdown]
+# Either way the lesson of the exercise survives, and is sharper with the exact number: on a 32 GB/s
+# link most chat-length sequences (the Azure trace's median prompt is 1,020 tokens) should be
+# **recomputed**, and long ones swapped — a single global policy is wrong for a mixed workload, and
+# the crossover is computable per sequence from its length alone.
+
+# %% [markdown]
+# Now explore. The panel draws both stalls against $S$ for the chosen model, GPU and link, marks the
+# crossover, and states the derivation at the chosen $S$. Try: MHA on 32 GB/s at 4K, then 5,195, then
+# 8K; switch to GQA-8 (does a crossover remain?); put the 70B on an A100's 32 GB/s link.
+
+# %%
+viz_engine.swap_recompute_panel(seq_tokens=4096, link_gbs=32)
+
+# %% [markdown]
+# ## 6. Your machine
+#
+# The threshold is a property of the model and the machine, so compute yours. Two measurements:
+#
+# * **the copy bandwidth a swap would use** — on a CUDA GPU, pinned host→device and device→host
+#   copies over the real link. On a machine without a GPU **there is no link**: KV already lives in
+#   host memory and "swapping" would be a host memcpy, so that is what we time, labelled as a
+#   stand-in;
+# * **the tiny model's prefill rate** — what a recompute redoes, timed through a fresh paged cache.
+#
+# Your break-even for a sequence of $S$ tokens is then the KV round trip over the measured recompute
+# time, $W^\ast(S) = 2\,S\,\text{kv}/t_{prefill}(S)$. These numbers are measurements: they differ on
+# every machine and from run to run.
+
+# %% tags=["nbval-ignore-output"]
+bandwidths = viz_engine.measure_copy_bandwidth()
+for bw in bandwidths:
+    print(f"{bw.label}: {bw.bytes_per_s / GB:.2f} GB/s ({bw.nbytes / 2**20:.0f} MiB, median of {len(bw.seconds)})")
+# on a GPU machine, time the prefill where a real engine would run it: on the device
+device_model = load_tiny_model(device="cuda")[0] if torch.cuda.is_available() else model
+prefill = viz_engine.measure_prefill_rate(device_model, lengths=(64, 128, 256, 512))
+print(f"prefill timed on {device_model.device}")
+for n, s, f, w in zip(prefill.lengths, prefill.seconds, prefill.flop_rates, prefill.breakeven()):
+    print(f"prefill of {n:>3} tokens: {1e3 * s:7.2f} ms = {f / 1e9:6.2f} GFLOP/s achieved; your W*({n}) = "
+          f"{w / 1e6:8.2f} MB/s")
+link = bandwidths[0]
+verdict = "swap" if all(link.bytes_per_s > w for w in prefill.breakeven()) else "mixed"
+print(f"with {link.bytes_per_s / GB:.2f} GB/s {'over your link' if link.is_link else '(memcpy stand-in)'} the tiny "
+      f"model should {'always swap' if verdict == 'swap' else 'swap some lengths and recompute others'}: "
+      f"{link.bytes_per_s / max(prefill.breakeven()):,.0f}× above the largest break-even")
+viz_engine.personal_breakeven_figure(prefill, link).show()
+
+# %% [markdown]
+# Compare with the lecture's H100: there a 4K MHA sequence's break-even is 33 GB/s against a 64 GB/s
+# link, a factor of 2. For the tiny model on a CPU the factor is far larger: its "link" is memory
+# itself, and its prefill runs at a few GFLOP/s. Same formula, different machine,
+# different answer — which is the point of objective 6.
+#
+# ## Self-check
+#
+# 1. The engine admitted 199 sequences and they all keep generating. What breaks, and which of the
+#    three moves is cheapest for the user?
+# 2. Why does a watermark reduce preemptions, and what does it cost instead?
+# 3. Derive the 67 ms and the 129 ms. Which term of the 129 ms does GQA-8 change?
+# 4. Why does $W^\ast$ fall as $S$ grows?
+# 5. A preempted sequence resumes. Can its next token differ from the one it would have produced?
+#
+# <details><summary>Answers</summary>
+#
+# 1. Blocks run out mid-decode. Refusing new arrivals is cheapest: nobody resident is hurt; it costs
+#    the newcomers queueing time (TTFT).
+# 2. Admission stops while the free blocks would drop below the watermark, so the residents have room
+#    to grow before anyone must be evicted. It costs refusals: requests wait longer to be admitted.
+# 3. 2 × 4,096 × 512 KiB ÷ 64 GB/s = 67.1 ms; (2 × 6.74e9 × 4,096 + 4 × 32 × 32 × 128 × 4,096²) FLOP
+#    ÷ 494.5 TFLOP/s = 129.4 ms. None of it: GQA shrinks the KV (so the swap), not the prefill FLOPs.
+# 4. The KV (numerator) is linear in S, the prefill FLOPs (denominator) quadratic, because of attention.
+# 5. No. Preemption loses the cache, never the tokens; the engine's sampling depends only on the
+#    request, the branch and the position, so the resumed sequence continues exactly (section 4).
+#
+# </details>
+#
+# Next: **Lab 07 — sizing, SLOs, and where the time actually goes.**

@@ -1,0 +1,286 @@
+"""labsupport.viz_engine and lab 06's checkoffs: the loop, the watermark, swap against recompute (§10.5).
+
+Hand numbers: a 4,096-token MHA sequence holds 4,096 x 524,288 = 2,147,483,648 B; its swap round
+trip over 64 GB/s is 2 x 2,147,483,648 / 64e9 = 67.108864 ms; its prefill is 2 x 6.74e9 x 4,096 +
+4 x 32 x 32 x 128 x 4,096^2 = 64.010173e12 FLOP, 129.44 ms at 494.5 TFLOP/s; the break-even link is
+2 x 2,147,483,648 x 494.5e12 / 64.010173e12 = 33.18 GB/s (GQA-8: a quarter, 8.30); on 32 GB/s the
+MHA crossover is (2 x 524,288 x 494.5e12 / 32e9 - 13.48e9) / 524,288 = 5,195.19 tokens.
+"""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from labsupport import checkoff as C
+from labsupport import viz_engine as VE
+from labsupport.checkoff import CheckoffError, check
+from labsupport.costmodel import CostModel
+from labsupport.model import ModelConfig, TinyTransformer
+from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
+from labsupport.workloads import Request
+
+H100 = LECTURE_GPU
+KV_4K = 4096 * 524_288
+PREFILL_4K = 2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096 ** 2
+RATE = 0.5 * 989e12
+
+
+# --- swap against recompute ---------------------------------------------------------------------------
+
+def test_swap_recompute_reproduces_the_lectures_pair():
+    d = VE.swap_recompute(LECTURE_7B, H100, 4096, 64 * GB)
+    assert d["kv_bytes"] == 2_147_483_648
+    assert d["swap_s"] == pytest.approx(0.067108864)
+    assert d["weight_flops"] + d["attention_flops"] == pytest.approx(PREFILL_4K)
+    assert d["recompute_s"] == pytest.approx(PREFILL_4K / RATE)  # 129.4 ms
+    assert d["breakeven_bandwidth"] == pytest.approx(2 * KV_4K * RATE / PREFILL_4K)  # 33.18 GB/s
+    assert round(d["breakeven_bandwidth"] / GB, 2) == 33.18
+    assert d["choice"] == "swap" and d["crossover_tokens"] == 0.0  # 64 GB/s beats recompute at every length
+    g = VE.swap_recompute(LECTURE_7B_GQA8, H100, 4096, 64 * GB)
+    assert round(g["breakeven_bandwidth"] / GB, 2) == 8.30
+    slow = VE.swap_recompute(LECTURE_7B, H100, 4096, 32 * GB)
+    assert slow["crossover_tokens"] == pytest.approx((2 * 524_288 * RATE / 32e9 - 13.48e9) / 524_288)
+    assert round(slow["crossover_tokens"]) == 5195 and slow["choice"] == "recompute"
+
+
+def test_swap_recompute_figure_marks_s_and_the_crossover():
+    fig = VE.swap_recompute_figure(LECTURE_7B, H100, 4096, 64 * GB)
+    swap, rec, marks = fig.data
+    assert list(marks.y) == [pytest.approx(67.108864), pytest.approx(1e3 * PREFILL_4K / RATE)]
+    assert not fig.layout.shapes  # no crossover on 64 GB/s
+    fig32 = VE.swap_recompute_figure(LECTURE_7B, H100, 4096, 32 * GB)
+    assert fig32.layout.shapes[0].x0 == pytest.approx(5195.19, abs=0.01)
+    assert "recompute wins" in fig32.layout.title.text
+
+
+def test_swap_recompute_panel_reacts():
+    panel = VE.swap_recompute_panel()
+    text = panel.text()
+    assert "67.1 ms" in text and "129.4 ms" in text and "33.18 GB/s" in text
+    before = list(panel.figure.data[0].y)
+    panel.controls["link_gbs"].value = 32
+    assert list(panel.figure.data[0].y) == [2 * y for y in before]  # half the link, twice the swap
+    assert "crossover at 5,195 tokens" in panel.text()
+    panel.controls["model"].value = "lecture-7b-gqa8"
+    assert "swap wins at every length" in panel.text()
+
+
+def test_breakeven_figure_marks_the_lectures_two_numbers():
+    fig = VE.breakeven_figure([LECTURE_7B, LECTURE_7B_GQA8], H100)
+    texts = [t.text[0] for t in fig.data if t.mode == "markers+text"]
+    assert texts == ["33.18 GB/s", "8.30 GB/s"]
+    mha = fig.data[0]
+    assert list(mha.y) == sorted(mha.y, reverse=True)  # W* falls as S grows
+
+
+# --- the loop, streamed -------------------------------------------------------------------------------
+
+def _stream_log():
+    from labsupport.engine import Engine
+
+    eng = Engine(cost_model=CostModel(), num_blocks=64, block_size=16, max_num_seqs=2)
+    schedule = [(0, dict(prompt_len=20, max_new_tokens=3)), (0, dict(prompt_len=20, max_new_tokens=5)),
+                (3, dict(prompt_len=20, max_new_tokens=2))]
+    return VE.stream_engine(eng, schedule)
+
+
+def test_stream_engine_records_each_step():
+    log = _stream_log()
+    # step 1: r0, r1 prefill; 2, 3: decode (r0 done after its 3rd token); r2 arrives before step 4 and takes
+    # r0's place (max_num_seqs = 2); step 5: r1's 5th and r2's 2nd token finish both.
+    assert [len(r.emitted) for r in log.steps] == [2, 2, 2, 2, 2]
+    assert [r.arrived for r in log.steps] == [[0, 1], [], [], [2], []]
+    assert [(e[0], e[3]) for e in log.steps[2].emitted if e[3]] == [(0, True)]
+    assert log.steps[-1].blocks_in_use == 0
+    phases = log.phases()
+    assert phases[(0, 0)] == ["prefill", "decode", "decode", "done", "done"]
+    assert phases[(1, 0)] == ["prefill", "decode", "decode", "decode", "decode"]
+    assert phases[(2, 0)] == ["not here", "not here", "not here", "prefill", "decode"]
+    assert [len(t) for t in log.tokens().values()] == [3, 5, 2]
+    lines = VE.stream_text(log).splitlines()
+    assert len(lines) == 5 and "retired r0" in lines[2] and "arrived r2" in lines[3]
+
+
+def test_stream_figure_hides_the_future_and_the_panel_moves():
+    log = _stream_log()
+    fig = VE.stream_figure(log, upto=2)
+    (heat, *_legend) = fig.data
+    code = {p: i for i, p in enumerate(VE.PHASES)}
+    assert list(heat.z[0]) == [code["prefill"], code["decode"], 0, 0, 0]
+    assert list(heat.text[2]) == ["", "", "", "", ""]
+    assert heat.text[0][0] == "•"  # no model: tokens are counted, not produced
+    panel = VE.stream_panel(log, upto=2)
+    assert panel.play.max == 5
+    panel.controls["upto"].value = 5
+    assert list(panel.figure.data[0].z[2]) == [0, 0, 0, code["prefill"], code["decode"]]
+    assert "step 5: ran 2 sequence(s)" in panel.text()
+
+
+def test_stream_engine_with_the_tiny_model_streams_real_tokens():
+    from labsupport.engine import Engine
+
+    torch.manual_seed(0)
+    model = TinyTransformer(ModelConfig(dim=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, ffn_dim=64))
+    seen = []
+    eng = Engine(model, num_blocks=16, block_size=4, on_token=seen.append)
+    log = VE.stream_engine(eng, [(0, dict(prompt_ids=[1, 2, 3], max_new_tokens=4)), (1, dict(prompt_ids=[4, 5], max_new_tokens=2))])
+    assert eng.on_token == seen.append  # the caller's callback is restored, and it saw every token
+    assert len(seen) == 6 and [len(r.emitted) for r in log.steps] == [1, 2, 2, 1]
+    tokens = log.tokens()
+    assert tokens[(0, 0)] == log.result.requests[0].outputs[0]
+    assert tokens[(1, 0)] == log.result.requests[1].outputs[0]
+
+
+# --- overload and the watermark -------------------------------------------------------------------------
+
+def _two(prompt=64, output=33):
+    # each caches at most 64 + 32 = 96 tokens = 6 blocks of 16; its prompt needs 4
+    return [Request(i, 0.0, prompt, output) for i in range(2)]
+
+
+def test_watermark_trades_preemptions_for_refusals():
+    # pool 12: both fit to the end with no watermark; a watermark of int(0.5 x 12) = 6 blocks refuses r1
+    # at admission (12 - 4 - 4 = 4 < 6), so r1 waits for r0: one refusal, no preemption.
+    roomy = VE.watermark_sweep(_two(), [0.0, 0.4, 0.5], num_blocks=12)
+    assert [r.watermark_blocks for r in roomy] == [0, 4, 6]
+    assert [r.waited for r in roomy] == [0, 0, 1]
+    assert [r.total_preemptions for r in roomy] == [0, 0, 0]
+    # pool 10: with no watermark both are admitted (8 blocks) and must grow to 12: the newer one is
+    # preempted once; a 3-block watermark (10 - 4 - 4 = 2 < 3) refuses it instead.
+    tight = VE.watermark_sweep(_two(), [0.0, 0.3], num_blocks=10)
+    assert [r.total_preemptions for r in tight] == [1, 0]
+    assert [r.waited for r in tight] == [0, 1]
+    assert tight[0].preemptions == {"swap": 1, "recompute": 0}
+    assert max(tight[0].blocks_in_use) == 10 and tight[0].blocks_in_use[-1] == 0
+
+
+def test_watermark_panel_moves_with_its_slider():
+    runs = VE.watermark_sweep(_two(), [0.0, 0.3], num_blocks=10)
+    panel = VE.watermark_panel(runs, watermark=0.0)
+    assert "preemptions: 1 (1 by swap)" in panel.text()
+    right = list(panel.figure.data[2].y)
+    panel.controls["watermark"].value = 0.3
+    assert list(panel.figure.data[2].y) != right
+    assert "watermark 30% = 3 of 10 blocks" in panel.text() and "preemptions: 0 (none)" in panel.text()
+    with pytest.raises(ValueError, match="no run at watermark"):
+        VE.watermark_figure(runs, 0.7)
+
+
+# --- memory pressure --------------------------------------------------------------------------------
+
+def test_engine_preempts_the_newest_arrival_as_the_checkoff_assumes():
+    reqs = [dict(prompt_len=64, max_new_tokens=33, arrival_time=t) for t in (0.0, 1e-9)]
+    res = VE.run_requests(reqs, num_blocks=10, cost_model=CostModel(), preemption="swap")
+    assert res.requests[1].preemptions == 1 and res.requests[0].preemptions == 0
+
+
+def test_auto_agrees_with_the_checkoffs_preemption_kinds():
+    from labsupport.checkoffs import lab06
+
+    for running, need, bs, model, gpu_name, link in lab06._PLAN_CASES:
+        cm = CostModel(model, GPUS[gpu_name], link_bandwidth=link)
+        for name, kind in lab06._plan(running, need, bs, model, GPUS[gpu_name], link, 0.5):
+            tokens = next(r[2] for r in running if r[0] == name)
+            assert cm.preempt_choice(tokens) == kind
+
+
+def test_stall_rows_and_figures():
+    reqs = [dict(prompt_len=64, max_new_tokens=33, arrival_time=0.0) for _ in range(2)]
+    cm = CostModel()
+    ref = VE.run_requests(reqs, num_blocks=12, cost_model=cm)
+    runs = {m: VE.run_requests(reqs, num_blocks=10, cost_model=cm, preemption=m) for m in ("swap", "recompute")}
+    rows = {r["label"]: r for r in VE.stall_rows(runs, ref)}
+    # the victim holds 80 tokens = 5 blocks of 16 x 524,288 B when it is swapped out, and again when back in
+    assert rows["swap"]["swapped_bytes"] == 2 * 5 * 16 * 524_288
+    assert (rows["swap"]["swap"], rows["recompute"]["recompute"]) == (1, 1)
+    assert rows["recompute"]["swapped_bytes"] == 0 and rows["recompute"]["recomputed_tokens"] > 0
+    assert rows["swap"]["stall_s"] == pytest.approx(runs["swap"].clock_s - ref.clock_s)
+    fig = VE.stall_figure(list(rows.values()), "ms")
+    assert list(fig.data[0].y) == [pytest.approx(1e3 * rows[m]["stall_s"]) for m in ("swap", "recompute")]
+    bf = VE.blocks_figure(runs, num_blocks=10, watermark_blocks=2)
+    assert [t.name for t in bf.data] == ["swap", "recompute"]
+    assert list(bf.data[0].y) == [0] + list(runs["swap"].counters.blocks_in_use)
+    assert rows["swap"]["same_tokens"] is None  # no model: there are no tokens to compare
+    assert [s.y0 for s in bf.layout.shapes] == [10, 8]
+
+
+# --- your machine ------------------------------------------------------------------------------------
+
+def test_copy_bandwidth_is_labelled_a_stand_in_without_a_device():
+    if torch.cuda.is_available():
+        pytest.skip("this test checks the CPU stand-in")
+    (bw,) = VE.measure_copy_bandwidth(nbytes=2**20, repeats=3)
+    assert not bw.is_link and "stand-in" in bw.label and bw.nbytes == 2**20 and len(bw.seconds) == 3
+    assert bw.bytes_per_s == pytest.approx(2**20 / statistics.median(bw.seconds))
+
+
+def test_prefill_rate_and_personal_breakeven():
+    torch.manual_seed(0)
+    cfg = ModelConfig(dim=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, ffn_dim=64)
+    model = TinyTransformer(cfg)
+    rate = VE.measure_prefill_rate(model, lengths=(8, 16), repeats=1, block_size=4)
+    kv = 2 * 2 * 1 * 16 * 4  # K and V, 2 layers, 1 KV head of 16 floats (4 B)
+    assert rate.kv_bytes_per_token == kv
+    for n, f in zip(rate.lengths, rate.flops):
+        assert f == 2 * cfg.num_params * n + 4 * 2 * 2 * 16 * n * n
+    assert rate.breakeven() == tuple(2 * n * kv / s for n, s in zip(rate.lengths, rate.seconds))
+    bw = VE.Bandwidth("test", 10**9, (0.5, 1.0, 2.0), True)  # median 1 s: 1 GB/s
+    fig = VE.personal_breakeven_figure(rate, bw)
+    assert list(fig.data[1].y) == [pytest.approx(1e3 * 2 * n * kv / 1e9) for n in (8, 16)]
+
+
+# --- lab 06's checkoffs --------------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _fresh_results():
+    C.reset_results()
+    yield
+    C.reset_results()
+
+
+def _breakeven(model, s, peak, mfu=0.5, attention_heads=None):
+    kv = s * 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+    heads = model.num_heads if attention_heads is None else attention_heads
+    return 2 * kv * mfu * peak / (2 * model.num_params * s + 4 * model.num_layers * heads * model.head_dim * s * s)
+
+
+def test_checkoff_6_1(capsys):
+    check("6.1", _breakeven)
+    assert capsys.readouterr().out == "✅ Checkoff 6.1 passed\n"
+    with pytest.raises(CheckoffError, match="two trips"):
+        check("6.1", lambda m, s, p, mfu=0.5: _breakeven(m, s, p, mfu) / 2)
+    with pytest.raises(CheckoffError, match="query heads"):
+        check("6.1", lambda m, s, p, mfu=0.5: _breakeven(m, s, p, mfu, attention_heads=m.num_kv_heads))
+
+
+def _plan(running, need, bs, model, gpu, link, mfu=0.5):
+    out, freed = [], 0
+    for name, _, tokens in sorted(running, key=lambda r: -r[1]):
+        if freed >= need:
+            break
+        out.append((name, "swap" if link > _breakeven(model, tokens, gpu.peak_flops, mfu) else "recompute"))
+        freed += -(-tokens // bs)
+    return out
+
+
+def test_checkoff_6_2(capsys):
+    check("6.2", _plan)
+    assert capsys.readouterr().out == "✅ Checkoff 6.2 passed\n"
+    with pytest.raises(CheckoffError, match="should not be preempted by 'swap'"):
+        check("6.2", lambda *a: [(n, "swap") for n, _ in _plan(*a)])
+    with pytest.raises(CheckoffError, match="not the right set|too many"):
+        check("6.2", lambda running, *a: _plan([(n, -t, s) for n, t, s in running], *a))  # oldest first
+
+
+def test_checkoff_6_3(capsys):
+    answer = {"recompute_ms": 731.2, "swap_advantage": 10.9, "breakeven_gbs": 5.87, "crossover_tokens": 5195}
+    check("6.3", answer)
+    assert capsys.readouterr().out == "✅ Checkoff 6.3 passed\n"
+    with pytest.raises(CheckoffError, match="printed figure"):
+        check("6.3", dict(answer, crossover_tokens=2600))
+    with pytest.raises(CheckoffError, match="recompute_ms"):
+        check("6.3", dict(answer, recompute_ms=0.7312))  # seconds, not ms
+    with pytest.raises(CheckoffError, match="exactly the keys"):
+        check("6.3", {"recompute_ms": 731.2})
