@@ -1,0 +1,99 @@
+"""Checkoffs of labs 07 and 08: right answers pass, typical wrong ones fail with a teaching message.
+
+The right answers here are written from the lecture's formulas (not imported from the graders), and
+the wrong ones are the slips students make: forgetting the weights, ignoring memory, a GB/GiB mix.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from labsupport import viz_slo
+from labsupport.checkoff import CheckoffError, check
+
+GB = 1e9
+
+
+def kv(m):
+    return 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
+
+
+def tpot(m, g, b, s):
+    return (m.num_params * m.dtype_bytes + b * s * kv(m)) / g.hbm_bandwidth
+
+
+def blocks(m, g, u, bs=16, activation_bytes=4e9):
+    return max(0, math.floor((u * g.hbm_bytes - m.num_params * m.dtype_bytes - activation_bytes) / (bs * kv(m))))
+
+
+def max_batch(m, g, s, slo, bs=16):
+    slo_b = max(0, math.floor((slo * g.hbm_bandwidth - m.num_params * m.dtype_bytes) / (s * kv(m))))
+    return min(blocks(m, g, 1.0, bs) // math.ceil(s / bs), slo_b)
+
+
+def test_lab07_right_answers_pass(capsys):
+    check("7.1", tpot)
+    check("7.2", max_batch)
+
+    def goodput(reqs, ttft, tp):
+        fin = [r for r in reqs if r.status == "finished"]
+        good = sum(sum(r.num_output_tokens) for r in fin
+                   if r.ttft_s <= ttft and (r.tpot_s is None or r.tpot_s <= tp))
+        return good / (max(r.finish_time for r in fin) - min(r.arrival_time for r in reqs))
+
+    check("7.3", goodput)
+
+    def session(m, g, ctx, submitted, bs=16):
+        return {"peak_kv_bytes": ctx * kv(m), "sessions": blocks(m, g, 1.0, bs) // math.ceil(ctx / bs),
+                "prefill_s": submitted * 2 * m.num_params / (0.5 * g.peak_flops)}
+
+    check("7.4", session)
+    check("7.5", "sessions")
+    assert capsys.readouterr().out.count("passed") == 5
+
+
+def test_lab07_wrong_answers_teach():
+    with pytest.raises(CheckoffError, match="too low"):
+        check("7.1", lambda m, g, b, s: b * s * kv(m) / g.hbm_bandwidth)  # forgot the weights
+    with pytest.raises(CheckoffError, match="tpot_slo_s=0.03.*returned 259"):  # names the call where memory binds
+        check("7.2", lambda m, g, s, slo, bs=16: max(0, math.floor((slo * g.hbm_bandwidth - m.num_params * m.dtype_bytes)
+                                                                  / (s * kv(m)))))  # ignores memory
+    with pytest.raises(CheckoffError, match="Hint"):
+        check("7.3", lambda reqs, ttft, tp: sum(sum(r.num_output_tokens) for r in reqs))  # a count, not a rate
+    with pytest.raises(CheckoffError, match="keys"):
+        check("7.4", lambda m, g, c, s, bs=16: (c * kv(m), 0, 0))
+    with pytest.raises(CheckoffError, match="bytes per token"):
+        check("7.5", "peak_kv_bytes")
+
+
+def test_lab08_right_answers_pass(capsys):
+    check("8.1", blocks)
+
+    def max_num_seqs(m, g, u, s, slo, bs=16):
+        slo_b = max(0, math.floor((slo * g.hbm_bandwidth - m.num_params * m.dtype_bytes) / (s * kv(m))))
+        return min(blocks(m, g, u, bs) // math.ceil(s / bs), slo_b)
+
+    check("8.2", max_num_seqs)
+    check("8.3", lambda m, g, slo, mfu=0.5: math.floor(slo * mfu * g.peak_flops / (2 * m.num_params)))
+    check("8.4", lambda lengths, b: 1 - sum(lengths) / sum(-(-n // b) * b for n in lengths))
+    check("8.5", lambda: viz_slo.chat_requests(8, 200))
+    check("8.6", "disaggregation")
+    assert capsys.readouterr().out.count("passed") == 6
+
+
+def test_lab08_wrong_answers_teach():
+    with pytest.raises(CheckoffError, match="GiB|too"):
+        check("8.1", lambda m, g, u, bs=16, activation_bytes=4e9: max(0, math.floor(
+            (u * g.hbm_bytes - m.num_params * m.dtype_bytes - activation_bytes) / (bs * kv(m) * 1.0737))))
+    with pytest.raises(CheckoffError, match="negative|too"):
+        check("8.1", lambda m, g, u, bs=16, activation_bytes=4e9: math.floor(
+            (u * g.hbm_bytes - m.num_params * m.dtype_bytes - activation_bytes) / (bs * kv(m))))
+    with pytest.raises(CheckoffError, match="too low"):  # mean tail b/2 instead of the measured waste
+        check("8.4", lambda lengths, b: 0.0)
+    with pytest.raises(CheckoffError, match="should barely move"):  # past 29 slots the naive engine queues
+        check("8.5", lambda: viz_slo.chat_requests(60, 300))
+    with pytest.raises(CheckoffError, match="S_max"):
+        check("8.5", lambda: [(0.0, 5000, 10)] * 100)
+    with pytest.raises(CheckoffError, match="stop mixing"):
+        check("8.6", "batching")

@@ -1,0 +1,130 @@
+"""labsupport.viz_board (lab 08's map of Part II, lab 99's board) against hand arithmetic and small cases.
+
+Hand numbers: decode attention does 4 x L x H x d FLOP per cached token and reads 2 x L x H_kv x d x 2
+bytes of it: 4 x 32 x 32 x 128 / 524,288 = 1 for MHA, 4 for GQA-8.  A swap round trip of 4,096 MHA
+tokens is 2 x 4,096 x 524,288 / 64e9 = 67.11 ms; their recompute (2 x 6.74e9 x 4,096 + 4 x 32 x 32 x
+128 x 4,096^2) / (0.5 x 989e12) = 129.44 ms.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from labsupport import viz_board
+from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8
+from labsupport.workloads import Request, Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT.parent / "shared" / "traces"
+
+
+def test_attention_intensity():
+    assert viz_board.attention_intensity(LECTURE_7B) == pytest.approx(4 * 32 * 32 * 128 / 524_288)
+    assert viz_board.attention_intensity(LECTURE_7B) == 1
+    assert viz_board.attention_intensity(LECTURE_7B_GQA8) == 4
+
+
+def test_request_level_batching_by_hand():
+    # batches [1, 2] and [3, 4]: 3 tokens over 2 steps, 7 tokens over 4 steps
+    out = viz_board.request_level_batching([1, 2, 3, 4, 99], batch=2)
+    assert out["batches"] == 2
+    assert out["mean_effective_b"] == pytest.approx((3 / 2 + 7 / 4) / 2)
+    with pytest.raises(ValueError, match="full batch"):
+        viz_board.request_level_batching([1, 2], batch=3)
+
+
+def _hashed(*lists) -> Workload:
+    return Workload("toy", [Request(i, float(i), 512 * len(h), 1, tuple(h)) for i, h in enumerate(lists)], "test", True)
+
+
+def test_routing_and_dependence_on_a_toy_trace():
+    toy = _hashed((1, 2), (1, 2), (1, 3), (1, 2))
+    # one card: B hits 2, C hits 1, D hits 2 of 8 blocks; two cards round-robin: {A, C} -> 1, {B, D} -> 2
+    assert viz_board.routing_hit_rates(toy, (1, 2)) == {1: pytest.approx(5 / 8), 2: pytest.approx(3 / 8)}
+    # B, C and D each re-send at least half of their two blocks
+    assert viz_board.dependent_requests(toy) == pytest.approx(3 / 4)
+
+
+def test_tlb_bytes_by_hand():
+    t = viz_board.tlb_bytes()
+    assert t["table_bytes"] == 186 * 40 * 4 * 32
+    assert t["kv_bytes"] == 186 * 640 * 524_288
+    assert t["swap_in_one_way_s"] == pytest.approx(640 * 524_288 / 64e9)
+
+
+def test_interference_spike_is_bounded_by_the_ledger():
+    sp = viz_board.interference_spike()
+    prefill = (2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / (0.5 * 989e12)
+    step_186 = (13.48e9 + 186 * 640 * 524_288) / 3.35e12
+    assert sp["prefill_s"] == pytest.approx(prefill)
+    assert sp["lecture_additive_ratio"] == pytest.approx((prefill + step_186) / step_186)
+    # the step holding the prefill is at least the prefill and at most prefill plus a full decode step
+    assert prefill <= sp["spike_gap_s"] <= prefill + step_186
+    assert sp["usual_gap_s"] < step_186 < sp["spike_gap_s"]
+
+
+FAKE = {"request_batching": {"batch": 186, "batches": 1, "mean_effective_b": 55.0, "median_effective_b": 54.0,
+                             "mean_output": 211.0},
+        "spike": {"prefill_s": 0.1294, "engine_ratio": 6.5, "lecture_additive_ratio": 6.71,
+                  "usual_gap_s": 0.02, "spike_gap_s": 0.13, "decode_step_s": 0.02},
+        "routing": {"1": 0.366, "2": 0.27, "4": 0.19, "8": 0.136}, "dependent": 0.425, "agent_resend": 0.9206,
+        "sources": {"azure": "a", "mooncake": "m"}}
+
+
+def test_map_rows_follow_the_lectures_table():
+    rows = viz_board.map_rows(FAKE)
+    assert [r.where for r in rows] == [
+        "GPU programming Sep 30, kernels Oct 5", "Batching and scheduling I, Oct 7", "Disaggregation, Oct 14",
+        "Routing and load balancing, Oct 19", "KV-cache optimization, Oct 28", "Prefix cache, Nov 9",
+        "Pruning and quantization, Nov 11", "Speculative decoding, Nov 18", "Agent serving, Nov 18 and Nov 23"]
+    for r in rows:
+        assert r.lab in viz_board.LAB_NAMES and f'{viz_board.LAB_NAMES[r.lab]}.ipynb' in r.lab_link
+    assert "524,288 B = 512 KiB" in rows[4].value
+    assert "4.02 ms" in rows[6].value  # 13.48e9 / 3.35e12
+    assert "20%" in rows[6].value  # 13.48 / (13.48 + 159 x 0.3355) = 20.2%
+    assert "242 tok/s" in rows[7].value  # 1 / ((13.48e9 + 640 x 524,288) / 3.35e12)
+    assert "92.06%" in rows[5].value
+    html = viz_board.map_table_html(rows)
+    assert html.count("<tr>") == 10 and 'href="04_paged_kernel.ipynb"' in html
+    fig = viz_board.map_figure(rows)
+    assert len(fig.data[0].cells.values[0]) == 9
+
+
+def test_segments_follow_the_timing_plan():
+    segs = viz_board.SEGMENTS
+    assert [(s.start, s.end) for s in segs] == [(0, 6), (6, 16), (16, 36), (36, 46), (46, 58), (58, 68), (68, 75)]
+    assert [s.protected for s in segs] == [False, True, True, False, False, False, False]
+    assert all(s.ask and s.answer and s.board for s in segs)
+    # numbers on the board are the exact ones: 29 x 640 x 524,288 / 62.52e9 = 15.56%, 3 x 640 x ... = 1.61%
+    assert "15.56%" in segs[1].board and "1.61%" in segs[1].answer
+    assert "18.25 GB against 3.22 GB" in segs[3].board  # 34,816 and 6,144 tokens x 524,288 B
+    assert "B = 159" in segs[5].answer and "6.41×" in segs[6].board  # 186 / 29
+
+
+def test_board_pictures_are_the_lectures():
+    fig = viz_board.five_jobs_figure()
+    assert sum(1 for s in fig.layout.shapes if s.type == "circle") == 2  # memory, circled twice
+    bars = viz_board.swap_recompute_figure()
+    assert bars.data[0].y[0] == pytest.approx(1e3 * 2 * 4096 * 524_288 / 64e9)
+    assert bars.data[1].y[0] == pytest.approx(1e3 * (2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / (0.5 * 989e12))
+
+
+def test_every_segment_builds_from_the_shipped_data():
+    data = viz_board.load_board_data()
+    for i, seg in enumerate(viz_board.SEGMENTS):
+        view = viz_board.segment_view(i, data)
+        assert view.text().startswith(f"{seg.start}–{seg.end} min")
+        assert view._repr_mimebundle_()["text/plain"] == view.text()
+    with pytest.raises(IndexError):
+        viz_board.segment_view(7, data)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TRACES.exists(), reason=f"real traces not found in {TRACES}")
+def test_shipped_board_data_is_current():
+    """board_data.json must be what the engine and the traces give today (regenerate with --write)."""
+    shipped = json.loads(viz_board.BOARD_DATA.read_text())
+    fresh = json.loads(json.dumps(viz_board.compute_board_data()))
+    assert fresh == shipped, "labsupport/board_data.json is stale: run `python -m labsupport.viz_board --write`"

@@ -1,0 +1,216 @@
+"""labsupport.viz_slo (lab 07, §10.6): figures and panels against hand arithmetic and the engine's own ledger.
+
+Hand numbers: weights 6.74e9 x 2 B = 13.48e9 B; KV 2 x 32 x 32 x 128 x 2 = 524,288 B per token; a
+640-token sequence holds 335,544,320 B; the H100 streams 3.35e12 B/s.  TPOT(B) = (13.48e9 + B x
+335,544,320) / 3.35e12: 6.93 ms at B = 29, 22.65 ms at B = 186; the largest B under 20 ms is
+floor((0.020 x 3.35e12 - 13.48e9) / 335,544,320) = floor(159.5) = 159; the paged pool holds
+floor(62.52e9 / (16 x 524,288)) = 7,452 blocks, 7,452 // 40 = 186 sequences; reserve-to-max holds
+floor(62.52e9 / 2^31) = 29.
+"""
+from __future__ import annotations
+
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from labsupport import viz_slo
+from labsupport.costmodel import CostModel
+from labsupport.engine import Engine
+from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LLAMA3_70B
+from labsupport.workloads import Request, Workload
+
+W = 6.74e9 * 2
+SEQ_BYTES = 640 * 524_288
+BW = 3.35e12
+
+
+def hand_tpot(batch: int, seq_bytes: float = SEQ_BYTES) -> float:
+    return (W + batch * seq_bytes) / BW
+
+
+def test_tpot_terms_split_the_step_into_weights_you_and_neighbours():
+    terms = viz_slo.tpot_terms(LECTURE_7B, LECTURE_GPU, 186, 640)
+    assert terms["weights"] == pytest.approx(W / BW)
+    assert terms["your KV"] == pytest.approx(SEQ_BYTES / BW)
+    assert terms["neighbours' KV"] == pytest.approx(185 * SEQ_BYTES / BW)
+    assert sum(terms.values()) == pytest.approx(hand_tpot(186))
+    assert 1e3 * sum(terms.values()) == pytest.approx(22.654, abs=1e-3)
+    with pytest.raises(ValueError, match="batch"):
+        viz_slo.tpot_terms(LECTURE_7B, LECTURE_GPU, 0, 640)
+
+
+def test_three_columns_are_the_lectures_table_exactly():
+    naive, ceiling, slo = viz_slo.three_columns()
+    assert (naive.batch, ceiling.batch, slo.batch) == (29, 186, 159)
+    assert (naive.printed_batch, ceiling.printed_batch, slo.printed_batch) == ("29", "199", "164")
+    for col in (naive, ceiling, slo):
+        assert col.tpot_s == pytest.approx(hand_tpot(col.batch))
+        assert col.throughput_tok_s == pytest.approx(col.batch / hand_tpot(col.batch))
+    assert naive.meets_slo and slo.meets_slo and not ceiling.meets_slo
+    assert ceiling.goodput_tok_s == 0 and ceiling.throughput_tok_s == pytest.approx(8210.4, abs=0.1)
+    assert naive.goodput_tok_s == pytest.approx(4185.6, abs=0.1)
+    # at 25 ms the middle column meets the SLO and keeps its throughput; the SLO-limited one rises to it
+    loose = viz_slo.three_columns(tpot_slo_s=0.025)
+    assert loose[1].goodput_tok_s == loose[1].throughput_tok_s and loose[2].batch == 186
+    # GQA-8: memory ceiling 29,812 // 40 = 745, SLO bound floor((0.02 x 3.35e12 - 13.48e9) / (640 x 131,072)) = 638
+    assert [c.batch for c in viz_slo.three_columns(LECTURE_7B_GQA8)] == [116, 745, 638]
+    with pytest.raises(ValueError, match="no KV budget"):
+        viz_slo.three_columns(LLAMA3_70B, GPUS["h100"])
+
+
+def test_goodput_table_strikes_the_middle_column():
+    cols = viz_slo.three_columns()
+    fig = viz_slo.goodput_table_figure(cols)
+    throughput, goodput = fig.data
+    assert list(throughput.y) == pytest.approx([c.batch / hand_tpot(c.batch) for c in cols])
+    assert list(goodput.y) == pytest.approx([4185.55, 0.0, 159 / hand_tpot(159)], rel=1e-5)
+    assert throughput.text[1].startswith("<s>") and not throughput.text[0].startswith("<s>")
+    assert "goodput 0" in goodput.text[1]
+    assert len(fig.layout.shapes) == 1  # the strike across the one failing bar
+    html = viz_slo.goodput_table_html(cols)
+    assert html.count("<s>") == 1 and "8,210 tok/s" in html and "8,470 tok/s" in html  # exact and printed
+    rows = viz_slo.goodput_table_rows(cols)
+    assert rows[1]["throughput"] == "~~8,210 tok/s~~" and rows[1]["goodput"] == "0 tok/s"
+
+
+def test_goodput_table_panel_reacts_to_the_slo():
+    panel = viz_slo.goodput_table_panel()
+    before = list(panel.figure.data[1].y)
+    assert before[1] == 0
+    panel.controls["tpot_slo_ms"].value = 25.0
+    after = list(panel.figure.data[1].y)
+    assert after[1] == pytest.approx(186 / hand_tpot(186))
+    assert "meets the SLO), throughput 8,210" in panel.text()
+    panel.controls["model"].value = "llama-3-70b"  # 141.2 GB of weights: no budget on an 80 GB card
+    assert panel.error and "no KV budget" in panel.error
+    assert list(panel.figure.data[1].y) == after  # the figure keeps its last good state
+
+
+def test_tpot_figure_and_panel_follow_the_slider():
+    measured = {29: hand_tpot(29), 186: hand_tpot(186)}
+    fig = viz_slo.tpot_vs_batch_figure(LECTURE_7B, LECTURE_GPU, 640, 186, 0.020, measured=measured)
+    weights, yours, others, you, engine = fig.data
+    assert weights.y[0] == pytest.approx(1e3 * W / BW)
+    assert yours.y[0] == pytest.approx(1e3 * SEQ_BYTES / BW)
+    assert list(you.x) == [186] and you.y[0] == pytest.approx(1e3 * hand_tpot(186))
+    assert list(engine.x) == [29, 186]
+    assert any("B ≤ 159" in a.text for a in fig.layout.annotations)
+    assert any("memory ceiling 186" in a.text for a in fig.layout.annotations)
+
+    panel = viz_slo.tpot_panel(measured=measured)
+    panel.controls["batch"].value = 29
+    assert panel.figure.data[3].y[0] == pytest.approx(1e3 * hand_tpot(29))
+    assert "TPOT at B = 29" in panel.text() and "meets the 20 ms SLO" in panel.text()
+    panel.controls["model"].value = "lecture-7b-gqa8"  # engine markers belong to the lecture's configuration
+    assert len(panel.figure.data) == 4
+
+
+def test_steady_batch_on_the_engine_matches_the_closed_form():
+    measured = viz_slo.steady_batch_tpot([1, 29, 186], seq_tokens=640)
+    for b, t in measured.items():
+        assert t == pytest.approx(hand_tpot(b), rel=1e-9)
+    with pytest.raises(ValueError, match="do not fit"):
+        viz_slo.steady_batch_tpot([200], seq_tokens=640)  # 200 x 40 blocks > 7,452
+
+
+def test_ttft_bars_stack_the_three_terms():
+    splits = [viz_slo.TTFTSplit("idle", 0.0, 0.1294, 0.0), viz_slo.TTFTSplit("loaded", 2.0, 0.135, 0.02)]
+    fig = viz_slo.ttft_bars_figure(splits)
+    assert [t.name for t in fig.data] == ["queueing", "prefill", "scheduling delay"]
+    assert list(fig.data[0].x) == pytest.approx([0, 2000]) and list(fig.data[1].x) == pytest.approx([129.4, 135])
+    shares = viz_slo.ttft_bars_figure(splits, normalize=True)
+    for i in range(2):
+        assert sum(t.x[i] for t in shares.data) == pytest.approx(100)
+    assert splits[1].total_s == pytest.approx(2.155)
+    with pytest.raises(ValueError, match="scheduling_s"):
+        viz_slo.TTFTSplit("bad", 0.0, 0.1, -1.0)
+    with pytest.raises(ValueError):
+        viz_slo.ttft_bars_figure([])
+
+
+def test_probe_run_queueing_takes_over_under_load():
+    light = viz_slo.chat_with_probe(5)
+    heavy = viz_slo.chat_with_probe(80)
+    for run in (light, heavy):
+        probe = run.result.requests[run.probe_id]
+        split = run.splits()[0]
+        assert split.total_s == pytest.approx(probe.ttft_s)
+        assert probe.finished
+    lone = light.splits()[0]
+    assert lone.queueing_s == 0
+    # at least the 4,096-token prefill: (2 x 6.74e9 x 4096 + 4 x 32 x 32 x 128 x 4096^2) / (0.5 x 989e12) = 129.44 ms
+    assert lone.prefill_s >= 0.12944
+    loaded = heavy.splits()[0]
+    assert loaded.queueing_s > loaded.prefill_s + loaded.scheduling_s  # the board: queueing biggest
+    panel = viz_slo.ttft_panel(rate_per_s=10)
+    first = [list(t.x) for t in panel.figure.data]
+    panel.controls["rate_per_s"].value = 80
+    assert [list(t.x) for t in panel.figure.data] != first
+    assert "queueing" in panel.text()
+
+
+def _tiny_trace() -> Workload:
+    rng = np.random.default_rng(3)
+    reqs = [Request(i, float(t), int(p), int(o)) for i, (t, p, o) in enumerate(zip(
+        np.cumsum(rng.exponential(1 / 30, 120)), rng.integers(50, 3000, 120), rng.integers(1, 300, 120)))]
+    return Workload("tiny", reqs, "test", True)
+
+
+def test_replay_goodput_agrees_with_the_engines_ledger():
+    trace = _tiny_trace()
+    rp = viz_slo.replay_trace(trace, viz_slo.ReplayConfig("paged"), speedup=1.5, window_s=3.0)
+    window = [r for r in trace if r.arrival_s < 3.0]
+    assert rp.counters["requests"] == len(window) == rp.counters["finished"]
+    # the same requests, straight into the engine: its own slo_report is the reference
+    engine = Engine(cost_model=CostModel(), num_blocks=7452, block_size=16, record_token_times=False)
+    for r in window:
+        engine.add_request(prompt_len=r.prompt_tokens, max_new_tokens=r.output_tokens, arrival_time=r.arrival_s / 1.5)
+    result = engine.run()
+    for ttft, tpot in ((0.2, 0.015), (1.0, 0.030), (1e9, 1e9)):
+        rep = result.slo(ttft, tpot)
+        assert rp.goodput_tok_s(ttft, tpot) == pytest.approx(rep.goodput_tok_s, rel=1e-12)
+        assert rp.goodput_frac(ttft, tpot) == pytest.approx(rep.goodput_req_frac, rel=1e-12)
+    assert rp.throughput_tok_s == pytest.approx(result.slo(1, 1).throughput_tok_s, rel=1e-12)
+    assert rp.mean_split().total_s == pytest.approx(np.mean([r.ttft_s for r in result.requests.values()]))
+    with pytest.raises(ValueError, match="no request"):
+        viz_slo.replay_trace(trace, viz_slo.ReplayConfig("x"), window_s=0.0)
+    with pytest.raises(ValueError, match="speedup"):
+        viz_slo.replay_trace(trace, viz_slo.ReplayConfig("x"), speedup=0)
+
+
+def test_goodput_panel_recounts_without_rerunning():
+    trace = _tiny_trace()
+    replays = [viz_slo.replay_trace(trace, viz_slo.ReplayConfig("paged")),
+               viz_slo.replay_trace(trace, viz_slo.ReplayConfig("naive", block_size=4096))]
+    fig = viz_slo.goodput_vs_slo_figure(replays, 20.0, 1.0)
+    curve = fig.data[0]
+    assert list(curve.y) == sorted(curve.y)  # goodput never falls as the SLO loosens
+    assert curve.y[-1] <= replays[0].throughput_tok_s + 1e-9
+    panel = viz_slo.goodput_slo_panel(replays, tpot_slo_ms=5.0)
+    low = panel.figure.data[2].y[0]
+    panel.controls["tpot_slo_ms"].value = 60.0
+    assert panel.figure.data[2].y[0] == pytest.approx(replays[0].goodput_tok_s(1.0, 0.060))
+    assert panel.figure.data[2].y[0] >= low
+    assert "TPOT SLO 60 ms" in panel.figure.layout.annotations[0].text
+
+
+def test_utilization_is_what_the_allocator_holds():
+    reqs = [(0.0, 512, 128)]
+    exact = viz_slo.utilization_run(reqs, 1)  # block size 1: every reserved slot holds a token
+    naive = viz_slo.utilization_run(reqs, 4096)
+    paged = viz_slo.utilization_run(reqs, 16)
+    assert exact.utilization == pytest.approx(1.0)
+    assert 512 / 4096 <= naive.utilization <= 639 / 4096  # one 4,096-token slot holding 512..639 tokens
+    assert 512 / 528 <= paged.utilization <= 1.0
+    assert naive.throughput_tok_s == exact.throughput_tok_s == paged.throughput_tok_s  # same steps, same clock
+    with pytest.raises(ValueError, match="rejected"):
+        viz_slo.utilization_run([(0.0, 130_000, 10)], 4096)  # 32 slots of 4,096 > the pool's 29
+    assert viz_slo.chat_requests(10, 5)[0][1:] == (512, 128)
+
+
+def test_figure_view_has_a_deterministic_text():
+    view = viz_slo.FigureView(go.Figure(go.Bar(x=[1], y=[2])), "one bar")
+    bundle = view._repr_mimebundle_()
+    assert bundle["text/plain"] == "one bar"
+    assert "application/vnd.jupyter.widget-view+json" in bundle
