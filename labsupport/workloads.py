@@ -614,20 +614,20 @@ def load_mooncake(kind: str = "conversation", path=None, **kwargs) -> Workload:
 def prefix_hit_rate(workload: Workload | Sequence[Request]) -> float:
     """Share of requested prompt blocks that an unbounded prefix cache would already hold.
 
-    Requests are taken in order; block j of a request hits when its hash id was seen before and
-    blocks 0..j-1 hit too (a prefix cache shares leading blocks only).
+    Requests are taken in order; block j of a request hits when the same chain of ids, blocks
+    0..j, was requested before (a prefix cache shares leading blocks only, and a block's KV
+    depends on everything before it).  Mooncake's hash ids already name whole prefixes; keying on
+    the chain keeps the count right for id lists that do not.
     """
-    seen: set[int] = set()
+    chains: dict[tuple[int, int], int] = {}  # (id of the chain before, this block's id) -> chain id
     hits = total = 0
     for r in workload:
-        leading = True
+        chain = -1  # once a block misses, its new chain id makes every later block miss too
         for h in r.hash_ids:
             total += 1
-            if leading and h in seen:
-                hits += 1
-            else:
-                leading = False
-            seen.add(h)
+            key = (chain, h)
+            hits += key in chains
+            chain = chains.setdefault(key, len(chains))
     if total == 0:
         raise ValueError("the workload has no hash ids (only Mooncake traces carry them)")
     return hits / total

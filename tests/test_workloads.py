@@ -125,6 +125,13 @@ def test_prefix_hit_rate_counts_only_leading_blocks():
             W.Request(1, 0.0, 1536, 1, hash_ids=(9, 2, 3)),  # 2 and 3 were seen, but after a miss: 0 hits
             W.Request(2, 0.0, 1536, 1, hash_ids=(1, 2, 4))]  # 1, 2 hit; 4 is new
     assert W.prefix_hit_rate(reqs) == 2 / 9
+    # a block is shared only with the same prefix before it: (2, 3) starting a request is not the (2, 3)
+    # that followed 1, and (1, 2) after (3,) is not the (1, 2) that began a request
+    moved = [W.Request(0, 0.0, 1536, 1, hash_ids=(1, 2, 3)),
+             W.Request(1, 0.0, 1024, 1, hash_ids=(2, 3)),
+             W.Request(2, 0.0, 1536, 1, hash_ids=(3, 1, 2)),
+             W.Request(3, 0.0, 1024, 1, hash_ids=(2, 3))]  # the (2, 3) prefix of request 1: 2 hits
+    assert W.prefix_hit_rate(moved) == 2 / 10
     with pytest.raises(ValueError, match="no hash ids"):
         W.prefix_hit_rate([W.Request(0, 0.0, 10, 1)])
 
