@@ -165,7 +165,7 @@ def tpot_vs_batch_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch:
         fig.add_annotation(x=ceiling, y=0.02, yref="paper", xanchor="right", showarrow=False,
                            text=f"memory ceiling {ceiling} ", font=dict(size=FONT_SIZE, color=PALETTE["memory"]))
     y_top = max(slo_ms, 1e3 * ledger.tpot_s(model, b_max, seq_tokens, gpu.hbm_bandwidth)) * 1.08
-    return styled(fig, f"Your neighbours set your cadence ({seq_tokens:,}-token sequences, {model.name}, {gpu.name})",
+    return styled(fig, f"Your neighbours set your cadence<br><sup>{seq_tokens:,}-token sequences, {model.name} on {gpu.name}</sup>",
                   height=height, xaxis=dict(title="decode batch B (sequences in the step)", range=[0, b_max]),
                   yaxis=dict(title="TPOT, time per output token (ms)", range=[0, y_top]),
                   legend=dict(orientation="h", y=-0.3, x=0), margin=dict(b=130))
