@@ -19,10 +19,11 @@ reproduce the shape of that figure.
 """
 from __future__ import annotations
 
-import operator
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Mapping, NamedTuple, Sequence
+
+from .args import as_count as _as_count
 
 __all__ = [
     "OutOfBlocks", "ReservationExceeded", "UnknownSequence", "SwappedOut", "InvariantError",
@@ -65,21 +66,6 @@ class SwappedOut(ValueError):
 
 class InvariantError(AssertionError):
     """`check_invariants` found the allocator's bookkeeping inconsistent."""
-
-
-def _as_count(name: str, value, minimum: int = 0) -> int:
-    """An integer >= minimum, or ValueError naming the value (bools are rejected on purpose)."""
-    if type(value) is int and value >= minimum:  # the common case, kept cheap for the hot path
-        return value
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {v}")
-    return v
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,21 +11,13 @@ import math
 import sys
 
 from . import ledger as L
+from .args import OneLineParser, UsageError
 from .specs import GB, GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model
 from .units import fmt_pct
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit code 2, never a traceback
-        raise _BadFlag(message)
-
-
-class _BadFlag(Exception):
-    pass
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m labsupport ledger", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m labsupport ledger", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="one flat JSON object, base units")
     p.add_argument("--markdown", action="store_true", help="the table as Markdown (the README's section)")
     p.add_argument("--model", default="lecture-7b", help=f"preset: {', '.join(sorted(MODELS))}")
@@ -160,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         sc = scenario_from_args(args)
         r = L.compute(sc)
-    except (_BadFlag, ValueError) as exc:
+    except (UsageError, ValueError) as exc:
         print(f"labsupport ledger: error: {exc}", file=sys.stderr)
         return 2
     if args.json:

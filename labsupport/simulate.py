@@ -21,10 +21,10 @@ import warnings
 from dataclasses import dataclass
 
 from . import ledger
+from .args import OneLineParser, UsageError
 from .costmodel import CostModel
 from .engine import PREEMPTION_MODES, Engine, EngineResult, SLOReport, slo_report
-from .specs import GB, GPUS, MODELS, get_gpu, get_model
-from .specs import MiB
+from .specs import GB, GPUS, MODELS, MiB, get_gpu, get_model
 
 TRACE_NAMES = {  # command-line name -> labsupport.workloads trace name
     "azure-conv": "azure-conv",
@@ -35,17 +35,8 @@ TRACE_NAMES = {  # command-line name -> labsupport.workloads trace name
 TRACE_CHOICES = (*TRACE_NAMES, "synthetic")
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit code 2 (argparse would print the whole usage)
-        raise _UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m labsupport simulate",
+    p = OneLineParser(prog="python -m labsupport simulate",
                 description="Replay a serving trace through the engine on the cost-model clock and print "
                             "the SLO ledger (§10.6).")
     p.add_argument("--trace", choices=TRACE_CHOICES, default="azure-conv",
@@ -83,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_args(a) -> None:
     def positive(name, v):
         if v is not None and not (v > 0 and math.isfinite(v)):
-            raise _UsageError(f"--{name} must be positive, got {v}")
+            raise UsageError(f"--{name} must be positive, got {v}")
 
     for name in ("limit", "block_size", "max_num_seqs", "max_num_batched_tokens", "synthetic_requests",
                  "synthetic_prompt", "synthetic_output"):
@@ -91,11 +82,11 @@ def _check_args(a) -> None:
     for name in ("rate_scale", "kv_budget_gb", "link_gbs", "ttft_slo_ms", "tpot_slo_ms", "synthetic_rate"):
         positive(name.replace("_", "-"), getattr(a, name))
     if not 0 < a.mfu <= 1:
-        raise _UsageError(f"--mfu must be in (0, 1], got {a.mfu}")
+        raise UsageError(f"--mfu must be in (0, 1], got {a.mfu}")
     if not 0 <= a.watermark < 1:
-        raise _UsageError(f"--watermark must be in [0, 1), got {a.watermark}")
+        raise UsageError(f"--watermark must be in [0, 1), got {a.watermark}")
     if a.trace == "synthetic" and a.trace_file:
-        raise _UsageError("--trace-file needs a real trace name (azure-conv, azure-code, mooncake-...)")
+        raise UsageError("--trace-file needs a real trace name (azure-conv, azure-code, mooncake-...)")
 
 
 def load_workload(a):
@@ -193,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         a = parser.parse_args(argv)
         _check_args(a)
         model, gpu = get_model(a.model), get_gpu(a.gpu)
-    except _UsageError as e:
+    except UsageError as e:
         print(f"simulate: error: {e}", file=sys.stderr)
         return 2
     except ValueError as e:
@@ -241,14 +232,14 @@ def _json_default(x):
 
 def bench(argv: list[str] | None = None) -> int:
     """Replay the whole Azure conversation trace on the cost-model clock; report steps/s and a profile."""
-    p = _Parser(prog="python -m labsupport bench engine", description=bench.__doc__)
+    p = OneLineParser(prog="python -m labsupport bench engine", description=bench.__doc__)
     p.add_argument("--trace", choices=tuple(TRACE_NAMES), default="azure-conv")
     p.add_argument("--limit", type=int)
     p.add_argument("--profile-requests", type=int, default=3000,
                    help="profile a replay of this many requests (0 to skip)")
     try:
         a = p.parse_args(argv or [])
-    except _UsageError as e:
+    except UsageError as e:
         print(f"bench engine: error: {e}", file=sys.stderr)
         return 2
     from . import workloads

@@ -378,7 +378,7 @@ SEGMENTS: tuple[Segment, ...] = _segments()
 
 def _board_picture(index: int, data: dict):
     """The board picture(s) of one segment: figures and panels from the labs' own modules."""
-    from . import viz, viz_memory, viz_sharing, viz_slo
+    from . import viz, viz_engine, viz_memory, viz_sharing, viz_slo
     from .allocators import BlockAllocator
 
     if index == 0:
@@ -402,8 +402,6 @@ def _board_picture(index: int, data: dict):
         return [viz_slo.FigureView(before, "refcount 8"), viz_slo.FigureView(after, "refcount 7 + 1"),
                 viz_sharing.fanout_panel()]
     if index == 4:
-        from . import viz_engine
-
         return [viz_slo.FigureView(swap_recompute_figure(), "swap 67 ms against recompute 129 ms"),
                 viz_engine.swap_recompute_panel()]
     if index == 5:
@@ -417,11 +415,11 @@ def _board_picture(index: int, data: dict):
 
 def swap_recompute_figure(seq_tokens: int = 4096) -> go.Figure:
     """§10.5's derivation on the board: the swap round trip against the recompute, MHA and GQA-8."""
-    bars = []
-    for m in (LECTURE_7B, LECTURE_7B_GQA8):
-        kv = seq_tokens * m.kv_bytes_per_token
-        bars.append((m.name, ledger.swap_round_trip_s(kv, LECTURE_GPU.link_bandwidth),
-                     ledger.recompute_s(m, seq_tokens, LECTURE_GPU.peak_flops)))
+    from . import viz_engine
+
+    terms = [viz_engine.swap_recompute(m, LECTURE_GPU, seq_tokens, LECTURE_GPU.link_bandwidth)
+             for m in (LECTURE_7B, LECTURE_7B_GQA8)]
+    bars = [(m.name, t["swap_s"], t["recompute_s"]) for m, t in zip((LECTURE_7B, LECTURE_7B_GQA8), terms)]
     fig = go.Figure()
     fig.add_trace(go.Bar(x=[b[0] for b in bars], y=[1e3 * b[1] for b in bars], name="swap out + in (64 GB/s)",
                          marker_color=PALETTE["link"], text=[f"{1e3 * b[1]:.1f} ms" for b in bars],
@@ -429,8 +427,7 @@ def swap_recompute_figure(seq_tokens: int = 4096) -> go.Figure:
     fig.add_trace(go.Bar(x=[b[0] for b in bars], y=[1e3 * b[2] for b in bars], name="recompute (50% of peak)",
                          marker_color=PALETTE["recompute"], text=[f"{1e3 * b[2]:.1f} ms" for b in bars],
                          textposition="outside", textfont=dict(size=FONT_SIZE + 2)))
-    w = ledger.breakeven_link_bandwidth(LECTURE_7B, seq_tokens, LECTURE_GPU.peak_flops) / GB
-    wg = ledger.breakeven_link_bandwidth(LECTURE_7B_GQA8, seq_tokens, LECTURE_GPU.peak_flops) / GB
+    w, wg = (t["breakeven_bandwidth"] / GB for t in terms)
     return styled(fig, f"A preempted {seq_tokens:,}-token sequence: break-even link {w:.2f} GB/s (MHA), {wg:.2f} GB/s (GQA-8)",
                   height=480, barmode="group", yaxis=dict(title="stall (ms)", range=[0, 160]),
                   legend=dict(orientation="h", y=-0.2, x=0))

@@ -30,6 +30,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from . import ledger
+from .args import positive_int as _positive_int
 from .specs import GB, LECTURE_MFU, MiB, GPUSpec, ModelSpec, get_gpu, get_model
 from .units import fmt_int
 from .viz import FONT_SIZE, PALETTE, Panel, dropdown, gpu_options, selection_slider, styled
@@ -44,12 +45,6 @@ SWAP_MODELS = (("lecture-7b (MHA)", "lecture-7b"), ("lecture-7b-gqa8 (GQA-8)", "
                ("llama-3-8b (GQA-8)", "llama-3-8b"), ("llama-3-70b (GQA-8)", "llama-3-70b"))
 S_OPTIONS = [(f"{s:,}", s) for s in (256, 512, 1024, 2048, 4096, 5195, 8192, 16_384, 32_768, 65_536, 131_072)]
 LINK_OPTIONS = [(f"{g:g} GB/s", g) for g in (4, 8, 8.3, 16, 25, 32, 33.2, 50, 64, 128, 450)]
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 # =============================================================================================

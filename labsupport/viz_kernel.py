@@ -26,6 +26,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from .allocators import BlockAllocator, OutOfBlocks
+from .args import positive_int
 from .specs import GB, MiB, GPUSpec, ModelSpec, get_gpu, get_model
 from .units import fmt_bytes, fmt_int, fmt_seconds
 from .viz import FONT_SIZE, PALETTE, Panel, dropdown, in_unit, model_options, selection_slider, styled
@@ -249,8 +250,7 @@ def step_bytes(batch: int, seq_len: int, num_q_heads: int, num_kv_heads: int, he
     for name, v in (("batch", batch), ("seq_len", seq_len), ("num_q_heads", num_q_heads),
                     ("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("dtype_bytes", dtype_bytes),
                     ("block_size", block_size)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        positive_int(name, v)
     kv = 2 * batch * seq_len * num_kv_heads * head_dim * dtype_bytes
     q_out = 2 * batch * num_q_heads * head_dim * dtype_bytes
     table = batch * (-(-seq_len // block_size)) * table_entry_bytes

@@ -29,6 +29,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from . import ledger
+from .args import positive_int as _positive_int
 from .allocators import (BlockAllocator, Breakdown, ContiguousAllocator, OutOfBlocks, Refusal,
                          ReserveToMaxAllocator)
 from .specs import MiB, get_gpu, get_model
@@ -46,12 +47,6 @@ PAPER_FIG2_TOKEN_STATES = {"max": 0.204, "pow2": 0.268, "oracle": 0.382, "paged"
 POLICY_LABELS = {"max": "Orca (Max)", "pow2": "Orca (Pow2)", "oracle": "Orca (Oracle)", "paged": "paged (vLLM)"}
 
 EXERCISE2_MIX = ((512, 0.70), (4096, 0.25), (32_768, 0.05))  # declared S_max and its share of requests
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 # =============================================================================================

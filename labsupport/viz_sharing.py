@@ -24,6 +24,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from . import ledger
+from .args import as_count as _count
 from .allocators import BlockAllocator, OutOfBlocks
 from .specs import LECTURE_GPU, get_model
 from .units import fmt_int
@@ -34,12 +35,6 @@ FANOUT_MODELS = (("lecture-7b (MHA, 512 KiB/token)", "lecture-7b"), ("lecture-7b
 PROMPT_OPTIONS = [(f"{v:,}", v) for v in (256, 512, 1000, 1024, 2048, 4096, 8192, 16_384, 32_768)]
 OUTPUT_OPTIONS = [(f"{v:,}", v) for v in (1, 16, 64, 128, 256, 512, 1024, 2048, 4096)]
 BLOCK_OPTIONS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-
-
-def _count(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 # =============================================================================================

@@ -40,6 +40,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .args import as_count as _count
+
 __all__ = [
     "Request", "Workload", "TraceInfo", "TraceStats", "TRACES", "TraceFormatError", "TraceUnavailable",
     "TraceNotice", "chat_workload", "lognormal_params", "lognormal_workload", "agent_session",
@@ -142,14 +144,6 @@ class Workload:
         return (f"{self.name} ({label}, {self.source}): {s['count']:,} requests over {s['duration_s']:,.0f} s; "
                 f"prompt median {s['prompt_median']:,.0f} / p99 {s['prompt_p99']:,.0f} tokens, "
                 f"output median {s['output_median']:,.0f} / p99 {s['output_p99']:,.0f}")
-
-
-def _count(name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _arrivals(num: int, rate_per_s: float | None, rng: np.random.Generator) -> np.ndarray:
