@@ -5,11 +5,11 @@ import importlib
 import sys
 
 COMMANDS = {
-    "ledger": ("labsupport.ledger_cli", "the lecture's numbers recomputed for any model and GPU"),
-    "doctor": ("labsupport.doctor", "check this machine can run the labs"),
-    "build": ("labsupport.build", "generate student and solution notebooks from the lab sources"),
-    "grade": ("labsupport.grade", "execute student notebooks and print the checkoff scoreboard"),
-    "simulate": ("labsupport.simulate", "replay a serving trace through the engine's cost-model clock"),
+    "ledger": ("labsupport.cli.ledger", "the lecture's numbers recomputed for any model and GPU"),
+    "doctor": ("labsupport.cli.doctor", "check this machine can run the labs"),
+    "build": ("labsupport.course.build", "generate student and solution notebooks from the lab sources"),
+    "grade": ("labsupport.course.grade", "execute student notebooks and print the checkoff scoreboard"),
+    "simulate": ("labsupport.cli.simulate", "replay a serving trace through the engine's cost-model clock"),
     "bench": ("labsupport.bench", "benchmarks: allocator, kernel, gpu, engine, notebooks"),
 }
 

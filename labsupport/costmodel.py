@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import ledger
-from .specs import LECTURE_GPU, LECTURE_MFU, LECTURE_7B, GPUSpec, ModelSpec, get_gpu, get_model
+from labsupport import ledger
+from labsupport.specs import LECTURE_7B, LECTURE_GPU, LECTURE_MFU, GPUSpec, ModelSpec, get_gpu, get_model
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,10 @@ from typing import Hashable, Sequence
 
 import torch
 
-from .allocators import BlockAllocator, OutOfBlocks, ReservationExceeded, ReserveToMaxAllocator, _as_count
+from labsupport.block_allocator import BlockAllocator
+from labsupport.checks import as_count as _as_count
+from labsupport.contiguous import ReserveToMaxAllocator
+from labsupport.memory_stats import OutOfBlocks, ReservationExceeded
 
 __all__ = ["PagedKVCache", "ContiguousKVCache"]
 

@@ -2,15 +2,15 @@
 
 Inputs and outputs are base units (bytes, bytes/s, FLOP, FLOP/s, seconds, tokens).  Nothing here
 is tuned to a printed figure: where the lecture's rounded numbers differ from the exact ones,
-``ERRATA`` records both and why.  The mechanisms (``labsupport.allocators``, ``kvcache``,
+``ERRATA`` records both and why.  The mechanisms (``labsupport.contiguous``, ``block_allocator``, ``kvcache``,
 ``engine``) are tested against these closed forms, and these against hand derivations.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field
 
-from .specs import GB, LECTURE_GPU, LECTURE_MFU, LECTURE_RESERVED_BYTES, GPUSpec, ModelSpec, LECTURE_7B
+from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, LECTURE_MFU, LECTURE_RESERVED_BYTES, GPUSpec, ModelSpec
 
 
 def _positive(name: str, value: float) -> None:
@@ -370,7 +370,7 @@ def compute(sc: Scenario) -> dict:
 def exercise1(model: ModelSpec = LECTURE_7B, gqa_model: ModelSpec | None = None, gpu: GPUSpec = LECTURE_GPU,
               s_max: int = 131_072, prompt: int = 512, output: int = 128, block_size: int = 16) -> dict:
     """Exercise 1, the long-context brochure: S_max = 128K under MHA, then GQA-8, naive vs paged."""
-    from .specs import LECTURE_7B_GQA8
+    from labsupport.specs import LECTURE_7B_GQA8
 
     gqa_model = gqa_model or LECTURE_7B_GQA8
     budget = kv_budget_bytes(model, gpu)
@@ -431,7 +431,7 @@ def exercise3(block_sizes=(8, 16, 64, 256), batch: int = 199, model: ModelSpec =
 def exercise4(model_gqa: ModelSpec | None = None, model_mha: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU,
               seq_tokens: int = 16_384, link: float = 32 * GB, mfu: float = LECTURE_MFU) -> dict:
     """Exercise 4: 16K GQA-8 swap vs recompute, and the MHA crossover length on a 32 GB/s link."""
-    from .specs import LECTURE_7B_GQA8
+    from labsupport.specs import LECTURE_7B_GQA8
 
     m = model_gqa or LECTURE_7B_GQA8
     kv = seq_tokens * m.kv_bytes_per_token
@@ -452,7 +452,7 @@ def exercise5(model: ModelSpec | None = None, gpu: GPUSpec = LECTURE_GPU, contex
               submitted_prompt_tokens: int = 97_000, reserve_s_max: int = 16_384, block_size: int = 16,
               mfu: float = LECTURE_MFU) -> dict:
     """Exercise 5: the 20-step agent session under GQA-8 — peak KV, sessions per card, prefill cost."""
-    from .specs import LECTURE_7B_GQA8
+    from labsupport.specs import LECTURE_7B_GQA8
 
     m = model or LECTURE_7B_GQA8
     kv = m.kv_bytes_per_token

@@ -13,7 +13,7 @@ Paging changes where bytes live, never the arithmetic (§10.3 step three), so gr
 both paths are identical and logits agree to float tolerance; tests/test_model.py checks it.
 
 :func:`load_tiny_model` returns the character-level model trained on the lecture text by
-``python -m labsupport.train_tiny`` (``data/tiny_lecture.pt``), or random weights when that
+``python -m labsupport.cli.train_tiny`` (``data/tiny_lecture.pt``), or random weights when that
 file is absent.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .specs import ModelSpec
+from labsupport.specs import ModelSpec
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 TINY_WEIGHTS = DATA_DIR / "tiny_lecture.pt"
@@ -435,7 +435,7 @@ class TinyTransformer(nn.Module):
     def generate_paged(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, block_size: int = 16,
                        attention: str = "auto", num_blocks: int | None = None) -> list[Generation]:
         """Greedy decode of a batch of prompts through a fresh PagedKVCache (every step batched)."""
-        from .kvcache import PagedKVCache
+        from labsupport.kvcache import PagedKVCache
 
         for p in prompts:
             _check_generate_args(p, max_new_tokens, self.cfg.max_seq_len)
@@ -478,7 +478,7 @@ def resolve_attention(attention: str, device: torch.device | str) -> str:
 
 
 def _decode_attention_fn(attention: str, device):
-    from . import kernels
+    from labsupport import kernels
 
     if resolve_attention(attention, device) == "triton":
         return kernels.paged_decode_attention

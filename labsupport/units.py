@@ -4,7 +4,7 @@ The lecture mixes GB (1e9 bytes) and GiB (2**30 bytes); every figure we print na
 """
 from __future__ import annotations
 
-from .specs import GB, GiB, KiB, MiB
+from labsupport.specs import GB, GiB, KiB, MiB
 
 __all__ = ["GB", "GiB", "KiB", "MiB", "fmt_bytes", "fmt_gb", "fmt_gib", "fmt_pct", "fmt_seconds", "fmt_int"]
 

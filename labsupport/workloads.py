@@ -40,7 +40,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .args import as_count as _count
+from labsupport.checks import as_count as _count
 
 __all__ = [
     "Request", "Workload", "TraceInfo", "TraceStats", "TRACES", "TraceFormatError", "TraceUnavailable",

@@ -24,10 +24,11 @@
 
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
-from labsupport import doctor, viz
-from labsupport.checkoff import check
+from labsupport.cli import doctor
+from labsupport.course.checkoff import check
 from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8
 from labsupport.units import fmt_bytes, fmt_gb, fmt_gib
+from labsupport.viz import roofline
 
 # %% tags=["nbval-ignore-output"]
 report = doctor.report()
@@ -175,7 +176,7 @@ for model in (LECTURE_7B, LECTURE_7B_GQA8):
 # "GQA-8" variant of its model.
 
 # %%
-viz.kv_heads_panel()
+roofline.kv_heads_panel()
 
 # %% [markdown]
 # ## Self-check

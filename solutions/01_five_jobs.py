@@ -18,9 +18,10 @@
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
 from labsupport import ledger, viz
-from labsupport.checkoff import check
+from labsupport.course.checkoff import check
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, LECTURE_RESERVED_BYTES
 from labsupport.units import fmt_bytes, fmt_gb
+from labsupport.viz import roofline
 
 H100 = LECTURE_GPU
 print(f"model: {LECTURE_7B.name}, {LECTURE_7B.num_params / 1e9:.2f}e9 parameters, "
@@ -118,7 +119,7 @@ print(f"B* = {H100.peak_flops / 1e12:,.0f} TFLOP/s ÷ {H100.hbm_bandwidth / GB:,
 # roofline. The shaded region is where memory will not let you go — the subject of the next section.
 
 # %%
-viz.decode_roofline_figure(LECTURE_7B, H100, s_max=4096).show()
+roofline.decode_roofline_figure(LECTURE_7B, H100, s_max=4096).show()
 
 # %% [markdown]
 # ## 3. What the memory permits: 29
@@ -186,7 +187,7 @@ print(f"the gap    {ridge:.1f} / {memory} = {ridge / memory:.1f}×")
 # * **A bigger model.** `llama-3-70b` on an H100: what is left for the cache?
 
 # %%
-viz.batch_gap_panel()
+roofline.batch_gap_panel()
 
 # %% [markdown]
 # What you should have seen: the ridge point is a property of the GPU (and of bytes per weight); it

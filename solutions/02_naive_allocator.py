@@ -24,13 +24,16 @@ import random
 
 import torch
 
-from labsupport import ledger, viz, viz_memory, workloads
-from labsupport.allocators import (BlockAllocator, ContiguousAllocator, OutOfBlocks, ReservationExceeded,
-                                   ReserveToMaxAllocator, fig2_breakdown, simulate_breakdown)
-from labsupport.checkoff import check
+from labsupport import ledger, viz, workloads
+from labsupport.block_allocator import BlockAllocator
+from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
+from labsupport.course.checkoff import check
+from labsupport.fig2 import fig2_breakdown, simulate_breakdown
 from labsupport.kvcache import ContiguousKVCache
+from labsupport.memory_stats import OutOfBlocks, ReservationExceeded
 from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.units import fmt_bytes, fmt_gb, fmt_pct
+from labsupport.viz import memory as viz_memory
 
 torch.manual_seed(0)
 MODEL, H100 = LECTURE_7B, LECTURE_GPU
@@ -446,7 +449,7 @@ check("2.11", bounded)
 #
 # We replay the first 1,000 requests of the **Azure LLM Inference 2023 conversation trace**
 # (Patel et al., ISCA 2024) through each real allocator on the lecture's 62.52 GB pool
-# (`allocators.fig2_breakdown`: every request waiting from the start, iteration-level admission,
+# (`labsupport.fig2.fig2_breakdown`: every request waiting from the start, iteration-level admission,
 # samples taken while memory is the bottleneck). Max is run at two context windows: 8,192 (the
 # smallest power of two holding these 1,000 requests) and 16,384 (what the whole trace needs).
 

@@ -25,12 +25,14 @@ from statistics import NormalDist
 
 import torch
 
-from labsupport import ledger, viz, viz_memory, workloads
-from labsupport.allocators import BlockAllocator, OutOfBlocks
-from labsupport.checkoff import check
+from labsupport import ledger, viz, workloads
+from labsupport.block_allocator import BlockAllocator
+from labsupport.course.checkoff import check
 from labsupport.kvcache import ContiguousKVCache, PagedKVCache
+from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import LECTURE_7B, LECTURE_GPU
 from labsupport.units import fmt_bytes, fmt_gb, fmt_pct
+from labsupport.viz import memory as viz_memory
 
 torch.manual_seed(0)
 MODEL, H100 = LECTURE_7B, LECTURE_GPU

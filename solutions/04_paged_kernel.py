@@ -30,7 +30,6 @@
 
 # %%
 import labsupport  # first: without a GPU this routes Triton kernels through its interpreter
-
 import inspect
 import statistics
 import time
@@ -40,11 +39,13 @@ import torch
 import triton
 import triton.language as tl
 
-from labsupport import kernel_bench, viz, viz_kernel
 from labsupport import kernels as K
-from labsupport.checkoff import check
-from labsupport.checkoffs.lab04 import raise_if_unfinished
+from labsupport import viz
+from labsupport.bench import kernel as kernel_bench
+from labsupport.course.checkoff import check
+from labsupport.course.checkoffs.lab04 import raise_if_unfinished
 from labsupport.kvcache import PagedKVCache
+from labsupport.viz import kernel as viz_kernel
 
 GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if GPU else "cpu")
@@ -383,7 +384,7 @@ def attention_step_bytes(batch, seq_len, num_q_heads, num_kv_heads, head_dim, dt
 check("4.3", attention_step_bytes)
 
 # %% [markdown]
-# The benchmark (`labsupport.kernel_bench`) divides exactly this count by the measured time to get
+# The benchmark (`labsupport.bench.kernel`) divides exactly this count by the measured time to get
 # *achieved* bandwidth. At its headline point — the lecture's 7B with GQA-8, one layer, B = 64
 # sequences of 8,192 tokens — one step's attention moves:
 

@@ -22,16 +22,17 @@
 
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
-
 import torch
 
-from labsupport import ledger, viz, viz_sharing
-from labsupport.checkoff import check
-from labsupport.engine import Engine, SamplingParams, sample_token
+from labsupport import ledger, viz
+from labsupport.course.checkoff import check
+from labsupport.engine import Engine
 from labsupport.kvcache import PagedKVCache
 from labsupport.model import load_tiny_model
+from labsupport.sampling import SamplingParams, sample_token
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, MiB
 from labsupport.units import fmt_gb
+from labsupport.viz import sharing as viz_sharing
 from labsupport.workloads import load_mooncake
 
 # The tiny model's matrices are far too small to gain from several threads, and on a shared
@@ -295,6 +296,7 @@ viz_sharing.fork_cost_figure(costs, kv, "MB", title="Fork cost grows with the bl
 
 # %% tags=["nbval-ignore-output"]
 import time
+
 
 def time_divergence(block_size, n=8, prompt=1001, repeats=20):
     """Mean seconds for one decode-slot reservation of n forked branches (copies included)."""

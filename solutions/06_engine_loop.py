@@ -19,17 +19,18 @@
 
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
-
 import time
 
 import torch
 
-from labsupport import ledger, viz, viz_engine
-from labsupport.checkoff import check
+from labsupport import ledger, viz
 from labsupport.costmodel import CostModel
-from labsupport.engine import Engine, SamplingParams
+from labsupport.course.checkoff import check
+from labsupport.engine import Engine
 from labsupport.model import load_tiny_model
+from labsupport.sampling import SamplingParams
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LECTURE_MFU
+from labsupport.viz import engine as viz_engine
 from labsupport.workloads import load_azure
 
 # The tiny model's matrices are far too small to gain from several threads, and on a shared

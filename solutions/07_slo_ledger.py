@@ -21,13 +21,16 @@ import math
 
 from IPython.display import HTML, Markdown
 
-from labsupport import ledger, viz, viz_slo, workloads
-from labsupport.allocators import BlockAllocator, OutOfBlocks, ReserveToMaxAllocator
-from labsupport.checkoff import check
+from labsupport import ledger, viz, workloads
+from labsupport.block_allocator import BlockAllocator
+from labsupport.contiguous import ReserveToMaxAllocator
 from labsupport.costmodel import CostModel
+from labsupport.course.checkoff import check
 from labsupport.engine import Engine
+from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.units import fmt_bytes, fmt_gb
+from labsupport.viz import slo as viz_slo
 
 H100, MHA = LECTURE_GPU, LECTURE_7B
 KV = MHA.kv_bytes_per_token  # 524,288 B = 512 KiB per token

@@ -22,11 +22,14 @@ import math
 import numpy as np
 from IPython.display import HTML
 
-from labsupport import ledger, viz_board, viz_sharing, viz_slo, workloads
-from labsupport.checkoff import check
+from labsupport import ledger, workloads
 from labsupport.costmodel import CostModel
+from labsupport.course.checkoff import check
 from labsupport.engine import Engine
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
+from labsupport.viz import board as viz_board
+from labsupport.viz import sharing as viz_sharing
+from labsupport.viz import slo as viz_slo
 
 H100, MHA = LECTURE_GPU, LECTURE_7B
 azure = workloads.load_azure("conv")

@@ -5,8 +5,8 @@
 # panel**: the segment's board picture (the same figures and sliders the labs use), its *ask the room*
 # question, and — folded away — the answer and the confusion to expect. Nothing here runs anything slow:
 # the pictures are closed-form or read off small allocator states, and the two that need engine runs or
-# real traces (the TTFT bars, the map of Part II) read `labsupport/board_data.json`, which
-# `python -m labsupport.viz_board --write` regenerates and a test keeps current.
+# real traces (the TTFT bars, the map of Part II) read `labsupport/viz/board_data.json`, which
+# `python -m labsupport.viz.board --write` regenerates and a test keeps current.
 #
 # **Live use.** *Run → Run All Cells* before class (a few seconds). In class, scroll segment by segment;
 # *View → Simple Interface* and the browser's zoom make it projector-sized. The sliders work live. Every
@@ -28,7 +28,7 @@
 
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
-from labsupport import viz_board
+from labsupport.viz import board as viz_board
 
 board_data = viz_board.load_board_data()
 for s in viz_board.SEGMENTS:

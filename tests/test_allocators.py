@@ -14,10 +14,16 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from labsupport.allocators import (
-    BlockAllocator, ContiguousAllocator, InvariantError, OrcaAllocator, OutOfBlocks, ReservationExceeded,
-    ReserveToMaxAllocator, SwappedOut, UnknownSequence, fig2_breakdown, next_pow2, orca_reservation,
+from labsupport.block_allocator import BlockAllocator
+from labsupport.contiguous import (
+    ContiguousAllocator,
+    OrcaAllocator,
+    ReserveToMaxAllocator,
+    next_pow2,
+    orca_reservation,
 )
+from labsupport.fig2 import fig2_breakdown
+from labsupport.memory_stats import InvariantError, OutOfBlocks, ReservationExceeded, SwappedOut, UnknownSequence
 
 KV_MHA = 2 * 32 * 32 * 128 * 2  # 524,288 B = 512 KiB per token (7B MHA, bf16)
 BUDGET = 80e9 - 2 * 6.74e9 - 4e9  # 62.52 GB of KV on an 80 GB card

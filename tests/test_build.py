@@ -1,4 +1,4 @@
-"""labsupport.build: one source -> an executed solution notebook and a student notebook, and --check.
+"""labsupport.course.build: one source -> an executed solution notebook and a student notebook, and --check.
 
 Most tests build a small lab in a temporary root without a kernel; one executes it for real.  The
 last ones check the repository itself: the committed notebooks are what the sources generate, and
@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labsupport import build as B
+from labsupport.course import build as B
 
 ROOT = Path(__file__).resolve().parents[1]
 WORD = "TO" + "DO"
@@ -24,7 +24,7 @@ DEMO = '''# %% [markdown]
 
 # %%
 import os
-from labsupport.checkoff import check
+from labsupport.course.checkoff import check
 print("cwd is", os.path.basename(os.getcwd()))
 
 # %% tags=["solution-only"]
@@ -48,8 +48,8 @@ def per_token(layers, heads, dim, nbytes):
 check("0.2", per_token)
 
 # %%
-from labsupport import viz
-viz.kv_heads_panel()
+from labsupport.viz import roofline
+roofline.kv_heads_panel()
 '''
 
 

@@ -1,4 +1,4 @@
-"""labsupport.checkoff: the registry, value/choice/function checkoffs, and labs 00–01's checkoffs.
+"""labsupport.course.checkoff: the registry, value/choice/function checkoffs, and labs 00–01's checkoffs.
 
 Expected values are written out by hand here (524,288 B; 295.2; 29), never read from the graders.
 """
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from labsupport import checkoff as C
-from labsupport.checkoff import CheckoffError, check
+from labsupport.course import checkoff as C
+from labsupport.course.checkoff import CheckoffError, check
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_GPU
 
 
@@ -162,7 +162,7 @@ def test_labs_register_their_checkoffs_in_order():
     assert C.load_lab(97) == []
     for lab in (0, 1):
         for c in C.load_lab(lab):
-            assert c.module == f"labsupport.checkoffs.lab{lab:02d}"
+            assert c.module == f"labsupport.course.checkoffs.lab{lab:02d}"
             assert len(c.hint) > 60 and c.title
 
 

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from labsupport import viz_slo
-from labsupport.checkoff import CheckoffError, check
+from labsupport.course.checkoff import CheckoffError, check
+from labsupport.viz import slo as viz_slo
 
 GB = 1e9
 

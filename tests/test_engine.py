@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 import labsupport  # noqa: F401
 from labsupport import ledger
 from labsupport.costmodel import CostModel
-from labsupport.engine import Engine, SamplingParams, sample_token, slo_report
+from labsupport.engine import Engine
 from labsupport.model import ModelConfig, TinyTransformer
+from labsupport.sampling import SamplingParams, sample_token
+from labsupport.slo import slo_report
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec
 
 
@@ -526,7 +528,7 @@ def test_percentiles_match_numpy():
     # the SLO ledger's p50/p99 against an independent reference (numpy's default, linear)
     import numpy as np
 
-    from labsupport.engine import _pct
+    from labsupport.slo import _pct
 
     rng = random.Random(1)
     for n in (1, 2, 7, 100):

@@ -1,4 +1,4 @@
-"""labsupport.grade: fresh-kernel execution, the per-checkoff scoreboard, --json, and exit codes.
+"""labsupport.course.grade: fresh-kernel execution, the per-checkoff scoreboard, --json, and exit codes.
 
 Small lab-00 notebooks are written here (a kernel start costs seconds, so the cells are few): one
 solved, one with a wrong answer dressed up with a stale "passed" output, one untouched, and one
@@ -12,12 +12,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labsupport import grade as G
+from labsupport.course import grade as G
 
 pytestmark = pytest.mark.slow
 
 WORD = "TO" + "DO"
-IMPORTS = "from labsupport.checkoff import check"
+IMPORTS = "from labsupport.course.checkoff import check"
 UNDONE_01 = f'raise NotImplementedError("{WORD} 0.1: set kib")\ncheck("0.1", kib)'
 UNDONE_02 = f'def per_token(l, h, d, b):\n    raise NotImplementedError("{WORD} 0.2: return it")\n\ncheck("0.2", per_token)'
 SOLVED_01 = 'kib = 512 * 1024\ncheck("0.1", kib)'

@@ -488,7 +488,7 @@ def test_gpu_bf16_rejected_before_sm80():
 # The benchmark's bookkeeping, run on CPU with a stand-in timer (its figures are checked by hand)
 # ------------------------------------------------------------------------------------------------
 def test_decode_rows_bytes_and_ratios_by_hand():
-    from labsupport import kernel_bench as KB
+    from labsupport.bench import kernel as KB
 
     # call order per combo: contiguous, SDPA, then per block size: paged, gather-then-attend
     times = iter([1.0, 4.0, 2.0, 6.0, 2.5, 5.0])
@@ -512,7 +512,7 @@ def test_decode_rows_bytes_and_ratios_by_hand():
 
 
 def test_decode_rows_skip_what_does_not_fit(monkeypatch):
-    from labsupport import kernel_bench as KB
+    from labsupport.bench import kernel as KB
 
     monkeypatch.setattr(KB, "_free_bytes", lambda device: 10_000)  # 2 x 16,384 B needed > 80% of 10 kB
     rows = KB.decode_rows([(2, 32, 2, (8, 16))], 1e9, torch.float32, 4, num_q_heads=4, head_dim=16, device="cpu",
@@ -521,7 +521,7 @@ def test_decode_rows_skip_what_does_not_fit(monkeypatch):
 
 
 def test_gpu_check_matrix_runs_on_cpu_and_passes():
-    from labsupport import kernel_bench as KB
+    from labsupport.bench import kernel as KB
 
     results = KB.correctness_matrix(configs=[(torch.float32, 8, 5, 1, 3), (torch.bfloat16, 16, 4, 2, 1)],
                                     head_dim=16, long_len=40, device="cpu", progress=None)

@@ -104,7 +104,7 @@ def test_gpu_check_matrix_in_parallel_processes_matches_one_process():
     import torch
 
     import labsupport  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
-    from labsupport import kernel_bench as KB
+    from labsupport.bench import kernel as KB
 
     configs = [(torch.float32, 8, 5, 1, 3), (torch.bfloat16, 16, 4, 2, 1)]
     kwargs = dict(configs=configs, head_dim=16, long_len=20, device="cpu")
@@ -124,9 +124,9 @@ VECTOR_LOAD = re.compile(r"ld\.global(\.[a-z]+)*\.v4\.b32|cp\.async\.cg\.shared\
 def _main() -> None:
     import tempfile
 
-    import labsupport  # noqa: F401
     import torch
 
+    import labsupport  # noqa: F401
     from labsupport import kernels as K
 
     try:

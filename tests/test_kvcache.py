@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from labsupport.allocators import OutOfBlocks, ReservationExceeded, SwappedOut, UnknownSequence
 from labsupport.kvcache import ContiguousKVCache, PagedKVCache
+from labsupport.memory_stats import OutOfBlocks, ReservationExceeded, SwappedOut, UnknownSequence
 
 L, H, D = 2, 2, 3
 

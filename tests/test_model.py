@@ -7,8 +7,18 @@ import pytest
 import torch
 
 import labsupport  # noqa: F401  (sets TRITON_INTERPRET before anything imports triton)
-from labsupport.model import (DEFAULT_CHARS, PRESETS, CharTokenizer, ModelConfig, TinyTransformer,
-                              dense_attention, load_model, load_tiny_model, resolve_attention, save_model)
+from labsupport.model import (
+    DEFAULT_CHARS,
+    PRESETS,
+    CharTokenizer,
+    ModelConfig,
+    TinyTransformer,
+    dense_attention,
+    load_model,
+    load_tiny_model,
+    resolve_attention,
+    save_model,
+)
 from labsupport.workloads import REPO_ROOT
 
 
@@ -157,8 +167,8 @@ def test_bad_inputs_are_rejected():
 
 
 def test_forward_paged_rejects_bad_input_and_leaves_the_cache_as_it_was():
-    from labsupport.allocators import OutOfBlocks, SwappedOut, UnknownSequence
     from labsupport.kvcache import PagedKVCache
+    from labsupport.memory_stats import OutOfBlocks, SwappedOut, UnknownSequence
 
     m = TinyTransformer(GQA)
     c = m.cfg

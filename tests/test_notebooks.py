@@ -18,8 +18,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labsupport import build as B
-from labsupport.checkoff import PASS_LINE, load_lab
+from labsupport.course import build as B
+from labsupport.course.checkoff import PASS_LINE, load_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"

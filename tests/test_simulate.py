@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import labsupport  # noqa: F401
-from labsupport import simulate
+from labsupport.bench import engine as bench_engine
+from labsupport.cli import simulate
 from labsupport.workloads import REPO_ROOT
 
 TRACES = REPO_ROOT.parent / "shared" / "traces"
@@ -151,7 +152,7 @@ def test_bad_flags_are_one_line_errors(capsys, args, needle):
 
 @needs_azure
 def test_bench_prints_its_figures(capsys):
-    assert simulate.bench(["--limit", "300", "--profile-requests", "100"]) == 0
+    assert bench_engine.bench(["--limit", "300", "--profile-requests", "100"]) == 0
     out = capsys.readouterr().out
     assert "steps/s" in out and "where the time goes" in out and "300 finished" in out
 

@@ -10,29 +10,30 @@ import pytest
 
 from labsupport import viz
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LLAMA3_70B
+from labsupport.viz import roofline
 
 RIDGE_H100 = 989e12 / 3350e9
 
 
 def test_batch_gap_figure_has_the_lectures_bars():
-    fig = viz.batch_gap_figure(LECTURE_7B, LECTURE_GPU, 4096)
+    fig = roofline.batch_gap_figure(LECTURE_7B, LECTURE_GPU, 4096)
     assert isinstance(fig, go.Figure)
     (bar,) = fig.data
     assert list(bar.y) == [pytest.approx(RIDGE_H100), 29]
     assert list(bar.marker.color) == [viz.PALETTE["compute"], viz.PALETTE["memory"]]
     assert "gap ×10.2" in fig.layout.annotations[0].text  # 295.2 / 29
-    assert list(viz.batch_gap_figure(LECTURE_7B, LECTURE_GPU, 32_768).data[0].y)[1] == 3
-    assert list(viz.batch_gap_figure(LECTURE_7B_GQA8, LECTURE_GPU, 4096).data[0].y)[1] == 116  # 62.52e9 // 536,870,912
+    assert list(roofline.batch_gap_figure(LECTURE_7B, LECTURE_GPU, 32_768).data[0].y)[1] == 3
+    assert list(roofline.batch_gap_figure(LECTURE_7B_GQA8, LECTURE_GPU, 4096).data[0].y)[1] == 116  # 62.52e9 // 536,870,912
 
 
 def test_batch_gap_figure_when_the_weights_do_not_fit():
-    fig = viz.batch_gap_figure(LLAMA3_70B, GPUS["h100"], 4096)  # 141.2 GB of weights on an 80 GB card
+    fig = roofline.batch_gap_figure(LLAMA3_70B, GPUS["h100"], 4096)  # 141.2 GB of weights on an 80 GB card
     assert list(fig.data[0].y)[1] == 0
     assert "overflow" in fig.layout.annotations[0].text
 
 
 def test_roofline_figure_marks_ridge_and_memory_wall():
-    fig = viz.decode_roofline_figure(LECTURE_7B, LECTURE_GPU, 4096)
+    fig = roofline.decode_roofline_figure(LECTURE_7B, LECTURE_GPU, 4096)
     (line,) = fig.data
     assert max(line.y) == pytest.approx(989)  # TFLOP/s, flat above the ridge
     assert line.y[0] == pytest.approx(2 * 3350e9 / 2 / 1e12)  # B = 1: 2 B / b FLOP per byte x 3.35 TB/s
@@ -41,7 +42,7 @@ def test_roofline_figure_marks_ridge_and_memory_wall():
 
 
 def test_template_is_projector_sized_and_uses_the_palette():
-    fig = viz.batch_gap_figure(LECTURE_7B, LECTURE_GPU, 4096)
+    fig = roofline.batch_gap_figure(LECTURE_7B, LECTURE_GPU, 4096)
     template = fig.layout.template.layout
     assert template.font.size >= 16 and template.title.font.size >= 20
     assert list(template.colorway)[:2] == [viz.PALETTE["compute"], viz.PALETTE["memory"]]
@@ -59,7 +60,7 @@ def test_units_are_labelled():
 
 
 def test_panel_reacts_to_its_controls():
-    panel = viz.batch_gap_panel()
+    panel = roofline.batch_gap_panel()
     assert set(panel.controls) == {"gpu", "model", "s_max"}
     assert isinstance(panel.figure, go.FigureWidget)
     assert list(panel.figure.data[0].y)[1] == 29
@@ -76,7 +77,7 @@ def test_panel_reacts_to_its_controls():
 
 
 def test_panel_text_is_deterministic_and_is_its_plain_repr():
-    a, b = viz.batch_gap_panel(), viz.batch_gap_panel()
+    a, b = roofline.batch_gap_panel(), roofline.batch_gap_panel()
     assert a.text() == b.text()
     assert a.text().splitlines()[0].endswith("[gpu=h100-sxm-80gb, model=lecture-7b, s_max=4,096]")
     bundle = a._repr_mimebundle_()
@@ -86,14 +87,14 @@ def test_panel_text_is_deterministic_and_is_its_plain_repr():
 
 
 def test_panel_shows_rejected_input_in_its_readout_and_keeps_the_figure():
-    panel = viz.kv_heads_panel()
+    panel = roofline.kv_heads_panel()
     assert list(panel.figure.data[0].y) == [512, 512]  # KiB per token, MHA
     panel.controls["num_kv_heads"].value = 8
     assert list(panel.figure.data[0].y) == [512, 128]
     assert "131,072 B = 128 KiB" in panel.text()
 
     def figure(num_kv_heads):
-        return viz.kv_heads_figure(num_kv_heads)
+        return roofline.kv_heads_figure(num_kv_heads)
 
     import ipywidgets as widgets
 

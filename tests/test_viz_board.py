@@ -1,4 +1,4 @@
-"""labsupport.viz_board (lab 08's map of Part II, lab 99's board) against hand arithmetic and small cases.
+"""labsupport.viz.board (lab 08's map of Part II, lab 99's board) against hand arithmetic and small cases.
 
 Hand numbers: decode attention does 4 x L x H x d FLOP per cached token and reads 2 x L x H_kv x d x 2
 bytes of it: 4 x 32 x 32 x 128 / 524,288 = 1 for MHA, 4 for GQA-8.  A swap round trip of 4,096 MHA
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from labsupport import viz_board
 from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8
+from labsupport.viz import board as viz_board
 from labsupport.workloads import Request, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,4 +127,4 @@ def test_shipped_board_data_is_current():
     """board_data.json must be what the engine and the traces give today (regenerate with --write)."""
     shipped = json.loads(viz_board.BOARD_DATA.read_text())
     fresh = json.loads(json.dumps(viz_board.compute_board_data()))
-    assert fresh == shipped, "labsupport/board_data.json is stale: run `python -m labsupport.viz_board --write`"
+    assert fresh == shipped, "labsupport/viz/board_data.json is stale: run `python -m labsupport.viz.board --write`"

@@ -1,4 +1,4 @@
-"""labsupport.viz_engine and lab 06's checkoffs: the loop, the watermark, swap against recompute (§10.5).
+"""labsupport.viz.engine and lab 06's checkoffs: the loop, the watermark, swap against recompute (§10.5).
 
 Hand numbers: a 4,096-token MHA sequence holds 4,096 x 524,288 = 2,147,483,648 B; its swap round
 trip over 64 GB/s is 2 x 2,147,483,648 / 64e9 = 67.108864 ms; its prefill is 2 x 6.74e9 x 4,096 +
@@ -13,12 +13,12 @@ import statistics
 import pytest
 import torch
 
-from labsupport import checkoff as C
-from labsupport import viz_engine as VE
-from labsupport.checkoff import CheckoffError, check
 from labsupport.costmodel import CostModel
+from labsupport.course import checkoff as C
+from labsupport.course.checkoff import CheckoffError, check
 from labsupport.model import ModelConfig, TinyTransformer
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
+from labsupport.viz import engine as VE
 from labsupport.workloads import Request
 
 H100 = LECTURE_GPU
@@ -177,7 +177,7 @@ def test_engine_preempts_the_newest_arrival_as_the_checkoff_assumes():
 
 
 def test_auto_agrees_with_the_checkoffs_preemption_kinds():
-    from labsupport.checkoffs import lab06
+    from labsupport.course.checkoffs import lab06
 
     for running, need, bs, model, gpu_name, link in lab06._PLAN_CASES:
         cm = CostModel(model, GPUS[gpu_name], link_bandwidth=link)

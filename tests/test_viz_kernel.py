@@ -1,7 +1,7 @@
-"""Lab 04's figures and panels (labsupport.viz_kernel): addresses, bytes, bandwidth (§10.3 step three).
+"""Lab 04's figures and panels (labsupport.viz.kernel): addresses, bytes, bandwidth (§10.3 step three).
 
 Expected values are worked out by hand here (block tables a fresh allocator must hand out, the
-address formula, byte counts); the results files are produced by labsupport.kernel_bench's own
+address formula, byte counts); the results files are produced by labsupport.bench.kernel's own
 row functions, with a fixed fake timer so every figure value is known in advance.
 """
 import json
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import labsupport  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
-from labsupport import kernel_bench as KB
-from labsupport import viz_kernel as VK
+from labsupport.bench import kernel as KB
 from labsupport.specs import get_gpu, get_model
+from labsupport.viz import kernel as VK
 
 
 def _trace(fig, name):
@@ -222,9 +222,10 @@ def test_bandwidth_panel_switches_source_and_metric(results_file):
 
 # --- lab 04's checkoffs accept the right answers and reject the classic wrong ones --------------------
 
-from labsupport.checkoff import CheckoffError, check  # noqa: E402
 import triton  # noqa: E402  (after labsupport, so the interpreter is set on CPU)
 import triton.language as tl  # noqa: E402
+
+from labsupport.course.checkoff import CheckoffError, check  # noqa: E402
 
 
 def _offsets_right(tables, positions, block_size, stride_block, stride_slot):

@@ -1,4 +1,4 @@
-"""The memory labs' figures and panels (labsupport.viz_memory, labs 02 and 03).
+"""The memory labs' figures and panels (labsupport.viz.memory, labs 02 and 03).
 
 Expected values are the lecture's arithmetic done by hand here (62.52e9-byte budget, 524,288 B per
 token, FIFO block order worked out on paper), not read back from the code under test.  Panels are
@@ -11,8 +11,10 @@ import math
 import plotly.graph_objects as go
 import pytest
 
-from labsupport import viz_memory as vm
-from labsupport.allocators import BlockAllocator, Breakdown, ContiguousAllocator
+from labsupport.block_allocator import BlockAllocator
+from labsupport.contiguous import ContiguousAllocator
+from labsupport.fig2 import Breakdown
+from labsupport.viz import memory as vm
 
 KV = 2 * 32 * 32 * 128 * 2  # 524,288 B per token, the lecture's 7B MHA in bf16
 KV_GQA8 = KV // 4

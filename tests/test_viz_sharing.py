@@ -1,4 +1,4 @@
-"""labsupport.viz_sharing and lab 05's checkoffs: copy-on-write fan-out and prefix sharing (§10.4).
+"""labsupport.viz.sharing and lab 05's checkoffs: copy-on-write fan-out and prefix sharing (§10.4).
 
 Expected numbers are worked out by hand from the lecture's formulas: n = 8 off a 4,096-token prompt
 with 256-token outputs holds 8 x 272 = 2,176 blocks unshared and 256 + 8 x 16 = 384 shared
@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labsupport import checkoff as C
-from labsupport import ledger, viz_sharing as V
-from labsupport.allocators import BlockAllocator
-from labsupport.checkoff import CheckoffError, check
+from labsupport import ledger
+from labsupport.block_allocator import BlockAllocator
+from labsupport.course import checkoff as C
+from labsupport.course.checkoff import CheckoffError, check
+from labsupport.viz import sharing as V
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 MOONCAKE = TRACES / "mooncake_fast25_conversation_trace.jsonl"

@@ -1,4 +1,4 @@
-"""labsupport.viz_slo (lab 07, §10.6): figures and panels against hand arithmetic and the engine's own ledger.
+"""labsupport.viz.slo (lab 07, §10.6): figures and panels against hand arithmetic and the engine's own ledger.
 
 Hand numbers: weights 6.74e9 x 2 B = 13.48e9 B; KV 2 x 32 x 32 x 128 x 2 = 524,288 B per token; a
 640-token sequence holds 335,544,320 B; the H100 streams 3.35e12 B/s.  TPOT(B) = (13.48e9 + B x
@@ -9,15 +9,14 @@ floor(62.52e9 / 2^31) = 29.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from labsupport import viz_slo
 from labsupport.costmodel import CostModel
 from labsupport.engine import Engine
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LLAMA3_70B
+from labsupport.viz import slo as viz_slo
 from labsupport.workloads import Request, Workload
 
 W = 6.74e9 * 2

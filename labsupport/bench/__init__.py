@@ -1,0 +1,37 @@
+"""`python -m labsupport bench NAME`: benchmarks that print figures (targets live here, not in tests).
+
+    allocator  block allocate/free, append_slot and paged-cache appends per second (§10.3)
+    kernel     the Triton kernels' times here (the interpreter on CPU: meaningless for GPUs)
+    gpu        on a CUDA machine: the kernels' correctness matrix and bandwidth sweep -> data/gpu_results.json
+    engine     the Azure conversation trace through the engine's scheduler on one core (§10.5)
+    notebooks  each solution notebook's run time
+    viz*       Python time per slider update of each lab's panels
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> "module:function"; each function takes argv and prints its figures.
+BENCHES = {
+    "allocator": "labsupport.bench.allocator:bench",
+    "kernel": "labsupport.bench.kernel:bench_kernel",
+    "gpu": "labsupport.bench.kernel:gpu_check",
+    "engine": "labsupport.bench.engine:bench",
+    "notebooks": "labsupport.bench.notebooks:bench",
+    "viz": "labsupport.bench.viz:bench_roofline",
+    "viz_memory": "labsupport.bench.viz:bench_memory",
+    "viz_sharing": "labsupport.bench.viz:bench_sharing",
+    "viz_engine": "labsupport.bench.viz:bench_engine",
+    "viz_slo": "labsupport.bench.viz:bench_slo",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in BENCHES:
+        print(f"usage: python -m labsupport bench {{{','.join(BENCHES)}}} [options]", file=sys.stderr)
+        return 2
+    module_name, func_name = BENCHES[argv[0]].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(argv[1:]) or 0)

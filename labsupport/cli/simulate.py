@@ -1,0 +1,229 @@
+"""`python -m labsupport simulate`: replay a serving trace through the engine on the cost-model clock (§10.5, §10.6).
+
+    python -m labsupport simulate --trace azure-conv --model lecture-7b --gpu h100-sxm-80gb \\
+        --block-size 16 --kv-budget-gb 62.52 --preemption auto --ttft-slo-ms 1000 --tpot-slo-ms 20
+
+The scheduler is the real one (labsupport.engine) over a real BlockAllocator; only time is
+modelled, step by step from the roofline (labsupport.costmodel), so a whole hour of production
+traffic replays at H100 scale in seconds on a laptop.  It prints §10.6's SLO ledger: completed
+requests, throughput, goodput, TTFT (p50/p99 and its three parts), TPOT, preemptions by kind, peak
+blocks, and a check that no block leaked.  ``bench`` (``python -m labsupport bench engine``) times
+the replay itself.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+
+from labsupport import ledger
+from labsupport.cli.parser import OneLineParser, UsageError
+from labsupport.costmodel import CostModel
+from labsupport.engine import PREEMPTION_MODES, Engine, EngineResult
+from labsupport.slo import SLOReport, slo_report
+from labsupport.specs import GB, GPUS, MODELS, MiB, get_gpu, get_model
+
+TRACE_NAMES = {  # command-line name -> labsupport.workloads trace name
+    "azure-conv": "azure-conv",
+    "azure-code": "azure-code",
+    "mooncake-conv": "mooncake-conversation",
+    "mooncake-synthetic": "mooncake-synthetic",
+}
+TRACE_CHOICES = (*TRACE_NAMES, "synthetic")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python -m labsupport simulate",
+                description="Replay a serving trace through the engine on the cost-model clock and print "
+                            "the SLO ledger (§10.6).")
+    p.add_argument("--trace", choices=TRACE_CHOICES, default="azure-conv",
+                   help="a real trace from ../shared/traces (or data/), or 'synthetic' (§10.2's chat workload)")
+    p.add_argument("--trace-file", help="read the trace from this file instead of looking it up")
+    p.add_argument("--limit", type=int, help="replay only the first N requests")
+    p.add_argument("--bad-rows", choices=("reject", "skip"), default="reject",
+                   help="a malformed trace row stops the run (reject) or is reported and skipped (skip)")
+    p.add_argument("--rate-scale", type=float, default=1.0,
+                   help="compress arrival times by this factor (2 = twice the request rate)")
+    p.add_argument("--model", default="lecture-7b", help=f"model preset: {', '.join(sorted(MODELS))}")
+    p.add_argument("--gpu", default="h100-sxm-80gb", help=f"GPU preset: {', '.join(sorted(GPUS))}")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-budget-gb", type=float,
+                   help="KV pool in GB (1e9 B); default HBM - weights - 4 GB (62.52 for the lecture's H100)")
+    p.add_argument("--watermark", type=float, default=0.01, help="fraction of blocks admission keeps free")
+    p.add_argument("--preemption", choices=PREEMPTION_MODES, default="auto")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget per step (a longer prompt runs alone); default unlimited")
+    p.add_argument("--mfu", type=float, default=0.5, help="fraction of peak FLOP/s a prefill achieves")
+    p.add_argument("--link-gbs", type=float, help="host link for swaps, GB/s (default: the GPU's)")
+    p.add_argument("--ttft-slo-ms", type=float, default=1000.0)
+    p.add_argument("--tpot-slo-ms", type=float, default=20.0, help="§10.6's example SLO is 20 ms")
+    p.add_argument("--synthetic-requests", type=int, default=2000)
+    p.add_argument("--synthetic-rate", type=float, default=20.0, help="requests/s (Poisson)")
+    p.add_argument("--synthetic-prompt", type=int, default=512)
+    p.add_argument("--synthetic-output", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--progress", action="store_true", help="show a progress bar")
+    return p
+
+
+def _check_args(a) -> None:
+    def positive(name, v):
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise UsageError(f"--{name} must be positive, got {v}")
+
+    for name in ("limit", "block_size", "max_num_seqs", "max_num_batched_tokens", "synthetic_requests",
+                 "synthetic_prompt", "synthetic_output"):
+        positive(name.replace("_", "-"), getattr(a, name))
+    for name in ("rate_scale", "kv_budget_gb", "link_gbs", "ttft_slo_ms", "tpot_slo_ms", "synthetic_rate"):
+        positive(name.replace("_", "-"), getattr(a, name))
+    if not 0 < a.mfu <= 1:
+        raise UsageError(f"--mfu must be in (0, 1], got {a.mfu}")
+    if not 0 <= a.watermark < 1:
+        raise UsageError(f"--watermark must be in [0, 1), got {a.watermark}")
+    if a.trace == "synthetic" and a.trace_file:
+        raise UsageError("--trace-file needs a real trace name (azure-conv, azure-code, mooncake-...)")
+
+
+def load_workload(a):
+    """The requests to replay, as a labsupport.workloads.Workload."""
+    from labsupport import workloads
+
+    if a.trace == "synthetic":
+        return workloads.chat_workload(a.synthetic_requests, a.synthetic_prompt, a.synthetic_output,
+                                       rate_per_s=a.synthetic_rate, seed=a.seed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        w = workloads.load_trace(TRACE_NAMES[a.trace], a.trace_file, limit=a.limit,
+                                 skip_malformed=a.bad_rows == "skip")
+    for wmsg in caught:
+        print(f"simulate: {wmsg.message}", file=sys.stderr)
+    return w
+
+
+@dataclass
+class Replay:
+    result: EngineResult
+    report: SLOReport
+    wall_s: float
+    cpu_s: float
+    num_blocks: int
+    cost_model: CostModel
+
+
+def replay(requests, cost_model: CostModel, num_blocks: int, block_size: int = 16, *, watermark: float = 0.01,
+           preemption: str = "auto", max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
+           ttft_slo_s: float = 1.0, tpot_slo_s: float = 0.020, rate_scale: float = 1.0,
+           progress: bool = False) -> Replay:
+    """Run every request (anything with prompt_tokens, output_tokens, arrival_s and n) to completion."""
+    eng = Engine(cost_model=cost_model, num_blocks=num_blocks, block_size=block_size, watermark=watermark,
+                 preemption=preemption, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                 record_token_times=False)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for r in requests:
+        eng.add_request(prompt_len=r.prompt_tokens, max_new_tokens=r.output_tokens, n=getattr(r, "n", 1),
+                        arrival_time=r.arrival_s / rate_scale)
+    res = eng.run(progress=progress)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return Replay(res, slo_report(res, ttft_slo_s, tpot_slo_s), wall, cpu, num_blocks, cost_model)
+
+
+def _ms(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{1e3 * x:,.1f} ms"
+
+
+def format_report(w, rp: Replay, budget: float, block_size: int, preemption: str, watermark: float) -> str:
+    r, cm, c = rp.report, rp.cost_model, rp.result.counters
+    kv = cm.model.kv_bytes_per_token
+    block_bytes = block_size * kv
+    cross = cm.crossover_tokens()
+    lines = [
+        f"trace      {w.describe()}",
+        f"engine     {cm.model.name} on {cm.gpu.name}: KV budget {budget / GB:.2f} GB = {rp.num_blocks:,} blocks of "
+        f"{block_size} tokens ({block_bytes:,} B = {block_bytes / MiB:g} MiB each); watermark {100 * watermark:g}% "
+        f"({int(watermark * rp.num_blocks):,} blocks); preemption {preemption} "
+        f"(break-even {'swap always' if cross == 0 else f'swap above {cross:,.0f} tokens'} on a "
+        f"{cm.link / GB:g} GB/s link)",
+        f"clock      cost model: max(weights + KV bytes / {cm.gpu.hbm_bandwidth / GB:,.0f} GB/s, FLOPs / "
+        f"({cm.mfu:g} x {cm.gpu.peak_flops / 1e12:,.0f} TFLOP/s)) + swap bytes / link, per step",
+        f"completed  {r.finished:,} of {r.requests:,} requests ({r.rejected:,} rejected), {r.output_tokens:,} output "
+        f"tokens in {r.duration_s:,.1f} s simulated, {r.steps:,} steps",
+        f"throughput {r.throughput_tok_s:,.0f} output tok/s, {r.throughput_req_s:,.2f} req/s",
+        f"goodput    TTFT <= {_ms(r.ttft_slo_s)} and TPOT <= {_ms(r.tpot_slo_s)}: {100 * r.goodput_req_frac:.1f}% of "
+        f"requests, {100 * r.goodput_tok_frac:.1f}% of tokens ({r.goodput_tok_s:,.0f} tok/s)",
+        f"TTFT       p50 {_ms(r.ttft['ttft']['p50'])}, p99 {_ms(r.ttft['ttft']['p99'])}",
+    ]
+    for part, label in (("queueing", "queueing"), ("prefill", "prefill"), ("scheduling_delay", "sched delay")):
+        lines.append(f"  {label:<12} p50 {_ms(r.ttft[part]['p50'])}, p99 {_ms(r.ttft[part]['p99'])}, "
+                     f"mean {_ms(r.ttft[part]['mean'])}")
+    lines += [
+        f"TPOT       p50 {_ms(r.tpot['p50'])}, p99 {_ms(r.tpot['p99'])}",
+        f"preemption swap {r.preemptions['swap']:,} ({r.swapped_out_bytes / GB:,.2f} GB out, "
+        f"{r.swapped_in_bytes / GB:,.2f} GB in), recompute {r.preemptions['recompute']:,} "
+        f"({r.recomputed_tokens:,} tokens recomputed)",
+        f"blocks     peak {r.peak_blocks:,} of {r.num_blocks:,} ({100 * r.peak_blocks / r.num_blocks:.1f}%), "
+        f"peak batch {c.peak_running:,} sequences",
+        f"leak check {'OK: 0 blocks in use at the end' if r.leaked_blocks == 0 else f'LEAK: {r.leaked_blocks} blocks still in use'}",
+        f"replay     {rp.wall_s:.1f} s wall, {rp.cpu_s:.1f} s CPU, {r.steps / max(rp.cpu_s, 1e-9):,.0f} steps/s",
+    ]
+    for why in r.rejections[:5]:
+        lines.append(f"rejected   {why}")
+    if len(r.rejections) > 5:
+        lines.append(f"rejected   ... and {len(r.rejections) - 5:,} more")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    try:
+        a = parser.parse_args(argv)
+        _check_args(a)
+        model, gpu = get_model(a.model), get_gpu(a.gpu)
+    except UsageError as e:
+        print(f"simulate: error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"simulate: error: {e}", file=sys.stderr)
+        return 2
+    budget = a.kv_budget_gb * GB if a.kv_budget_gb is not None else ledger.kv_budget_bytes(model, gpu)
+    if budget <= 0:
+        print(f"simulate: error: {model.name}'s weights leave no KV budget on {gpu.name}; pass --kv-budget-gb",
+              file=sys.stderr)
+        return 2
+    num_blocks = ledger.num_blocks(budget, a.block_size, model.kv_bytes_per_token)
+    if num_blocks < 1:
+        print(f"simulate: error: a KV budget of {budget / GB:g} GB holds no block of {a.block_size} tokens",
+              file=sys.stderr)
+        return 2
+    try:
+        w = load_workload(a)
+    except (ValueError, FileNotFoundError) as e:  # TraceFormatError, TraceUnavailable, bad generator args
+        print(f"simulate: error: {e}", file=sys.stderr)
+        return 2
+    cm = CostModel(model, gpu, mfu=a.mfu, link_bandwidth=None if a.link_gbs is None else a.link_gbs * GB)
+    rp = replay(w.requests if a.limit is None else w.requests[: a.limit], cm, num_blocks, a.block_size,
+                watermark=a.watermark, preemption=a.preemption, max_num_seqs=a.max_num_seqs,
+                max_num_batched_tokens=a.max_num_batched_tokens, ttft_slo_s=a.ttft_slo_ms / 1e3,
+                tpot_slo_s=a.tpot_slo_ms / 1e3, rate_scale=a.rate_scale, progress=a.progress)
+    if a.json:
+        out = rp.report.as_dict()
+        out.update(trace=w.name, synthetic=w.synthetic, source=w.source, notes=w.notes, model=model.name,
+                   gpu=gpu.name, kv_budget_bytes=budget, block_size=a.block_size, watermark=a.watermark,
+                   preemption_mode=a.preemption, peak_running=rp.result.counters.peak_running,
+                   replay_wall_s=rp.wall_s, replay_cpu_s=rp.cpu_s)
+        print(json.dumps(out, default=_json_default))
+    else:
+        print(format_report(w, rp, budget, a.block_size, a.preemption, a.watermark))
+    return 0 if rp.report.leaked_blocks == 0 else 1
+
+
+def _json_default(x):
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")

@@ -1,0 +1,83 @@
+"""Lab 01 checkoffs: §10.1's five jobs, and Lecture 2's collision of 295 against 29."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function
+from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
+
+JOBS = ("admit", "allocate", "batch", "run", "stream")
+
+_FP32 = replace(LECTURE_7B, name="lecture-7b-fp32-weights", dtype_bytes=4)
+_FP8 = replace(LECTURE_7B, name="lecture-7b-fp8-weights", dtype_bytes=1)
+
+
+@function(
+    "1.1", "The ridge-point batch",
+    hint="In one decode step every weight is read once from HBM (num_params × dtype_bytes bytes) and each of "
+         "the B sequences does 2 FLOP per weight (a multiply and an add). Write the step's FLOP per byte as a "
+         "function of B, and find the B at which it equals the ratio the GPU can sustain: peak FLOP/s over HBM "
+         "bytes/s. Use the model's and the GPU's fields, not typed-in constants.",
+)
+def _ridge_batch(fn):
+    cases = [(m, g) for m in (LECTURE_7B, LLAMA3_70B, _FP32, _FP8)
+             for g in (GPUS["h100"], GPUS["a100-80gb"], GPUS["l4"], GPUS["t4"])]
+    for model, gpu in cases:
+        # B * 2 * N FLOP over N * b bytes equals peak / bandwidth.
+        want = gpu.peak_flops / gpu.hbm_bandwidth * model.dtype_bytes / 2
+        got = call(fn, model, gpu)
+        # Rounding the batch either way is fine: it is a count at the roofline's corner.
+        expect_close(got, want, f"ridge_batch({model.name}, {gpu.name})", abs_tol=1.0)
+
+
+@function(
+    "1.2", "The memory-limited batch",
+    hint="Start from the card's HBM and take away the weights (num_params × dtype_bytes) and the 4 GB reserve: "
+         "that is the KV budget. A reserve-to-max slot holds S_max tokens at the model's KV bytes per token, "
+         "however short the sequence really is. The batch is the number of whole slots that fit in the budget — "
+         "and zero when the weights leave no budget at all.",
+)
+def _memory_batch(fn):
+    cases = [(LECTURE_7B, "h100", 4096), (LECTURE_7B_GQA8, "h100", 4096), (LECTURE_7B, "h100", 32_768),
+             (LECTURE_7B, "h100", 131_072), (LECTURE_7B_GQA8, "h100", 131_072), (LLAMA3_8B, "a100-40gb", 8192),
+             (LLAMA3_8B, "l4", 2048), (LLAMA3_70B, "h200", 4096), (LLAMA3_70B, "h100", 4096),
+             (LECTURE_7B, "t4", 512)]
+    for model, gpu_name, s_max in cases:
+        gpu = GPUS[gpu_name]
+        kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+        budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4 * GB
+        want = max(0, math.floor(budget / (s_max * kv_per_token)))
+        what = f"memory_batch({model.name}, {gpu.name}, s_max={s_max})"
+        got = as_number(call(fn, model, gpu, s_max), f"{what} returned a value that")
+        if not got.is_integer():
+            raise Mismatch(f"{what} returned {got:,.4g}: a batch counts whole slots, and a fraction of a slot holds "
+                           "no sequence.")
+        if got < 0:
+            raise Mismatch(f"{what} returned {got:g}: when the weights leave no KV budget, zero sequences fit, "
+                           "not a negative number.")
+        expect_close(got, want, what)
+
+
+choice(
+    "1.3", "The two jobs that are about memory",
+    answer={"admit", "allocate"}, options=JOBS,
+    hint="For each verb ask: what does the engine hand out when it does this job, and what runs out first if "
+         "it does it too often? Two of the five are promises or grants of KV space; one is arithmetic; the "
+         "others are about when and to whom.",
+    mistakes={"run": "Running the kernels contends for arithmetic and bandwidth — the one job about compute.",
+              "stream": "Streaming is about per-step latency the user sees.",
+              "batch": "Batching picks who runs next; it is limited by memory, but what it hands out is a "
+                       "place in the next forward pass."},
+)
+
+choice(
+    "1.4", "The job the engine cannot take back",
+    answer="admit", options=JOBS,
+    hint="Ask of each job: if the engine gets it wrong at this step, can the next iteration quietly fix it? "
+         "Which decision is a promise made to a request before anyone knows how long it will run?",
+    mistakes={"allocate": "A bad allocation can be undone: free the blocks, or preempt and reallocate later.",
+              "batch": "The batch is re-chosen every iteration (Oct 7): a bad choice costs one step.",
+              "run": "A slow step costs latency once; the next step is a fresh start.",
+              "stream": "Streaming only forwards tokens already produced."},
+)

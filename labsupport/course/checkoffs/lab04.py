@@ -1,0 +1,313 @@
+"""Lab 04 checkoffs: the attention kernel's new job — read through the block table (§10.3 step three).
+
+4.1  the address line in torch: (sequence, token) -> element offset in the pool, through the table
+4.2  the same line as a ``@triton.jit`` function, compiled into the real kernels and run against
+     the torch reference on random block tables
+4.3  bytes one decode step's attention moves (one layer)
+4.4  bytes the naive gather-then-attend moves for the same step
+4.5  FlashInfer's question: which of §10.3's block-size trade-offs a good kernel makes irrelevant
+
+Expected values come from Python integers written out here (4.1, 4.2's addresses, 4.3, 4.4) or from
+the kernels' plain-torch references (4.2's outputs), never from the student's code.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import re
+
+import torch
+
+from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function, value
+
+TRADEOFFS = ("tail waste", "fork copies", "short contiguous runs", "table lookups")
+
+# One layer of the lecture's 7B with GQA-8 at the kernel benchmark's headline point:
+# B = 64 sequences of S = 8,192 tokens, 32 query heads, 8 KV heads, head dim 128, bf16.
+GTA_CASE = dict(batch=64, seq_len=8192, num_q_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2)
+
+
+def _kv_bytes(batch, seq_len, num_kv_heads, head_dim, dtype_bytes) -> int:
+    """K and V of every sequence, read once: 2 tensors x B x S x Hkv x D elements."""
+    return 2 * batch * seq_len * num_kv_heads * head_dim * dtype_bytes
+
+
+def _q_out_bytes(batch, num_q_heads, head_dim, dtype_bytes) -> int:
+    """One query row per sequence and head is read, one output row is written."""
+    return 2 * batch * num_q_heads * head_dim * dtype_bytes
+
+
+def _expected_offsets(table: list[list[int]], positions: list[list[int]], block_size: int,
+                      stride_block: int, stride_slot: int) -> list[list[int]]:
+    # Python integers never overflow: the ground truth for pools of any size.
+    return [[table[b][p // block_size] * stride_block + (p % block_size) * stride_slot for p in row]
+            for b, row in enumerate(positions)]
+
+
+def _random_tables(gen: torch.Generator, batch: int, blocks_per_seq: int, num_blocks: int, high: bool = False):
+    """Distinct physical ids per batch, shuffled the way a pool looks after churn (or near 2**31)."""
+    need = batch * blocks_per_seq
+    if high:
+        ids = [2**31 - 1 - i for i in torch.randperm(need, generator=gen).tolist()]
+    else:
+        ids = torch.randperm(num_blocks, generator=gen)[:need].tolist()
+    return [ids[b * blocks_per_seq:(b + 1) * blocks_per_seq] for b in range(batch)]
+
+
+def _address_cases():
+    """(table, seq_lens, block_size, stride_block, stride_slot): small pools, block size 1..256, and
+    a pool whose block ids sit just below 2**31, where an int32 product wraps."""
+    gen = torch.Generator().manual_seed(4_1)
+    cases = []
+    for batch, block_size, hkv, d, max_len in ((1, 16, 1, 8, 40), (3, 8, 2, 32, 70), (2, 1, 4, 16, 19),
+                                               (4, 64, 8, 128, 300), (2, 256, 2, 64, 600), (3, 32, 5, 16, 97)):
+        blocks_per_seq = -(-max_len // block_size)
+        table = _random_tables(gen, batch, blocks_per_seq, 3 * batch * blocks_per_seq + 5)
+        lens = [max_len] + torch.randint(1, max_len + 1, (batch - 1,), generator=gen).tolist()
+        cases.append((table, lens, block_size, block_size * hkv * d, hkv * d))
+    table = _random_tables(gen, 2, 3, 0, high=True)
+    cases.append((table, [48, 33], 16, 16 * 8 * 128, 8 * 128))  # offsets around 3.5e13 elements
+    return cases
+
+
+_EXERCISE_RAISE = re.compile(r'raise\s+NotImplementedError\(\s*(?P<message>"(?:[^"\\\n]|\\.)*")')
+
+
+def raise_if_unfinished(fn) -> None:
+    """Raise the exercise's own NotImplementedError while ``fn``'s body still holds it.
+
+    Triton does not let an exception raised inside a kernel through as itself (the interpreter wraps
+    it in an InterpreterError; the GPU compiler rejects the raise), so an unfinished ``@triton.jit``
+    exercise is recognised from its source before anything runs: 'not attempted', not 'failed'."""
+    target = getattr(fn, "fn", fn)
+    try:
+        source = inspect.getsource(target)
+    except (OSError, TypeError):
+        return
+    found = _EXERCISE_RAISE.search(source)
+    if found:
+        raise NotImplementedError(json.loads(found["message"]))
+    if "raise NotImplementedError" in source:
+        raise NotImplementedError(f"{getattr(target, '__name__', 'this function')} still raises NotImplementedError")
+
+
+def _kernel_call(fn_name: str, kernel, *args, **kwargs):
+    """Run a labsupport kernel with the student's line compiled in; Triton's errors become a Mismatch."""
+    try:
+        return kernel(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # the interpreter or compiler reports an error inside the student's line
+        text = str(exc)
+        if "NotImplementedError" in text:
+            raise NotImplementedError(f"{fn_name} still raises NotImplementedError") from None
+        short = text.strip().splitlines()[-1][:300] if text.strip() else type(exc).__name__
+        raise Mismatch(f"{kernel.__name__} with your {fn_name} raised {type(exc).__name__}: {short}") from None
+
+
+# --- 4.1 ------------------------------------------------------------------------------------
+
+@function(
+    "4.1", "The address line, in torch",
+    hint="Follow one token: its position in the sequence tells you which entry of the sequence's block table "
+         "to read (how many whole blocks come before it?), that entry is the physical block, and the position "
+         "inside the block is what is left over. The offset is the physical block times the elements per block "
+         "plus the position inside it times the elements per token. torch.gather reads one table entry per "
+         "position. Then ask how large a block id times stride_block can get in a big pool, and which integer "
+         "type holds it.",
+)
+def _kv_offsets(fn):
+    for table, lens, block_size, stride_block, stride_slot in _address_cases():
+        width = len(table[0]) + 2  # padding entries after each table, as a real batch has
+        table_t = torch.zeros(len(table), width, dtype=torch.int32)
+        for b, row in enumerate(table):
+            table_t[b, :len(row)] = torch.tensor(row, dtype=torch.int32)
+        table_t[:, len(table[0]):] = 7  # junk a correct line never reads for these positions
+        gen = torch.Generator().manual_seed(sum(lens))
+        count = min(lens)  # the same number of positions per sequence, each inside its sequence
+        positions = [sorted(torch.randperm(n, generator=gen)[:count].tolist()) for n in lens]
+        want = _expected_offsets(table, positions, block_size, stride_block, stride_slot)
+        before = table_t.clone()
+        what = (f"kv_offsets(block_tables int32 {list(table_t.shape)}, positions [{len(lens)}, {count}], "
+                f"block_size={block_size}, stride_block={stride_block}, stride_slot={stride_slot})")
+        got = call(fn, table_t, torch.tensor(positions, dtype=torch.int64), block_size, stride_block, stride_slot)
+        if not isinstance(got, torch.Tensor):
+            raise Mismatch(f"{what} returned a {type(got).__name__}; return a tensor of offsets, one per position.")
+        if not torch.equal(table_t, before):
+            raise Mismatch(f"{what} changed the block table it was given; an address computation only reads it.")
+        if tuple(got.shape) != (len(lens), count):
+            raise Mismatch(f"{what} returned shape {tuple(got.shape)}, expected one offset per position: "
+                           f"({len(lens)}, {count}).")
+        if got.dtype != torch.int64:
+            raise Mismatch(f"{what} returned {got.dtype} offsets. The kernel's offsets are int64: in a large pool "
+                           "a block id times stride_block does not fit in 32 bits.")
+        if got.tolist() != want:
+            bad = next((b, t) for b in range(len(want)) for t in range(count) if got[b, t].item() != want[b][t])
+            b, t = bad
+            p = positions[b][t]
+            huge = max(max(row) for row in table) > 2**30
+            raise Mismatch(f"{what}: position {p} of sequence {b} gave offset {got[b, t].item():,}, which is not "
+                           "where that token's keys are." + (
+                               " This pool's block ids are close to 2**31: did the product overflow a 32-bit "
+                               "integer before you widened it?" if huge else ""))
+
+
+# --- 4.2 ------------------------------------------------------------------------------------
+
+def _kernel_cases(device: torch.device):
+    """Pools with NaN in every slot no sequence owns, permuted tables, lengths k*b - 1, k*b, k*b + 1."""
+    gen = torch.Generator().manual_seed(4_2)
+    cases = []
+    for block_size, hq, hkv, d, lens in ((16, 4, 2, 32, [33, 16, 15]), (8, 2, 2, 16, [25, 7]),
+                                         (64, 4, 1, 32, [64, 63]), (1, 3, 1, 16, [9, 4])):
+        need = [-(-n // block_size) for n in lens]
+        num_blocks = sum(need) + 3
+        ids = torch.randperm(num_blocks, generator=gen).tolist()
+        # wide enough that even lanes past a sequence's end stay inside the table
+        width = max(max(need), -(-256 // block_size)) + 1
+        table = torch.zeros(len(lens), width, dtype=torch.int32)
+        k = torch.full((num_blocks, block_size, hkv, d), float("nan"))
+        v = torch.full((num_blocks, block_size, hkv, d), float("nan"))
+        cursor = 0
+        for b, n in enumerate(lens):
+            blocks = ids[cursor:cursor + need[b]]
+            cursor += need[b]
+            table[b, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            for j, block in enumerate(blocks):
+                filled = min(block_size, n - j * block_size)
+                k[block, :filled] = torch.randn(filled, hkv, d, generator=gen)
+                v[block, :filled] = torch.randn(filled, hkv, d, generator=gen)
+        q = torch.randn(len(lens), hq, d, generator=gen)
+        seq_lens = torch.tensor(lens, dtype=torch.int32)
+        cases.append(tuple(t.to(device) for t in (q, k, v, table, seq_lens)))
+    return cases
+
+
+@function(
+    "4.2", "The address line inside the Triton kernels",
+    hint="Write the same four steps as in torch, with Triton's operations on whole tiles of tokens: integer "
+         "division and remainder by BLOCK_SIZE, one tl.load of the table entry per token (pointer arithmetic on "
+         "table_row, masked with `valid` so lanes past the sequence read nothing), then the offset. Widen the "
+         "loaded block id to 64 bits before multiplying, as in 4.1. Run the real kernels with your function as "
+         "token_offset_fn and compare with the reference before you check.",
+)
+def _triton_offset(fn):
+    raise_if_unfinished(fn)
+    from labsupport import kernels as K
+
+    if not callable(getattr(fn, "fn", None)):
+        raise Mismatch("this checkoff wants a @triton.jit function with kv_token_offset's signature "
+                       "(table_row, token, valid, BLOCK_SIZE, stride_block, stride_slot); decorate yours with "
+                       "@triton.jit.")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = getattr(fn.fn, "__name__", "function")
+    # 1. The addresses themselves, including a pool whose ids sit just below 2**31.
+    for table, lens, block_size, stride_block, stride_slot in _address_cases():
+        # padded like a real batch's table, wide enough that no lane of a tile reads past the tensor
+        width = max(len(table[0]), -(-256 // block_size)) + 1
+        table_t = torch.zeros(len(table), width, dtype=torch.int32)
+        table_t[:, :len(table[0])] = torch.tensor(table, dtype=torch.int32)
+        table_t = table_t.to(device)
+        lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+        got = _kernel_call(name, K.kv_token_offsets, table_t, lens_t, block_size, stride_block, stride_slot,
+                           token_offset_fn=fn).cpu()
+        positions = [list(range(n)) for n in lens]
+        want = _expected_offsets(table, positions, block_size, stride_block, stride_slot)
+        for b, n in enumerate(lens):
+            if got[b, :n].tolist() != want[b]:
+                t = next(t for t in range(n) if got[b, t].item() != want[b][t])
+                huge = max(max(row) for row in table) > 2**30
+                raise Mismatch(
+                    f"with block_size={block_size}, token {t} of sequence {b} got offset {got[b, t].item():,}, "
+                    "not the address of its keys." + (
+                        " The block ids here are near 2**31: widen before you multiply." if huge else ""))
+    # 2. The real kernels, with your line compiled in, against the plain-torch references.
+    for q, k, v, table, seq_lens in _kernel_cases(device):
+        block_size = k.shape[1]
+        gathered = _kernel_call(name, K.paged_gather, k, table, seq_lens, token_offset_fn=fn)
+        reference = K.paged_gather_reference(k, table, seq_lens)
+        if not torch.equal(gathered, reference):
+            raise Mismatch(f"paged_gather with your {name} (block_size={block_size}, seq_lens={seq_lens.tolist()}) "
+                           "copied the wrong values: some token was read from the wrong slot of the pool.")
+        out = _kernel_call(name, K.paged_decode_attention, q, k, v, table, seq_lens, token_offset_fn=fn)
+        want = K.paged_decode_attention_reference(q, k, v, table, seq_lens)
+        if not torch.allclose(out, want, rtol=1e-5, atol=1e-5):
+            nan = bool(torch.isnan(out).any())
+            raise Mismatch(f"paged_decode_attention with your {name} (block_size={block_size}, "
+                           f"Hq={q.shape[1]}, Hkv={k.shape[2]}, seq_lens={seq_lens.tolist()}) differs from the reference "
+                           f"by up to {float((out - want).abs().nan_to_num(float('inf')).max()):.3g}." + (
+                               " It produced NaN: it read pool slots no sequence owns (they hold NaN)." if nan else ""))
+
+
+# --- 4.3 and 4.4 ----------------------------------------------------------------------------
+
+_BYTES_CASES = [
+    (64, 8192, 32, 32, 128, 2),   # the lecture's MHA 7B, one layer
+    (64, 8192, 32, 8, 128, 2),    # its GQA-8 variant
+    (1, 512, 8, 8, 64, 4),        # fp32
+    (3, 1, 5, 1, 16, 2),          # five query heads share one KV head
+    (256, 32768, 32, 8, 128, 2),
+    (7, 1000, 12, 4, 64, 1),      # an fp8 cache
+]
+
+
+@function(
+    "4.3", "Bytes one decode step's attention moves",
+    hint="Count what has to cross HBM once for one layer's decode attention: every cached key and value of "
+         "every sequence (how many KV heads hold them?), plus the new token's query and the output written "
+         "back (how many query heads?). Multiply elements by bytes per element. The block table is a few bytes "
+         "per block; leave it out here.",
+)
+def _step_bytes(fn):
+    for batch, seq_len, hq, hkv, d, b in _BYTES_CASES:
+        want = _kv_bytes(batch, seq_len, hkv, d, b) + _q_out_bytes(batch, hq, d, b)
+        what = (f"attention_step_bytes(batch={batch}, seq_len={seq_len}, num_q_heads={hq}, num_kv_heads={hkv}, "
+                f"head_dim={d}, dtype_bytes={b})")
+        got = as_number(call(fn, batch, seq_len, hq, hkv, d, b), f"{what} returned a value that")
+        if got == _kv_bytes(batch, seq_len, hq, d, b) + _q_out_bytes(batch, hq, d, b) and hq != hkv:
+            raise Mismatch(f"{what} returned {got:,.0f}: that reads K and V once per *query* head. Under GQA "
+                           "several query heads share one KV head, and the cache holds only the KV heads.")
+        if got == _kv_bytes(batch, seq_len, hkv, d, b):
+            raise Mismatch(f"{what} returned {got:,.0f}: close, but the query and the output cross HBM too.")
+        expect_close(got, want, what)
+
+
+value(
+    "4.4", "Bytes gather-then-attend moves",
+    expected=lambda: 3 * _kv_bytes(**{k: v for k, v in GTA_CASE.items() if k != "num_q_heads"})
+    + _q_out_bytes(GTA_CASE["batch"], GTA_CASE["num_q_heads"], GTA_CASE["head_dim"], GTA_CASE["dtype_bytes"]),
+    unit=" B",
+    hint="Follow the K/V bytes on the naive path: the gather reads them from the pool and writes them to a "
+         "contiguous buffer, and then the attention kernel reads that buffer. Count each crossing of HBM, then "
+         "add the query read and the output write once, as in 4.3.",
+    mistakes=[
+        (_kv_bytes(64, 8192, 8, 128, 2) + _q_out_bytes(64, 32, 128, 2),
+         "That is what the fused paged kernel moves; the naive path moves the K/V bytes more than once."),
+        (2 * _kv_bytes(64, 8192, 8, 128, 2) + _q_out_bytes(64, 32, 128, 2),
+         "You counted the gather's read and write; what does the attention kernel read afterwards?"),
+        (3 * _kv_bytes(64, 8192, 8, 128, 2),
+         "The K/V part is right; the query and the output cross HBM too."),
+        (3 * (_kv_bytes(64, 8192, 8, 128, 2) + _q_out_bytes(64, 32, 128, 2)),
+         "The gather copies only K and V; the query is read and the output written once."),
+        (3 * _kv_bytes(64, 8192, 32, 128, 2) + _q_out_bytes(64, 32, 128, 2),
+         "The cache holds KV heads, not query heads (GQA-8: 8 of them)."),
+    ],
+)
+
+
+# --- 4.5 ------------------------------------------------------------------------------------
+
+choice(
+    "4.5", "What a good kernel makes irrelevant (FlashInfer's question)",
+    answer={"short contiguous runs", "table lookups"}, options=TRADEOFFS,
+    hint="Sort §10.3's costs of a block size into two piles: costs of *reading* the cache during attention "
+         "(what the kernel does every step) and costs of *holding* or *copying* it (what the allocator does). "
+         "A better kernel can only change the first pile. For each item ask: if the kernel read a scattered "
+         "token as fast as a neighbouring one, would this cost still be there?",
+    mistakes={
+        "tail waste": "Tail waste is memory reserved in a sequence's last block; no kernel reads it, so no kernel "
+                      "can give it back.",
+        "fork copies": "Copy-on-write copies a whole block when one token diverges: that copy is the "
+                       "allocator's, and it grows with the block size whatever the attention kernel does.",
+    },
+)

@@ -1,0 +1,191 @@
+"""Lab 06 checkoffs: the engine loop, preemption, and swap versus recompute (§10.5, Exercise 4).
+
+Expected values are written out here from the lecture's formulas and the presets' fields (not
+read from `labsupport.ledger`, which the lab compares against separately), and the victim policy
+is the engine's stated one: the sequence of the latest-arriving request goes first.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from labsupport.course.checkoff import Checkoff, Mismatch, as_number, call, function, register, units_slip
+from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B, ModelSpec
+
+MFU = 0.5
+_FP32_SMALL = ModelSpec("tiny-fp32", 4, 4, 2, 32, 0.8e6, dtype_bytes=4)
+
+
+def _kv_bytes(model: ModelSpec, tokens: int) -> float:
+    return tokens * 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+
+
+def _prefill_flops(model: ModelSpec, tokens: int) -> float:
+    # weights: 2 FLOP per parameter per token; attention: QK^T and PV over every earlier key, every query head
+    return 2 * model.num_params * tokens + 4 * model.num_layers * model.num_heads * model.head_dim * tokens ** 2
+
+
+def _breakeven(model: ModelSpec, tokens: int, peak: float, mfu: float) -> float:
+    # 2 * KV / W = FLOPs / (mfu * peak)  =>  W* = 2 * KV * mfu * peak / FLOPs
+    return 2 * _kv_bytes(model, tokens) * mfu * peak / _prefill_flops(model, tokens)
+
+
+# --- 6.1: the break-even bandwidth --------------------------------------------------------------
+
+_BREAKEVEN_CASES = [(m, s, g, mfu) for m, s, g, mfu in (
+    (LECTURE_7B, 4096, "h100", MFU), (LECTURE_7B_GQA8, 4096, "h100", MFU), (LECTURE_7B_GQA8, 16_384, "h100", MFU),
+    (LECTURE_7B, 1, "h100", MFU), (LECTURE_7B, 131_072, "h100", MFU), (LLAMA3_70B, 8192, "h200", 0.4),
+    (LLAMA3_8B, 2048, "a100-80gb", 0.6), (LECTURE_7B, 640, "l4", 1.0), (_FP32_SMALL, 300, "t4", 0.25),
+    (replace(LECTURE_7B, name="lecture-7b-fp8", dtype_bytes=1), 4096, "h100", MFU),
+)]
+
+
+@function(
+    "6.1", "The swap/recompute break-even bandwidth",
+    hint="Write both stalls as functions of the link bandwidth W. Swapping moves the sequence's KV bytes out and "
+         "later back in over the link. Recomputing redoes the prefill: 2 FLOP per parameter per token, plus "
+         "attention's QK^T and PV, which every query head does against every earlier key (grouped-query attention "
+         "shrinks the cache, not that arithmetic). Divide the FLOPs by the rate you actually achieve (mfu × peak). "
+         "Set the two times equal and solve for W.",
+)
+def _breakeven_check(fn):
+    for model, tokens, gpu_name, mfu in _BREAKEVEN_CASES:
+        gpu = GPUS[gpu_name]
+        want = _breakeven(model, tokens, gpu.peak_flops, mfu)
+        what = f"breakeven_bandwidth({model.name}, seq_tokens={tokens:,}, peak_flops={gpu.peak_flops:.4g}, mfu={mfu})"
+        got = as_number(call(fn, model, tokens, gpu.peak_flops, mfu), f"{what} returned a value that")
+        if math.isclose(got, want, rel_tol=1e-6):
+            continue
+        remark = ""
+        if math.isclose(got, want / 2, rel_tol=1e-6):
+            remark = " A swap costs two trips over the link: out now, back in when the sequence resumes."
+        elif math.isclose(got, want / mfu, rel_tol=1e-6) and mfu != 1:
+            remark = " The prefill runs at mfu × peak, not at peak."
+        elif model.num_kv_heads != model.num_heads:
+            kv_attn = 2 * _kv_bytes(model, tokens) * mfu * gpu.peak_flops / (
+                2 * model.num_params * tokens + 4 * model.num_layers * model.num_kv_heads * model.head_dim * tokens ** 2)
+            if math.isclose(got, kv_attn, rel_tol=1e-6):
+                remark = " Attention FLOPs count query heads: GQA shares K and V, every query head still attends."
+        if not remark:
+            remark = " " + (units_slip(got, want) or "")
+        raise Mismatch(f"{what} returned {got:,.6g} B/s, which is too {'high' if got > want else 'low'}.{remark}".rstrip())
+
+
+# --- 6.2: the preemption decision ----------------------------------------------------------------
+
+def _plan(running, blocks_needed, block_size, model, gpu, link, mfu):
+    order = sorted(running, key=lambda r: r[1], reverse=True)  # latest arrival first
+    plan, freed = [], 0
+    for name, _, tokens in order:
+        if freed >= blocks_needed:
+            break
+        swap_s = 2 * _kv_bytes(model, tokens) / link
+        recompute_s = _prefill_flops(model, tokens) / (mfu * gpu.peak_flops)
+        plan.append((name, "swap" if swap_s < recompute_s else "recompute"))
+        freed += -(-tokens // block_size)
+    return plan
+
+
+_RUNNING = [("a", 0.0, 9000), ("b", 0.5, 700), ("c", 1.25, 5400), ("d", 2.0, 300), ("e", 3.0, 12_000),
+            ("f", 3.5, 2048)]
+_PLAN_CASES = [  # (running, blocks needed, block size, model, gpu, link bytes/s)
+    (_RUNNING, 1, 16, LECTURE_7B, "h100", 32 * GB),
+    (_RUNNING, 200, 16, LECTURE_7B, "h100", 32 * GB),
+    (_RUNNING, 900, 16, LECTURE_7B, "h100", 32 * GB),
+    (_RUNNING, 800, 16, LECTURE_7B, "h100", 64 * GB),
+    (_RUNNING, 800, 16, LECTURE_7B_GQA8, "h100", 8 * GB),
+    (_RUNNING, 3000, 16, LECTURE_7B, "a100-80gb", 10 * GB),
+    (list(reversed(_RUNNING)), 129, 64, LECTURE_7B, "h100", 32 * GB),
+    (_RUNNING, 2, 256, LLAMA3_70B, "h100", 12 * GB),
+]
+
+
+@function(
+    "6.2", "Which sequences the engine preempts, and how",
+    hint="Two decisions. Who: the engine keeps first-come-first-served order, so it gives up on the request that "
+         "arrived last, then the one before it, until the victims' blocks cover what is needed (a sequence holds "
+         "ceil(tokens / block_size) blocks). How: for each victim separately, compare the round trip of its KV over "
+         "the link with redoing its prefill at mfu × peak — the answer depends on its length, which is why one "
+         "global policy is wrong for a mixed-length batch.",
+)
+def _plan_check(fn):
+    for running, need, bs, model, gpu_name, link in _PLAN_CASES:
+        gpu = GPUS[gpu_name]
+        want = _plan(running, need, bs, model, gpu, link, MFU)
+        what = (f"preemption_plan(<{len(running)} sequences>, blocks_needed={need}, block_size={bs}, {model.name}, "
+                f"{gpu.name}, link={link / GB:g} GB/s)")
+        got = call(fn, [tuple(r) for r in running], need, bs, model, gpu, link, MFU)
+        if isinstance(got, (str, bytes)) or not hasattr(got, "__iter__"):
+            raise Mismatch(f"{what} returned {got!r}; return a list of (name, 'swap' or 'recompute') pairs.")
+        got = [tuple(x) if isinstance(x, (list, tuple)) else x for x in got]
+        if any(not isinstance(x, tuple) or len(x) != 2 for x in got):
+            raise Mismatch(f"{what} returned {got!r}; each entry is a pair (name, 'swap' or 'recompute').")
+        names_got, names_want = [x[0] for x in got], [x[0] for x in want]
+        if names_got != names_want:
+            if set(names_got) == set(names_want):
+                raise Mismatch(f"{what}: you preempt the right sequences in the wrong order.")
+            raise Mismatch(f"{what}: you preempt {names_got}; that is {'too many' if len(names_got) > len(names_want) else 'not the right set'}"
+                           f" for {need} block(s) under the engine's first-come-first-served policy.")
+        for (name, kind), (_, want_kind) in zip(got, want):
+            if not isinstance(kind, str) or kind.strip().lower() not in ("swap", "recompute"):
+                raise Mismatch(f"{what}: the decision for {name!r} is {kind!r}; answer 'swap' or 'recompute'.")
+            if kind.strip().lower() != want_kind:
+                tokens = next(r[2] for r in running if r[0] == name)
+                raise Mismatch(f"{what}: {name!r} ({tokens:,} tokens) should not be preempted by {kind!r} on this link.")
+
+
+# --- 6.3: Exercise 4's numbers -------------------------------------------------------------------
+
+def _exercise4() -> dict[str, float]:
+    gpu, m, mha = GPUS["h100"], LECTURE_7B_GQA8, LECTURE_7B
+    rate = MFU * gpu.peak_flops
+    s = 16_384
+    swap = 2 * _kv_bytes(m, s) / gpu.link_bandwidth
+    rec = _prefill_flops(m, s) / rate
+    attn = 4 * mha.num_layers * mha.num_heads * mha.head_dim
+    per_token_kv = _kv_bytes(mha, 1)
+    # 2 S kv / W = (2 N S + attn S^2) / F  =>  S = (2 kv F / W - 2 N) / attn
+    crossover = (2 * per_token_kv * rate / (32 * GB) - 2 * mha.num_params) / attn
+    return {"recompute_ms": 1e3 * rec, "swap_advantage": rec / swap,
+            "breakeven_gbs": _breakeven(m, s, gpu.peak_flops, MFU) / GB, "crossover_tokens": crossover}
+
+
+_EX4_TOL = {"recompute_ms": (2e-3, 0.0), "swap_advantage": (1e-2, 0.0), "breakeven_gbs": (1e-2, 0.0),
+            "crossover_tokens": (0.0, 2.0)}
+_EX4_HINTS = {
+    "recompute_ms": "the 16K GQA-8 prefill: weights' FLOPs plus attention's (query heads!), at 50% of the H100's peak",
+    "swap_advantage": "recompute time over the swap round trip (both ways over the 64 GB/s link)",
+    "breakeven_gbs": "the link bandwidth at which the 16K GQA-8 swap round trip equals the recompute, in GB/s (1e9 B/s)",
+    "crossover_tokens": "the MHA sequence length at which swap and recompute cost the same on a 32 GB/s link",
+}
+
+
+def _grade_exercise4(answer) -> None:
+    if not isinstance(answer, dict) or set(answer) != set(_EX4_TOL):
+        raise Mismatch(f"answer with a dict with exactly the keys {sorted(_EX4_TOL)}; you gave {answer!r}.")
+    want = _exercise4()
+    for key, (rel, abs_) in _EX4_TOL.items():
+        got = as_number(answer[key], f"'{key}'")
+        if math.isclose(got, want[key], rel_tol=rel, abs_tol=abs_):
+            continue
+        remark = ""
+        if key == "crossover_tokens" and math.isclose(got, 2600, abs_tol=60):
+            remark = (" About 2,600 is the lecture's printed figure, which the errata note shows is not the root of "
+                      "the lecture's own equation; solve it exactly.")
+        elif key == "crossover_tokens" and got == 0:
+            remark = " With GQA-8 swap wins at every length on 32 GB/s; the question is about MHA."
+        else:
+            slip = units_slip(got, want[key])
+            remark = f" {slip}" if slip else ""
+        raise Mismatch(f"'{key}' ({_EX4_HINTS[key]}) is {got:,.6g}, which is too {'high' if got > want[key] else 'low'}."
+                       + remark)
+
+
+register(Checkoff(
+    "6.3", "Exercise 4: 16K GQA-8, and the crossover on 32 GB/s",
+    hint="Use your break-even function's two halves. For 16K GQA-8 the KV bytes use the 8 KV heads, the prefill "
+         "FLOPs the 32 query heads; the H100's link is 64 GB/s per direction and its bf16 peak 989 TFLOP/s at 50%. "
+         "For the crossover write swap(S) = recompute(S) for the MHA model on 32 GB/s: the swap side is linear in S, "
+         "the recompute side has an S and an S² term, so after dividing by S the equation is linear — solve it "
+         "exactly rather than trusting a printed figure.",
+    kind="value", grade=_grade_exercise4, module=__name__))

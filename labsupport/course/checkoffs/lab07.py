@@ -1,0 +1,164 @@
+"""Lab 07 checkoffs: §10.6's SLO ledger — TPOT at B, the largest B under an SLO, goodput, Exercise 5."""
+from __future__ import annotations
+
+import math
+import random
+
+from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function
+from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
+
+_RESERVE = 4 * GB  # activations and workspace, as in the lecture's 80 - 13.48 - 4 = 62.52 GB
+
+
+def _kv_per_token(m) -> int:
+    return 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
+
+
+def _weights(m) -> float:
+    return m.num_params * m.dtype_bytes
+
+
+@function(
+    "7.1", "TPOT at batch B",
+    hint="A decode step is memory-bound: it streams every weight once (num_params × dtype_bytes) and, for each "
+         "of the B sequences in the step, that sequence's whole KV (its tokens × KV bytes per token). Divide the "
+         "bytes by the card's HBM bandwidth. Everyone in the step waits for the same bytes, so everyone gets the "
+         "same TPOT — yours includes your neighbours' KV.",
+)
+def _tpot(fn):
+    cases = [(LECTURE_7B, "h100", 186, 640), (LECTURE_7B, "h100", 1, 640), (LECTURE_7B, "h100", 29, 640),
+             (LECTURE_7B, "h100", 199, 640), (LECTURE_7B_GQA8, "h100", 400, 4096), (LLAMA3_8B, "a100-80gb", 64, 2048),
+             (LLAMA3_70B, "h200", 32, 8192), (LECTURE_7B, "l4", 4, 512)]
+    for model, gpu_name, batch, seq in cases:
+        gpu = GPUS[gpu_name]
+        want = (_weights(model) + batch * seq * _kv_per_token(model)) / gpu.hbm_bandwidth
+        expect_close(call(fn, model, gpu, batch, seq), want,
+                     f"tpot({model.name}, {gpu.name}, batch={batch}, seq_tokens={seq})", rel_tol=1e-6)
+
+
+def _max_batch_hand(model, gpu, seq, slo, block_size):
+    kv = _kv_per_token(model)
+    budget = gpu.hbm_bytes - _weights(model) - _RESERVE
+    blocks = max(0, math.floor(budget / (block_size * kv)))
+    memory = blocks // math.ceil(seq / block_size)
+    spare = slo * gpu.hbm_bandwidth - _weights(model)
+    by_slo = max(0, math.floor(spare / (seq * kv)))
+    return min(memory, by_slo)
+
+
+@function(
+    "7.2", "The largest B that meets the TPOT SLO",
+    hint="Two ceilings, and the batch must fit under both. Memory: the paged pool holds "
+         "floor(KV budget / block bytes) blocks and each sequence needs ceil(S / block_size) of them. Latency: "
+         "write TPOT(B) from 7.1, set it equal to the SLO and solve for B, rounding the way a count of whole "
+         "sequences must be rounded. When the weights alone take longer than the SLO, no batch meets it.",
+)
+def _max_batch(fn):
+    cases = [(LECTURE_7B, "h100", 640, 0.020, 16), (LECTURE_7B, "h100", 640, 0.030, 16),
+             (LECTURE_7B, "h100", 640, 0.003, 16), (LECTURE_7B, "h100", 2048, 0.025, 16),
+             (LECTURE_7B_GQA8, "h100", 640, 0.020, 16), (LECTURE_7B_GQA8, "h100", 4000, 0.040, 32),
+             (LLAMA3_8B, "a100-80gb", 1500, 0.035, 16), (LLAMA3_70B, "h200", 4096, 0.045, 16),
+             (LECTURE_7B, "h100", 640, 0.020, 256)]
+    for model, gpu_name, seq, slo, bs in cases:
+        gpu = GPUS[gpu_name]
+        want = _max_batch_hand(model, gpu, seq, slo, bs)
+        what = f"max_batch({model.name}, {gpu.name}, seq_tokens={seq}, tpot_slo_s={slo}, block_size={bs})"
+        got = as_number(call(fn, model, gpu, seq, slo, bs), f"{what} returned a value that")
+        if not got.is_integer():
+            raise Mismatch(f"{what} returned {got:,.4g}: a batch counts whole sequences.")
+        if got < 0:
+            raise Mismatch(f"{what} returned {got:g}: when nothing meets the SLO the answer is zero sequences.")
+        expect_close(got, want, what)
+
+
+# --- 7.3: goodput of a run (graded on real engine runs, cost-model clock) -----------------------
+
+def _engine_runs():
+    """Small, deterministic runs of the real engine on the lecture's H100 (cost-model clock)."""
+    from labsupport.costmodel import CostModel
+    from labsupport.engine import Engine
+
+    runs = []
+    for seed, rate, blocks, n_req in ((1, 40.0, 7452, 60), (2, 400.0, 400, 80), (3, 5.0, 7452, 30)):
+        rng = random.Random(seed)
+        engine = Engine(cost_model=CostModel(), num_blocks=blocks, block_size=16)
+        t = 0.0
+        for _ in range(n_req):
+            t += rng.expovariate(rate)
+            engine.add_request(prompt_len=rng.randint(16, 3000), max_new_tokens=rng.choice([1, 2, 40, 200]),
+                               arrival_time=t)
+        engine.add_request(prompt_len=200_000, max_new_tokens=10, arrival_time=t)  # never fits: rejected
+        runs.append(engine.run())
+    return runs
+
+
+def _goodput_hand(requests, ttft_slo, tpot_slo) -> float:
+    good_tokens = 0
+    for r in requests:
+        if r.status != "finished":
+            continue
+        ttft = r.first_token_time - r.arrival_time
+        if ttft <= ttft_slo and (r.tpot_s is None or r.tpot_s <= tpot_slo):
+            good_tokens += sum(r.num_output_tokens)
+    start = min(r.arrival_time for r in requests)
+    end = max(r.finish_time for r in requests if r.status == "finished")
+    return good_tokens / (end - start)
+
+
+@function(
+    "7.3", "Goodput of a run",
+    hint="Goodput counts only what met its SLO. Walk the finished requests; keep one only if its TTFT "
+         "(first_token_time - arrival_time) is within the TTFT SLO and its TPOT (tpot_s; None means it produced "
+         "a single token, so it has no TPOT to miss) is within the TPOT SLO. Add up the output tokens of the "
+         "requests you kept and divide by the run's duration — from the first arrival to the last finish — "
+         "the same duration throughput uses. Rejected requests earn nothing.",
+)
+def _goodput(fn):
+    for i, result in enumerate(_engine_runs()):
+        requests = list(result.requests.values())
+        for ttft_slo, tpot_slo in ((0.5, 0.020), (2.0, 0.050), (0.2, 0.012), (100.0, 1.0)):
+            want = _goodput_hand(requests, ttft_slo, tpot_slo)
+            expect_close(call(fn, requests, ttft_slo, tpot_slo), want,
+                         f"goodput(run {i + 1}'s requests, ttft_slo_s={ttft_slo}, tpot_slo_s={tpot_slo})",
+                         rel_tol=1e-9)
+
+
+# --- 7.4 / 7.5: Exercise 5, the 20-step agent session ---------------------------------------------
+
+@function(
+    "7.4", "Exercise 5: the agent session's peak KV, sessions per card and prefill cost",
+    hint="Three separate quantities. Peak KV: the context the session grows to, times the KV bytes per token "
+         "(GQA shrinks that). Sessions per card: the paged pool's blocks divided by the blocks one session's "
+         "peak context needs (whole blocks, whole sessions; none when the weights leave no KV budget). Prefill: every submitted prompt token costs 2 × N "
+         "FLOP for the weights (the exercise drops the attention term); divide by the rate actually achieved, "
+         "the mfu share of peak.",
+)
+def _exercise5(fn):
+    cases = [(LECTURE_7B_GQA8, "h100", 7_700, 97_000, 16), (LECTURE_7B, "h100", 7_700, 97_000, 16),
+             (LECTURE_7B_GQA8, "h100", 12_000, 150_000, 32), (LLAMA3_8B, "h200", 30_000, 400_000, 16),
+             (LLAMA3_70B, "h200", 7_700, 97_000, 16)]
+    for model, gpu_name, ctx, submitted, bs in cases:
+        gpu = GPUS[gpu_name]
+        kv = _kv_per_token(model)
+        blocks = max(0, math.floor((gpu.hbm_bytes - _weights(model) - _RESERVE) / (bs * kv)))
+        want = {"peak_kv_bytes": ctx * kv, "sessions": blocks // math.ceil(ctx / bs),
+                "prefill_s": submitted * 2 * model.num_params / (0.5 * gpu.peak_flops)}
+        what = f"agent_session({model.name}, {gpu.name}, context_tokens={ctx:,}, submitted_tokens={submitted:,}, block_size={bs})"
+        got = call(fn, model, gpu, ctx, submitted, bs)
+        if not isinstance(got, dict) or set(got) != set(want):
+            raise Mismatch(f"{what} returned {got!r}; return a dict with exactly the keys {sorted(want)}.")
+        for key, value in want.items():
+            expect_close(got[key], value, f"{what}[{key!r}]", rel_tol=1e-6)
+
+
+choice(
+    "7.5", "Exercise 5: which of the three numbers did paging improve?",
+    answer="sessions", options=("peak_kv_bytes", "sessions", "prefill_s"),
+    hint="Ask of each number: does it depend on how the allocator lays out memory, or only on the model and "
+         "the tokens? Paging changes what is reserved but never used; it changes neither the bytes a token "
+         "needs nor the arithmetic a prefill does.",
+    mistakes={"peak_kv_bytes": "The session's tokens need the same bytes under any allocator: paging removes "
+                               "reserved-and-unused bytes, not bytes per token (that is Oct 28's lecture).",
+              "prefill_s": "Prefill is arithmetic over the submitted tokens; the allocator never touches it. "
+                           "The 92% of it that is re-sent prompt is Nov 9's problem."},
+)

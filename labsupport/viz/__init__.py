@@ -1,0 +1,226 @@
+"""Figures and slider panels for every lab and the instructor's board (§10.1–§10.7).
+
+One palette (each colour keeps one meaning in every lab), one set of projector-sized fonts, and one
+way of writing bytes (labsupport.units: GB is 1e9 bytes, GiB is 2**30, and axis titles say which).
+
+Figure functions are pure: parameters in, a ``plotly`` Figure out, testable without a browser.
+`Panel` wires ipywidgets controls to a ``go.FigureWidget``: every change of a control re-runs the
+figure function and patches the widget in place, and a readout line states the exact numbers.
+Tests set ``panel.controls[name].value`` and read ``panel.figure``; ``python -m labsupport bench viz``
+times an update (target: at most 50 ms of Python for a closed-form panel).
+
+This module is the shared look; each lab concept has its own module beside it:
+
+    roofline  §10.1   29 against 295: the ridge batch against the memory-limited batch (labs 00–01)
+    memory    §10.2–3 reserve-to-max slots, per-request S_max holes, Fig. 2, block tables (labs 02–03)
+    kernel    §10.3   the paged kernel's addressing, step bytes and bandwidth (lab 04)
+    sharing   §10.4   fan-out, copy-on-write and the prefix index (lab 05)
+    engine    §10.5   the engine loop streaming, the watermark, swap against recompute (lab 06)
+    slo       §10.6   TTFT parts, TPOT as a property of the batch, goodput (lab 07)
+    board     §10.7   the map of Part II and the instructor's board (lab 08, 99)
+"""
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+import plotly.graph_objects as go
+
+from labsupport import ledger
+from labsupport.specs import GB, GPUS, MODELS, GiB, KiB, MiB
+
+# Okabe–Ito colours (colour-blind safe).  The meaning is fixed across labs.
+PALETTE = {
+    "compute": "#0072B2",   # arithmetic: FLOP/s, the ridge point
+    "memory": "#D55E00",    # KV memory: budgets, the memory wall, reserved slots
+    "used": "#009E73",      # bytes holding real tokens
+    "waste": "#E69F00",     # reserved and never filled
+    "shared": "#CC79A7",    # blocks shared by copy-on-write or a prefix
+    "link": "#56B4E9",      # the host link: swap traffic
+    "recompute": "#882255",  # prefill redone after preemption
+    "limit": "#222222",     # SLOs, capacities, lines not to cross
+    "neutral": "#999999",
+}
+FONT_FAMILY = "Inter, 'Helvetica Neue', Arial, sans-serif"
+FONT_SIZE = 18  # readable from the back of a lecture hall
+TITLE_SIZE = 24
+HEIGHT = 460
+
+TEMPLATE = go.layout.Template(
+    layout=dict(
+        font=dict(family=FONT_FAMILY, size=FONT_SIZE, color="#222222"),
+        title=dict(font=dict(size=TITLE_SIZE), x=0.02, xanchor="left"),
+        colorway=[PALETTE[k] for k in ("compute", "memory", "used", "waste", "shared", "link", "recompute")],
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        xaxis=dict(showline=True, linecolor="#444444", gridcolor="#E6E6E6", zeroline=False, ticks="outside"),
+        yaxis=dict(showline=True, linecolor="#444444", gridcolor="#E6E6E6", zeroline=False, ticks="outside"),
+        legend=dict(font=dict(size=FONT_SIZE - 2)),
+        hoverlabel=dict(font=dict(size=FONT_SIZE - 2)),
+        margin=dict(l=90, r=40, t=90, b=80),
+    )
+)
+
+BYTE_UNITS = {"B": 1, "KiB": KiB, "MiB": MiB, "MB": 10**6, "GB": GB, "GiB": GiB}
+UNIT_NOTES = {"GB": "1 GB = 10⁹ B", "GiB": "1 GiB = 2³⁰ B", "MB": "1 MB = 10⁶ B", "MiB": "1 MiB = 2²⁰ B",
+              "KiB": "1 KiB = 1,024 B", "B": "bytes"}
+
+
+def in_unit(n_bytes: float, unit: str = "GB") -> float:
+    if unit not in BYTE_UNITS:
+        raise ValueError(f"unknown byte unit {unit!r}; choose one of {', '.join(BYTE_UNITS)}")
+    return n_bytes / BYTE_UNITS[unit]
+
+
+def bytes_axis_title(quantity: str, unit: str = "GB", note: bool = True) -> str:
+    """Axis titles name the unit and what it means, so GB and GiB never mix silently.
+
+    `note=False` drops the definition for short axes whose readout spells the bytes out.
+    """
+    in_unit(0, unit)
+    return f"{quantity} ({unit}; {UNIT_NOTES[unit]})" if note else f"{quantity} ({unit})"
+
+
+def styled(fig: go.Figure, title: str, height: int = HEIGHT, **layout) -> go.Figure:
+    """Apply the course template, a title and a height: every figure function ends here."""
+    fig.update_layout(template=TEMPLATE, title=dict(text=title), height=height, **layout)
+    return fig
+
+
+# --- panels ---------------------------------------------------------------------------------------
+
+_PANEL_CSS = (f"<style>.lab-panel .widget-label, .lab-panel .widget-readout, .lab-panel select, "
+              f".lab-panel .widget-html-content {{ font-size: {FONT_SIZE}px; }}</style>")
+
+
+class Panel:
+    """Controls wired to a FigureWidget and a readout line; display it as the last line of a cell.
+
+    `make_figure(**values)` and `readout(**values)` receive the controls' values by name.  An input
+    the figure function rejects (ValueError) is shown in the readout; the figure keeps its last state.
+    """
+
+    def __init__(self, make_figure: Callable[..., go.Figure], controls: dict,
+                 readout: Callable[..., str] | None = None, title: str = ""):
+        import ipywidgets as widgets
+
+        if not controls:
+            raise ValueError("a panel needs at least one control")
+        self.title = title
+        self.controls = dict(controls)
+        self._make_figure = make_figure
+        self._readout = readout
+        self.updates = 0
+        self.error: str | None = None
+        self.figure = go.FigureWidget(make_figure(**self.values))
+        self.readout = widgets.HTML()
+        self._text = self._readout(**self.values) if self._readout else ""
+        self.readout.value = self._readout_html()
+        for control in self.controls.values():
+            control.observe(self._on_change, names="value")
+        header = widgets.HTML(_PANEL_CSS + (f"<b>{html.escape(title)}</b>" if title else ""))
+        self.widget = widgets.VBox([header, widgets.HBox(list(self.controls.values())), self.figure, self.readout])
+        self.widget.add_class("lab-panel")
+
+    @property
+    def values(self) -> dict:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def _readout_html(self) -> str:
+        text = html.escape(self.error or self._text).replace("\n", "<br>")
+        colour = PALETTE["memory"] if self.error else "#222222"
+        return f'<div style="font-size:{FONT_SIZE}px;color:{colour};line-height:1.5">{text}</div>'
+
+    def _on_change(self, change=None) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute the figure and readout from the controls and patch the widget in place."""
+        values = self.values
+        try:
+            new = self._make_figure(**values)
+            text = self._readout(**values) if self._readout else ""
+        except ValueError as exc:
+            self.error = f"⚠ {exc}"
+        else:
+            self.error = None
+            self._text = text
+            patch_figure(self.figure, new)
+            self.updates += 1
+        self.readout.value = self._readout_html()
+
+    def text(self) -> str:
+        """Plain-text summary: the title, each control's value, and the readout (deterministic)."""
+        settings = ", ".join(f"{name}={_label(control)}" for name, control in self.controls.items())
+        lines = [f"{self.title or 'Panel'} [{settings}]"]
+        lines += (self.error or self._text).splitlines()
+        return "\n".join(lines)
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = self.text()  # the widget's own repr embeds random trace uids
+        return bundle
+
+
+def _label(control) -> str:
+    label = getattr(control, "label", None)
+    return str(label if label is not None else control.value)
+
+
+def patch_figure(target: go.FigureWidget, new: go.Figure) -> None:
+    """Make `target` show `new`, editing traces in place when their kinds match (cheap to send)."""
+    with target.batch_update():
+        same_shape = len(target.data) == len(new.data) and all(
+            a.type == b.type for a, b in zip(target.data, new.data))
+        if same_shape:
+            for old, fresh in zip(target.data, new.data):
+                spec = fresh.to_plotly_json()
+                spec.pop("type", None)
+                spec.pop("uid", None)
+                old.update(spec, overwrite=True)
+        else:
+            target.data = ()
+            target.add_traces(list(new.data))
+        target.update_layout(new.layout.to_plotly_json(), overwrite=True)
+
+
+def dropdown(options, value, description: str):
+    """A dropdown; `options` is a list of values or a list of (label, value) pairs."""
+    import ipywidgets as widgets
+
+    return widgets.Dropdown(options=options, value=value, description=description,
+                            style={"description_width": "initial"}, layout=widgets.Layout(width="auto"))
+
+
+def selection_slider(options, value, description: str, continuous_update: bool = True):
+    """A slider over discrete options (e.g. powers of two); `continuous_update=False` for slow panels."""
+    import ipywidgets as widgets
+
+    return widgets.SelectionSlider(options=options, value=value, description=description,
+                                   continuous_update=continuous_update, style={"description_width": "initial"},
+                                   layout=widgets.Layout(width="420px"))
+
+
+def model_options() -> list[tuple[str, str]]:
+    return [(m.name, m.name) for key, m in MODELS.items() if key == m.name]
+
+
+def gpu_options() -> list[tuple[str, str]]:
+    return [(g.name, g.name) for key, g in GPUS.items() if key == g.name]
+
+
+S_MAX_OPTIONS = [(f"{2**k:,}", 2**k) for k in range(9, 18)]  # 512 … 131,072 tokens
+
+
+# --- errata -------------------------------------------------------------------------------------
+
+def errata_note(*quantities: str):
+    """A Markdown callout for the ledger's errata whose quantity contains any of `quantities`."""
+    from IPython.display import Markdown
+
+    chosen = [e for e in ledger.ERRATA if any(q.lower() in e.quantity.lower() for q in quantities)]
+    if not chosen:
+        raise ValueError(f"no erratum matches {quantities}; have: {'; '.join(e.quantity for e in ledger.ERRATA)}")
+    blocks = [f"> **Printed vs exact — {e.quantity}** ({e.section}). The lecture prints *{e.printed}*; "
+              f"exact arithmetic gives **{e.exact}**.  \n> {e.why}" for e in chosen]
+    return Markdown("\n\n".join(blocks))

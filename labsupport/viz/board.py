@@ -1,0 +1,502 @@
+"""The map of Part II (§10.7, lab 08) and the instructor's board (lab 99: the 75-minute timing plan).
+
+Lab 08: every row of §10.7's "what paging did not fix" table is re-computed here from the real
+mechanisms and traces (`map_rows`), next to the lab that computed it first; the discussion seeds get
+their data (`request_level_batching`, `interference_spike`, `routing_hit_rates`, `dependent_requests`,
+`tlb_bytes`).
+
+Lab 99: `SEGMENTS` follows the lecture's timing plan (0–6, 6–16, 16–36, 36–46, 46–58, 58–68,
+68–75).  `segment_view(i)` is one projector-sized panel: the segment's board picture (the same
+panels the labs use), its "ask the room" question with the answer folded away, and the confusion to
+expect.  Nothing on the board runs anything slow: figures are closed-form or read off small, fast
+allocator states, and the two pictures that need engine runs or traces read
+``board_data.json`` (written by ``python -m labsupport.viz.board --write``, checked by a test
+against a fresh computation).
+"""
+from __future__ import annotations
+
+import html
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import plotly.graph_objects as go
+
+from labsupport import ledger
+from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LLAMA3_70B, KiB
+from labsupport.viz import FONT_SIZE, PALETTE, TITLE_SIZE, styled
+
+BOARD_DATA = Path(__file__).with_name("board_data.json")
+LAB_NAMES = {
+    "00": "00_setup", "01": "01_five_jobs", "02": "02_naive_allocator", "03": "03_block_tables",
+    "04": "04_paged_kernel", "05": "05_copy_on_write", "06": "06_engine_loop", "07": "07_slo_ledger",
+    "08": "08_map_of_part_two",
+}
+
+
+# --- the quantities of §10.7's rows -------------------------------------------------------------------
+
+def attention_intensity(model=LECTURE_7B) -> float:
+    """FLOP per KV byte of decode attention: QK^T and PV are 4 L H d FLOP per cached token, which
+    reads 2 L H_kv d b bytes — 1 FLOP/byte for MHA, the group size for GQA (§2.15, §10.3 step three)."""
+    from labsupport.costmodel import CostModel
+
+    return CostModel(model).attn_flops_per_key / model.kv_bytes_per_token
+
+
+def request_level_batching(output_lengths: Sequence[int], batch: int = 186) -> dict:
+    """§10.5 / Oct 7: consecutive requests batched `batch` at a time, each batch running until its
+    longest member finishes.  Effective B = tokens produced ÷ steps run, averaged over batches."""
+    import numpy as np
+
+    out = np.asarray(output_lengths, dtype=np.int64)
+    if batch < 1 or len(out) < batch:
+        raise ValueError(f"need at least one full batch of {batch} requests, got {len(out)}")
+    groups = out[: len(out) // batch * batch].reshape(-1, batch)
+    effective = groups.sum(axis=1) / groups.max(axis=1)
+    return {"batch": batch, "batches": len(groups), "mean_effective_b": float(effective.mean()),
+            "median_effective_b": float(np.median(effective)), "mean_output": float(out.mean())}
+
+
+def interference_spike(neighbours: int = 186, prompt: int = 4096) -> dict:
+    """§2.16 on the engine: `neighbours` chat sequences decode (512-token prompts), one `prompt`-token
+    request arrives mid-run; a neighbour's longest gap between tokens against its usual gap."""
+    import numpy as np
+
+    from labsupport.costmodel import CostModel
+    from labsupport.engine import Engine
+
+    pool = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU), 16, LECTURE_7B.kv_bytes_per_token)
+    engine = Engine(cost_model=CostModel(), num_blocks=pool, block_size=16, watermark=0.0, max_num_seqs=neighbours + 1)
+    ids = [engine.add_request(prompt_len=512, max_new_tokens=128, arrival_time=0.0) for _ in range(neighbours)]
+    # arrive after the neighbours' own prefill step, in the middle of their decoding
+    first_step = CostModel().step(prefill_lens=[512] * neighbours).total_s
+    engine.add_request(prompt_len=prompt, max_new_tokens=8, arrival_time=first_step + 0.05)
+    result = engine.run()
+    gaps = np.diff(result.requests[ids[0]].token_times[0])
+    decode = ledger.tpot_s(LECTURE_7B, neighbours, 512 + 64, LECTURE_GPU.hbm_bandwidth)
+    prefill = ledger.recompute_s(LECTURE_7B, prompt, LECTURE_GPU.peak_flops)
+    return {"usual_gap_s": float(np.median(gaps)), "spike_gap_s": float(gaps.max()),
+            "engine_ratio": float(gaps.max() / np.median(gaps)),
+            "lecture_additive_ratio": (ledger.recompute_s(LECTURE_7B, 4096, LECTURE_GPU.peak_flops)
+                                       + ledger.tpot_s(LECTURE_7B, 186, 640, LECTURE_GPU.hbm_bandwidth))
+                                      / ledger.tpot_s(LECTURE_7B, 186, 640, LECTURE_GPU.hbm_bandwidth),
+            "prefill_s": prefill, "decode_step_s": decode}
+
+
+def routing_hit_rates(workload, replicas: Sequence[int] = (1, 2, 4, 8)) -> dict[int, float]:
+    """Oct 19: prefix-cache hit rate (unbounded caches) when requests are spread round-robin over
+    `replicas` cards, each with its own cache — a hit on the wrong replica is a miss."""
+    from labsupport.workloads import prefix_hit_rate
+
+    reqs = list(workload)
+    total = sum(len(r.hash_ids) for r in reqs)
+    out = {}
+    for k in replicas:
+        hits = 0.0
+        for j in range(k):
+            sub = reqs[j::k]
+            hits += prefix_hit_rate(sub) * sum(len(r.hash_ids) for r in sub)
+        out[k] = hits / total
+    return out
+
+
+def dependent_requests(workload, share: float = 0.5) -> float:
+    """Nov 18/23: the share of requests that re-send at least `share` of their prompt blocks as a
+    prefix some earlier request already sent — requests the engine treats as strangers."""
+    seen: set = set()
+    dependent = 0
+    for r in workload:
+        h = tuple(r.hash_ids)
+        k = 0
+        while k < len(h) and h[: k + 1] in seen:
+            k += 1
+        dependent += k >= share * len(h)
+        seen.update(h[:j] for j in range(1, len(h) + 1))
+    return dependent / len(workload)
+
+
+def tlb_bytes(batch: int = 186, seq_tokens: int = 640, block_size: int = 16, entry_bytes: int = 4) -> dict:
+    """Seed 3: block-table bytes a decode step reads (one table per sequence, re-read per layer)
+    against the KV bytes it reads — what a KV 'TLB' could save."""
+    m = LECTURE_7B
+    table = batch * ledger.block_table_bytes(seq_tokens, block_size, entry_bytes) * m.num_layers
+    kv = batch * seq_tokens * m.kv_bytes_per_token
+    swap_in = seq_tokens * m.kv_bytes_per_token / LECTURE_GPU.link_bandwidth
+    return {"table_bytes": table, "kv_bytes": kv, "ratio": table / kv, "swap_in_one_way_s": swap_in,
+            "step_s": ledger.tpot_s(m, batch, seq_tokens, LECTURE_GPU.hbm_bandwidth)}
+
+
+@dataclass(frozen=True)
+class MapRow:
+    """One row of §10.7: what is still broken, the quantity, its value here, where Part II fixes it."""
+
+    broken: str
+    quantity: str
+    value: str
+    where: str
+    lab: str  # the lab (two digits) that computed the quantity first
+
+    @property
+    def lab_link(self) -> str:
+        name = LAB_NAMES[self.lab]
+        return f'<a href="{name}.ipynb">lab {self.lab}</a>'
+
+
+def trace_numbers(azure=None, mooncake=None) -> dict:
+    """The §10.7 values that need a trace or an engine run (lab 08 computes them live; the board
+    reads them from board_data.json)."""
+    from labsupport.workloads import agent_session, load_azure, load_mooncake
+
+    azure = azure if azure is not None else load_azure("conv")
+    mooncake = mooncake if mooncake is not None else load_mooncake("conversation")
+    session = agent_session()
+    submitted = sum(r.prompt_tokens for r in session)
+    return {
+        "request_batching": request_level_batching(azure.output_lengths(), 186),
+        "spike": interference_spike(),
+        "routing": {str(k): v for k, v in routing_hit_rates(mooncake).items()},
+        "dependent": dependent_requests(mooncake),
+        "agent_resend": 1 - session.requests[-1].prompt_tokens / submitted,
+        "sources": {"azure": ("SYNTHETIC " if azure.synthetic else "") + azure.name,
+                    "mooncake": ("SYNTHETIC " if mooncake.synthetic else "") + mooncake.name},
+    }
+
+
+def map_rows(numbers: dict) -> list[MapRow]:
+    """§10.7's table with each quantity's value: closed forms here, traces and engine runs from
+    `numbers` (see `trace_numbers`)."""
+    m, gpu = LECTURE_7B, LECTURE_GPU
+    rb, sp, rt = numbers["request_batching"], numbers["spike"], numbers["routing"]
+    w_frac_159 = m.weight_bytes / ledger.decode_step_bytes(m, 159, 640)
+    floor = m.weight_bytes / gpu.hbm_bandwidth
+    return [
+        MapRow("The gather kernel paging created, and attention's 1 FLOP/byte",
+               "achieved bandwidth on an indirect access",
+               f"{attention_intensity(m):.0f} FLOP per KV byte (MHA), {attention_intensity(LECTURE_7B_GQA8):.0f} "
+               "(GQA-8): decode attention runs at the gather's bandwidth", "GPU programming Sep 30, kernels Oct 5", "04"),
+        MapRow("The batch is re-chosen per request, wasting every batch's tail", "effective B over time",
+               f"request-level batches of {rb['batch']} Azure requests average B = {rb['mean_effective_b']:.0f}",
+               "Batching and scheduling I, Oct 7", "06"),
+        MapRow("One 129 ms prefill wrecks 199 decodes' cadence", "§2.16's 6.7× TPOT spike",
+               f"{1e3 * sp['prefill_s']:.1f} ms prefill in a {1e3 * ledger.tpot_s(m, 186, 640, gpu.hbm_bandwidth):.2f} ms "
+               f"cadence: {sp['lecture_additive_ratio']:.2f}× added, {sp['engine_ratio']:.2f}× on the engine's clock",
+               "Disaggregation, Oct 14", "07"),
+        MapRow("A cache hit on the wrong replica is a cache miss", "which card a request lands on",
+               f"Mooncake prefix hits {100 * rt['1']:.1f}% on 1 card, {100 * rt['8']:.1f}% round-robin over 8",
+               "Routing and load balancing, Oct 19", "05"),
+        MapRow("512 KiB per token, paid in full for every position", "KV bytes per token",
+               f"{m.kv_bytes_per_token:,} B = {m.kv_bytes_per_token // KiB} KiB (GQA-8: "
+               f"{LECTURE_7B_GQA8.kv_bytes_per_token // KiB} KiB; Llama 3 70B: {LLAMA3_70B.kv_bytes_per_token // KiB} KiB)",
+               "KV-cache optimization, Oct 28", "00"),
+        MapRow("Identical prefixes across requests are prefilled twice", "the 92% re-send of Lecture 5",
+               f"agent session: {100 * numbers['agent_resend']:.2f}% re-sent; Mooncake: {100 * rt['1']:.1f}% of "
+               "prompt blocks already seen", "Prefix cache, Nov 9", "05"),
+        MapRow("13.5 GB of weights re-read every step, b = 2", "bytes per weight and per cached value",
+               f"{m.weight_bytes / GB:.2f} GB = {1e3 * floor:.2f} ms of every step; {100 * w_frac_159:.0f}% of "
+               "the bytes at B = 159", "Pruning and quantization, Nov 11", "01"),
+        MapRow("One forward pass yields one token", "tokens per pass over the weights",
+               f"1 per sequence: one stream tops out at {1 / ledger.tpot_s(m, 1, 640, gpu.hbm_bandwidth):,.0f} tok/s",
+               "Speculative decoding, Nov 18", "07"),
+        MapRow("The engine sees finished strings, not the agent's structure", "the dependence between requests",
+               f"{100 * numbers['dependent']:.1f}% of Mooncake requests re-send ≥ half their prompt from an earlier one",
+               "Agent serving, Nov 18 and Nov 23", "05"),
+    ]
+
+
+def map_table_html(rows: Sequence[MapRow], links: bool = True) -> str:
+    head = ["still broken after today", "the quantity", "its value here", "where it goes", "computed in"]
+    style = f"font-size:{FONT_SIZE - 2}px;padding:6px 12px;text-align:left;vertical-align:top"
+    out = ['<table style="border-collapse:collapse">',
+           "<tr>" + "".join(f'<th style="{style}">{h}</th>' for h in head) + "</tr>"]
+    for r in rows:
+        cells = [html.escape(r.broken), f"<b>{html.escape(r.quantity)}</b>", html.escape(r.value),
+                 html.escape(r.where), r.lab_link if links else f"lab {r.lab}"]
+        out.append("<tr>" + "".join(f'<td style="{style}">{c}</td>' for c in cells) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def map_figure(rows: Sequence[MapRow], height: int = 760) -> go.Figure:
+    """§10.7 for the projector: the quantity, its value, and the date that attacks it."""
+    fig = go.Figure(go.Table(
+        columnwidth=[2.2, 3.6, 2.0],
+        header=dict(values=["<b>the quantity still wrong</b>", "<b>its value (computed)</b>", "<b>where it goes</b>"],
+                    fill_color=PALETTE["limit"], font=dict(color="white", size=FONT_SIZE), align="left", height=40),
+        cells=dict(values=[[r.quantity for r in rows], [r.value for r in rows], [r.where for r in rows]],
+                   fill_color=[["#F4F4F4", "white"] * len(rows)], font=dict(size=FONT_SIZE - 3), align="left",
+                   height=62)))
+    return styled(fig, "What paging did not fix: the map of Part II", height=height, margin=dict(l=20, r=20, t=80, b=20))
+
+
+# --- board data: computed once, shipped, checked by a test ------------------------------------------
+
+def compute_board_data() -> dict:
+    """Everything on the board that needs an engine run or a trace (seconds to compute)."""
+    from labsupport.viz.slo import chat_with_probe
+
+    ttft = {}
+    for rate in (10, 62):
+        run = chat_with_probe(rate)
+        ttft[str(rate)] = [asdict(s) for s in run.splits()]
+    return {"ttft_splits": ttft, "map": trace_numbers()}
+
+
+def load_board_data(path: Path = BOARD_DATA) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run `python -m labsupport.viz.board --write`")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def write_board_data(path: Path = BOARD_DATA) -> dict:
+    data = compute_board_data()
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return data
+
+
+# --- the board: one panel per segment of the timing plan ---------------------------------------------
+
+def five_jobs_figure() -> go.Figure:
+    """§10.1's board: the five verbs in a column, the resource each contends for, memory circled twice."""
+    jobs = [("Admit", "memory — a promise of KV space", True), ("Allocate", "memory — the KV space itself", True),
+            ("Batch", "the next forward pass", False), ("Run", "arithmetic (and HBM bandwidth)", False),
+            ("Stream", "user-visible per-step latency", False)]
+    fig = go.Figure()
+    for i, (verb, resource, memory) in enumerate(jobs):
+        y = len(jobs) - i
+        fig.add_annotation(x=0.05, y=y, text=f"<b>{verb}</b>", showarrow=False, xanchor="left",
+                           font=dict(size=TITLE_SIZE + 4))
+        fig.add_annotation(x=0.42, y=y, text=resource, showarrow=False, xanchor="left",
+                           font=dict(size=TITLE_SIZE, color=PALETTE["memory"] if memory else "#222222"))
+        if memory:
+            fig.add_shape(type="circle", x0=0.35, x1=0.98, y0=y - 0.38, y1=y + 0.38,
+                          line=dict(color=PALETTE["memory"], width=4))
+    fig.update_xaxes(visible=False, range=[0, 1])
+    fig.update_yaxes(visible=False, range=[0.3, len(jobs) + 0.7])
+    return styled(fig, "Five jobs, five resources — two of them memory", height=520, showlegend=False)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One row of the timing plan."""
+
+    start: int
+    end: int
+    title: str
+    board: str  # what goes on the board, from the instructor notes
+    ask: str  # the "ask the room" question
+    answer: str
+    confusion: str
+    protected: bool = False
+    lab: str = ""
+
+
+def _segments() -> tuple[Segment, ...]:
+    """The timing plan, with every number on the board computed by the ledger (printed figure beside)."""
+    r = ledger.compute(ledger.Scenario())
+    kv, budget = r["kv_bytes_per_token"], r["kv_budget_bytes"]
+    seq_bytes = r["seq_tokens"] * kv
+    util_32k = ledger.naive_utilization(budget, 32_768, r["seq_tokens"], kv)
+    unshared, shared = ledger.fanout_tokens(8, 4096, 256)
+    return (
+        Segment(0, 6, "Part II opens: 29 against 295 (§10.1)",
+                f"Re-board Lecture 2's collision ({r['ridge_batch']:.0f} against {r['naive_concurrency']}), then the "
+                "five jobs of an engine, each with the resource it contends for. Circle memory twice. Do not start the "
+                "paper yet.",
+                "Which of the five can the engine get wrong in a way it cannot recover from?",
+                "Admit — the promise has already been made. (This lands §10.5 forty minutes early.)",
+                "Students expect a serving system to be a scheduling problem. Say: \"It is a memory-management "
+                "problem wearing a scheduler's clothes.\"", lab="01"),
+        Segment(6, 16, "The naive allocator (§10.2)",
+                f"One 4,096-token slot, the first 640 shaded; then the {r['naive_concurrency']} of them stacked; then "
+                f"'9.5 of 62.5' (exact: {r['naive_concurrency'] * seq_bytes / GB:.2f} of {budget / GB:.2f} GB). Only "
+                f"then say 15% (exact {100 * r['naive_utilization']:.2f}%; the timing plan's 14% and the printed "
+                "15.2% round the same quantity).",
+                "What is the utilization if we raise S_max to 32K to advertise long context?",
+                f"The lecture prints 1.9%; exact: 3 slots × 640 tokens of {budget / GB:.2f} GB = {100 * util_32k:.2f}% "
+                f"(1.95% is one slot's occupancy, 640/32,768).",
+                "\"Just set S_max per request.\" Good instinct, wrong outcome: internal fragmentation traded for "
+                "external (Exercise 2). \"Realloc when it grows\": copying 2 GB mid-decode while 28 others wait.",
+                protected=True, lab="02"),
+        Segment(16, 36, "PagedAttention: the block table (§10.3, the paper)",
+                "Two sequences, logical blocks left, one shared physical pool right, arrows crossing. Grow A by one "
+                f"token: a new block, one table entry. Then 15.2% → 98.7% (exact for 640-token sequences: "
+                f"{100 * r['naive_utilization']:.2f}% → {100 * r['paged_utilization']:.2f}%), then 29 → 199 (exact "
+                f"{r['naive_concurrency']} → {r['paged_concurrency']}).",
+                "What does the attention kernel now have to do? — and then: so where did the cost go?",
+                f"Gather: read K and V through the block table. The cost moved into the kernel: same FLOPs and bytes "
+                f"({attention_intensity():.0f} FLOP/byte for MHA), an indirect access pattern that a naive gather "
+                "pays for in bandwidth.",
+                f"Paging does not reduce KV bytes — {kv // KiB} KiB per token is unchanged; it removes "
+                "reserved-and-unused bytes. \"Block size 1 is optimal\": look at the 4,096-entry table and the "
+                "1-token contiguous run.", protected=True, lab="03"),
+        Segment(36, 46, "What paging buys next: sharing (§10.4)",
+                "One prompt's blocks, eight branch arrows, refcount 8. One branch writes a token: new block, refcount "
+                f"7 + 1. Then 17.9 GB against 3.2 GB (exact {unshared * kv / GB:.2f} GB against {shared * kv / GB:.2f} GB): "
+                f"{unshared / shared:.2f}×.",
+                "Does anything in this mechanism know the branches came from the same request?",
+                "No. Let the silence do the work, then name Nov 9: two users' identical system prompts share blocks "
+                "just as soundly.",
+                "Beam search gets treated as the motivating case. It is the historical one; the live one is agent "
+                "fan-out and shared system prompts.", lab="05"),
+        Segment(46, 58, "The engine loop, admission, preemption (§10.5)",
+                f"The loop as six verbs in a cycle; the watermark; then derive {1e3 * r['swap_round_trip_s']:.0f} ms "
+                f"against {1e3 * r['recompute_s']:.0f} ms live — do not show the result first.",
+                "The engine admitted 199 sequences and they all keep generating. What breaks? — Which of your three "
+                "moves is cheapest for the user?",
+                "Blocks run out. Refusing new arrivals: nobody resident is hurt — that is why watermarks exist.",
+                "Preemption is assumed to lose the sequence's progress. It loses its cache, never its tokens.",
+                lab="06"),
+        Segment(58, 68, "Sizing and the SLO ledger (§10.6)",
+                "TTFT as three stacked bars with queueing biggest. Then the three-column table, then strike out the "
+                "middle column's throughput and write 'goodput 0'.",
+                "Which column would you deploy?",
+                f"Force them to ask for the SLO first. At 20 ms: the SLO-limited column (B = {r['max_batch_for_slo']} "
+                f"exact; printed 164). At 25 ms the memory-ceiling column (B = {r['paged_concurrency']}) wins. If "
+                "nobody asks for the SLO, that is the lesson.",
+                "\"Paging made latency worse, so it is a wash.\" No — it moved the operating point along a frontier "
+                f"you could not previously reach. At B = {r['max_batch_for_slo']} you get both.", lab="07"),
+        Segment(68, 75, "The map of Part II, and close (§10.7)",
+                "Point at the eight dates, each against the quantity in today's arithmetic it attacks. End on \"the "
+                f"allocator was the easy 7×\" (exact: {r['naive_concurrency']} → {r['paged_concurrency']} is "
+                f"{r['concurrency_gain']:.2f}×).",
+                f"Lecture 2 said the machine wants {r['ridge_batch']:.0f} and the memory permits "
+                f"{r['naive_concurrency']}. Which of those ceilings was a data structure — and what binds now?",
+                f"The allocator was: {r['naive_concurrency']} → {r['paged_concurrency']} is two thirds of the way to "
+                f"{r['ridge_batch']:.0f}. After paging the SLO binds first ({r['max_batch_for_slo']} < "
+                f"{r['paged_concurrency']}): the next eight weeks are scheduling, kernels and bytes. Ask that question "
+                "of every ceiling you are shown.",
+                "Reading-only, not scheduled: §10.7's table in full. If running long, compress §10.6 to the TTFT "
+                "decomposition; never cut §10.2 or §10.3.", lab="08"),
+    )
+
+
+SEGMENTS: tuple[Segment, ...] = _segments()
+
+
+def _board_picture(index: int, data: dict):
+    """The board picture(s) of one segment: figures and panels from the labs' own modules."""
+    from labsupport.block_allocator import BlockAllocator
+    from labsupport.viz import engine as viz_engine
+    from labsupport.viz import memory as viz_memory
+    from labsupport.viz import roofline
+    from labsupport.viz import sharing as viz_sharing
+    from labsupport.viz import slo as viz_slo
+
+    if index == 0:
+        return [viz_slo.FigureView(five_jobs_figure(), "the five jobs and their resources"), roofline.batch_gap_panel()]
+    if index == 1:
+        return [viz_slo.FigureView(viz_memory.slot_figure(4096, 512, 128), "one 4,096-token slot, 640 tokens shaded"),
+                viz_memory.naive_panel()]
+    if index == 2:
+        return [viz_memory.block_table_explorer()]
+    if index == 3:
+        alloc = BlockAllocator(64, 16)
+        alloc.allocate("prompt", 100)
+        branches = [f"branch {i}" for i in range(1, 9)]
+        for b in branches:
+            alloc.fork("prompt", b)
+        alloc.free("prompt")
+        before = viz_sharing.refcount_board_figure(alloc, branches, title="8 branches, one prompt: refcount 8")
+        res = alloc.append_slot(branches[0])
+        after = viz_sharing.refcount_board_figure(alloc, branches, highlight=res.cow or (),
+                                                  title="branch 1 writes a token: a copy, refcount 7 + 1")
+        return [viz_slo.FigureView(before, "refcount 8"), viz_slo.FigureView(after, "refcount 7 + 1"),
+                viz_sharing.fanout_panel()]
+    if index == 4:
+        return [viz_slo.FigureView(swap_recompute_figure(), "swap 67 ms against recompute 129 ms"),
+                viz_engine.swap_recompute_panel()]
+    if index == 5:
+        splits = [viz_slo.TTFTSplit(**s) for s in data["ttft_splits"]["62"]]
+        return [viz_slo.FigureView(viz_slo.ttft_bars_figure(splits, title="TTFT on a loaded card (62 chat requests/s)"),
+                                   "TTFT split: queueing biggest"), viz_slo.goodput_table_panel()]
+    if index == 6:
+        return [viz_slo.FigureView(map_figure(map_rows(data["map"])), "the map of Part II")]
+    raise IndexError(f"segment index must be 0..{len(SEGMENTS) - 1}, got {index}")
+
+
+def swap_recompute_figure(seq_tokens: int = 4096) -> go.Figure:
+    """§10.5's derivation on the board: the swap round trip against the recompute, MHA and GQA-8."""
+    from labsupport.viz import engine as viz_engine
+
+    terms = [viz_engine.swap_recompute(m, LECTURE_GPU, seq_tokens, LECTURE_GPU.link_bandwidth)
+             for m in (LECTURE_7B, LECTURE_7B_GQA8)]
+    bars = [(m.name, t["swap_s"], t["recompute_s"]) for m, t in zip((LECTURE_7B, LECTURE_7B_GQA8), terms)]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=[b[0] for b in bars], y=[1e3 * b[1] for b in bars], name="swap out + in (64 GB/s)",
+                         marker_color=PALETTE["link"], text=[f"{1e3 * b[1]:.1f} ms" for b in bars],
+                         textposition="outside", textfont=dict(size=FONT_SIZE + 2)))
+    fig.add_trace(go.Bar(x=[b[0] for b in bars], y=[1e3 * b[2] for b in bars], name="recompute (50% of peak)",
+                         marker_color=PALETTE["recompute"], text=[f"{1e3 * b[2]:.1f} ms" for b in bars],
+                         textposition="outside", textfont=dict(size=FONT_SIZE + 2)))
+    w, wg = (t["breakeven_bandwidth"] / GB for t in terms)
+    return styled(fig, f"A preempted {seq_tokens:,}-token sequence: break-even link {w:.2f} GB/s (MHA), {wg:.2f} GB/s (GQA-8)",
+                  height=480, barmode="group", yaxis=dict(title="stall (ms)", range=[0, 160]),
+                  legend=dict(orientation="h", y=-0.2, x=0))
+
+
+def segment_header_html(seg: Segment) -> str:
+    flag = ' <span style="color:#D55E00">· protected — never cut</span>' if seg.protected else ""
+    return (f'<div style="font-size:{TITLE_SIZE + 8}px;font-weight:bold;margin:8px 0">{seg.start}–{seg.end} min · '
+            f'{html.escape(seg.title)}{flag}</div>'
+            f'<div style="font-size:{FONT_SIZE + 2}px;margin-bottom:8px"><b>Board:</b> {html.escape(seg.board)}</div>')
+
+
+def segment_ask_html(seg: Segment) -> str:
+    return (f'<div style="font-size:{TITLE_SIZE + 4}px;margin-top:12px;padding:10px;border-left:8px solid '
+            f'{PALETTE["compute"]}"><b>Ask the room:</b> {html.escape(seg.ask)}</div>'
+            f'<details style="font-size:{FONT_SIZE + 2}px;margin:8px 0"><summary>answer (instructor)</summary>'
+            f'{html.escape(seg.answer)}</details>'
+            f'<details style="font-size:{FONT_SIZE}px;margin:4px 0"><summary>expect confusion</summary>'
+            f'{html.escape(seg.confusion)}</details>')
+
+
+class SegmentView:
+    """One segment of the board as one widget: header, board picture(s), the question."""
+
+    def __init__(self, index: int, data: dict | None = None):
+        import ipywidgets as widgets
+
+        if not 0 <= index < len(SEGMENTS):
+            raise IndexError(f"segment index must be 0..{len(SEGMENTS) - 1}, got {index}")
+        self.segment = SEGMENTS[index]
+        self.pictures = _board_picture(index, data if data is not None else load_board_data())
+        parts = [widgets.HTML(segment_header_html(self.segment))]
+        for p in self.pictures:
+            parts.append(p.widget if hasattr(p, "widget") else p.figure)
+        parts.append(widgets.HTML(segment_ask_html(self.segment)))
+        self.widget = widgets.VBox(parts)
+
+    def text(self) -> str:
+        s = self.segment
+        return f"{s.start}–{s.end} min: {s.title}\nAsk the room: {s.ask}"
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = self.text()
+        return bundle
+
+
+def segment_view(index: int, data: dict | None = None) -> SegmentView:
+    return SegmentView(index, data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m labsupport.viz.board --write`: recompute board_data.json (engine runs, traces)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m labsupport.viz.board")
+    p.add_argument("--write", action="store_true", help=f"recompute and write {BOARD_DATA.name}")
+    args = p.parse_args(argv)
+    if args.write:
+        write_board_data()
+        print(f"wrote {BOARD_DATA}")
+    else:
+        print(json.dumps(load_board_data(), indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

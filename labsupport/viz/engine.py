@@ -1,0 +1,729 @@
+"""Figures, panels and measurements of lab 06: the engine loop, admission and preemption (§10.5, Exercise 4).
+
+Every picture is read off the real `Engine` or the ledger's closed forms:
+
+* the loop streamed: each step's batch re-chosen, tokens appearing per step (`stream_engine`,
+  `stream_figure`, `stream_panel`, `stream_text`);
+* overload and the watermark: refusals at admission against preemptions, and blocks in use over
+  time, from engine runs on a real trace with the cost-model clock (`watermark_sweep`,
+  `watermark_figure`, `watermark_panel`);
+* swap against recompute: the two stalls against S, the break-even bandwidth, the crossover, for
+  any model, GPU and link (`swap_recompute`, `swap_recompute_figure`, `swap_recompute_panel`,
+  `breakeven_figure`);
+* your own machine: host↔device copy bandwidth (a host memcpy, labelled as such, where there is no
+  device) and the tiny model's prefill rate, and your personal break-even (`measure_copy_bandwidth`,
+  `measure_prefill_rate`, `personal_breakeven_figure`);
+* memory pressure: the same requests under swap, recompute and auto, and the stall each costs
+  (`run_requests`, `stall_figure`, `blocks_figure`).
+
+Times are seconds in the data; axes say their unit.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from labsupport import ledger
+from labsupport.checks import positive_int as _positive_int
+from labsupport.specs import GB, LECTURE_MFU, GPUSpec, MiB, ModelSpec, get_gpu, get_model
+from labsupport.units import fmt_int
+from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, gpu_options, selection_slider, styled
+
+PHASES = ("not here", "waiting", "prefill", "decode", "preempted", "done")
+PHASE_COLOURS = {"not here": "#FFFFFF", "waiting": "#F6D7A7", "prefill": PALETTE["compute"],
+                 "decode": PALETTE["used"], "preempted": PALETTE["recompute"], "done": "#F2F2F2"}
+# a horizontal legend under the x-axis title, with room for both (projector fonts are large)
+_LEGEND_BELOW = dict(legend=dict(orientation="h", yanchor="top", y=-0.3, x=0.0), margin=dict(l=90, r=40, t=90, b=150),
+                     height=520)
+SWAP_MODELS = (("lecture-7b (MHA)", "lecture-7b"), ("lecture-7b-gqa8 (GQA-8)", "lecture-7b-gqa8"),
+               ("llama-3-8b (GQA-8)", "llama-3-8b"), ("llama-3-70b (GQA-8)", "llama-3-70b"))
+S_OPTIONS = [(f"{s:,}", s) for s in (256, 512, 1024, 2048, 4096, 5195, 8192, 16_384, 32_768, 65_536, 131_072)]
+LINK_OPTIONS = [(f"{g:g} GB/s", g) for g in (4, 8, 8.3, 16, 25, 32, 33.2, 50, 64, 128, 450)]
+
+
+# =============================================================================================
+# The loop, streamed
+# =============================================================================================
+
+@dataclass
+class StepRecord:
+    """What one iteration of the engine did, as seen from outside it."""
+
+    step: int  # 1-based
+    clock_s: float  # the engine's clock at the end of the step
+    emitted: list[tuple[int, int, int | None, bool]]  # (request, branch, token, finished)
+    blocks_in_use: int
+    waiting: int
+    running: int
+    swapped: int
+    preempted: dict[str, int]  # preemptions this step, by kind
+    arrived: list[int]  # requests added just before this step
+
+
+@dataclass
+class StreamLog:
+    """A whole run, step by step: the streaming view replays it."""
+
+    steps: list[StepRecord]
+    prompts: dict[int, list[int] | None]
+    max_new: dict[int, int]
+    n: dict[int, int]
+    num_blocks: int
+    block_size: int
+    result: object = None  # the EngineResult at the end
+
+    def sequences(self) -> list[tuple[int, int]]:
+        return [(r, b) for r in sorted(self.n) for b in range(self.n[r])]
+
+    def tokens(self, upto: int | None = None) -> dict[tuple[int, int], list[int | None]]:
+        """Tokens each sequence has streamed by the end of step `upto` (all steps by default)."""
+        out: dict[tuple[int, int], list[int | None]] = {s: [] for s in self.sequences()}
+        for rec in self.steps[: len(self.steps) if upto is None else upto]:
+            for rid, branch, tok, _ in rec.emitted:
+                out[(rid, branch)].append(tok)
+        return out
+
+    def phases(self) -> dict[tuple[int, int], list[str]]:
+        """Per sequence, its state in every step: not here, waiting, prefill, decode, preempted, done."""
+        arrival = {rid: k for k, rec in enumerate(self.steps) for rid in rec.arrived}
+        out = {}
+        for seq in self.sequences():
+            rid = seq[0]
+            states, started, finished = [], False, False
+            for k, rec in enumerate(self.steps):
+                mine = [e for e in rec.emitted if (e[0], e[1]) == seq]
+                if finished:
+                    states.append("done")
+                elif mine:
+                    states.append("decode" if started else "prefill")
+                    started = True
+                    finished = mine[0][3]
+                elif k < arrival.get(rid, 0):
+                    states.append("not here")
+                else:
+                    states.append("preempted" if started else "waiting")
+            out[seq] = states
+        return out
+
+
+def stream_engine(engine, schedule: Sequence[tuple[int, dict]], max_steps: int = 100_000,
+                  on_step: Callable[[StepRecord], None] | None = None) -> StreamLog:
+    """Run `engine` step by step; `schedule` holds (step index, add_request keyword arguments) pairs.
+
+    A request scheduled at step k is added just before the k-th step (0-based), at the engine's
+    clock, so it is waiting at that step boundary.  `on_step` sees each StepRecord as it happens
+    (a live view can redraw there).  Returns the log, with the engine's result attached.
+    """
+    events: list = []
+    chained = engine.on_token
+
+    def collect(ev):
+        events.append(ev)
+        if chained is not None:
+            chained(ev)
+
+    engine.on_token = collect
+    pending = sorted(((int(k), i, kw) for i, (k, kw) in enumerate(schedule)), key=lambda x: (x[0], x[1]))
+    prompts, max_new, fan = {}, {}, {}
+    steps: list[StepRecord] = []
+    k = 0
+    try:
+        while k < max_steps:
+            arrived = []
+            while pending and pending[0][0] <= k:
+                _, _, kw = pending.pop(0)
+                rid = engine.add_request(**kw)
+                prompts[rid] = list(kw["prompt_ids"]) if kw.get("prompt_ids") is not None else None
+                max_new[rid] = kw.get("max_new_tokens", 16)
+                fan[rid] = kw.get("n", 1)
+                arrived.append(rid)
+            before = dict(engine.counters.preemptions)
+            events.clear()
+            if not engine.step():
+                if pending:
+                    k = pending[0][0]
+                    continue
+                break
+            if not events and not any(engine.counters.preemptions[x] != before[x] for x in before):
+                # an idle step (the clock jumped to the next arrival): not an iteration of the loop
+                continue
+            rec = StepRecord(
+                step=len(steps) + 1, clock_s=engine.clock,
+                emitted=[(e.request_id, e.branch, e.token, e.finished) for e in events],
+                blocks_in_use=engine.allocator.num_used_blocks, waiting=engine.num_waiting,
+                running=engine.num_running, swapped=engine.num_swapped,
+                preempted={x: engine.counters.preemptions[x] - before[x] for x in before}, arrived=arrived)
+            steps.append(rec)
+            if on_step is not None:
+                on_step(rec)
+            k += 1
+    finally:
+        engine.on_token = chained
+    res = engine.result()
+    return StreamLog(steps, prompts, max_new, fan, engine.num_blocks, engine.block_size, res)
+
+
+def _char(tok, decode) -> str:
+    if tok is None:
+        return "•"
+    s = decode([tok]) if decode else str(tok)
+    return {"\n": "⏎", " ": "␣", "\t": "⇥"}.get(s, s)
+
+
+def _seq_label(seq: tuple[int, int], log: StreamLog) -> str:
+    return f"r{seq[0]}" if log.n[seq[0]] == 1 else f"r{seq[0]}.{seq[1]}"
+
+
+def stream_figure(log: StreamLog, upto: int, decode: Callable | None = None, title: str | None = None) -> go.Figure:
+    """The loop as a grid: one row per sequence, one column per step, the token it streamed in the cell.
+
+    Blue cells ran a prefill (admitted this step), green ones decoded, pale orange ones waited for
+    admission, purple ones were preempted.  Columns after `upto` are blank: drag the step slider.
+    """
+    if not log.steps:
+        raise ValueError("the log has no steps")
+    upto = max(1, min(int(upto), len(log.steps)))
+    seqs = log.sequences()
+    phases = log.phases()
+    code = {p: i for i, p in enumerate(PHASES)}
+    z, text = [], []
+    for seq in seqs:
+        row_z, row_t = [], []
+        toks = iter(t for rec in log.steps for (r, b, t, _) in rec.emitted if (r, b) == seq)
+        for k, ph in enumerate(phases[seq]):
+            tok = next(toks) if ph in ("prefill", "decode") else None
+            shown = k < upto
+            row_z.append(code[ph] if shown else 0)
+            row_t.append(_char(tok, decode) if shown and ph in ("prefill", "decode") else "")
+        z.append(row_z)
+        text.append(row_t)
+    n = len(PHASES)
+    colorscale = []
+    for i, p in enumerate(PHASES):
+        colorscale += [[i / n, PHASE_COLOURS[p]], [(i + 1) / n, PHASE_COLOURS[p]]]
+    xs = [rec.step for rec in log.steps]
+    labels = [_seq_label(s, log) for s in seqs]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=xs, y=labels, text=text, texttemplate="%{text}", textfont=dict(size=FONT_SIZE - 2, color="white"),
+        colorscale=colorscale, zmin=0, zmax=n, showscale=False, xgap=2, ygap=2,
+        hovertemplate="step %{x}, %{y}: %{text}<extra></extra>"))
+    for p in PHASES[1:5]:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=p,
+                                 marker=dict(symbol="square", size=16, color=PHASE_COLOURS[p])))
+    rec = log.steps[upto - 1]
+    batch = len(rec.emitted)
+    default = (f"step {rec.step}: batch of {batch}, {rec.blocks_in_use} of {log.num_blocks} blocks in use, "
+               f"{rec.waiting} waiting")
+    return styled(fig, title or default, height=max(360, 110 + 38 * len(seqs)),
+                  xaxis=dict(title="engine step", range=[0.5, len(xs) + 0.5], dtick=5, showgrid=False),
+                  yaxis=dict(autorange="reversed", showgrid=False, type="category"),
+                  legend=dict(orientation="h", yanchor="top", y=-0.18, x=0.0),
+                  margin=dict(l=80, r=20, t=80, b=90))
+
+
+def stream_readout(log: StreamLog, upto: int, decode: Callable | None = None) -> str:
+    upto = max(1, min(int(upto), len(log.steps)))
+    rec = log.steps[upto - 1]
+    lines = [f"step {rec.step}: ran {len(rec.emitted)} sequence(s); blocks in use {rec.blocks_in_use}/{log.num_blocks}; "
+             f"waiting {rec.waiting}, swapped {rec.swapped}"]
+    for seq, toks in log.tokens(upto).items():
+        text = "".join(_char(t, decode) for t in toks)
+        lines.append(f"{_seq_label(seq, log)}: {text}")
+    return "\n".join(lines)
+
+
+def stream_text(log: StreamLog, decode: Callable | None = None) -> str:
+    """One line per step: who ran (the batch, re-chosen), what each streamed, who finished and left."""
+    lines = []
+    for rec in log.steps:
+        got = "  ".join(f"{_seq_label((r, b), log)}:{_char(t, decode)}" for r, b, t, _ in rec.emitted)
+        done = [_seq_label((r, b), log) for r, b, _, f in rec.emitted if f]
+        extra = []
+        if rec.arrived:
+            extra.append("arrived " + ",".join(f"r{r}" for r in rec.arrived))
+        if any(rec.preempted.values()):
+            extra.append("preempted " + ", ".join(f"{v} by {k}" for k, v in rec.preempted.items() if v))
+        if done:
+            extra.append("retired " + ",".join(done))
+        lines.append(f"step {rec.step:>3} | B={len(rec.emitted):>2} | {rec.blocks_in_use:>3} blocks | {got}"
+                     + (f"   [{'; '.join(extra)}]" if extra else ""))
+    return "\n".join(lines)
+
+
+def stream_panel(log: StreamLog, decode: Callable | None = None, upto: int | None = None) -> Panel:
+    """A step slider (and a play button) over a recorded run: watch the batch re-chosen every step."""
+    import ipywidgets as widgets
+
+    last = len(log.steps)
+    slider = widgets.IntSlider(value=last if upto is None else upto, min=1, max=last, step=1, description="step",
+                               style={"description_width": "initial"}, layout=widgets.Layout(width="520px"))
+    panel = Panel(lambda upto: stream_figure(log, upto, decode), {"upto": slider},
+                  lambda upto: stream_readout(log, upto, decode), title="The loop, one step at a time")
+    play = widgets.Play(value=slider.value, min=1, max=last, step=1, interval=250, description="play")
+    widgets.jslink((play, "value"), (slider, "value"))
+    row = panel.widget.children[1]
+    row.children = (play, *row.children)
+    panel.play = play
+    return panel
+
+
+# =============================================================================================
+# Overload: the watermark trades refusals for preemptions
+# =============================================================================================
+
+@dataclass(frozen=True)
+class OverloadRun:
+    """One replay of a trace under overload at one watermark (cost-model clock: deterministic)."""
+
+    watermark: float
+    watermark_blocks: int
+    num_blocks: int
+    requests: int
+    waited: int  # requests refused at least once at admission (queued before their prefill)
+    mean_queueing_s: float
+    p99_tpot_s: float
+    makespan_s: float
+    preemptions: dict
+    swapped_out_bytes: int
+    recomputed_tokens: int
+    block_times: tuple[float, ...]
+    blocks_in_use: tuple[int, ...]
+
+    @property
+    def total_preemptions(self) -> int:
+        return sum(self.preemptions.values())
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    v = sorted(values)
+    if not v:
+        return math.nan
+    pos = (len(v) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def overload_run(requests, watermark: float, num_blocks: int = 7452, block_size: int = 16, cost_model=None,
+                 preemption: str = "swap", speedup: float = 8.0) -> OverloadRun:
+    """Replay `requests` (workloads.Request-like: prompt_tokens, output_tokens, arrival_s) `speedup`×
+    faster than recorded, through a model-free engine on the cost-model clock (the lecture's 7B on an
+    H100 by default)."""
+    from labsupport.costmodel import CostModel
+    from labsupport.engine import Engine
+
+    if not speedup > 0:
+        raise ValueError(f"speedup must be positive, got {speedup!r}")
+    cost_model = cost_model or CostModel()
+    eng = Engine(cost_model=cost_model, num_blocks=num_blocks, block_size=block_size, watermark=watermark,
+                 preemption=preemption, record_token_times=False)
+    reqs = list(requests)
+    if not reqs:
+        raise ValueError("no requests to replay")
+    t0 = min(r.arrival_s for r in reqs)
+    for r in reqs:
+        eng.add_request(prompt_len=r.prompt_tokens, max_new_tokens=r.output_tokens,
+                        arrival_time=(r.arrival_s - t0) / speedup)
+    res = eng.run()
+    fin = [r for r in res.requests.values() if r.finished]
+    tpots = [r.tpot_s for r in fin if r.tpot_s is not None]
+    c = res.counters
+    return OverloadRun(watermark, eng.watermark_blocks, num_blocks, len(reqs),
+                       sum(1 for r in fin if r.queueing_s > 0), statistics.fmean(r.queueing_s for r in fin),
+                       _percentile(tpots, 99), res.clock_s, dict(c.preemptions), c.swapped_out_bytes,
+                       c.recomputed_tokens, tuple(c.block_times), tuple(c.blocks_in_use))
+
+
+def watermark_sweep(requests, watermarks: Sequence[float], progress: bool = False, **kwargs) -> list[OverloadRun]:
+    """`overload_run` at each watermark (same requests, same pool)."""
+    items = list(watermarks)
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(items, desc="watermark sweep", leave=False)
+    return [overload_run(requests, w, **kwargs) for w in items]
+
+
+def _pick(runs: Sequence[OverloadRun], watermark: float) -> OverloadRun:
+    for r in runs:
+        if math.isclose(r.watermark, watermark, abs_tol=1e-12):
+            return r
+    raise ValueError(f"no run at watermark {watermark!r}; have {[r.watermark for r in runs]}")
+
+
+def watermark_figure(runs: Sequence[OverloadRun], watermark: float, title: str | None = None) -> go.Figure:
+    """Left: requests refused at admission and preemptions against the watermark.  Right: blocks in
+    use over time at the chosen watermark, with the pool and the watermark drawn in."""
+    if not runs:
+        raise ValueError("no runs to draw")
+    runs = sorted(runs, key=lambda r: r.watermark)
+    cur = _pick(runs, watermark)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.2,
+                        specs=[[{"secondary_y": True}, {}]],
+                        subplot_titles=("refusals vs preemptions", f"blocks in use, watermark {100 * cur.watermark:g}%"))
+    xs = [100 * r.watermark for r in runs]
+    fig.add_trace(go.Scatter(x=xs, y=[r.waited for r in runs], name="requests refused at admission",
+                             mode="lines+markers", line=dict(color=PALETTE["memory"], width=4), marker=dict(size=10)),
+                  row=1, col=1, secondary_y=False)
+    fig.add_trace(go.Scatter(x=xs, y=[r.total_preemptions for r in runs], name="preemptions",
+                             mode="lines+markers", line=dict(color=PALETTE["recompute"], width=4), marker=dict(size=10)),
+                  row=1, col=1, secondary_y=True)
+    fig.add_vline(x=100 * cur.watermark, line=dict(color=PALETTE["limit"], dash="dot", width=2), row=1, col=1)
+    fig.add_trace(go.Scatter(x=list(cur.block_times), y=list(cur.blocks_in_use), name="blocks in use",
+                             mode="lines", line=dict(color=PALETTE["used"], width=2), showlegend=False),
+                  row=1, col=2)
+    fig.add_hline(y=cur.num_blocks, line=dict(color=PALETTE["limit"], width=3), row=1, col=2)
+    if cur.watermark_blocks:
+        fig.add_hline(y=cur.num_blocks - cur.watermark_blocks, line=dict(color=PALETTE["memory"], dash="dash", width=2),
+                      row=1, col=2)
+    fig.update_xaxes(title_text="watermark (% of the pool kept free)", row=1, col=1)
+    fig.update_yaxes(title_text="requests refused", color=PALETTE["memory"], row=1, col=1, secondary_y=False,
+                     tickformat=",d")
+    top = max([r.total_preemptions for r in runs] + [1])
+    step = next(k * 10 ** e for e in range(0, 9) for k in (1, 2, 5) if k * 10 ** e * 5 >= top)
+    fig.update_yaxes(title_text="preemptions", color=PALETTE["recompute"], row=1, col=1, secondary_y=True,
+                     range=[0, step * 5.4], dtick=step, showgrid=False, tickformat=",d", title_standoff=4)
+    fig.update_xaxes(title_text="time (s, cost-model clock)", row=1, col=2)
+    fig.update_yaxes(title_text="blocks", row=1, col=2, range=[0, cur.num_blocks * 1.08])
+    return styled(fig, title or f"Overload: {cur.requests:,} requests into {cur.num_blocks:,} blocks", height=540,
+                  legend=dict(orientation="h", yanchor="top", y=-0.28, x=0.0), margin=dict(l=90, r=40, t=110, b=150))
+
+
+def watermark_readout(runs: Sequence[OverloadRun], watermark: float) -> str:
+    r = _pick(runs, watermark)
+    kinds = ", ".join(f"{v} by {k}" for k, v in r.preemptions.items() if v) or "none"
+    return (f"watermark {100 * r.watermark:g}% = {r.watermark_blocks:,} of {r.num_blocks:,} blocks kept free for growth\n"
+            f"refused at admission (queued before prefill): {r.waited:,} of {r.requests:,} requests; mean queueing "
+            f"{r.mean_queueing_s:,.2f} s\n"
+            f"preemptions: {r.total_preemptions} ({kinds}); p99 TPOT {1e3 * r.p99_tpot_s:,.1f} ms; "
+            f"all done after {r.makespan_s:,.1f} s")
+
+
+def watermark_panel(runs: Sequence[OverloadRun], watermark: float | None = None) -> Panel:
+    """A slider over the watermarks the sweep ran (precomputed, so moving it is instant)."""
+    options = [(f"{100 * r.watermark:g}%", r.watermark) for r in sorted(runs, key=lambda r: r.watermark)]
+    value = options[0][1] if watermark is None else _pick(runs, watermark).watermark
+    controls = {"watermark": selection_slider(options, value, "watermark")}
+    return Panel(lambda watermark: watermark_figure(runs, watermark), controls,
+                 lambda watermark: watermark_readout(runs, watermark),
+                 title="Refuse new arrivals, or preempt the resident?")
+
+
+# =============================================================================================
+# Swap against recompute (§10.5, Exercise 4)
+# =============================================================================================
+
+def swap_recompute(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, link_bandwidth: float,
+                   mfu: float = LECTURE_MFU) -> dict:
+    """Every term of §10.5's derivation for one sequence length, from the ledger (base units)."""
+    s = _positive_int("seq_tokens", seq_tokens)
+    kv = s * model.kv_bytes_per_token
+    weights = 2 * model.num_params * s
+    attn = 4 * model.num_layers * model.num_heads * model.head_dim * s * s
+    swap = ledger.swap_round_trip_s(kv, link_bandwidth)
+    rec = ledger.recompute_s(model, s, gpu.peak_flops, mfu)
+    return {"kv_bytes": kv, "swap_s": swap, "weight_flops": weights, "attention_flops": attn,
+            "prefill_flops": ledger.prefill_flops(model, s), "recompute_s": rec,
+            "breakeven_bandwidth": ledger.breakeven_link_bandwidth(model, s, gpu.peak_flops, mfu),
+            "crossover_tokens": ledger.crossover_tokens(model, link_bandwidth, gpu.peak_flops, mfu),
+            "choice": ledger.preempt_choice(model, s, link_bandwidth, gpu.peak_flops, mfu)}
+
+
+def _s_grid(lo: int = 64, hi: int = 262_144, per_octave: int = 8) -> list[int]:
+    k0, k1 = math.log2(lo), math.log2(hi)
+    return sorted({int(round(2 ** (k0 + i / per_octave))) for i in range(int((k1 - k0) * per_octave) + 1)})
+
+
+def swap_recompute_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, link_bandwidth: float,
+                          mfu: float = LECTURE_MFU, title: str | None = None) -> go.Figure:
+    """The two stalls against S (log-log): the swap round trip is linear in S, the recompute has an
+    S² term; the crossover (if any) and the chosen S are marked."""
+    d = swap_recompute(model, gpu, seq_tokens, link_bandwidth, mfu)
+    grid = _s_grid()
+    swap_ms = [1e3 * ledger.swap_round_trip_s(s * model.kv_bytes_per_token, link_bandwidth) for s in grid]
+    rec_ms = [1e3 * ledger.recompute_s(model, s, gpu.peak_flops, mfu) for s in grid]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=grid, y=swap_ms, name=f"swap: 2 × KV ÷ {link_bandwidth / GB:g} GB/s",
+                             line=dict(color=PALETTE["link"], width=4),
+                             hovertemplate="S = %{x:,}: swap %{y:,.3g} ms<extra></extra>"))
+    fig.add_trace(go.Scatter(x=grid, y=rec_ms, name=f"recompute: prefill at {100 * mfu:g}% of peak",
+                             line=dict(color=PALETTE["recompute"], width=4),
+                             hovertemplate="S = %{x:,}: recompute %{y:,.3g} ms<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[seq_tokens, seq_tokens], y=[1e3 * d["swap_s"], 1e3 * d["recompute_s"]],
+                             mode="markers+text", name=f"S = {seq_tokens:,}", marker=dict(size=16, color=PALETTE["limit"]),
+                             text=[f"{1e3 * d['swap_s']:,.3g} ms", f"{1e3 * d['recompute_s']:,.3g} ms"],
+                             textposition=["bottom right", "top left"], textfont=dict(size=FONT_SIZE)))
+    cross = d["crossover_tokens"]
+    if grid[0] < cross < grid[-1]:
+        fig.add_vline(x=cross, line=dict(color=PALETTE["limit"], dash="dash", width=2))
+        fig.add_annotation(x=math.log10(cross), y=1, yref="paper", yanchor="bottom", showarrow=False,
+                           text=f"crossover {cross:,.0f} tokens", font=dict(size=FONT_SIZE - 2))
+    winner = "swap" if d["choice"] == "swap" else "recompute"
+    return styled(fig, title or f"{model.name} on {gpu.name}, link {link_bandwidth / GB:g} GB/s: {winner} wins at "
+                                f"{seq_tokens:,}",
+                  xaxis=dict(title="tokens of the preempted sequence, S (log)", type="log"),
+                  yaxis=dict(title="stall (ms, log)", type="log"),
+                  **_LEGEND_BELOW)
+
+
+def swap_recompute_readout(seq_tokens: int, link_gbs: float, model: str, gpu: str) -> str:
+    m, g = get_model(model), get_gpu(gpu)
+    link = link_gbs * GB
+    d = swap_recompute(m, g, seq_tokens, link)
+    cross = d["crossover_tokens"]
+    cross_text = ("swap wins at every length on this link" if cross == 0 else
+                  f"crossover at {cross:,.0f} tokens: recompute below, swap above")
+    return (f"KV = {seq_tokens:,} × {fmt_int(m.kv_bytes_per_token)} B = {d['kv_bytes'] / GB:,.3f} GB; swap = 2 × KV ÷ "
+            f"{link_gbs:g} GB/s = {1e3 * d['swap_s']:,.1f} ms\n"
+            f"recompute = ({d['weight_flops'] / 1e12:,.1f} + {d['attention_flops'] / 1e12:,.1f}) TFLOP ÷ "
+            f"{g.peak_flops * LECTURE_MFU / 1e12:,.1f} TFLOP/s = {1e3 * d['recompute_s']:,.1f} ms  →  {d['choice']} "
+            f"({max(d['swap_s'], d['recompute_s']) / min(d['swap_s'], d['recompute_s']):,.2f}× cheaper)\n"
+            f"break-even link at this S: W* = 2 × KV × F ÷ FLOPs = {d['breakeven_bandwidth'] / GB:,.2f} GB/s; {cross_text}")
+
+
+def swap_recompute_panel(seq_tokens: int = 4096, link_gbs: float = 64, model: str = "lecture-7b",
+                         gpu: str = "h100-sxm-80gb") -> Panel:
+    """§10.5 / Exercise 4: sliders over S, the link, the model (MHA/GQA) and the GPU."""
+    controls = {
+        "seq_tokens": selection_slider(S_OPTIONS, seq_tokens, "S (tokens)"),
+        "link_gbs": selection_slider(LINK_OPTIONS, link_gbs, "link"),
+        "model": dropdown(list(SWAP_MODELS), model, "model"),
+        "gpu": dropdown(gpu_options(), gpu, "GPU"),
+    }
+
+    def figure(seq_tokens, link_gbs, model, gpu):
+        return swap_recompute_figure(get_model(model), get_gpu(gpu), seq_tokens, link_gbs * GB)
+
+    return Panel(figure, controls, swap_recompute_readout, title="Swap or recompute a preempted sequence?")
+
+
+def breakeven_figure(models: Sequence[ModelSpec], gpu: GPUSpec, link_bandwidth: float | None = None,
+                     mfu: float = LECTURE_MFU, marks: Sequence[int] = (4096,), title: str | None = None) -> go.Figure:
+    """W*(S) = 2 KV(S) F / FLOPs(S) for each model: it falls with S (the cache is linear, attention quadratic)."""
+    grid = _s_grid(128, 131_072)
+    colours = (PALETTE["memory"], PALETTE["compute"], PALETTE["recompute"], PALETTE["neutral"])
+    fig = go.Figure()
+    for m, colour in zip(models, colours):
+        w = [ledger.breakeven_link_bandwidth(m, s, gpu.peak_flops, mfu) / GB for s in grid]
+        fig.add_trace(go.Scatter(x=grid, y=w, name=m.name, line=dict(color=colour, width=4),
+                                 hovertemplate=f"{m.name}, S = %{{x:,}}: W* = %{{y:,.2f}} GB/s<extra></extra>"))
+        for s in marks:
+            v = ledger.breakeven_link_bandwidth(m, s, gpu.peak_flops, mfu) / GB
+            fig.add_trace(go.Scatter(x=[s], y=[v], mode="markers+text", marker=dict(size=14, color=colour),
+                                     text=[f"{v:,.2f} GB/s"], textposition="middle right", showlegend=False,
+                                     textfont=dict(size=FONT_SIZE, color=colour)))
+    link = gpu.link_bandwidth if link_bandwidth is None else link_bandwidth
+    fig.add_hline(y=link / GB, line=dict(color=PALETTE["link"], dash="dash", width=3))
+    fig.add_annotation(x=1, xref="paper", y=math.log10(link / GB), yanchor="bottom", xanchor="right", showarrow=False,
+                       text=f"link {link / GB:g} GB/s: swap wins above the curve", font=dict(color=PALETTE["link"]))
+    return styled(fig, title or f"Break-even link bandwidth on {gpu.name} at {100 * mfu:g}% of peak",
+                  xaxis=dict(title="tokens of the preempted sequence, S (log)", type="log"),
+                  yaxis=dict(title="break-even W* (GB/s, log)", type="log"),
+                  **_LEGEND_BELOW)
+
+
+# =============================================================================================
+# Your machine
+# =============================================================================================
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """A measured copy rate.  `is_link` is False for a host memcpy standing in where there is no device."""
+
+    label: str
+    nbytes: int
+    seconds: tuple[float, ...]
+    is_link: bool
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.nbytes / statistics.median(self.seconds)
+
+
+def measure_copy_bandwidth(nbytes: int = 64 * MiB, repeats: int = 5, device=None) -> list[Bandwidth]:
+    """Host→device and device→host over pinned memory on CUDA; on a machine without one there is no
+    link to measure, so a host-to-host memcpy of the same size stands in (and says so)."""
+    import torch
+
+    nbytes = _positive_int("nbytes", nbytes)
+    repeats = _positive_int("repeats", repeats)
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    n = nbytes // 4
+    if dev.type == "cuda":
+        host = torch.empty(n, dtype=torch.float32, pin_memory=True).fill_(1.0)
+        gpu_buf = torch.empty(n, dtype=torch.float32, device=dev)
+        out = []
+        for label, dst, src in (("host→device (pinned)", gpu_buf, host), ("device→host (pinned)", host, gpu_buf)):
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize(dev)
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                dst.copy_(src, non_blocking=True)
+                torch.cuda.synchronize(dev)
+                times.append(time.perf_counter() - t)
+            out.append(Bandwidth(label, n * 4, tuple(times), True))
+        return out
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+    return [Bandwidth("host memcpy (no device: a stand-in, not a link)", n * 4, tuple(times), False)]
+
+
+@dataclass(frozen=True)
+class PrefillRate:
+    """Measured prefill times of a model through a fresh paged cache, one per length (median of repeats)."""
+
+    lengths: tuple[int, ...]
+    seconds: tuple[float, ...]
+    flops: tuple[float, ...]
+    kv_bytes_per_token: int
+
+    @property
+    def flop_rates(self) -> tuple[float, ...]:
+        return tuple(f / s for f, s in zip(self.flops, self.seconds))
+
+    @property
+    def tokens_per_s(self) -> tuple[float, ...]:
+        return tuple(n / s for n, s in zip(self.lengths, self.seconds))
+
+    def breakeven(self) -> tuple[float, ...]:
+        """Personal W*(S): the KV round trip over the measured recompute time, 2 S kv / t(S)."""
+        return tuple(2 * n * self.kv_bytes_per_token / s for n, s in zip(self.lengths, self.seconds))
+
+
+def measure_prefill_rate(model, lengths: Sequence[int] = (64, 128, 256, 512), repeats: int = 3,
+                         block_size: int = 16, seed: int = 0) -> PrefillRate:
+    """Time the model's prefill (what a recompute redoes) at each length; FLOPs from the ledger's formula."""
+    import torch
+
+    from labsupport.kvcache import PagedKVCache
+
+    lengths = tuple(_positive_int("length", n) for n in lengths)
+    repeats = _positive_int("repeats", repeats)
+    c = model.cfg
+    g = torch.Generator().manual_seed(seed)
+    spec = model.spec()
+    secs = []
+    for n in lengths:
+        ids = torch.randint(0, c.vocab_size, (n,), generator=g).tolist()
+        times = []
+        for r in range(repeats + 1):  # the first run warms up
+            cache = PagedKVCache(-(-n // block_size), block_size, c.num_layers, c.num_kv_heads, c.head_dim,
+                                 dtype=model.dtype, device=model.device)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            t = time.perf_counter()
+            model.forward_paged(cache, prefills=[(0, ids)])
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            if r:
+                times.append(time.perf_counter() - t)
+        secs.append(statistics.median(times))
+    return PrefillRate(lengths, tuple(secs), tuple(ledger.prefill_flops(spec, n) for n in lengths),
+                       spec.kv_bytes_per_token)
+
+
+def personal_breakeven_figure(rate: PrefillRate, bandwidth: Bandwidth, title: str | None = None) -> go.Figure:
+    """Measured recompute time against the KV round trip at your measured copy rate, per length."""
+    xs = list(rate.lengths)
+    swap_ms = [1e3 * 2 * n * rate.kv_bytes_per_token / bandwidth.bytes_per_s for n in xs]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=xs, y=[1e3 * s for s in rate.seconds], name="recompute (measured prefill)",
+                             mode="lines+markers", line=dict(color=PALETTE["recompute"], width=4), marker=dict(size=10)))
+    fig.add_trace(go.Scatter(x=xs, y=swap_ms, name=f"swap round trip at {bandwidth.bytes_per_s / GB:,.1f} GB/s "
+                                                 f"({'measured link' if bandwidth.is_link else 'memcpy stand-in'})",
+                             mode="lines+markers", line=dict(color=PALETTE["link"], width=4), marker=dict(size=10)))
+    return styled(fig, title or "Your machine: swap or recompute the tiny model's cache?",
+                  xaxis=dict(title="tokens of the preempted sequence, S (log)", type="log"),
+                  yaxis=dict(title="stall (ms, log)", type="log"),
+                  **_LEGEND_BELOW)
+
+
+# =============================================================================================
+# Memory pressure: the same requests under swap, recompute and auto
+# =============================================================================================
+
+def run_requests(requests: Sequence[Mapping], *, num_blocks: int, model=None, cost_model=None, block_size: int = 16,
+                 preemption: str = "auto", watermark: float = 0.0, max_num_seqs: int = 256):
+    """A fresh engine, every request added (keyword arguments of `add_request`), run to the end."""
+    from labsupport.engine import Engine
+
+    eng = Engine(model, num_blocks, block_size, cost_model=cost_model, watermark=watermark, preemption=preemption,
+                 max_num_seqs=max_num_seqs)
+    for kw in requests:
+        eng.add_request(**kw)
+    res = eng.run()
+    if res.counters.leaked_blocks:
+        raise RuntimeError(f"{res.counters.leaked_blocks} blocks leaked after the run")
+    return res
+
+
+def stall_rows(results: Mapping[str, object], reference) -> list[dict]:
+    """Per run: preemptions by kind, bytes over the link, recomputed tokens, and the extra clock time
+    over the reference run (the stall the preemptions cost, on that run's clock).  `same_tokens` says
+    whether every request produced the reference's token ids (None when the engine ran without a model)."""
+    has_tokens = any(out for r in reference.requests.values() for out in r.outputs)
+    rows = []
+    for label, res in results.items():
+        c = res.counters
+        rows.append({"label": label, "swap": c.preemptions["swap"], "recompute": c.preemptions["recompute"],
+                     "swapped_bytes": c.swapped_out_bytes + c.swapped_in_bytes,
+                     "recomputed_tokens": c.recomputed_tokens, "clock_s": res.clock_s,
+                     "stall_s": res.clock_s - reference.clock_s,
+                     "same_tokens": (res.outputs() == reference.outputs()) if has_tokens else None})
+    return rows
+
+
+def _fmt_time(value: float, unit: str) -> str:
+    return f"{value:,.0f} {unit}" if abs(value) >= 100 else f"{value:,.3g} {unit}"
+
+
+def stall_figure(rows: Sequence[dict], unit: str = "ms", title: str | None = None) -> go.Figure:
+    """Extra time each preemption mode cost over the run that never preempted."""
+    scale = {"s": 1.0, "ms": 1e3, "µs": 1e6}[unit]
+    labels = [f"{r['label']}<br>{r['swap']} swap, {r['recompute']} recompute" for r in rows]
+    values = [scale * r["stall_s"] for r in rows]
+    fig = go.Figure(go.Bar(
+        x=labels, y=values,
+        marker_color=[PALETTE["link"] if r["swap"] and not r["recompute"] else
+                      PALETTE["recompute"] if r["recompute"] and not r["swap"] else PALETTE["shared"] for r in rows],
+        text=[_fmt_time(v, unit) + (" ✓ same tokens" if r.get("same_tokens") else "") for v, r in zip(values, rows)],
+        textposition="outside", cliponaxis=False, textfont=dict(size=FONT_SIZE), width=0.6))
+    top = max(values + [0])
+    return styled(fig, title or "The stall each preemption mode cost", showlegend=False,
+                  xaxis=dict(tickfont=dict(size=FONT_SIZE - 4)),
+                  yaxis=dict(title=f"extra time ({unit})", range=[0, top * 1.25 if top > 0 else 1]))
+
+
+def blocks_figure(results: Mapping[str, object], num_blocks: int, watermark_blocks: int = 0,
+                  time_unit: str = "s", title: str | None = None) -> go.Figure:
+    """Blocks in use after every step, one line per run, against the pool (and the watermark)."""
+    scale = {"s": 1.0, "ms": 1e3, "µs": 1e6}[time_unit]
+    colours = (PALETTE["used"], PALETTE["link"], PALETTE["recompute"], PALETTE["shared"], PALETTE["neutral"])
+    fig = go.Figure()
+    top = num_blocks
+    for (label, res), colour in zip(results.items(), colours):
+        c = res.counters
+        top = max(top, max(c.blocks_in_use, default=0))
+        # each point is the pool after a step; the run starts empty at time 0
+        fig.add_trace(go.Scatter(x=[0.0] + [scale * t for t in c.block_times], y=[0] + list(c.blocks_in_use),
+                                 name=label, mode="lines", line=dict(color=colour, width=3, shape="vh")))
+    fig.add_hline(y=num_blocks, line=dict(color=PALETTE["limit"], width=3))
+    if watermark_blocks:
+        fig.add_hline(y=num_blocks - watermark_blocks, line=dict(color=PALETTE["memory"], dash="dash", width=2))
+    return styled(fig, title or f"Blocks in use (pool of {num_blocks:,})",
+                  xaxis=dict(title=f"time ({time_unit}, engine clock)"),
+                  yaxis=dict(title="blocks in use", range=[0, top * 1.1]),
+                  **_LEGEND_BELOW)

@@ -1,0 +1,703 @@
+"""Figures and panels of the SLO ledger (§10.6, lab 07) and the board's 58–68 minute segment.
+
+Four pictures, each from the real engine or the ledger, never from re-typed numbers:
+
+* TTFT as three stacked bars — queueing, prefill, scheduling delay — read off engine runs;
+* TPOT against the batch: the weights, your own KV and your neighbours' KV, stacked ("your
+  neighbours set your cadence"), with the SLO line and the memory ceiling;
+* the three-column table (naive, paged at the memory ceiling, paged at the SLO-limited B), the
+  middle column's throughput struck to goodput 0 when its TPOT misses the SLO;
+* goodput against the SLO for trace replays through the engine's cost-model clock.
+
+Times are seconds in the data and milliseconds on the axes (the axis titles say so).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from labsupport import ledger
+from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec, ModelSpec, get_gpu, get_model
+from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, gpu_options, model_options, styled
+
+TTFT_PARTS = ("queueing", "prefill", "scheduling delay")
+TTFT_COLOURS = {"queueing": PALETTE["memory"], "prefill": PALETTE["compute"], "scheduling delay": PALETTE["neutral"]}
+
+
+def _slider(description: str, value: float, lo: float, hi: float, step: float, continuous: bool = True,
+            integer: bool = False, readout_format: str | None = None):
+    import ipywidgets as widgets
+
+    cls = widgets.IntSlider if integer else widgets.FloatSlider
+    kw = {} if integer or readout_format is None else {"readout_format": readout_format}
+    return cls(value=value, min=lo, max=hi, step=step, description=description, continuous_update=continuous,
+               style={"description_width": "initial"}, layout=widgets.Layout(width="420px"), **kw)
+
+
+# --- TTFT: three stacked bars (§10.6) -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TTFTSplit:
+    """One bar: a label and the three terms of a TTFT, in seconds."""
+
+    label: str
+    queueing_s: float
+    prefill_s: float
+    scheduling_s: float
+
+    def __post_init__(self):
+        for name in ("queueing_s", "prefill_s", "scheduling_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"TTFTSplit {self.label!r}: {name} must be a finite number >= 0, got {v!r}")
+
+    @property
+    def total_s(self) -> float:
+        return ledger.ttft_s(self.queueing_s, self.prefill_s, self.scheduling_s)
+
+    @property
+    def parts(self) -> dict[str, float]:
+        return dict(zip(TTFT_PARTS, (self.queueing_s, self.prefill_s, self.scheduling_s)))
+
+
+def _fmt_ms(seconds: float) -> str:
+    return f"{seconds:,.1f} s" if seconds >= 10 else f"{1e3 * seconds:,.0f} ms"
+
+
+def ttft_bars_figure(splits: Sequence[TTFTSplit], title: str = "TTFT = queueing + prefill + scheduling delay",
+                     normalize: bool = False, height: int = 460) -> go.Figure:
+    """§10.6's board: one horizontal stacked bar per request (or run), queueing first, totals at the ends.
+
+    `normalize` draws each bar as shares of its own total (for runs whose totals differ by orders of
+    magnitude); the labels still give each term in time units.
+    """
+    if not splits:
+        raise ValueError("ttft_bars_figure needs at least one TTFTSplit")
+    labels = [s.label for s in splits]
+    scale = [100 / s.total_s if normalize and s.total_s > 0 else 1e3 for s in splits]
+    widths = [[s.parts[part] * k for s, k in zip(splits, scale)] for part in TTFT_PARTS]
+    top = max(sum(col[i] for col in widths) for i in range(len(splits)))
+    fig = go.Figure()
+    for part, xs in zip(TTFT_PARTS, widths):
+        secs = [s.parts[part] for s in splits]
+        fig.add_trace(go.Bar(
+            y=labels, x=xs, orientation="h", name=part, marker_color=TTFT_COLOURS[part],
+            text=[_fmt_ms(t) if x >= 0.08 * top else "" for x, t in zip(xs, secs)],
+            textposition="inside", insidetextanchor="middle", textfont=dict(size=FONT_SIZE, color="white"),
+            customdata=[_fmt_ms(t) for t in secs],
+            hovertemplate=f"%{{y}}<br>{part}: %{{customdata}}<extra></extra>"))
+    for s, k in zip(splits, scale):
+        fig.add_annotation(x=s.total_s * k, y=s.label, text=f" {_fmt_ms(s.total_s)}", showarrow=False,
+                           xanchor="left", font=dict(size=FONT_SIZE))
+    axis = "share of TTFT (%)" if normalize else "time to first token (ms)"
+    return styled(fig, title, height=height, barmode="stack",
+                  xaxis=dict(title=axis, range=[0, top * 1.25 if top > 0 else 1]),
+                  yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.3, x=0, traceorder="normal"),
+                  margin=dict(l=280, r=40, t=90, b=130))
+
+
+# --- TPOT: a property of the batch (§10.6) ----------------------------------------------------------
+
+def tpot_terms(model: ModelSpec, gpu: GPUSpec, batch: int, seq_tokens: int) -> dict[str, float]:
+    """One memory-bound decode step split into who moves the bytes: weights, you, your neighbours (s)."""
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a whole number >= 1, got {batch!r}")
+    per_seq = seq_tokens * model.kv_bytes_per_token / gpu.hbm_bandwidth
+    terms = {"weights": model.weight_bytes / gpu.hbm_bandwidth, "your KV": per_seq,
+             "neighbours' KV": (batch - 1) * per_seq}
+    return terms
+
+
+def memory_ceiling(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, block_size: int = 16,
+                   kv_budget: float | None = None) -> int:
+    """§10.3: sequences of `seq_tokens` the paged pool holds at once (186 for the lecture)."""
+    budget = ledger.kv_budget_bytes(model, gpu) if kv_budget is None else kv_budget
+    if budget <= 0:
+        return 0
+    return ledger.paged_concurrency(budget, seq_tokens, block_size, model.kv_bytes_per_token)
+
+
+def tpot_vs_batch_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch: int, tpot_slo_s: float = 0.020,
+                         block_size: int = 16, measured: Mapping[int, float] | None = None,
+                         height: int = 480) -> go.Figure:
+    """"Your neighbours set your cadence": TPOT against B, stacked by whose bytes the step moves.
+
+    `measured` maps B to a TPOT (s) read off the engine's cost-model clock; drawn as markers over
+    the closed form so a lab can show the two agree.
+    """
+    ceiling = memory_ceiling(model, gpu, seq_tokens, block_size)
+    slo_b = ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth)
+    b_max = max(batch, ceiling, slo_b, 8) * 6 // 5
+    bs = list(range(1, b_max + 1, max(1, b_max // 200))) + [b_max]
+    per_seq_ms = 1e3 * seq_tokens * model.kv_bytes_per_token / gpu.hbm_bandwidth
+    weights_ms = 1e3 * model.weight_bytes / gpu.hbm_bandwidth
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=bs, y=[weights_ms] * len(bs), name="weights (every step)", mode="lines",
+                             stackgroup="t", line=dict(color=PALETTE["compute"], width=0),
+                             hovertemplate="B = %{x}: weights %{y:.2f} ms<extra></extra>"))
+    fig.add_trace(go.Scatter(x=bs, y=[per_seq_ms] * len(bs), name="your KV", mode="lines", stackgroup="t",
+                             line=dict(color=PALETTE["used"], width=0),
+                             hovertemplate="B = %{x}: your KV %{y:.2f} ms<extra></extra>"))
+    fig.add_trace(go.Scatter(x=bs, y=[(b - 1) * per_seq_ms for b in bs], name="neighbours' KV", mode="lines",
+                             stackgroup="t", line=dict(color=PALETTE["memory"], width=0),
+                             hovertemplate="B = %{x}: neighbours %{y:.2f} ms<extra></extra>"))
+    tpot_ms = 1e3 * ledger.tpot_s(model, batch, seq_tokens, gpu.hbm_bandwidth)
+    fig.add_trace(go.Scatter(x=[batch], y=[tpot_ms], mode="markers+text", name=f"you, B = {batch}",
+                             marker=dict(size=16, color=PALETTE["limit"], symbol="diamond"),
+                             text=[f"  B = {batch}: {tpot_ms:.2f} ms  "],
+                             textposition="middle left" if batch > 0.6 * b_max else "middle right",
+                             textfont=dict(size=FONT_SIZE + 2), showlegend=False,
+                             hovertemplate="B = %{x}: TPOT %{y:.2f} ms<extra></extra>"))
+    if measured:
+        xs = sorted(measured)
+        fig.add_trace(go.Scatter(x=xs, y=[1e3 * measured[b] for b in xs], mode="markers", name="engine (cost-model clock)",
+                                 marker=dict(size=11, color="white", line=dict(color=PALETTE["limit"], width=2)),
+                                 hovertemplate="engine, B = %{x}: %{y:.2f} ms<extra></extra>"))
+    slo_ms = 1e3 * tpot_slo_s
+    fig.add_hline(y=slo_ms, line=dict(color=PALETTE["limit"], dash="dash", width=3))
+    fig.add_annotation(x=0.01, y=slo_ms, xref="paper", xanchor="left", yanchor="bottom", showarrow=False,
+                       text=f"SLO {slo_ms:g} ms → B ≤ {slo_b}", font=dict(size=FONT_SIZE))
+    if ceiling:
+        fig.add_vline(x=ceiling, line=dict(color=PALETTE["memory"], width=3))
+        fig.add_annotation(x=ceiling, y=0.02, yref="paper", xanchor="right", showarrow=False,
+                           text=f"memory ceiling {ceiling} ", font=dict(size=FONT_SIZE, color=PALETTE["memory"]))
+    y_top = max(slo_ms, 1e3 * ledger.tpot_s(model, b_max, seq_tokens, gpu.hbm_bandwidth)) * 1.08
+    return styled(fig, f"Your neighbours set your cadence<br><sup>{seq_tokens:,}-token sequences, {model.name} on {gpu.name}</sup>",
+                  height=height, xaxis=dict(title="decode batch B (sequences in the step)", range=[0, b_max]),
+                  yaxis=dict(title="TPOT, time per output token (ms)", range=[0, y_top]),
+                  legend=dict(orientation="h", y=-0.3, x=0), margin=dict(b=130))
+
+
+def tpot_readout(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch: int, tpot_slo_s: float,
+                 block_size: int = 16) -> str:
+    t = tpot_terms(model, gpu, batch, seq_tokens)
+    total, others = sum(t.values()), t["neighbours' KV"]
+    slo_b = ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth)
+    ceiling = memory_ceiling(model, gpu, seq_tokens, block_size)
+    if ledger.kv_budget_bytes(model, gpu) <= 0:
+        binds = f"the weights ({model.weight_bytes / GB:.1f} GB) leave no room for a KV cache on this card"
+    else:
+        binds = "the SLO binds before memory" if slo_b < ceiling else "memory binds before the SLO"
+    return (f"TPOT at B = {batch}: {1e3 * t['weights']:.2f} ms weights + {1e3 * t['your KV']:.3f} ms yours + "
+            f"{1e3 * others:.2f} ms your {batch - 1} neighbours' = {1e3 * total:.2f} ms "
+            f"({'meets' if total <= tpot_slo_s else 'misses'} the {1e3 * tpot_slo_s:g} ms SLO)\n"
+            f"largest B under the SLO: {slo_b}; memory ceiling (b = {block_size}): {ceiling} — {binds}")
+
+
+def tpot_panel(batch: int = 186, seq_tokens: int = 640, tpot_slo_ms: float = 20.0, model: str = "lecture-7b",
+               gpu: str = "h100-sxm-80gb", measured: Mapping[int, float] | None = None) -> Panel:
+    """§10.6: slide B (and the sequence length, the SLO, the card) and watch your own TPOT move."""
+    controls = {
+        "batch": _slider("B (sequences)", batch, 1, 400, 1, integer=True),
+        "seq_tokens": _slider("tokens per sequence", seq_tokens, 128, 8192, 64, integer=True),
+        "tpot_slo_ms": _slider("TPOT SLO (ms)", tpot_slo_ms, 5, 60, 0.5, readout_format=".1f"),
+        "model": dropdown(model_options(), model, "model"),
+        "gpu": dropdown(gpu_options(), gpu, "GPU"),
+    }
+    lecture = dict(model=model, gpu=gpu, seq_tokens=seq_tokens)
+
+    def figure(batch, seq_tokens, tpot_slo_ms, model, gpu):
+        # engine markers belong to the configuration they were measured in
+        same = measured if dict(model=model, gpu=gpu, seq_tokens=seq_tokens) == lecture else None
+        return tpot_vs_batch_figure(get_model(model), get_gpu(gpu), seq_tokens, batch, tpot_slo_ms / 1e3, measured=same)
+
+    def readout(batch, seq_tokens, tpot_slo_ms, model, gpu):
+        return tpot_readout(get_model(model), get_gpu(gpu), seq_tokens, batch, tpot_slo_ms / 1e3)
+
+    return Panel(figure, controls, readout, title="TPOT is a property of the batch")
+
+
+# --- goodput vs throughput: the three-column table (§10.6) -----------------------------------------
+
+@dataclass(frozen=True)
+class Column:
+    """One configuration of §10.6's table; times in seconds, rates in tokens/s."""
+
+    name: str
+    batch: int
+    tpot_s: float
+    tpot_slo_s: float
+    printed_batch: str = ""
+    printed_throughput: str = ""
+
+    @property
+    def throughput_tok_s(self) -> float:
+        return ledger.throughput_tok_s(self.batch, self.tpot_s) if self.batch else 0.0
+
+    @property
+    def meets_slo(self) -> bool:
+        return self.tpot_s <= self.tpot_slo_s
+
+    @property
+    def goodput_tok_s(self) -> float:
+        return ledger.goodput_tok_s(self.batch, self.tpot_s, self.tpot_slo_s) if self.batch else 0.0
+
+
+def three_columns(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seq_tokens: int = 640,
+                  s_max: int = 4096, block_size: int = 16, tpot_slo_s: float = 0.020,
+                  kv_budget: float | None = None) -> list[Column]:
+    """§10.6's table from the ledger: naive (reserve-to-max), paged at the memory ceiling, paged at
+    the largest B whose TPOT clears the SLO (never above the ceiling).  Every sequence is
+    `seq_tokens` long; the step is memory-bound (the ledger's TPOT)."""
+    budget = ledger.kv_budget_bytes(model, gpu) if kv_budget is None else kv_budget
+    if budget <= 0:
+        raise ValueError(f"the weights ({model.weight_bytes / GB:.2f} GB) leave no KV budget on {gpu.name}")
+    kv = model.kv_bytes_per_token
+    naive = ledger.naive_concurrency(budget, s_max, kv) if seq_tokens <= s_max else 0
+    ceiling = ledger.paged_concurrency(budget, seq_tokens, block_size, kv)
+    slo_b = min(ceiling, ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth))
+    lecture = (model, gpu, seq_tokens, s_max, block_size, tpot_slo_s) == (LECTURE_7B, LECTURE_GPU, 640, 4096, 16, 0.020)
+    printed = [("29", "'a third of the throughput'"), ("199", "8,470 tok/s"), ("164", "—")] if lecture else [("", "")] * 3
+    cols = []
+    for name, b, (pb, pt) in zip(("naive (reserve-to-max)", "paged, memory ceiling", "paged, SLO-limited B"),
+                                 (naive, ceiling, slo_b), printed):
+        tpot = ledger.tpot_s(model, b, seq_tokens, gpu.hbm_bandwidth) if b else math.inf
+        cols.append(Column(name, b, tpot, tpot_slo_s, pb, pt))
+    return cols
+
+
+def goodput_table_figure(columns: Sequence[Column], height: int = 500) -> go.Figure:
+    """The board: throughput and goodput per column; a column that misses the SLO has its throughput
+    struck through and 'goodput 0' written beside it."""
+    names = [c.name.replace(", ", ",<br>") for c in columns]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=names, y=[c.throughput_tok_s for c in columns], name="throughput",
+                         marker=dict(color="white", line=dict(color=PALETTE["compute"], width=3)),
+                         text=[(f"<s>{c.throughput_tok_s:,.0f}</s>" if not c.meets_slo else f"{c.throughput_tok_s:,.0f}")
+                               for c in columns],
+                         textposition="outside", textfont=dict(size=FONT_SIZE + 2), cliponaxis=False,
+                         hovertemplate="%{x}: throughput %{y:,.0f} tok/s<extra></extra>"))
+    fig.add_trace(go.Bar(x=names, y=[c.goodput_tok_s for c in columns], name="goodput (TPOT ≤ SLO)",
+                         marker_color=PALETTE["used"],
+                         text=[f"{c.goodput_tok_s:,.0f}" if c.meets_slo else "<b>goodput 0</b>" for c in columns],
+                         textposition="outside", cliponaxis=False,
+                         textfont=dict(size=FONT_SIZE + 4,
+                                       color=[PALETTE["limit"] if c.meets_slo else PALETTE["memory"] for c in columns]),
+                         hovertemplate="%{x}: goodput %{y:,.0f} tok/s<extra></extra>"))
+    top = max([c.throughput_tok_s for c in columns] + [1.0])
+    for i, c in enumerate(columns):
+        fig.add_annotation(x=names[i], y=-0.14 * top, yref="y", showarrow=False,
+                           text=f"B = {c.batch}, TPOT {1e3 * c.tpot_s:.2f} ms" if c.batch else "B = 0: nothing fits",
+                           font=dict(size=FONT_SIZE, color=PALETTE["limit"] if c.meets_slo else PALETTE["memory"]))
+        if c.batch and not c.meets_slo:  # the strike across the bar itself, as on the board
+            fig.add_shape(type="line", xref="x", yref="y", x0=i - 0.36, x1=i - 0.02, y0=0.05 * top,
+                          y1=0.95 * c.throughput_tok_s, line=dict(color=PALETTE["memory"], width=6))
+    slo = columns[0].tpot_slo_s if columns else 0
+    return styled(fig, f"Throughput is not goodput: TPOT SLO {1e3 * slo:g} ms", height=height, barmode="group",
+                  yaxis=dict(title="tokens per second (whole card)", range=[-0.2 * top, 1.22 * top]),
+                  legend=dict(orientation="h", y=1.08, x=0.4), bargap=0.25)
+
+
+def goodput_table_rows(columns: Sequence[Column]) -> list[dict[str, str]]:
+    """The table as text rows (exact and, for the lecture's configuration, printed figures)."""
+    rows = []
+    for c in columns:
+        tput = f"{c.throughput_tok_s:,.0f} tok/s"
+        rows.append({"configuration": c.name, "B": f"{c.batch}", "B printed": c.printed_batch,
+                     "TPOT": f"{1e3 * c.tpot_s:.2f} ms" if c.batch else "—",
+                     "throughput": tput if c.meets_slo else f"~~{tput}~~",
+                     "throughput printed": c.printed_throughput,
+                     "goodput": f"{c.goodput_tok_s:,.0f} tok/s"})
+    return rows
+
+
+def goodput_table_html(columns: Sequence[Column]) -> str:
+    """HTML for the notebook: struck throughput where the SLO is missed, printed figures beside."""
+    head = ["configuration", "B (exact)", "B (printed)", "TPOT", "throughput", "throughput (printed)", "goodput"]
+    style = f"font-size:{FONT_SIZE}px;padding:4px 14px;text-align:right"
+    out = ['<table style="border-collapse:collapse">',
+           "<tr>" + "".join(f'<th style="{style}">{h}</th>' for h in head) + "</tr>"]
+    for c in columns:
+        tput = f"{c.throughput_tok_s:,.0f} tok/s"
+        cells = [c.name, f"{c.batch}", c.printed_batch or "", f"{1e3 * c.tpot_s:.2f} ms" if c.batch else "—",
+                 tput if c.meets_slo else f"<s>{tput}</s>", c.printed_throughput or "",
+                 f"<b>{c.goodput_tok_s:,.0f} tok/s</b>"]
+        out.append("<tr>" + "".join(f'<td style="{style}">{v}</td>' for v in cells) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def goodput_table_readout(columns: Sequence[Column]) -> str:
+    lines = []
+    for c in columns:
+        verdict = "meets" if c.meets_slo else "misses"
+        lines.append(f"{c.name}: B = {c.batch}, TPOT {1e3 * c.tpot_s:.2f} ms ({verdict} the SLO), "
+                     f"throughput {c.throughput_tok_s:,.0f} tok/s, goodput {c.goodput_tok_s:,.0f} tok/s")
+    return "\n".join(lines)
+
+
+def goodput_table_panel(tpot_slo_ms: float = 20.0, seq_tokens: int = 640, model: str = "lecture-7b",
+                        gpu: str = "h100-sxm-80gb") -> Panel:
+    """§10.6: move the SLO and watch which column's throughput survives as goodput."""
+    controls = {
+        "tpot_slo_ms": _slider("TPOT SLO (ms)", tpot_slo_ms, 5, 60, 0.5, readout_format=".1f"),
+        "seq_tokens": _slider("tokens per sequence", seq_tokens, 128, 4096, 64, integer=True),
+        "model": dropdown(model_options(), model, "model"),
+        "gpu": dropdown(gpu_options(), gpu, "GPU"),
+    }
+
+    def columns(tpot_slo_ms, seq_tokens, model, gpu):
+        return three_columns(get_model(model), get_gpu(gpu), seq_tokens, tpot_slo_s=tpot_slo_ms / 1e3)
+
+    return Panel(lambda **v: goodput_table_figure(columns(**v)), controls,
+                 lambda **v: goodput_table_readout(columns(**v)), title="Which column would you deploy?")
+
+
+# --- engine runs behind the pictures (cost-model clock: deterministic, H100 scale on a laptop) -------
+
+def lecture_pool(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, block_size: int = 16,
+                 kv_budget: float | None = None) -> int:
+    """Blocks in the paged pool for the KV budget (7,452 for the lecture at b = 16)."""
+    budget = ledger.kv_budget_bytes(model, gpu) if kv_budget is None else kv_budget
+    blocks = ledger.num_blocks(max(0.0, budget), block_size, model.kv_bytes_per_token)
+    if blocks < 1:
+        raise ValueError(f"the KV budget ({budget / GB:.2f} GB) holds no block of {block_size} tokens of {model.name}")
+    return blocks
+
+
+def _engine(model: ModelSpec, gpu: GPUSpec, block_size: int = 16, kv_budget: float | None = None, **kw):
+    from labsupport.costmodel import CostModel
+    from labsupport.engine import Engine
+
+    return Engine(cost_model=CostModel(model, gpu), num_blocks=lecture_pool(model, gpu, block_size, kv_budget),
+                  block_size=block_size, **kw)
+
+
+def steady_batch_tpot(batches: Sequence[int], seq_tokens: int = 640, model: ModelSpec = LECTURE_7B,
+                      gpu: GPUSpec = LECTURE_GPU, block_size: int = 16) -> dict[int, float]:
+    """TPOT measured on the engine for a steady batch: B sequences that each hold `seq_tokens`
+    tokens when they decode (prompt seq_tokens - 1, two output tokens: the second token's step is
+    a pure decode step of B sequences).  Watermark 0 so that a full pool is admitted at once."""
+    out = {}
+    for b in batches:
+        engine = _engine(model, gpu, block_size, watermark=0.0, max_num_seqs=max(b, 1))
+        for _ in range(b):
+            engine.add_request(prompt_len=seq_tokens - 1, max_new_tokens=2, arrival_time=0.0)
+        result = engine.run()
+        reqs = list(result.requests.values())
+        rejected = [r for r in reqs if not r.finished]
+        if rejected:
+            raise ValueError(f"B = {b} sequences of {seq_tokens} tokens do not fit the pool: {rejected[0].reason}")
+        if len({r.admitted_time for r in reqs}) > 1:  # some had to wait: the batch was never B
+            raise ValueError(f"B = {b} sequences of {seq_tokens} tokens do not fit the pool at once "
+                             f"({engine.num_blocks:,} blocks of {block_size})")
+        out[b] = max(r.tpot_s for r in reqs)
+    return out
+
+
+@dataclass
+class ProbeRun:
+    """A chat workload (512-token prompts, 128-token outputs, Poisson arrivals) plus one probe request."""
+
+    rate_per_s: float
+    probe_prompt: int
+    result: object  # EngineResult
+    probe_id: int
+
+    def splits(self) -> list[TTFTSplit]:
+        """The probe's TTFT split, and those of the median- and p99-TTFT chat requests."""
+        reqs = self.result.requests
+        probe = reqs[self.probe_id]
+        chat = sorted((r for rid, r in reqs.items() if rid != self.probe_id and r.finished),
+                      key=lambda r: (r.ttft_s, r.request_id))
+        rows = [(f"your {self.probe_prompt:,}-token prompt", probe)]
+        if chat:
+            rows += [("median chat request", chat[(len(chat) - 1) // 2]),
+                     ("p99 chat request", chat[min(len(chat) - 1, math.ceil(0.99 * len(chat)) - 1)])]
+        return [TTFTSplit(label, r.queueing_s, r.prefill_s, r.scheduling_delay_s) for label, r in rows]
+
+
+def chat_with_probe(rate_per_s: float, probe_prompt: int = 4096, duration_s: float = 10.0, probe_at_s: float = 8.0,
+                    model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seed: int = 0) -> ProbeRun:
+    """§10.6's TTFT on a loaded card: the lecture's chat workload arrives at `rate_per_s` for
+    `duration_s`; your request (a `probe_prompt`-token prompt, 128 output tokens) arrives at
+    `probe_at_s`.  Engine with the cost-model clock, b = 16, the lecture's pool."""
+    import numpy as np
+
+    if not rate_per_s > 0:
+        raise ValueError(f"rate_per_s must be positive, got {rate_per_s!r}")
+    if not 0 <= probe_at_s:
+        raise ValueError(f"probe_at_s must be >= 0, got {probe_at_s!r}")
+    engine = _engine(model, gpu)
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate_per_s, size=int(rate_per_s * duration_s * 2) + 10))
+    for t in arrivals[arrivals <= duration_s]:
+        engine.add_request(prompt_len=512, max_new_tokens=128, arrival_time=float(t))
+    probe = engine.add_request(prompt_len=probe_prompt, max_new_tokens=128, arrival_time=probe_at_s)
+    result = engine.run()
+    if not result.requests[probe].finished:
+        raise ValueError(f"your {probe_prompt:,}-token request can never fit: {result.requests[probe].reason}")
+    return ProbeRun(rate_per_s, probe_prompt, result, probe)
+
+
+def ttft_readout(run: ProbeRun) -> str:
+    lines = []
+    for s in run.splits():
+        lines.append(f"{s.label}: queueing {1e3 * s.queueing_s:,.1f} + prefill {1e3 * s.prefill_s:,.1f} + "
+                     f"scheduling delay {1e3 * s.scheduling_s:,.1f} = {1e3 * s.total_s:,.1f} ms")
+    c = run.result.counters
+    lines.append(f"peak batch {c.peak_running} sequences, peak {c.peak_blocks:,} of {run.result.num_blocks:,} blocks")
+    return "\n".join(lines)
+
+
+def ttft_panel(rate_per_s: float = 62.0, probe_prompt: int = 4096) -> Panel:
+    """§10.6: raise the offered load and watch queueing take over the TTFT (engine runs, cost-model clock)."""
+    controls = {
+        "rate_per_s": _slider("offered load (chat requests/s)", rate_per_s, 2, 90, 2, continuous=False),
+        "probe_prompt": _slider("your prompt (tokens)", probe_prompt, 256, 8192, 256, continuous=False, integer=True),
+    }
+    cache: dict = {}
+
+    def run(rate_per_s, probe_prompt):
+        key = (rate_per_s, probe_prompt)
+        if key not in cache:
+            cache.clear()
+            cache[key] = chat_with_probe(rate_per_s, probe_prompt)
+        return cache[key]
+
+    def figure(rate_per_s, probe_prompt):
+        return ttft_bars_figure(run(rate_per_s, probe_prompt).splits(),
+                                title=f"TTFT at {rate_per_s:g} chat requests/s (H100, lecture 7B, b = 16)")
+
+    return Panel(figure, controls, lambda **v: ttft_readout(run(**v)), title="Where did your TTFT go?")
+
+
+# --- trace replays and goodput against the SLO ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """An engine configuration to replay a trace with; `block_size = s_max` emulates reserve-to-max."""
+
+    label: str
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+
+
+@dataclass
+class Replay:
+    """Per-request outcomes of one trace replay (seconds), kept as arrays so SLO sweeps are cheap."""
+
+    label: str
+    ttft_s: "object"  # numpy array, nan for unfinished
+    tpot_s: "object"  # numpy array, nan when a request produced one token (no TPOT to miss)
+    tokens: "object"  # output tokens of each request
+    finished: "object"  # bool array
+    duration_s: float
+    counters: dict
+    config: ReplayConfig
+    note: str = ""
+
+    @property
+    def throughput_tok_s(self) -> float:
+        return float(self.tokens[self.finished].sum()) / self.duration_s
+
+    def good(self, ttft_slo_s: float, tpot_slo_s: float):
+        import numpy as np
+
+        tpot_ok = np.isnan(self.tpot_s) | (self.tpot_s <= tpot_slo_s)
+        return self.finished & (self.ttft_s <= ttft_slo_s) & tpot_ok
+
+    def goodput_tok_s(self, ttft_slo_s: float, tpot_slo_s: float) -> float:
+        return float(self.tokens[self.good(ttft_slo_s, tpot_slo_s)].sum()) / self.duration_s
+
+    def goodput_frac(self, ttft_slo_s: float, tpot_slo_s: float) -> float:
+        return float(self.good(ttft_slo_s, tpot_slo_s).mean())
+
+    def mean_split(self, label: str | None = None) -> TTFTSplit:
+        c = self.counters
+        return TTFTSplit(label or self.label, c["queueing_mean_s"], c["prefill_mean_s"], c["scheduling_mean_s"])
+
+
+def replay_trace(workload, config: ReplayConfig, speedup: float = 1.0, window_s: float | None = None,
+                 model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, kv_budget: float | None = None,
+                 progress: bool = False) -> Replay:
+    """Replay a trace's arrivals (the first `window_s` seconds of it, time divided by `speedup`)
+    through the engine's cost-model clock; every request of the window is accounted for."""
+    import numpy as np
+
+    if not speedup > 0:
+        raise ValueError(f"speedup must be positive, got {speedup!r}")
+    engine = _engine(model, gpu, config.block_size, kv_budget, max_num_seqs=config.max_num_seqs,
+                     max_num_batched_tokens=config.max_num_batched_tokens, record_token_times=False)
+    chosen = [r for r in workload if window_s is None or r.arrival_s < window_s]
+    if not chosen:
+        raise ValueError(f"no request of {getattr(workload, 'name', 'the workload')} arrives in the first {window_s} s")
+    for r in chosen:
+        engine.add_request(prompt_len=r.prompt_tokens, max_new_tokens=r.output_tokens, n=r.n,
+                           arrival_time=r.arrival_s / speedup)
+    result = engine.run(progress=progress)
+    reqs = list(result.requests.values())
+    fin = np.array([r.finished for r in reqs])
+    ttft = np.array([r.ttft_s if r.finished else math.nan for r in reqs], dtype=float)
+    tpot = np.array([r.tpot_s if r.finished and r.tpot_s is not None else math.nan for r in reqs], dtype=float)
+    tokens = np.array([r.total_output_tokens for r in reqs], dtype=np.int64)
+    start = min(r.arrival_time for r in reqs)
+    end = max((r.finish_time for r in reqs if r.finished), default=start)
+    done = [r for r in reqs if r.finished]
+    mean = lambda xs: float(np.mean(xs)) if len(xs) else math.nan
+    c = result.counters
+    counters = {"requests": len(reqs), "finished": int(fin.sum()), "rejected": c.rejected, "steps": c.steps,
+                "peak_running": c.peak_running, "peak_blocks": c.peak_blocks, "num_blocks": result.num_blocks,
+                "preemptions": dict(c.preemptions), "leaked_blocks": c.leaked_blocks,
+                "queueing_mean_s": mean([r.queueing_s for r in done]), "prefill_mean_s": mean([r.prefill_s for r in done]),
+                "scheduling_mean_s": mean([r.scheduling_delay_s for r in done])}
+    note = (f"{len(chosen):,} requests" + (f" (the first {window_s:g} s of the trace)" if window_s else "")
+            + (f", arrivals {speedup:g}x faster" if speedup != 1 else ""))
+    return Replay(config.label, ttft, tpot, tokens, fin, end - start, counters, config, note)
+
+
+def goodput_curve(replay: Replay, ttft_slo_s: float, tpot_slos_s: Sequence[float]) -> list[float]:
+    return [replay.goodput_tok_s(ttft_slo_s, p) for p in tpot_slos_s]
+
+
+_RUN_COLOURS = [PALETTE["memory"], PALETTE["compute"], PALETTE["used"], PALETTE["recompute"], PALETTE["link"]]
+
+
+def goodput_vs_slo_figure(replays: Sequence[Replay], tpot_slo_ms: float, ttft_slo_s: float,
+                          tpot_range_ms: tuple[float, float] = (5.0, 60.0), height: int = 500) -> go.Figure:
+    """Goodput (tokens/s of requests meeting both SLOs) against the TPOT SLO, one line per replay;
+    each replay's throughput dotted in the same colour: the gap is throughput that bought nothing."""
+    if not replays:
+        raise ValueError("goodput_vs_slo_figure needs at least one replay")
+    lo, hi = tpot_range_ms
+    grid = [lo + (hi - lo) * i / 110 for i in range(111)]
+    fig = go.Figure()
+    top = 0.0
+    for i, rp in enumerate(replays):
+        colour = _RUN_COLOURS[i % len(_RUN_COLOURS)]
+        ys = goodput_curve(rp, ttft_slo_s, [g / 1e3 for g in grid])
+        top = max(top, rp.throughput_tok_s, *ys)
+        fig.add_trace(go.Scatter(x=grid, y=ys, mode="lines", name=rp.label, line=dict(color=colour, width=4),
+                                 hovertemplate=f"{rp.label}<br>SLO %{{x:.1f}} ms: goodput %{{y:,.0f}} tok/s<extra></extra>"))
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[rp.throughput_tok_s] * 2, mode="lines", showlegend=False,
+                                 line=dict(color=colour, width=2, dash="dot"),
+                                 hovertemplate=f"{rp.label}: throughput %{{y:,.0f}} tok/s<extra></extra>"))
+        now = rp.goodput_tok_s(ttft_slo_s, tpot_slo_ms / 1e3)
+        fig.add_trace(go.Scatter(x=[tpot_slo_ms], y=[now], mode="markers", showlegend=False,
+                                 marker=dict(size=14, color=colour, line=dict(color="white", width=2)),
+                                 hovertemplate=f"{rp.label}: %{{y:,.0f}} tok/s at %{{x:.1f}} ms<extra></extra>"))
+    fig.add_vline(x=tpot_slo_ms, line=dict(color=PALETTE["limit"], dash="dash", width=3))
+    fig.add_annotation(x=tpot_slo_ms, y=1.0, yref="paper", yanchor="bottom", showarrow=False,
+                       text=f"TPOT SLO {tpot_slo_ms:g} ms, TTFT SLO {ttft_slo_s:g} s", font=dict(size=FONT_SIZE))
+    return styled(fig, "Goodput against the SLO (dotted: throughput)", height=height,
+                  xaxis=dict(title="TPOT SLO (ms per output token)", range=[lo, hi]),
+                  yaxis=dict(title="goodput (output tokens/s meeting both SLOs)", range=[0, top * 1.12 or 1]),
+                  legend=dict(orientation="h", y=-0.3, x=0), margin=dict(b=130))
+
+
+def goodput_slo_readout(replays: Sequence[Replay], tpot_slo_ms: float, ttft_slo_s: float) -> str:
+    lines = []
+    for rp in replays:
+        lines.append(f"{rp.label}: throughput {rp.throughput_tok_s:,.0f} tok/s, goodput "
+                     f"{rp.goodput_tok_s(ttft_slo_s, tpot_slo_ms / 1e3):,.0f} tok/s "
+                     f"({100 * rp.goodput_frac(ttft_slo_s, tpot_slo_ms / 1e3):.1f}% of requests meet both SLOs)")
+    return "\n".join(lines)
+
+
+def goodput_slo_panel(replays: Sequence[Replay], tpot_slo_ms: float = 20.0, ttft_slo_s: float = 1.0) -> Panel:
+    """Slide the SLOs over finished replays: goodput is re-counted, nothing is re-run."""
+    replays = list(replays)
+    controls = {
+        "tpot_slo_ms": _slider("TPOT SLO (ms)", tpot_slo_ms, 5, 60, 0.5, readout_format=".1f"),
+        "ttft_slo_s": _slider("TTFT SLO (s)", ttft_slo_s, 0.1, 10, 0.1, readout_format=".1f"),
+    }
+    return Panel(lambda **v: goodput_vs_slo_figure(replays, **v), controls,
+                 lambda **v: goodput_slo_readout(replays, **v), title="Goodput is throughput that met its SLO")
+
+
+class FigureView:
+    """A static figure for a notebook: shown as a plotly FigureWidget, with a deterministic plain-text
+    summary (the widget's own repr carries random ids, which would make executed notebooks differ)."""
+
+    def __init__(self, figure: go.Figure, text: str = ""):
+        self.figure = go.FigureWidget(figure)
+        self.text = text or (figure.layout.title.text or "figure")
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.figure._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = self.text
+        return bundle
+
+
+# --- discussion seed 4 (lab 08): utilization is not throughput -------------------------------------------
+
+@dataclass(frozen=True)
+class UtilizationRun:
+    """One workload on one allocator: the share of reserved KV slots holding tokens, and throughput."""
+
+    label: str
+    block_size: int
+    utilization: float  # time-averaged over the run's busy steps
+    throughput_tok_s: float
+    peak_running: int
+
+
+def utilization_run(requests: Sequence[tuple[float, int, int]], block_size: int, label: str = "",
+                    model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU) -> UtilizationRun:
+    """Run (arrival_s, prompt_tokens, output_tokens) requests on the engine (cost-model clock) and
+    measure, after every step, the tokens held against the slots the allocator has handed out.
+
+    `block_size = 4096` is reserve-to-max at S_max = 4,096 (one block per sequence); 16 is paging."""
+    engine = _engine(model, gpu, block_size, record_token_times=False)
+    for arrival, prompt, output in requests:
+        engine.add_request(prompt_len=int(prompt), max_new_tokens=int(output), arrival_time=float(arrival))
+    alloc = engine.allocator
+    held = reserved = 0.0
+    last = engine.clock
+    while engine.step():
+        dt, last = engine.clock - last, engine.clock
+        if alloc.num_used_blocks:
+            held += dt * sum(alloc.seq_lens[s] for s in alloc.block_tables)
+            reserved += dt * alloc.num_used_blocks * block_size
+    result = engine.result()
+    rejected = [r for r in result.requests.values() if not r.finished]
+    if rejected:
+        raise ValueError(f"request {rejected[0].request_id} was rejected: {rejected[0].reason}")
+    report = result.slo(1e9, 1e9)  # SLOs that everyone meets: this is throughput
+    return UtilizationRun(label or f"b = {block_size}", block_size, held / reserved if reserved else math.nan,
+                          report.throughput_tok_s, result.counters.peak_running)
+
+
+def chat_requests(rate_per_s: float, num_requests: int = 300, prompt: int = 512, output: int = 128,
+                  seed: int = 0) -> list[tuple[float, int, int]]:
+    """The lecture's chat workload (`workloads.chat_workload`, Poisson arrivals) as (arrival_s, prompt, output)."""
+    from labsupport.workloads import chat_workload
+
+    if not rate_per_s > 0:
+        raise ValueError(f"rate_per_s must be positive, got {rate_per_s!r}")
+    return [(r.arrival_s, r.prompt_tokens, r.output_tokens)
+            for r in chat_workload(num_requests, prompt, output, rate_per_s=rate_per_s, seed=seed)]
+
+
+def utilization_sweep(rates: Sequence[float], num_requests: int = 300) -> dict[str, list[UtilizationRun]]:
+    """Seed 4's construction over a range of arrival rates: reserve-to-max (29 slots) against paging."""
+    out: dict[str, list[UtilizationRun]] = {"reserve-to-max (S_max 4,096)": [], "paged (b = 16)": []}
+    for rate in rates:
+        reqs = chat_requests(rate, num_requests)
+        out["reserve-to-max (S_max 4,096)"].append(utilization_run(reqs, 4096, f"{rate:g}/s"))
+        out["paged (b = 16)"].append(utilization_run(reqs, 16, f"{rate:g}/s"))
+    return out
+
+
+def utilization_figure(rates: Sequence[float], sweep: Mapping[str, Sequence[UtilizationRun]],
+                       height: int = 480) -> go.Figure:
+    """Throughput against offered load for both allocators, each point labelled with its utilization."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("throughput (output tok/s)", "utilization (tokens held ÷ reserved)"),
+                        horizontal_spacing=0.12)
+    for (label, runs), colour in zip(sweep.items(), (PALETTE["waste"], PALETTE["used"])):
+        fig.add_trace(go.Scatter(x=list(rates), y=[r.throughput_tok_s for r in runs], mode="lines+markers", name=label,
+                                 line=dict(color=colour, width=4), marker=dict(size=10),
+                                 hovertemplate=f"{label}<br>%{{x}} req/s: %{{y:,.0f}} tok/s<extra></extra>"), 1, 1)
+        fig.add_trace(go.Scatter(x=list(rates), y=[100 * r.utilization for r in runs], mode="lines+markers",
+                                 showlegend=False, line=dict(color=colour, width=4), marker=dict(size=10),
+                                 hovertemplate=f"{label}<br>%{{x}} req/s: %{{y:.1f}}%<extra></extra>"), 1, 2)
+    fig.update_xaxes(title_text="offered load (chat requests/s)")
+    fig.update_yaxes(range=[0, 105], row=1, col=2, title_text="%")
+    return styled(fig, "Utilization 14% → 99%, and throughput does not move — until the naive slots run out",
+                  height=height, legend=dict(orientation="h", y=-0.25, x=0))
