@@ -1,22 +1,29 @@
-"""The engine loop: admit, allocate, batch, run, stream — with a watermark, preemption and an SLO ledger.
+"""The engine loop of §10.5: admit, allocate, batch, run, stream — with a watermark and preemption.
 
-§10.1's five jobs and §10.5's loop, built for real.  Every step (iteration-level scheduling, Orca):
+§10.1's five jobs and §10.5's loop, built for real.  `Engine.step` is one iteration (iteration-level
+scheduling, Orca), and each of its phases is one method, in the lecture's order:
 
-1. arrivals join the waiting queue (the step boundary they waited for is their *scheduling delay*);
-2. every running sequence reserves the slot of its next token, in priority order; when the pool
-   runs dry the **victim is the running sequence of the latest-arriving request** (ties: the highest
-   branch), i.e. the one first-come-first-served ranks last — vLLM's policy.  It is swapped to host
-   memory or dropped to be recomputed (``preemption="swap" | "recompute" | "auto"``; ``auto`` asks
-   the ledger's §10.5 break-even for that sequence's length: 2 x KV bytes / link vs prefill FLOPs
-   at mfu x peak);
-3. if nobody was preempted this step, swapped-out sequences come back first (oldest first);
-4. if nothing is swapped out, waiting requests are admitted first-come-first-served while the
-   free blocks stay at or above the **watermark** (new arrivals only; a preempted sequence is
+1. `_take_arrivals`: arrivals join the waiting queue (the wait for the step boundary is their
+   *scheduling delay*);
+2. `_reserve_next_slots`: every running sequence reserves the slot of its next token, oldest
+   first; when the pool runs dry the **victim is the running sequence of the latest-arriving
+   request** (ties: the highest branch), the one first-come-first-served ranks last — vLLM's
+   policy.  `_preempt` swaps it to host memory or drops it to be recomputed
+   (``preemption="swap" | "recompute" | "auto"``; ``auto`` asks the ledger's §10.5 break-even for
+   that sequence's length: 2 x KV bytes / link against prefill FLOPs at mfu x peak);
+3. `_swap_in`: if nobody was preempted this step, swapped-out sequences come back first;
+4. `_admit`: if nothing is swapped out, waiting requests are admitted first come first served while
+   the free blocks stay at or above the **watermark** (new arrivals only; a preempted sequence is
    taken back as soon as its blocks fit), up to ``max_num_seqs`` sequences and a per-step token
    budget ``max_num_batched_tokens`` (a prefill longer than the budget runs alone in its step);
-5. one forward pass: prefills of the admitted, one decode token for everyone else;
-6. tokens stream out; finished sequences leave at the end of this step and their blocks are
-   reused by the next one.
+5. `_forward`: one forward pass — prefills of the admitted, one decode token for everyone else;
+6. `_stream` and `_retire`: tokens stream out; finished sequences leave at the end of this step
+   and their blocks serve the next one.
+
+Phases 2–4 only count: they promise blocks against the free pool (`_Step.free`), and the forward
+pass takes them, so a step is decided before anything is allocated.  (The lecture lists admission
+last, "into the freed space"; admitting before the pass, into the space the previous step freed,
+is the same cycle cut at another point.)
 
 A request that can never fit (its longest sequence needs more blocks than the pool has, or its
 prompt plus the watermark does) is rejected with a reason; the others continue.
@@ -24,15 +31,16 @@ prompt plus the watermark does) is rejected with a reason; the others continue.
 ``n > 1`` prefills the prompt once and forks it: the branches share the prompt's blocks and
 copy-on-write the partly filled last one on their first token (§10.4).
 
-Tokens never depend on batching or preemption: sampling is greedy or draws one uniform number
-per (request seed, branch, output position), so a swapped or recomputed sequence continues with
-exactly the tokens it would have produced (§10.5: preemption loses the cache, never tokens).
+Tokens never depend on batching or preemption (`labsupport.sampling`): a swapped or recomputed
+sequence continues with exactly the tokens it would have produced (§10.5: preemption loses the
+cache, never tokens).
 
 Two clocks.  With a ``model`` and no ``cost_model`` the clock advances by each step's measured
 wall time (the tiny model really runs).  With a :class:`~labsupport.costmodel.CostModel` each
 step is priced by the roofline for any ModelSpec/GPUSpec, so the same scheduler replays a real
 trace at H100 scale on a laptop; without a model it needs no tensors at all (token ids are not
-produced, only counted).  Both can be combined: real tokens, cost-model time.
+produced, only counted, by `_count_tokens`, the replay's fast path).  Both can be combined: real
+tokens, cost-model time.  §10.6's ledger of a run is `labsupport.slo`.
 """
 from __future__ import annotations
 
@@ -209,6 +217,22 @@ class EngineResult:
         return slo_report(self, ttft_slo_s, tpot_slo_s)
 
 
+class _Step:
+    """What one iteration has decided so far, phase by phase (`Engine.step`)."""
+
+    __slots__ = ("start", "free", "decode", "prefills", "copies", "swap_bytes", "prefill_flops", "preempted")
+
+    def __init__(self, start: float, free: int):
+        self.start = start
+        self.free = free  # blocks of the pool not yet promised to anyone in this step
+        self.decode: list[_Seq] = []  # sequences decoding one token, in the order they reserved
+        self.prefills: list[tuple[_Seq, list[_Seq]]] = []  # (sequence to prefill, branches forked from it)
+        self.copies: dict[int, int] = {}  # shared last block -> branches promised a copy of it
+        self.swap_bytes = 0  # bytes over the host link, both ways
+        self.prefill_flops = 0.0
+        self.preempted = False
+
+
 # --- the engine ------------------------------------------------------------------------------------
 
 class Engine:
@@ -268,6 +292,7 @@ class Engine:
         else:
             self.cache = None
             self.allocator = BlockAllocator(num_blocks, block_size)
+        self._kv = self.cache if self.cache is not None else self.allocator  # what frees and swaps the KV
         # what preemption prices, and what a swapped block weighs: the cost model's spec, or the
         # model's real shape and dtype (on the lecture GPU)
         self._pricing = cost_model or CostModel(model.spec(), LECTURE_GPU)
@@ -373,290 +398,218 @@ class Engine:
     def num_swapped(self) -> int:
         return len(self._swapped)
 
-    # -- preemption -------------------------------------------------------------------------------
+    # -- one iteration: §10.5's loop --------------------------------------------------------------
+    def step(self) -> bool:
+        """One iteration of §10.5's loop; returns False when there is nothing left to do.
+
+        Pick the batch and reserve the blocks it grows into (preempting when the pool runs dry),
+        bring swapped-out sequences back, admit new arrivals behind the watermark, run one forward
+        pass, stream the emitted tokens, and retire whoever finished.
+        """
+        start = self.clock
+        wall0 = time.perf_counter()
+        self._take_arrivals(start)
+        if not (self._running or self._waiting or self._swapped):
+            if not self._pending:
+                return False
+            self.clock = self._pending[0][0]  # idle: jump to the next arrival
+            return True
+
+        plan = _Step(start, self.allocator.num_free_blocks)
+        self._reserve_next_slots(plan)
+        if not plan.preempted:
+            self._swap_in(plan)  # swapped-out sequences come back before anyone new is admitted
+            if not self._swapped:
+                self._admit(plan)
+        if not plan.decode and not plan.prefills:
+            raise RuntimeError(self._stall_message())
+
+        emitted = self._forward(plan)
+        dt = self._step_seconds(plan, wall0)
+        end = self.clock = start + dt
+        finished = self._stream(plan, emitted, end)
+        batch = len(self._running)
+        self._retire(finished, end)
+        self._record(plan, dt, batch)
+        return True
+
+    def _take_arrivals(self, now: float) -> None:
+        """Requests whose arrival time has come join the waiting queue at this step boundary (the
+        wait for the boundary is their scheduling delay, §10.6)."""
+        pending, waiting = self._pending, self._waiting
+        while pending and pending[0][0] <= now:
+            req = heapq.heappop(pending)[2]
+            req.status = "waiting"
+            req.t_sched = now
+            waiting.append(req)
+
+    def _reserve_next_slots(self, plan: "_Step") -> None:
+        """Every running sequence, oldest first, reserves the slot of its next token.
+
+        A full last block means one fresh block; a forked branch whose partly filled last block is
+        still shared needs a copy of it (copy-on-write), except the block's last holder, which
+        writes in place.  When the pool runs dry the victim is the running sequence that
+        first-come-first-served ranks last (the latest arrival: vLLM's policy), until the sequence
+        at hand fits or was itself the victim.
+        """
+        running, decode, copies, bs = self._running, plan.decode, plan.copies, self.block_size
+        i = 0
+        while i < len(running):
+            seq = running[i]
+            partly_filled = seq.num_cached % bs
+            cow = seq.shared_tail and partly_filled
+            need = self._cow_need(seq, copies) if cow else 0 if partly_filled else 1
+            while need > plan.free:
+                victim = running.pop()
+                self._preempt(victim, plan)
+                if victim is seq:
+                    break
+                if cow:  # the victim may have held the shared tail: then there is less to copy
+                    need = self._cow_need(seq, copies)
+            else:
+                plan.free -= need
+                if cow and need:  # this branch copies the tail away: one holder fewer shares it
+                    last = self.allocator.block_tables[seq.seq_id][-1]
+                    copies[last] = copies.get(last, 0) + 1
+                decode.append(seq)
+                i += 1
+
+    def _cow_need(self, seq: _Seq, copies: dict[int, int]) -> int:
+        """1 when the next append of a forked branch must copy its partly filled last block (someone
+        else still holds it), 0 for its last holder.  `copies` counts branches already promised a
+        copy of that block this step."""
+        last = self.allocator.block_tables[seq.seq_id][-1]
+        return 1 if self.allocator.ref_count(last) - copies.get(last, 0) > 1 else 0
+
     def preempt_kind(self, num_tokens: int) -> str:
+        """'swap' or 'recompute' for a sequence of num_tokens: the mode, or §10.5's break-even when auto."""
         if self.preemption != "auto":
             return self.preemption
         return self._pricing.preempt_choice(max(1, num_tokens))
 
-    def _preempt(self, seq: _Seq) -> int:
-        """Evict one running sequence; returns the bytes it sends over the link."""
+    def _preempt(self, seq: _Seq, plan: "_Step") -> None:
+        """Evict one running sequence: swap its KV to host memory, or drop it to be recomputed.
+
+        It loses its cache, never its tokens.  The blocks it releases go back to this step's pool."""
         kind = self.preempt_kind(seq.num_cached)
-        sid = seq.seq_id
-        nbytes = 0
+        free_before = self.allocator.num_free_blocks
         if kind == "swap":
-            held = len(self.allocator.block_tables[sid])
-            nbytes = held * self.block_size * self.kv_bytes_per_token
-            if self.cache is not None:
-                self.cache.swap_out(sid)
-            else:
-                self.allocator.swap_out(sid)
+            nbytes = len(self.allocator.block_tables[seq.seq_id]) * self.block_size * self.kv_bytes_per_token
+            self._kv.swap_out(seq.seq_id)
             bisect.insort(self._swapped, seq, key=_priority)
+            plan.swap_bytes += nbytes
             self.counters.swapped_out_bytes += nbytes
         else:
-            if self.cache is not None:
-                self.cache.drop(sid)
-            else:
-                self.allocator.free(sid)
+            self._kv.free(seq.seq_id)
             seq.num_cached = 0
             self._waiting.appendleft(seq)
         seq.shared_tail = False
         self.counters.preemptions[kind] += 1
         seq.req.preemptions += 1
-        return nbytes
+        plan.free += self.allocator.num_free_blocks - free_before
+        plan.preempted = True
 
-    def _cow_need(self, seq: _Seq, copies: dict[int, int]) -> int:
-        """Blocks the next append of a forked branch takes when its last block is partly filled:
-        one copy while someone else still holds that block, none for its last holder (which writes
-        in place).  `copies` counts branches already promised a copy of it this step."""
-        last = self.allocator.block_tables[seq.seq_id][-1]
-        return 1 if self.allocator.ref_count(last) - copies.get(last, 0) > 1 else 0
+    def _swap_in(self, plan: "_Step") -> None:
+        """Swapped-out sequences come back, oldest first, while their blocks and the slot of this
+        step's token fit (into possibly different blocks); they decode in this step."""
+        swapped, running, bs = self._swapped, self._running, self.block_size
+        while swapped and len(running) < self.max_num_seqs:
+            seq = swapped[0]
+            held = -(-seq.num_cached // bs)
+            need = -(-(seq.num_cached + 1) // bs)
+            if need > plan.free:
+                break
+            swapped.pop(0)
+            self._kv.swap_in(seq.seq_id)
+            nbytes = held * bs * self.kv_bytes_per_token
+            plan.swap_bytes += nbytes
+            self.counters.swapped_in_bytes += nbytes
+            plan.free -= need
+            bisect.insort(running, seq, key=_priority)
+            plan.decode.append(seq)
 
-    # -- one iteration --------------------------------------------------------------------------------
-    def step(self) -> bool:
-        """Run one iteration; returns False when there is nothing left to do."""
-        t_start = self.clock
-        wall0 = time.perf_counter()
-        pending, waiting = self._pending, self._waiting
-        while pending and pending[0][0] <= t_start:
-            req = heapq.heappop(pending)[2]
-            req.status = "waiting"
-            req.t_sched = t_start
-            waiting.append(req)
-        running = self._running
-        if not running and not waiting and not self._swapped:
-            if not pending:
-                return False
-            self.clock = pending[0][0]  # idle: jump to the next arrival
-            return True
+    def _admit(self, plan: "_Step") -> None:
+        """Admit waiting requests first come first served while the free blocks stay at or above the
+        watermark, up to max_num_seqs sequences and max_num_batched_tokens of prefill (a longer
+        prompt runs alone).  A preempted sequence is taken back as soon as its blocks fit."""
+        waiting, running, bs = self._waiting, self._running, self.block_size
+        budget_left = None if self.max_num_batched_tokens is None else self.max_num_batched_tokens - len(plan.decode)
+        while waiting:
+            item = waiting[0]
+            if isinstance(item, _Request):
+                tokens, nseq, floor = item.prompt_len, item.n, self.watermark_blocks
+            else:  # preempted to be recomputed: its prompt and every token it has emitted
+                tokens, nseq, floor = item.req.prompt_len + item.num_out, 1, 0
+            need = -(-tokens // bs)
+            if plan.free - need < floor or len(running) + nseq > self.max_num_seqs:
+                break
+            if budget_left is not None and tokens > budget_left and plan.prefills:
+                break
+            waiting.popleft()
+            plan.free -= need
+            if budget_left is not None:
+                budget_left -= tokens
+            plan.prefills.append(self._start(item, plan.start))
+            plan.prefill_flops += self._pricing.prefill_flops(tokens)
 
-        alloc = self.allocator
-        bs = self.block_size
-        # Without a model nothing waits for a forward pass, so slots are appended as soon as they
-        # are reserved (one pass over the batch); with a model they are reserved here and
-        # appended by the cache in the forward pass.
-        eager = self.model is None
-        append = alloc.append_slot
-        swap_bytes = 0
-        preempted = False
-        ctx = 0  # tokens the decode batch attends to, for the cost model
-        # 2. every running sequence reserves its next slot, oldest first; victims from the back
-        reserved = 0
-        free = alloc.num_free_blocks
-        copies: dict[int, int] = {}  # with a model: shared tail block -> branches that will copy it away
-        decode: list[_Seq] = []
-        i = 0
-        while i < len(running):
-            seq = running[i]
-            cow = seq.shared_tail and seq.num_cached % bs
-            need = self._cow_need(seq, copies) if cow else (0 if seq.num_cached % bs else 1)
-            if need > free:
-                while need > free:
-                    victim = running.pop()
-                    swap_bytes += self._preempt(victim)
-                    preempted = True
-                    free = alloc.num_free_blocks - reserved
-                    if victim is seq:
-                        break
-                    if cow:  # the victim may have held the shared tail: then there is less to copy
-                        need = self._cow_need(seq, copies)
-                if i >= len(running):
-                    break
-            free -= need
-            if eager:
-                append(seq.seq_id)
-                seq.num_cached += 1
-                seq.shared_tail = False
-                ctx += seq.num_cached
-            else:
-                reserved += need
-                if cow and need:  # this branch will copy the tail away, so one holder fewer shares it
-                    last = alloc.block_tables[seq.seq_id][-1]
-                    copies[last] = copies.get(last, 0) + 1
-            decode.append(seq)
-            i += 1
-
-        # 3. swapped-out sequences come back before anyone new is admitted
-        max_seqs = self.max_num_seqs
-        if not preempted and self._swapped:
-            swapped = self._swapped
-            while swapped and len(running) < max_seqs:
-                seq = swapped[0]
-                held = -(-seq.num_cached // bs)
-                need = -(-(seq.num_cached + 1) // bs)  # its blocks, and the slot of this step's token
-                if need > free:
-                    break
-                swapped.pop(0)
-                if self.cache is not None:
-                    self.cache.swap_in(seq.seq_id)
-                else:
-                    alloc.swap_in(seq.seq_id)
-                nb = held * bs * self.kv_bytes_per_token
-                swap_bytes += nb
-                self.counters.swapped_in_bytes += nb
-                free -= need
-                if eager:
-                    append(seq.seq_id)
-                    seq.num_cached += 1
-                    ctx += seq.num_cached
-                else:
-                    reserved += need - held
-                bisect.insort(running, seq, key=_priority)
-                decode.append(seq)
-
-        # 4. admission, first come first served, behind the watermark
-        prefills: list[tuple[_Seq, list[_Seq]]] = []  # (sequence to prefill, branches forked from it)
-        prefill_flops = 0.0
-        if not preempted and not self._swapped and waiting:
-            budget = self.max_num_batched_tokens
-            budget_left = None if budget is None else budget - len(decode)
-            cost = self._pricing
-            while waiting:
-                item = waiting[0]
-                if isinstance(item, _Request):
-                    tokens, nseq, floor = item.prompt_len, item.n, self.watermark_blocks
-                else:
-                    tokens, nseq, floor = item.req.prompt_len + item.num_out, 1, 0
-                need = -(-tokens // bs)
-                if free - need < floor or len(running) + nseq > max_seqs:
-                    break
-                if budget_left is not None and tokens > budget_left and prefills:
-                    break
-                waiting.popleft()
-                free -= need
-                if budget_left is not None:
-                    budget_left -= tokens
-                if isinstance(item, _Request):
-                    item.status = "running"
-                    item.t_admit = t_start
-                    seqs = [self._new_seq(item, b) for b in range(item.n)]
-                    item.seqs = seqs
-                    prefills.append((seqs[0], seqs[1:]))
-                    for s in seqs:
-                        bisect.insort(running, s, key=_priority)
-                else:
-                    prefills.append((item, []))
-                    self.counters.recomputed_tokens += tokens - 1
-                    bisect.insort(running, item, key=_priority)
-                prefill_flops += cost.prefill_flops(tokens)
-
-        if not decode and not prefills:
-            raise RuntimeError(
-                f"engine stalled with {len(running)} running, {len(waiting)} waiting, {len(self._swapped)} "
-                f"swapped and {alloc.num_free_blocks} free blocks (a request that can never fit was not rejected)")
-
-        # 5. run: allocate and compute
-        emitted = self._execute(prefills, decode)
-        if not eager:
-            for seq in decode:
-                ctx += seq.num_cached
-        if self.cost_model is not None:
-            dt = self.cost_model.step_s(len(decode), ctx, prefill_flops, swap_bytes)
-        else:
-            dt = time.perf_counter() - wall0
-        t_end = t_start + dt
-        self.clock = t_end
-
-        # 6. stream, retire
-        c = self.counters
-        c.steps += 1
-        c.busy_s += dt
-        c.decode_tokens += len(decode)
-        for seq, _ in prefills:
-            c.prefill_tokens += seq.num_cached
-        on_token, record = self.on_token, self.record_token_times
-        finished: list[_Seq] = []
-        if emitted is None and on_token is None and not record:
-            # cost-model fast path: no token ids, no per-token times, no callback
-            for seq in decode:
-                n = seq.num_out = seq.num_out + 1
-                if n >= seq.max_new:
-                    finished.append(seq)
-            for seq, children in prefills:
-                for s in (seq, *children):
-                    s.num_out += 1
-                    if s.first_t is None:  # a recomputed sequence had its first token long ago
-                        s.first_t = t_end
-                    if s.num_out >= s.max_new:
-                        finished.append(s)
-                req = seq.req
-                if req.t_first is None:
-                    req.t_first = t_end
-        else:
-            if emitted is None:
-                emitted = [(s, None) for seq, children in prefills for s in (seq, *children)]
-                emitted += [(seq, None) for seq in decode]
-            for seq, tok in emitted:
-                n = seq.num_out = seq.num_out + 1
-                if tok is not None:
-                    seq.tokens.append(tok)
-                if seq.first_t is None:
-                    seq.first_t = t_end
-                    if record:
-                        seq.times = [t_end]
-                    req = seq.req
-                    if req.t_first is None:
-                        req.t_first = t_end
-                elif record:
-                    seq.times.append(t_end)
-                done = n >= seq.max_new or (tok is not None and tok in seq.req.sampling.stop_token_ids)
-                if on_token is not None:
-                    on_token(TokenEvent(seq.req.request_id, seq.branch, n - 1, tok, t_end, done))
-                if done:
-                    finished.append(seq)
-        for seq in finished:
-            seq.done = True
-            seq.last_t = t_end
-            if self.cache is not None:
-                self.cache.free(seq.seq_id)
-            else:
-                alloc.free(seq.seq_id)
-            req = seq.req
-            req.remaining -= 1
-            if req.remaining == 0:
-                req.status = "finished"
-                req.t_finish = t_end
-                self._unfinished -= 1
-        any_done = bool(finished)
-        if any_done:
-            self._running = [s for s in running if not s.done]
-        used = alloc.num_used_blocks
-        c.block_times.append(t_end)
-        c.blocks_in_use.append(used)
-        if used > c.peak_blocks:
-            c.peak_blocks = used
-        if len(running) > c.peak_running:
-            c.peak_running = len(running)
-        return True
+    def _start(self, item, now: float) -> tuple[_Seq, list[_Seq]]:
+        """Put an admitted request's branches (or a preempted sequence) into the running batch;
+        returns the sequence to prefill and the branches that will fork from it."""
+        if isinstance(item, _Request):
+            item.status = "running"
+            item.t_admit = now
+            seqs = item.seqs = [self._new_seq(item, b) for b in range(item.n)]
+            for s in seqs:
+                bisect.insort(self._running, s, key=_priority)
+            return seqs[0], seqs[1:]
+        self.counters.recomputed_tokens += item.req.prompt_len + item.num_out - 1
+        bisect.insort(self._running, item, key=_priority)
+        return item, []
 
     def _new_seq(self, req: _Request, branch: int) -> _Seq:
         seq = _Seq(self._next_seq, req, branch)
         self._next_seq += 1
         return seq
 
-    def _execute(self, prefills, decode) -> list[tuple[_Seq, int]] | None:
-        """Allocate the step's prefills (decode slots too, with a model), run the model, sample.
+    def _stall_message(self) -> str:
+        return (f"engine stalled with {len(self._running)} running, {len(self._waiting)} waiting, "
+                f"{len(self._swapped)} swapped and {self.allocator.num_free_blocks} free blocks "
+                f"(a request that can never fit was not rejected)")
 
-        Returns (sequence, token) in emission order, or None without a model (nothing sampled)."""
-        if self.model is None:  # decode slots were appended while reserving; no tokens to emit
-            alloc = self.allocator
-            for seq, children in prefills:
-                tokens = seq.req.prompt_len + seq.num_out
-                alloc.allocate(seq.seq_id, tokens)
-                seq.num_cached = tokens
-                for child in children:
-                    alloc.fork(seq.seq_id, child.seq_id)
-                    child.num_cached = tokens
-                    child.shared_tail = seq.shared_tail = True
+    def _forward(self, plan: "_Step") -> list[tuple[_Seq, int]] | None:
+        """One forward pass: prefill the admitted, decode one token for everyone else.
+
+        With a model the paged cache takes each reserved slot as it writes it, and every sequence
+        samples its next token: returns (sequence, token) in emission order.  Without a model the
+        allocator alone stands in for the pass, and nothing is sampled (None)."""
+        if self.model is None:
+            self._allocate_only(plan)
             return None
-        emitted = []
+        return self._run_model(plan)
+
+    def _allocate_only(self, plan: "_Step") -> None:
+        alloc = self.allocator
+        for seq in plan.decode:
+            alloc.append_slot(seq.seq_id)
+            seq.num_cached += 1
+            seq.shared_tail = False
+        for seq, children in plan.prefills:
+            tokens = seq.req.prompt_len + seq.num_out
+            alloc.allocate(seq.seq_id, tokens)
+            seq.num_cached = tokens
+            for child in children:
+                alloc.fork(seq.seq_id, child.seq_id)
+                child.num_cached = tokens
+                child.shared_tail = seq.shared_tail = True
+
+    def _run_model(self, plan: "_Step") -> list[tuple[_Seq, int]]:
         logits = self.model.forward_paged(
             self.cache,
-            prefills=[(seq.seq_id, seq.tokens) for seq, _ in prefills],
-            decodes=[(seq.seq_id, seq.tokens[-1]) for seq in decode],
+            prefills=[(seq.seq_id, seq.tokens) for seq, _ in plan.prefills],
+            decodes=[(seq.seq_id, seq.tokens[-1]) for seq in plan.decode],
             attention=self.attention)
-        row = 0
-        for seq, children in prefills:
+        emitted, row = [], 0
+        for seq, children in plan.prefills:
             seq.num_cached = len(seq.tokens)
             for s in (seq, *children):
                 emitted.append((s, sample_token(logits[row], s.req.sampling, s.req.seed, s.branch, s.num_out)))
@@ -665,13 +618,98 @@ class Engine:
                 child.num_cached = seq.num_cached
                 child.shared_tail = seq.shared_tail = True
             row += 1
-        for seq in decode:
+        for seq in plan.decode:
             seq.num_cached += 1
             seq.shared_tail = False
-            emitted.append((seq, sample_token(logits[row], seq.req.sampling, seq.req.seed, seq.branch,
-                                              seq.num_out)))
+            emitted.append((seq, sample_token(logits[row], seq.req.sampling, seq.req.seed, seq.branch, seq.num_out)))
             row += 1
         return emitted
+
+    def _step_seconds(self, plan: "_Step", wall0: float) -> float:
+        """The step's duration: the cost model's price for what it did, or the wall time it took."""
+        if self.cost_model is None:
+            return time.perf_counter() - wall0
+        context = sum(seq.num_cached for seq in plan.decode)  # tokens the decode batch attends to
+        return self.cost_model.step_s(len(plan.decode), context, plan.prefill_flops, plan.swap_bytes)
+
+    def _stream(self, plan: "_Step", emitted, end: float) -> list[_Seq]:
+        """Each sequence of the step appends the token it emitted and streams it to `on_token`;
+        returns those that finished (max_new_tokens reached, or a stop token)."""
+        if emitted is None and self.on_token is None and not self.record_token_times:
+            return self._count_tokens(plan, end)
+        if emitted is None:  # no model: the tokens are counted, not known
+            emitted = [(s, None) for seq, children in plan.prefills for s in (seq, *children)]
+            emitted += [(seq, None) for seq in plan.decode]
+        on_token, record = self.on_token, self.record_token_times
+        finished = []
+        for seq, tok in emitted:
+            n = seq.num_out = seq.num_out + 1
+            if tok is not None:
+                seq.tokens.append(tok)
+            if seq.first_t is None:
+                seq.first_t = end
+                if record:
+                    seq.times = [end]
+                if seq.req.t_first is None:
+                    seq.req.t_first = end
+            elif record:
+                seq.times.append(end)
+            done = n >= seq.max_new or (tok is not None and tok in seq.req.sampling.stop_token_ids)
+            if on_token is not None:
+                on_token(TokenEvent(seq.req.request_id, seq.branch, n - 1, tok, end, done))
+            if done:
+                finished.append(seq)
+        return finished
+
+    def _count_tokens(self, plan: "_Step", end: float) -> list[_Seq]:
+        """`_stream`'s fast path for the cost-model replay: no token ids, no callback, no per-token
+        times, so only counts and first-token times are kept."""
+        finished = []
+        for seq in plan.decode:
+            n = seq.num_out = seq.num_out + 1
+            if n >= seq.max_new:
+                finished.append(seq)
+        for seq, children in plan.prefills:
+            for s in (seq, *children):
+                s.num_out += 1
+                if s.first_t is None:  # a recomputed sequence had its first token long ago
+                    s.first_t = end
+                if s.num_out >= s.max_new:
+                    finished.append(s)
+            if seq.req.t_first is None:
+                seq.req.t_first = end
+        return finished
+
+    def _retire(self, finished: list[_Seq], end: float) -> None:
+        """Finished sequences leave at the end of the step that finished them; their blocks serve
+        the next step's arrivals."""
+        for seq in finished:
+            seq.done = True
+            seq.last_t = end
+            self._kv.free(seq.seq_id)
+            req = seq.req
+            req.remaining -= 1
+            if req.remaining == 0:
+                req.status = "finished"
+                req.t_finish = end
+                self._unfinished -= 1
+        if finished:
+            self._running = [s for s in self._running if not s.done]
+
+    def _record(self, plan: "_Step", dt: float, batch: int) -> None:
+        c = self.counters
+        c.steps += 1
+        c.busy_s += dt
+        c.decode_tokens += len(plan.decode)
+        for seq, _ in plan.prefills:
+            c.prefill_tokens += seq.num_cached
+        used = self.allocator.num_used_blocks
+        c.block_times.append(self.clock)
+        c.blocks_in_use.append(used)
+        if used > c.peak_blocks:
+            c.peak_blocks = used
+        if batch > c.peak_running:
+            c.peak_running = batch
 
     # -- the whole run --------------------------------------------------------------------------------
     def run(self, max_steps: int | None = None, progress: bool = False) -> EngineResult:

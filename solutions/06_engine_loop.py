@@ -63,14 +63,16 @@ print(f"tiny model: {model.cfg.num_params:,} parameters, {'trained on the lectur
 #
 # §10.5 assembles the pieces into the loop an engine runs **every iteration**:
 #
-# | verb | what `labsupport.engine.Engine.step()` does |
-# |---|---|
-# | **pick** | the batch is re-chosen: every resident sequence, oldest first |
-# | **allocate** | each reserves the slot of its next token (a new block when its last is full; a copy if shared); if the pool runs dry, **preempt** the newest |
-# | **admit** | waiting arrivals join, first come first served, while the free blocks stay above the **watermark** |
-# | **run** | one forward pass: prefills of the admitted, one decode token for everyone else |
-# | **append** | each sequence appends the token it sampled — and **streams** it |
-# | **retire** | finished sequences leave at the end of this step; their blocks serve the next one |
+# | verb | what `labsupport.engine.Engine.step()` does | the phase to read |
+# |---|---|---|
+# | **pick** | the batch is re-chosen: every resident sequence, oldest first | `_take_arrivals`, `_reserve_next_slots` |
+# | **allocate** | each reserves the slot of its next token (a new block when its last is full; a copy if shared); if the pool runs dry, **preempt** the newest | `_reserve_next_slots`, `_preempt`, `_swap_in` |
+# | **admit** | waiting arrivals join, first come first served, while the free blocks stay above the **watermark** | `_admit` |
+# | **run** | one forward pass: prefills of the admitted, one decode token for everyone else | `_forward` |
+# | **append** | each sequence appends the token it sampled — and **streams** it | `_stream` |
+# | **retire** | finished sequences leave at the end of this step; their blocks serve the next one | `_retire` |
+#
+# Open `labsupport/engine.py` beside this notebook: `step()` is those phases in order, one method each.
 #
 # (The lecture lists admit last, "into the freed space"; the engine admits *before* the forward pass,
 # into the space freed by the previous step's retirements — the same cycle, cut at a different point.)

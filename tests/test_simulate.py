@@ -52,6 +52,48 @@ def test_full_azure_conv_replay_accounts_for_every_request(capsys):
 
 
 @needs_azure
+def test_azure_conv_replay_figures_are_unchanged():
+    """The lecture's configuration on the whole Azure conversation trace: the figures §10.6's lab quotes.
+
+    Request and token counts come from the CSV itself; goodput is re-counted here from each request's
+    own TTFT and TPOT.  The peak of 4,055 blocks and goodput 99.46% are what the scheduler gave before
+    Engine.step was split into named phases (commit 3e5e967): the split must not move them.
+    """
+    from labsupport.costmodel import CostModel
+    from labsupport.workloads import load_trace
+
+    rows = _azure_rows()
+    rp = simulate.replay(load_trace("azure-conv").requests, CostModel(), 7452, 16)
+    res, rep = rp.result, rp.report
+    assert rep.finished == len(rows) == 19_366 and rep.rejected == 0
+    assert rep.output_tokens == sum(o for _, o in rows) == 4_088_665
+    assert rep.peak_blocks == 4_055 and rep.leaked_blocks == 0
+    good = [r for r in res.requests.values() if r.ttft_s <= 1.0 and (r.tpot_s is None or r.tpot_s <= 0.020)]
+    assert len(good) == rep.good_requests
+    assert round(100 * len(good) / 19_366, 2) == 99.46
+    assert rep.preemptions == {"swap": 0, "recompute": 0}
+
+
+def test_engine_step_reads_as_the_loop():
+    """§10.5's loop in one screen: step() at most 40 lines, no Engine method over 80."""
+    import ast
+    import inspect
+
+    from labsupport import engine
+
+    tree = ast.parse(inspect.getsource(engine.Engine))
+    methods = {f.name: f.end_lineno - f.lineno + 1 for f in tree.body[0].body if isinstance(f, ast.FunctionDef)}
+    assert methods["step"] <= 40, methods["step"]
+    assert max(methods.values()) <= 80, max(methods.items(), key=lambda kv: kv[1])
+    step = next(f for f in tree.body[0].body if getattr(f, "name", "") == "step")
+    calls = sorted((n.lineno, n.col_offset, n.func.attr) for n in ast.walk(step)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr.startswith("_"))
+    phases = [name for _, _, name in calls]
+    assert phases == ["_take_arrivals", "_reserve_next_slots", "_swap_in", "_admit", "_stall_message", "_forward",
+                      "_step_seconds", "_stream", "_retire", "_record"]
+
+
+@needs_azure
 def test_requests_longer_than_the_pool_are_rejected_the_rest_complete(capsys):
     # 1 GB of KV = floor(1e9 / 8 MiB) = 119 blocks of 16 tokens; admission keeps int(0.01 x 119) = 1 free
     d = run_json(capsys, "--trace", "azure-conv", "--limit", "300", "--kv-budget-gb", "1")
