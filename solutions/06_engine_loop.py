@@ -25,7 +25,7 @@ import torch
 
 from labsupport import ledger, viz
 from labsupport.costmodel import CostModel
-from labsupport.course.checkoff import check
+from labsupport.course.checkoff import check, unlocked
 from labsupport.engine import Engine
 from labsupport.model import load_tiny_model
 from labsupport.sampling import SamplingParams
@@ -220,9 +220,10 @@ def breakeven_bandwidth(model, seq_tokens, peak_flops, mfu=LECTURE_MFU):
 check("6.1", breakeven_bandwidth)
 
 # %%
-for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
-    mine = breakeven_bandwidth(mdl, 4096, H100.peak_flops)
-    print(f"{mdl.name:>16}, 4K: W* = {mine / GB:.2f} GB/s (ledger {ledger.breakeven_link_bandwidth(mdl, 4096, H100.peak_flops) / GB:.2f})")
+if unlocked("6.1"):
+    for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
+        mine = breakeven_bandwidth(mdl, 4096, H100.peak_flops)
+        print(f"{mdl.name:>16}, 4K: W* = {mine / GB:.2f} GB/s (ledger {ledger.breakeven_link_bandwidth(mdl, 4096, H100.peak_flops) / GB:.2f})")
 viz.errata_note("break-even")
 
 # %% [markdown]
@@ -284,7 +285,8 @@ check("6.2", preemption_plan)
 
 # %%
 batch = [("a", 0.0, 9000), ("b", 0.5, 700), ("c", 1.25, 5400), ("d", 2.0, 300), ("e", 3.0, 12_000), ("f", 3.5, 2048)]
-print(preemption_plan(batch, 900, 16, LECTURE_7B, H100, 32 * GB))
+if unlocked("6.2"):
+    print(preemption_plan(batch, 900, 16, LECTURE_7B, H100, 32 * GB))
 
 # %% [markdown]
 # ### Preemption loses the cache, never the tokens

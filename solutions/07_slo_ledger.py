@@ -25,7 +25,7 @@ from labsupport import ledger, viz, workloads
 from labsupport.block_allocator import BlockAllocator
 from labsupport.contiguous import ReserveToMaxAllocator
 from labsupport.costmodel import CostModel
-from labsupport.course.checkoff import check
+from labsupport.course.checkoff import check, passed, unlocked
 from labsupport.engine import Engine
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
@@ -147,7 +147,8 @@ check("7.1", tpot)
 # %%
 measured = viz_slo.steady_batch_tpot([1, 29, 100, 159, 186], seq_tokens=SEQ)
 for b, t in measured.items():
-    print(f"B = {b:3d}: engine {1e3 * t:6.3f} ms, your formula {1e3 * tpot(MHA, H100, b, SEQ):6.3f} ms")
+    yours = f", your formula {1e3 * tpot(MHA, H100, b, SEQ):6.3f} ms" if passed("7.1") else ""
+    print(f"B = {b:3d}: engine {1e3 * t:6.3f} ms{yours}")
 
 # %% [markdown]
 # At the printed B = 199 the exact arithmetic gives 23.96 ms, not 23.5 ms — the lecture's 0.328 GB
@@ -238,7 +239,8 @@ check("7.2", max_batch)
 # %%
 for model in (MHA, LECTURE_7B_GQA8):
     ceiling = viz_slo.memory_ceiling(model, H100, SEQ)
-    print(f"{model.name:>16}: memory ceiling {ceiling:4d}, largest B under 20 ms {max_batch(model, H100, SEQ, 0.020):4d}")
+    slo_b = min(ceiling, ledger.max_batch_for_tpot(model, SEQ, 0.020, H100.hbm_bandwidth))
+    print(f"{model.name:>16}: memory ceiling {ceiling:4d}, largest B under 20 ms {slo_b:4d}")
 
 # %% [markdown]
 # ## 4. Your workload: the Azure conversation trace, replayed at H100 scale
@@ -360,9 +362,9 @@ check("7.3", goodput)
 for rate in (30, 40, 50, 62):
     run = viz_slo.chat_with_probe(rate).result
     report = run.slo(0.5, 0.020)
-    mine = goodput(list(run.requests.values()), 0.5, 0.020)
-    print(f"{rate:3d} req/s: throughput {report.throughput_tok_s:7,.0f} tok/s, goodput {mine:7,.0f} tok/s "
-          f"(engine ledger {report.goodput_tok_s:7,.0f}), TPOT p50 {1e3 * report.tpot['p50']:5.2f} ms")
+    yours = f"; your function {goodput(list(run.requests.values()), 0.5, 0.020):7,.0f}" if passed("7.3") else ""
+    print(f"{rate:3d} req/s: throughput {report.throughput_tok_s:7,.0f} tok/s, goodput {report.goodput_tok_s:7,.0f} "
+          f"tok/s (engine ledger{yours}), TPOT p50 {1e3 * report.tpot['p50']:5.2f} ms")
 
 # %% [markdown]
 # **Goodput and throughput move in opposite directions**: from 50 to 62 requests/s the card moves
@@ -430,8 +432,9 @@ for name, pool, allocate in (("paged, b = 16", paged_pool, lambda i: paged_pool.
             break
         n += 1
     counts[name] = n
-ex5 = agent_session_ledger(gqa, H100, 7_700, submitted)
-print(f"peak KV {fmt_bytes(ex5['peak_kv_bytes'])}; prefill {ex5['prefill_s']:.2f} s of exclusive H100 time")
+if unlocked("7.4"):
+    ex5 = agent_session_ledger(gqa, H100, 7_700, submitted)
+    print(f"peak KV {fmt_bytes(ex5['peak_kv_bytes'])}; prefill {ex5['prefill_s']:.2f} s of exclusive H100 time")
 print(f"sessions: {counts}  -> paging is worth {counts['paged, b = 16'] / counts['reserve-to-max, S_max = 16K']:.2f}x here")
 
 # %%

@@ -24,7 +24,7 @@ from IPython.display import HTML
 
 from labsupport import ledger, workloads
 from labsupport.costmodel import CostModel
-from labsupport.course.checkoff import check
+from labsupport.course.checkoff import check, unlocked
 from labsupport.engine import Engine
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.viz import board as viz_board
@@ -148,10 +148,11 @@ def num_gpu_blocks(model, gpu, gpu_memory_utilization, block_size=16, activation
 check("8.1", num_gpu_blocks)
 
 # %%
-for u in (1.0, 0.95, 0.9):
-    blocks = num_gpu_blocks(MHA, H100, u)
-    print(f"gpu_memory_utilization={u}: {blocks:,} blocks of 16 tokens = {blocks * 16 * MHA.kv_bytes_per_token / GB:.2f} GB "
-          f"of KV -> {blocks // 40} sequences of 640 tokens")
+if unlocked("8.1"):
+    for u in (1.0, 0.95, 0.9):
+        blocks = num_gpu_blocks(MHA, H100, u)
+        print(f"gpu_memory_utilization={u}: {blocks:,} blocks of 16 tokens = {blocks * 16 * MHA.kv_bytes_per_token / GB:.2f} GB "
+              f"of KV -> {blocks // 40} sequences of 640 tokens")
 
 # %% [markdown]
 # vLLM's default of 0.9 leaves 8 GB of the card unused by design (other processes, fragmentation in the
@@ -202,23 +203,24 @@ check("8.3", max_num_batched_tokens_for)
 # runs alone. The 512-token prompts here always fit.)
 
 # %%
-pool = num_gpu_blocks(MHA, H100, 0.9)
-b_knob = max_num_seqs_for(MHA, H100, 0.9, 640, 0.020)
-t_knob = max_num_batched_tokens_for(MHA, H100, 0.020)
-chat = viz_slo.chat_requests(50, num_requests=1000)
-settings = [("defaults (256 seqs, no token budget)", 256, None), (f"max_num_seqs={b_knob}", b_knob, None),
-            (f"max_num_seqs={b_knob}, max_num_batched_tokens={t_knob}", b_knob, t_knob)]
-for label, seqs, tokens in settings:
-    engine = Engine(cost_model=CostModel(), num_blocks=pool, block_size=16, max_num_seqs=seqs,
-                    max_num_batched_tokens=tokens)
-    for arrival, prompt, output in chat:
-        engine.add_request(prompt_len=prompt, max_new_tokens=output, arrival_time=arrival)
-    result = engine.run()
-    rep = result.slo(1.0, 0.020)
-    longest = max(max(np.diff(q.token_times[0])) for q in result.requests.values())
-    print(f"{label:>48}: throughput {rep.throughput_tok_s:6,.0f}, goodput {rep.goodput_tok_s:6,.0f} tok/s "
-          f"({100 * rep.goodput_req_frac:5.1f}% good); TPOT p99 {1e3 * rep.tpot['p99']:5.2f} ms; longest gap "
-          f"{1e3 * longest:6.1f} ms")
+if unlocked("8.1", "8.2", "8.3"):
+    pool = num_gpu_blocks(MHA, H100, 0.9)
+    b_knob = max_num_seqs_for(MHA, H100, 0.9, 640, 0.020)
+    t_knob = max_num_batched_tokens_for(MHA, H100, 0.020)
+    chat = viz_slo.chat_requests(50, num_requests=1000)
+    settings = [("defaults (256 seqs, no token budget)", 256, None), (f"max_num_seqs={b_knob}", b_knob, None),
+                (f"max_num_seqs={b_knob}, max_num_batched_tokens={t_knob}", b_knob, t_knob)]
+    for label, seqs, tokens in settings:
+        engine = Engine(cost_model=CostModel(), num_blocks=pool, block_size=16, max_num_seqs=seqs,
+                        max_num_batched_tokens=tokens)
+        for arrival, prompt, output in chat:
+            engine.add_request(prompt_len=prompt, max_new_tokens=output, arrival_time=arrival)
+        result = engine.run()
+        rep = result.slo(1.0, 0.020)
+        longest = max(max(np.diff(q.token_times[0])) for q in result.requests.values())
+        print(f"{label:>48}: throughput {rep.throughput_tok_s:6,.0f}, goodput {rep.goodput_tok_s:6,.0f} tok/s "
+              f"({100 * rep.goodput_req_frac:5.1f}% good); TPOT p99 {1e3 * rep.tpot['p99']:5.2f} ms; longest gap "
+              f"{1e3 * longest:6.1f} ms")
 
 # %% [markdown]
 # Capping the batch alone barely helps: the late tokens come from the steps that carry prefills. Capping
@@ -229,12 +231,13 @@ for label, seqs, tokens in settings:
 # minutes at twice the real rate):
 
 # %%
-budget_tokens = max_num_batched_tokens_for(MHA, H100, 0.020)
-azure_runs = [viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16"), speedup=2.0, window_s=600),
-              viz_slo.replay_trace(azure, viz_slo.ReplayConfig(f"max_num_batched_tokens = {budget_tokens}",
-                                                               max_num_batched_tokens=budget_tokens),
-                                   speedup=2.0, window_s=600)]
-print(viz_slo.goodput_slo_readout(azure_runs, 20, 1.0))
+if unlocked("8.3"):
+    budget_tokens = max_num_batched_tokens_for(MHA, H100, 0.020)
+    azure_runs = [viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16"), speedup=2.0, window_s=600),
+                  viz_slo.replay_trace(azure, viz_slo.ReplayConfig(f"max_num_batched_tokens = {budget_tokens}",
+                                                                   max_num_batched_tokens=budget_tokens),
+                                       speedup=2.0, window_s=600)]
+    print(viz_slo.goodput_slo_readout(azure_runs, 20, 1.0))
 
 # %% [markdown]
 # ### Exercise 8.4 — `block_size` → §10.3's tail waste, on your workload
@@ -267,10 +270,12 @@ check("8.4", tail_waste_fraction)
 traces = {"Azure conversation": azure.total_lengths(), "Azure code": azure_code.total_lengths(),
           "Mooncake conversation": mooncake.total_lengths()}
 sizes = (8, 16, 32, 64, 128, 256)
+yours = unlocked("8.4")  # the tail-waste rows are your function's
 print(f"{'block size':>26} " + " ".join(f"{b:>8}" for b in sizes))
 for name, lengths in traces.items():
     lengths = [int(n) for n in lengths]
-    print(f"{name + ' tail waste':>26} " + " ".join(f"{100 * tail_waste_fraction(lengths, b):7.2f}%" for b in sizes))
+    if yours:
+        print(f"{name + ' tail waste':>26} " + " ".join(f"{100 * tail_waste_fraction(lengths, b):7.2f}%" for b in sizes))
     p50 = int(np.median(lengths))
     print(f"{'  table entries at p50':>26} " + " ".join(f"{ledger.block_table_entries(p50, b):>8,}" for b in sizes))
 fork = {b: viz_sharing.measure_fork_cost(b, n=8) for b in sizes}
