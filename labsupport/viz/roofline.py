@@ -139,6 +139,6 @@ def kv_heads_readout(num_kv_heads: int) -> str:
 
 def kv_heads_panel(num_kv_heads: int = 32) -> Panel:
     """Lab 00: a first slider (and a check that widgets render): KV heads against KV bytes per token."""
-    controls = {"num_kv_heads": selection_slider([1, 2, 4, 8, 16, 32], num_kv_heads, "KV heads")}
+    controls = {"num_kv_heads": selection_slider([1, 2, 4, 8, 16, 32], num_kv_heads, "n_kv (KV heads of 32)")}
     return Panel(lambda num_kv_heads: kv_heads_figure(num_kv_heads), controls, kv_heads_readout,
                  title="Fewer KV heads, smaller cache (GQA)")
