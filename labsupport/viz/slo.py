@@ -249,6 +249,16 @@ def three_columns(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seq
     return cols
 
 
+def _ticks_from_zero(top: float, count: int = 5) -> list[float]:
+    """Round tick values 0, step, 2 step, ... up to `top` (step 1, 2 or 5 times a power of ten)."""
+    if top <= 0:
+        return [0.0]
+    raw = top / count
+    power = 10 ** math.floor(math.log10(raw))
+    step = min((k * power for k in (1, 2, 5, 10)), key=lambda c: abs(c - raw))
+    return [round(i * step, 12) for i in range(int(top // step) + 1)]
+
+
 def goodput_table_figure(columns: Sequence[Column], height: int = 500) -> go.Figure:
     """The board: throughput and goodput per column; a column that misses the SLO has its throughput
     struck through and 'goodput 0' written beside it."""
@@ -278,7 +288,8 @@ def goodput_table_figure(columns: Sequence[Column], height: int = 500) -> go.Fig
                           y1=0.95 * c.throughput_tok_s, line=dict(color=PALETTE["memory"], width=6))
     slo = columns[0].tpot_slo_s if columns else 0
     return styled(fig, f"Throughput is not goodput: TPOT SLO {1e3 * slo:g} ms", height=height, barmode="group",
-                  yaxis=dict(title="tokens/s (whole card)", range=[-0.26 * top, 1.22 * top]),
+                  yaxis=dict(title="tokens/s (whole card)", range=[-0.26 * top, 1.22 * top],
+                             tickvals=_ticks_from_zero(1.22 * top)),  # no negative ticks beside the labels
                   legend=dict(orientation="h", y=1.08, x=0.4), bargap=0.25)
 
 
