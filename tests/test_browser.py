@@ -51,6 +51,7 @@ STUDENT_NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]
 WIDGET_ERRORS = ("model not found", "Error displaying widget", "Error rendering")
 MIN_TRACK_PX = 200
 RUN_ALL_TIMEOUT_MS = 300_000
+SLIDER_REDRAW_TIMEOUT_MS = 180_000  # a panel that replays an engine run redraws in seconds, minutes when loaded
 # One PNG per chart, panel and table when LABSUPPORT_SCREENSHOTS names a folder (for a person to look
 # at); otherwise one of the window per notebook, in the test's tmp dir.
 SCREENSHOT_EVERY_OUTPUT = bool(os.environ.get("LABSUPPORT_SCREENSHOTS"))
@@ -332,9 +333,10 @@ def _move_first_slider(page, index: int) -> str | None:
     handle.focus()
     page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")
     try:
-        page.wait_for_function(f"(old) => ({_PANEL_FIGURE})({index}) !== old", arg=before, timeout=90_000)
+        page.wait_for_function(f"(old) => ({_PANEL_FIGURE})({index}) !== old", arg=before,
+                               timeout=SLIDER_REDRAW_TIMEOUT_MS)
     except Exception:  # playwright's TimeoutError: report which panel did not redraw
-        return "its figure did not change within 90 s"
+        return f"its figure did not change within {SLIDER_REDRAW_TIMEOUT_MS // 1000} s"
     return None
 
 

@@ -335,7 +335,7 @@ def test_build_fails_when_run_all_of_the_student_copy_stops(tmp_path, capsys):
     make_lab(tmp_path, DEMO + "\n# %%\nprint(per_token(32, 32, 128, 2))\n")
     assert B.main(["--root", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert "notebooks/00_demo.ipynb, cell 9: execution stops here with NotImplementedError" in err, err
+    assert "notebooks/00_demo.ipynb, cell 8: execution stops here with NotImplementedError" in err, err
 
 
 def test_a_student_run_must_show_one_not_attempted_line_per_checkoff(tmp_path):

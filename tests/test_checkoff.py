@@ -137,6 +137,23 @@ def test_not_attempted_is_one_line_and_the_run_goes_on():
     assert _printed("0.2", the_build_s) == "⬜ Checkoff 0.2 not attempted — return the KV bytes per token\n"
 
 
+def test_the_prompt_comes_from_the_cell_that_holds_the_placeholder():
+    """As a notebook cell: its source is in linecache (IPython puts it there), the comment above `...`."""
+    import linecache
+
+    word = "TO" + "DO"
+    source = f"# {word} 0.1: set kib to 512 KiB, in bytes\nkib = ...\ncheck('0.1', kib)\n"
+    filename = "<cell 7 of a test notebook>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    try:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(source, filename, "exec"), {"check": check})
+    finally:
+        linecache.cache.pop(filename, None)
+    assert out.getvalue() == "⬜ Checkoff 0.1 not attempted — set kib to 512 KiB, in bytes\n"
+
+
 @pytest.mark.parametrize("answer", [..., [1, ...], (..., 2), {"a": ...}, {3, ...}, [[...]]])
 def test_the_placeholder_alone_or_inside_a_container_is_not_attempted(answer):
     assert _printed("0.1", answer) == "⬜ Checkoff 0.1 not attempted — 512 KiB in bytes\n"

@@ -732,6 +732,7 @@ def build_lab(lab: Lab, run: bool = True, progress: bool = True) -> tuple[float,
         executed = execute(parsed.solution, lab.solution_path.parent, progress=progress, label=lab.name)
         middle = time.perf_counter()
         validate_outputs(parsed, executed)
+        lab.student_path.parent.mkdir(parents=True, exist_ok=True)  # it runs where it will live
         student_run = execute(parsed.student, lab.student_path.parent, progress=progress,
                               label=f"notebooks/{lab.student_path.name}")
         seconds = (middle - start, time.perf_counter() - middle)

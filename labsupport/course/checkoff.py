@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import linecache
 import math
 import numbers
 import os
@@ -317,7 +318,7 @@ def check(checkoff_id: str, answer) -> None:
     __tracebackhide__ = True
     checkoff = get(checkoff_id)
     if is_placeholder(answer):
-        prompt = prompt_of(checkoff)
+        prompt = prompt_of(checkoff, caller=inspect.currentframe().f_back)
         _RESULTS[checkoff_id] = {"status": NOT_ATTEMPTED, "detail": prompt}
         print(NOT_ATTEMPTED_LINE.format(id=checkoff_id, prompt=prompt))
         return
@@ -326,7 +327,8 @@ def check(checkoff_id: str, answer) -> None:
         checkoff.grade(answer)
     except NotImplementedError as exc:
         _RESULTS[checkoff_id] = {"status": NOT_ATTEMPTED, "detail": str(exc)}
-        print(NOT_ATTEMPTED_LINE.format(id=checkoff_id, prompt=prompt_of(checkoff, exc)))
+        print(NOT_ATTEMPTED_LINE.format(id=checkoff_id, prompt=prompt_of(checkoff, exc,
+                                                                        inspect.currentframe().f_back)))
         return
     except Mismatch as exc:
         problem, raised = str(exc), exc.__context__  # `call` keeps the student's exception as the context
@@ -379,26 +381,29 @@ def is_placeholder(answer, depth: int = 3) -> bool:
     return False
 
 
-def prompt_of(checkoff: Checkoff, raised: BaseException | None = None) -> str:
+def prompt_of(checkoff: Checkoff, raised: BaseException | None = None, caller=None) -> str:
     """The exercise's one-line prompt, as the student copy shows it, else the checkoff's title.
 
     The build writes ``# <to-do word> N.M: <prompt>`` above each placeholder and into each
-    NotImplementedError: the prompt comes from the error's message, or else from the latest cell
-    this kernel ran that carries the comment (IPython's input history).
+    NotImplementedError.  The prompt comes from the error's message; else from the source of the
+    cell that called check() (`caller`, a frame: its cell usually holds the placeholder); else from
+    the latest cell in IPython's input history that carries the comment.
     """
     pattern = re.compile(rf"{PROMPT_WORD} {re.escape(checkoff.id)}: *(.+)")
     found = pattern.match(str(raised)) if raised is not None else None
     if found:
         return found[1].strip()
+    comment = re.compile(rf"^[ \t]*# {pattern.pattern}$", re.M)
+    sources = ["".join(linecache.getlines(caller.f_code.co_filename))] if caller is not None else []
     try:
         from IPython import get_ipython
 
         shell = get_ipython()
-        inputs = shell.user_ns.get("In", []) if shell is not None else []
+        history = shell.user_ns.get("In", []) if shell is not None else []
     except (ImportError, AttributeError):
-        inputs = []
-    comment = re.compile(rf"^[ \t]*# {pattern.pattern}$", re.M)
-    for source in reversed(inputs if isinstance(inputs, list) else []):
+        history = []
+    sources += reversed(history) if isinstance(history, list) else []
+    for source in sources:
         found = comment.search(source) if isinstance(source, str) else None
         if found:
             return found[1].strip()
