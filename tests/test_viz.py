@@ -122,5 +122,5 @@ def test_panel_needs_a_control():
 def test_errata_note_quotes_printed_and_exact():
     text = viz.errata_note("Paged concurrency").data
     assert "*199 (6.9x over 29)*" in text and "**186" in text
-    with pytest.raises(ValueError, match="no erratum matches"):
+    with pytest.raises(ValueError, match="no erratum or convention matches"):
         viz.errata_note("no such quantity")

@@ -99,9 +99,13 @@ def rows(sc: L.Scenario, r: dict) -> list[tuple[str, str, str, str]]:
         (f"Naive utilization, {sc.seq_tokens}-token workload at S_max = {sc.s_max:,}",
          f"{fmt_pct(r['naive_utilization'])} ({r['naive_concurrency'] * sc.seq_tokens * kv / GB:.2f} of "
          f"{r['kv_budget_bytes'] / GB:.2f} GB)", "15.2% (9.5 of 62.5 GB)", "§10.2"),
+        (f"Same, averaged over each sequence's life ({sc.prompt:,} … {sc.seq_tokens - 1:,} tokens held)",
+         fmt_pct(r["naive_utilization_time_avg"]), "14% (86% empty)", "timing plan, §10.2"),
         (f"Same, at S_max = {8 * sc.s_max:,}", fmt_pct(u32k), "1.9%", "§10.2"),
         ("Concurrency: naive -> paged", f"{r['naive_concurrency']} -> {r['paged_concurrency']} "
          f"({r['concurrency_gain']:.2f}x)", "29 -> 199 (6.9x)", "§10.2, §10.3"),
+        (f"Paged utilization, b_blk = {sc.block_size}: end of life / over the life",
+         f"{fmt_pct(r['paged_utilization'])} / {fmt_pct(r['paged_utilization_time_avg'])}", "98.7%", "§10.3"),
         (f"Internal fragmentation, b_blk = {sc.block_size}",
          f"<= {sc.block_size - 1} tokens, mean {r['mean_tail_waste_tokens']:g}", "<=15 tokens, mean 8 -> 1.3%",
          "§10.3"),
@@ -139,9 +143,14 @@ def render_text(sc: L.Scenario, r: dict) -> str:
 def render_markdown(sc: L.Scenario, r: dict) -> str:
     out = ["| Quantity | Exact | Lecture printed | Section |", "|---|---|---|---|"]
     out += [f"| {q} | {e} | {p} | {s} |" for q, e, p, s in rows(sc, r)]
-    out += ["", "Errata (exact arithmetic vs the printed figure):", "",
-            "| Quantity | Printed | Exact | Why |", "|---|---|---|---|"]
-    out += [f"| {e.quantity} ({e.section}) | {e.printed} | {e.exact} | {e.why} |" for e in L.ERRATA]
+    out += ["", "Printed figures that another stated convention reproduces (neither reading is wrong):", "",
+            "| Quantity | Printed | The convention that gives it | The ledger's default reading |", "|---|---|---|---|"]
+    out += [f"| {c.quantity} ({c.section}) | {c.printed} | {c.convention} | {c.default} |" for c in L.CONVENTIONS]
+    out += ["", "Errata: printed figures no convention we tried reproduces (a reading marked 'a slip' misreads a "
+            "unit or formula the lecture states):", "",
+            "| Quantity | Printed | Exact | Why | Readings tried |", "|---|---|---|---|---|"]
+    out += [f"| {e.quantity} ({e.section}) | {e.printed} | {e.exact} | {e.why} | {e.tried_text or '—'} |"
+            for e in L.ERRATA]
     return "\n".join(out)
 
 
