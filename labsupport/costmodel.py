@@ -1,9 +1,12 @@
 """The cost-model clock: one engine step's time from the roofline (§10.5, §10.6; Lecture 2 §2.15–§2.16).
 
 A step reads every weight once plus the KV of every decoding sequence, and does the FLOPs of its
-prefills and decodes; it takes whichever of the two is longer at the GPU's bandwidth and at
-``mfu`` of its peak.  Bytes moved over the host link for swaps are added on top (the step waits
-for them).  With the lecture's 7B on an H100 a decode-only step of B sequences of S tokens takes
+prefills and decodes.  By default compute and memory traffic overlap perfectly, so the step takes
+whichever of the two is longer at the GPU's bandwidth and at ``mfu`` of its peak; with
+``overlap=False`` it takes their sum, Lecture 2 §2.16's additive model (the one behind the lecture's
+6.7x spike).  Bytes moved over the host link for swaps are added on top (the step waits for them),
+plus ``block_transfer_s`` for every separate block copy when that is set (the vLLM paper's §7.3:
+swapping is slow at small block sizes, because each block of each layer's K and V is its own copy).  With the lecture's 7B on an H100 a decode-only step of B sequences of S tokens takes
 (13.48e9 + B * S * 524,288) / 3.35e12 s, the ledger's ``tpot_s``; a lone 4,096-token prefill
 takes the ledger's ``recompute_s`` (129 ms).  The preemption choice is the ledger's break-even.
 """
@@ -24,9 +27,12 @@ class StepTime:
     swap_s: float  # bytes over the host link
     overhead_s: float
 
+    overlap: bool = True
+
     @property
     def total_s(self) -> float:
-        return max(self.memory_s, self.compute_s) + self.swap_s + self.overhead_s
+        busy = max(self.memory_s, self.compute_s) if self.overlap else self.memory_s + self.compute_s
+        return busy + self.swap_s + self.overhead_s
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,8 @@ class CostModel:
 
     link_bandwidth overrides the GPU's host link (the §10.5 knob); step_overhead_s is a fixed
     per-step scheduler/launch cost (0 by default, so the clock matches the ledger exactly).
+    overlap: compute and memory traffic overlap (max) or add up (§2.16's model).  block_transfer_s:
+    the fixed cost of one block copy over the link; a swapped block of b tokens is 2 * L copies.
     """
 
     model: ModelSpec = LECTURE_7B
@@ -42,6 +50,8 @@ class CostModel:
     mfu: float = LECTURE_MFU
     link_bandwidth: float | None = None
     step_overhead_s: float = 0.0
+    overlap: bool = True
+    block_transfer_s: float = 0.0
 
     def __post_init__(self):
         if not 0 < self.mfu <= 1:
@@ -50,6 +60,10 @@ class CostModel:
             raise ValueError(f"link_bandwidth must be positive, got {self.link_bandwidth!r}")
         if not self.step_overhead_s >= 0:
             raise ValueError(f"step_overhead_s must be >= 0, got {self.step_overhead_s!r}")
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
+        if not self.block_transfer_s >= 0:
+            raise ValueError(f"block_transfer_s must be >= 0, got {self.block_transfer_s!r}")
         # constants of the hot path (step_s runs once per engine step, hundreds of thousands of times)
         m, g = self.model, self.gpu
         object.__setattr__(self, "_weight_s", m.weight_bytes / g.hbm_bandwidth)
@@ -57,6 +71,7 @@ class CostModel:
         object.__setattr__(self, "_decode_flop_s", 2 * m.num_params / (g.peak_flops * self.mfu))
         object.__setattr__(self, "_attn_flop_s", 4 * m.num_layers * m.num_heads * m.head_dim / (g.peak_flops * self.mfu))
         object.__setattr__(self, "_link_s_per_byte", 1.0 / self.link)
+        object.__setattr__(self, "_block_swap_s", 2 * m.num_layers * self.block_transfer_s)
 
     @classmethod
     def from_names(cls, model: str, gpu: str, **kw) -> "CostModel":
@@ -81,42 +96,55 @@ class CostModel:
         return 4 * m.num_layers * m.num_heads * m.head_dim
 
     def step(self, decode_seqs: int = 0, decode_context_tokens: int = 0, prefill_lens=(),
-             swap_bytes: float = 0.0) -> StepTime:
+             swap_bytes: float = 0.0, swap_blocks: int = 0) -> StepTime:
         """Price one step, term by term.
 
         decode_seqs: sequences decoding one token; decode_context_tokens: the sum over them of the
         tokens each attends to (its length including the new token); prefill_lens: the length of
-        each prefill in the step (the ledger's prefill FLOPs each); swap_bytes: bytes over the link.
+        each prefill in the step (the ledger's prefill FLOPs each); swap_bytes: bytes over the link;
+        swap_blocks: the blocks those bytes were in (each one 2 * L copies of block_transfer_s).
         """
-        return StepTime(*self._terms(decode_seqs, decode_context_tokens,
-                                     sum(self.prefill_flops(s) for s in prefill_lens), swap_bytes))
+        terms = self._terms(decode_seqs, decode_context_tokens, sum(self.prefill_flops(s) for s in prefill_lens),
+                            swap_bytes, swap_blocks)
+        return StepTime(*terms, overlap=self.overlap)
 
-    def step_s(self, decode_seqs: int, decode_context_tokens: int, prefill_flops: float, swap_bytes: float) -> float:
+    def step_s(self, decode_seqs: int, decode_context_tokens: int, prefill_flops: float, swap_bytes: float,
+               swap_blocks: int = 0) -> float:
         """:meth:`step`'s total for the engine's hot path (prefill FLOPs already summed)."""
-        memory, compute, swap, overhead = self._terms(decode_seqs, decode_context_tokens, prefill_flops, swap_bytes)
-        return (memory if memory > compute else compute) + swap + overhead
+        memory, compute, swap, overhead = self._terms(decode_seqs, decode_context_tokens, prefill_flops, swap_bytes,
+                                                      swap_blocks)
+        if self.overlap:
+            return (memory if memory > compute else compute) + swap + overhead
+        return memory + compute + swap + overhead
 
-    def _terms(self, decode_seqs, decode_context_tokens, prefill_flops, swap_bytes):
+    def _terms(self, decode_seqs, decode_context_tokens, prefill_flops, swap_bytes, swap_blocks=0):
         # an idle step (only a swap) reads no weights; the divisions are precomputed in __post_init__
         busy = decode_seqs or prefill_flops
         memory = (self._weight_s if busy else 0.0) + decode_context_tokens * self._kv_s_per_token
         compute = (prefill_flops / self.flop_rate + decode_seqs * self._decode_flop_s
                    + decode_context_tokens * self._attn_flop_s)
         overhead = self.step_overhead_s if busy or swap_bytes else 0.0
-        return memory, compute, swap_bytes * self._link_s_per_byte, overhead
+        swap = swap_bytes * self._link_s_per_byte + swap_blocks * self._block_swap_s
+        return memory, compute, swap, overhead
 
     def prefill_flops(self, tokens: int) -> float:
         return ledger.prefill_flops(self.model, tokens)
 
-    def swap_round_trip_s(self, tokens: int) -> float:
-        return ledger.swap_round_trip_s(tokens * self.model.kv_bytes_per_token, self.link)
+    def swap_round_trip_s(self, tokens: int, block_size: int | None = None) -> float:
+        """Out and back in; with block_transfer_s set, the block size decides how many copies that is."""
+        transfers = ledger.swap_transfers(self.model, tokens, block_size) if self.block_transfer_s else 0
+        return ledger.swap_round_trip_s(tokens * self.model.kv_bytes_per_token, self.link, transfers,
+                                        self.block_transfer_s)
 
     def recompute_s(self, tokens: int) -> float:
         return ledger.recompute_s(self.model, tokens, self.gpu.peak_flops, self.mfu)
 
-    def preempt_choice(self, tokens: int) -> str:
-        """§10.5's per-sequence break-even: 'swap' when 2 * KV / link < prefill FLOPs / (mfu * peak)."""
-        return ledger.preempt_choice(self.model, tokens, self.link, self.gpu.peak_flops, self.mfu)
+    def preempt_choice(self, tokens: int, block_size: int | None = None) -> str:
+        """§10.5's per-sequence break-even: 'swap' when 2 * KV / link < prefill FLOPs / (mfu * peak)
+        (plus the per-copy overhead of its blocks, when block_transfer_s is set)."""
+        return ledger.preempt_choice(self.model, tokens, self.link, self.gpu.peak_flops, self.mfu,
+                                     block_size, self.block_transfer_s)
 
-    def crossover_tokens(self) -> float:
-        return ledger.crossover_tokens(self.model, self.link, self.gpu.peak_flops, self.mfu)
+    def crossover_tokens(self, block_size: int | None = None) -> float:
+        return ledger.crossover_tokens(self.model, self.link, self.gpu.peak_flops, self.mfu, block_size,
+                                       self.block_transfer_s)

@@ -220,7 +220,8 @@ class EngineResult:
 class _Step:
     """What one iteration has decided so far, phase by phase (`Engine.step`)."""
 
-    __slots__ = ("start", "free", "decode", "prefills", "copies", "swap_bytes", "prefill_flops", "preempted")
+    __slots__ = ("start", "free", "decode", "prefills", "copies", "swap_bytes", "swap_blocks", "prefill_flops",
+                 "preempted")
 
     def __init__(self, start: float, free: int):
         self.start = start
@@ -229,6 +230,7 @@ class _Step:
         self.prefills: list[tuple[_Seq, list[_Seq]]] = []  # (sequence to prefill, branches forked from it)
         self.copies: dict[int, int] = {}  # shared last block -> branches promised a copy of it
         self.swap_bytes = 0  # bytes over the host link, both ways
+        self.swap_blocks = 0  # the blocks those bytes were in (the cost model may charge each copy)
         self.prefill_flops = 0.0
         self.preempted = False
 
@@ -485,7 +487,7 @@ class Engine:
         """'swap' or 'recompute' for a sequence of num_tokens: the mode, or §10.5's break-even when auto."""
         if self.preemption != "auto":
             return self.preemption
-        return self._pricing.preempt_choice(max(1, num_tokens))
+        return self._pricing.preempt_choice(max(1, num_tokens), self.block_size)
 
     def _preempt(self, seq: _Seq, plan: "_Step") -> None:
         """Evict one running sequence: swap its KV to host memory, or drop it to be recomputed.
@@ -494,10 +496,12 @@ class Engine:
         kind = self.preempt_kind(seq.num_cached)
         free_before = self.allocator.num_free_blocks
         if kind == "swap":
-            nbytes = len(self.allocator.block_tables[seq.seq_id]) * self.block_size * self.kv_bytes_per_token
+            held = len(self.allocator.block_tables[seq.seq_id])
+            nbytes = held * self.block_size * self.kv_bytes_per_token
             self._kv.swap_out(seq.seq_id)
             bisect.insort(self._swapped, seq, key=_priority)
             plan.swap_bytes += nbytes
+            plan.swap_blocks += held
             self.counters.swapped_out_bytes += nbytes
         else:
             self._kv.free(seq.seq_id)
@@ -523,6 +527,7 @@ class Engine:
             self._kv.swap_in(seq.seq_id)
             nbytes = held * bs * self.kv_bytes_per_token
             plan.swap_bytes += nbytes
+            plan.swap_blocks += held
             self.counters.swapped_in_bytes += nbytes
             plan.free -= need
             bisect.insort(running, seq, key=_priority)
@@ -630,7 +635,7 @@ class Engine:
         if self.cost_model is None:
             return time.perf_counter() - wall0
         context = sum(seq.num_cached for seq in plan.decode)  # tokens the decode batch attends to
-        return self.cost_model.step_s(len(plan.decode), context, plan.prefill_flops, plan.swap_bytes)
+        return self.cost_model.step_s(len(plan.decode), context, plan.prefill_flops, plan.swap_bytes, plan.swap_blocks)
 
     def _stream(self, plan: "_Step", emitted, end: float) -> list[_Seq]:
         """Each sequence of the step appends the token it emitted and streams it to `on_token`;

@@ -244,11 +244,25 @@ def sharing_factor(n: int, prompt: int, output: int) -> float:
 
 # --- §10.5: preemption by swap or recompute ---------------------------------------------------
 
-def swap_round_trip_s(kv_bytes: float, link_bandwidth: float) -> float:
-    """§10.5: out to host and back in, 2 * KV / W (67 ms for 2.147 GB at 64 GB/s)."""
+def swap_round_trip_s(kv_bytes: float, link_bandwidth: float, transfers: int = 0,
+                      transfer_overhead_s: float = 0.0) -> float:
+    """§10.5: out to host and back in, 2 * (KV / W + transfers * overhead) (67 ms for 2.147 GB at 64 GB/s).
+
+    `transfers` is the number of separate copies one way takes and `transfer_overhead_s` the fixed
+    cost of each (0 by default, as in the lecture).  An engine that copies each block of each layer's
+    K and V on its own makes 2 * L * blocks of them: the vLLM paper's §7.3 finds swapping slow at
+    small block sizes for exactly this reason.
+    """
     _nonnegative("kv_bytes", kv_bytes)
     _positive("link_bandwidth", link_bandwidth)
-    return 2 * kv_bytes / link_bandwidth
+    _nonnegative("transfers", transfers)
+    _nonnegative("transfer_overhead_s", transfer_overhead_s)
+    return 2 * (kv_bytes / link_bandwidth + transfers * transfer_overhead_s)
+
+
+def swap_transfers(model: ModelSpec, seq_tokens: int, block_size: int) -> int:
+    """Separate copies one way of a paged sequence when every block of every layer's K and V moves alone."""
+    return 2 * model.num_layers * blocks_for(seq_tokens, block_size)
 
 
 def prefill_flops(model: ModelSpec, seq_tokens: int) -> float:
@@ -275,24 +289,65 @@ def breakeven_link_bandwidth(
     return 2 * kv * peak_flops * mfu / prefill_flops(model, seq_tokens)
 
 
-def crossover_tokens(model: ModelSpec, link_bandwidth: float, peak_flops: float, mfu: float = LECTURE_MFU) -> float:
+def crossover_tokens(model: ModelSpec, link_bandwidth: float, peak_flops: float, mfu: float = LECTURE_MFU,
+                     block_size: int | None = None, transfer_overhead_s: float = 0.0) -> float:
     """Exercise 4: the length S where swap and recompute cost the same on a given link.
 
     2 * S * kv / W = (2 N S + 4 L H d S^2) / F  =>  S = (2 kv F / W - 2 N) / (4 L H d).
     Below S recompute is cheaper, above it swap.  Returns 0.0 when swap wins at every length.
+    With a per-transfer overhead t0 and 2 L transfers per block of b tokens, the swap costs another
+    4 L t0 / b per token both ways (whole blocks rounded away), which moves S up.
     """
     _positive("link_bandwidth", link_bandwidth)
+    _nonnegative("transfer_overhead_s", transfer_overhead_s)
     rate = peak_flops * mfu
     attn = 4 * model.num_layers * model.num_heads * model.head_dim
-    s = (2 * model.kv_bytes_per_token * rate / link_bandwidth - 2 * model.num_params) / attn
+    swap_per_token = 2 * model.kv_bytes_per_token / link_bandwidth
+    if transfer_overhead_s:
+        if block_size is None:
+            raise ValueError("a per-transfer overhead needs the block size: transfers are counted per block")
+        _positive("block_size", block_size)
+        swap_per_token += 4 * model.num_layers * transfer_overhead_s / block_size
+    s = (swap_per_token * rate - 2 * model.num_params) / attn
     return max(0.0, s)
 
 
 def preempt_choice(model: ModelSpec, seq_tokens: int, link_bandwidth: float, peak_flops: float,
-                   mfu: float = LECTURE_MFU) -> str:
+                   mfu: float = LECTURE_MFU, block_size: int | None = None, transfer_overhead_s: float = 0.0) -> str:
     """§10.5: 'swap' when the round trip is cheaper than the recompute, else 'recompute'."""
-    swap = swap_round_trip_s(seq_tokens * model.kv_bytes_per_token, link_bandwidth)
+    transfers = swap_transfers(model, seq_tokens, block_size) if transfer_overhead_s else 0
+    swap = swap_round_trip_s(seq_tokens * model.kv_bytes_per_token, link_bandwidth, transfers, transfer_overhead_s)
     return "swap" if swap < recompute_s(model, seq_tokens, peak_flops, mfu) else "recompute"
+
+
+def group_swap_bytes(n: int, prompt: int, generated: int, block_size: int, kv_per_token: int,
+                     together: bool = True) -> int:
+    """The vLLM paper's §4.5: bytes one way to swap a group of n branches off a shared prompt.
+
+    Together (the paper's all-or-nothing eviction of a sequence group) the shared prompt blocks move
+    once and stay shared when they come back; one branch at a time, each branch's table names the
+    prompt again, so the prompt moves n times and comes back as n private copies.
+    """
+    unshared, shared = fanout_blocks(n, prompt, generated, block_size)
+    return (shared if together else unshared) * block_size * kv_per_token
+
+
+def group_recompute_flops(model: ModelSpec, n: int, prompt: int, generated: int, together: bool = True) -> float:
+    """§4.5's other way back for a group: redo the prefill.  Together the prompt is prefilled once and
+    each branch redoes only its own `generated` tokens on top of it (what a prompt of prompt + generated
+    costs beyond the prompt's own prefill); one at a time, every branch redoes the whole prefill."""
+    _positive("n", n)
+    whole = prefill_flops(model, prompt + generated)
+    if not together:
+        return n * whole
+    return prefill_flops(model, prompt) + n * (whole - prefill_flops(model, prompt))
+
+
+def group_breakeven_link_bandwidth(model: ModelSpec, n: int, prompt: int, generated: int, block_size: int,
+                                   peak_flops: float, mfu: float = LECTURE_MFU, together: bool = True) -> float:
+    """The link at which swapping a fan-out group and recomputing it cost the same (§10.5 for a group)."""
+    swap = group_swap_bytes(n, prompt, generated, block_size, model.kv_bytes_per_token, together)
+    return 2 * swap * peak_flops * mfu / group_recompute_flops(model, n, prompt, generated, together)
 
 
 # --- §10.6: decode cadence, throughput, SLOs --------------------------------------------------
@@ -343,6 +398,52 @@ def ridge_batch(model: ModelSpec, gpu: GPUSpec) -> float:
     2 B / b FLOP/byte; it reaches peak / bandwidth at B = (peak / bandwidth) * b / 2 (295 on an H100).
     """
     return gpu.peak_flops / gpu.hbm_bandwidth * model.dtype_bytes / 2
+
+
+def decode_intensity(model: ModelSpec, batch: float, seq_tokens: int) -> float:
+    """FLOP per HBM byte of a decode step that also reads the KV: B sequences of S tokens.
+
+    FLOPs: 2 N per sequence for the weights plus 4 L H d S for attention (QK^T and PV against the S
+    cached keys, every query head).  Bytes: the weights once plus every sequence's KV.  Lecture 2's
+    weights-only intensity 2B / b is the S = 0 case.
+    """
+    _positive("batch", batch)
+    _nonnegative("seq_tokens", seq_tokens)
+    attn = 4 * model.num_layers * model.num_heads * model.head_dim
+    flops = batch * (2 * model.num_params + attn * seq_tokens)
+    return flops / (model.weight_bytes + batch * seq_tokens * model.kv_bytes_per_token)
+
+
+def decode_intensity_limit(model: ModelSpec, seq_tokens: int) -> float:
+    """What `decode_intensity` tends to as B grows: (2N + 4 L H d S) / (S x KV per token).
+
+    Past this no batch helps: each extra sequence brings as many bytes as FLOPs.  41.2 FLOP/byte for
+    640-token MHA sequences of the lecture's 7B, 164.7 under GQA-8 — both under the H100's 295.
+    """
+    _positive("seq_tokens", seq_tokens)
+    attn = 4 * model.num_layers * model.num_heads * model.head_dim
+    return (2 * model.num_params + attn * seq_tokens) / (seq_tokens * model.kv_bytes_per_token)
+
+
+def ridge_batch_with_kv(model: ModelSpec, gpu: GPUSpec, seq_tokens: int) -> float:
+    """The batch at which a decode step with KV reads reaches the ridge; math.inf when none does.
+
+    B (2N + 4 L H d S) / (W + B S kv) = P / bw  =>  B = (P / bw) W / (2N + 4 L H d S - (P / bw) S kv).
+    """
+    _nonnegative("seq_tokens", seq_tokens)
+    ridge = gpu.peak_flops / gpu.hbm_bandwidth
+    attn = 4 * model.num_layers * model.num_heads * model.head_dim
+    denominator = 2 * model.num_params + attn * seq_tokens - ridge * seq_tokens * model.kv_bytes_per_token
+    return ridge * model.weight_bytes / denominator if denominator > 0 else math.inf
+
+
+def ridge_reachable_tokens(model: ModelSpec, gpu: GPUSpec) -> float:
+    """The longest sequence for which some decode batch still reaches the ridge (87 tokens for the
+    lecture's MHA 7B on an H100, 353 under GQA-8); math.inf if attention alone is above the ridge."""
+    ridge = gpu.peak_flops / gpu.hbm_bandwidth
+    attn = 4 * model.num_layers * model.num_heads * model.head_dim
+    denominator = ridge * model.kv_bytes_per_token - attn
+    return 2 * model.num_params / denominator if denominator > 0 else math.inf
 
 
 # --- The whole ledger for one configuration ---------------------------------------------------

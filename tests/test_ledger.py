@@ -335,3 +335,55 @@ def test_specs_validate_and_lookup():
     with pytest.raises(ValueError, match="unknown GPU 'nope'"):
         get_gpu("nope")
     assert get_gpu("H100") is H100
+
+
+def test_decode_intensity_with_kv_reads_by_hand():
+    """Lab 01: counting each sequence's KV, decode intensity saturates below the H100's ridge."""
+    n, attn = 6.74e9, 4 * 32 * 32 * 128  # 4 L H d = 524,288 FLOP per cached key per query token
+    for b, s in ((1, 0), (186, 640), (1000, 87), (29, 4096)):
+        want = b * (2 * n + attn * s) / (2 * n + b * s * 524_288)
+        assert L.decode_intensity(LECTURE_7B, b, s) == pytest.approx(want)
+    assert L.decode_intensity(LECTURE_7B, 295.22, 0) == pytest.approx(989e12 / 3350e9, rel=1e-3)  # Lecture 2's ridge
+    assert L.decode_intensity_limit(LECTURE_7B, 640) == pytest.approx((2 * n + attn * 640) / (640 * 524_288))
+    assert round(L.decode_intensity_limit(LECTURE_7B, 640), 1) == 41.2
+    assert round(L.decode_intensity_limit(LECTURE_7B_GQA8, 640), 1) == 164.7
+    # the longest MHA sequence whose intensity can still reach 989e12 / 3350e9 FLOP/byte
+    s_star = 2 * n / (524_288 * 989e12 / 3350e9 - attn)
+    assert L.ridge_reachable_tokens(LECTURE_7B, H100) == pytest.approx(s_star) and round(s_star) == 87
+    assert L.ridge_batch_with_kv(LECTURE_7B, H100, 640) == math.inf  # no batch reaches the ridge
+    b64 = (989e12 / 3350e9) * 2 * n / (2 * n + attn * 64 - (989e12 / 3350e9) * 64 * 524_288)
+    assert L.ridge_batch_with_kv(LECTURE_7B, H100, 64) == pytest.approx(b64)
+    assert L.decode_intensity(LECTURE_7B, b64, 64) == pytest.approx(989e12 / 3350e9)
+
+
+def test_swap_with_a_per_transfer_overhead_by_hand():
+    """The vLLM paper's §7.3: every block of every layer's K and V is its own copy."""
+    kv = 4096 * 524_288
+    assert L.swap_round_trip_s(kv, 64e9) == pytest.approx(2 * kv / 64e9)
+    assert L.swap_transfers(LECTURE_7B, 4096, 16) == 2 * 32 * 256
+    assert L.swap_round_trip_s(kv, 64e9, 16_384, 10e-6) == pytest.approx(2 * (kv / 64e9 + 16_384 * 10e-6))
+    # per token both ways: 2 kv / W + 4 L t0 / b; the crossover solves it against the prefill
+    t0, b, rate = 5e-6, 16, 494.5e12
+    per_token = 2 * 524_288 / 64e9 + 4 * 32 * t0 / b
+    want = (per_token * rate - 2 * 6.74e9) / (4 * 32 * 32 * 128)
+    assert L.crossover_tokens(LECTURE_7B, 64e9, 989e12, block_size=b, transfer_overhead_s=t0) == pytest.approx(want)
+    assert L.crossover_tokens(LECTURE_7B, 64e9, 989e12) == 0.0  # without it, swap wins at every length
+    assert L.preempt_choice(LECTURE_7B, 4096, 64e9, 989e12) == "swap"
+    assert L.preempt_choice(LECTURE_7B, 4096, 64e9, 989e12, block_size=16, transfer_overhead_s=t0) == "recompute"
+    assert L.preempt_choice(LECTURE_7B, 4096, 64e9, 989e12, block_size=256, transfer_overhead_s=t0) == "swap"
+    with pytest.raises(ValueError, match="block size"):
+        L.crossover_tokens(LECTURE_7B, 64e9, 989e12, transfer_overhead_s=t0)
+
+
+def test_group_eviction_by_hand():
+    """§4.5: a fan-out group evicted together moves and recomputes its shared prompt once."""
+    kv = 524_288
+    # 8 branches off 4,096 tokens, 256 generated each, 16-token blocks: 256 shared + 8 x 16 private blocks
+    assert L.group_swap_bytes(8, 4096, 256, 16, kv) == (256 + 8 * 16) * 16 * kv
+    assert L.group_swap_bytes(8, 4096, 256, 16, kv, together=False) == 8 * 272 * 16 * kv
+    flops = lambda s: 2 * 6.74e9 * s + 4 * 32 * 32 * 128 * s * s
+    assert L.group_recompute_flops(LECTURE_7B, 8, 4096, 256) == pytest.approx(flops(4096) + 8 * (flops(4352) - flops(4096)))
+    assert L.group_recompute_flops(LECTURE_7B, 8, 4096, 256, together=False) == pytest.approx(8 * flops(4352))
+    assert L.group_recompute_flops(LECTURE_7B, 1, 4096, 256) == pytest.approx(flops(4352))  # a group of one
+    w = 2 * (256 + 128) * 16 * kv * 494.5e12 / (flops(4096) + 8 * (flops(4352) - flops(4096)))
+    assert L.group_breakeven_link_bandwidth(LECTURE_7B, 8, 4096, 256, 16, 989e12) == pytest.approx(w)
