@@ -61,19 +61,23 @@ def request_level_batching(output_lengths: Sequence[int], batch: int = 186) -> d
             "median_effective_b": float(np.median(effective)), "mean_output": float(out.mean())}
 
 
-def interference_spike(neighbours: int = 186, prompt: int = 4096) -> dict:
+def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool = True) -> dict:
     """§2.16 on the engine: `neighbours` chat sequences decode (512-token prompts), one `prompt`-token
-    request arrives mid-run; a neighbour's longest gap between tokens against its usual gap."""
+    request arrives mid-run; a neighbour's longest gap between tokens against its usual gap.
+
+    overlap=True prices each step by the roofline's max(compute, memory); False adds them, as
+    Lecture 2's 6.7x does (the decode steps themselves then get their arithmetic added too)."""
     import numpy as np
 
     from labsupport.costmodel import CostModel
     from labsupport.engine import Engine
 
     pool = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU), 16, LECTURE_7B.kv_bytes_per_token)
-    engine = Engine(cost_model=CostModel(), num_blocks=pool, block_size=16, watermark=0.0, max_num_seqs=neighbours + 1)
+    clock = CostModel(overlap=overlap)
+    engine = Engine(cost_model=clock, num_blocks=pool, block_size=16, watermark=0.0, max_num_seqs=neighbours + 1)
     ids = [engine.add_request(prompt_len=512, max_new_tokens=128, arrival_time=0.0) for _ in range(neighbours)]
     # arrive after the neighbours' own prefill step, in the middle of their decoding
-    first_step = CostModel().step(prefill_lens=[512] * neighbours).total_s
+    first_step = clock.step(prefill_lens=[512] * neighbours).total_s
     engine.add_request(prompt_len=prompt, max_new_tokens=8, arrival_time=first_step + 0.05)
     result = engine.run()
     gaps = np.diff(result.requests[ids[0]].token_times[0])

@@ -358,12 +358,13 @@ def lecture_pool(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, bloc
     return blocks
 
 
-def _engine(model: ModelSpec, gpu: GPUSpec, block_size: int = 16, kv_budget: float | None = None, **kw):
+def _engine(model: ModelSpec, gpu: GPUSpec, block_size: int = 16, kv_budget: float | None = None,
+            overlap: bool = True, **kw):
     from labsupport.costmodel import CostModel
     from labsupport.engine import Engine
 
-    return Engine(cost_model=CostModel(model, gpu), num_blocks=lecture_pool(model, gpu, block_size, kv_budget),
-                  block_size=block_size, **kw)
+    return Engine(cost_model=CostModel(model, gpu, overlap=overlap),
+                  num_blocks=lecture_pool(model, gpu, block_size, kv_budget), block_size=block_size, **kw)
 
 
 def steady_batch_tpot(batches: Sequence[int], seq_tokens: int = 640, model: ModelSpec = LECTURE_7B,
@@ -473,7 +474,8 @@ class ReplayConfig:
 
     `s_max` makes it a reserve-to-max engine with a context window of s_max tokens: every sequence
     gets one block of s_max tokens (so it never grows into a second one and is never preempted),
-    generation stops at the window, and a prompt that fills the window is refused.
+    generation stops at the window, and a prompt that fills the window is refused.  `overlap=False`
+    prices each step with the additive cost model instead of the roofline's max.
     """
 
     label: str
@@ -481,6 +483,7 @@ class ReplayConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     s_max: int | None = None
+    overlap: bool = True  # False: the step's compute and memory times add up (Lecture 2 §2.16's model)
 
     @property
     def pool_block_size(self) -> int:
@@ -531,7 +534,8 @@ def replay_trace(workload, config: ReplayConfig, speedup: float = 1.0, window_s:
 
     if not speedup > 0:
         raise ValueError(f"speedup must be positive, got {speedup!r}")
-    engine = _engine(model, gpu, config.pool_block_size, kv_budget, max_num_seqs=config.max_num_seqs,
+    engine = _engine(model, gpu, config.pool_block_size, kv_budget, overlap=config.overlap,
+                     max_num_seqs=config.max_num_seqs,
                      max_num_batched_tokens=config.max_num_batched_tokens, record_token_times=False)
     chosen = [r for r in workload if window_s is None or r.arrival_s < window_s]
     if not chosen:
