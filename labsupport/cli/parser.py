@@ -72,8 +72,11 @@ def real_flag(minimum: float | None = None, maximum: float | None = None, *, abo
 
 
 def one_line(message, limit: int = MAX_MESSAGE) -> str:
-    """The message on one line, cut to `limit` characters."""
-    text = " ".join(str(message).split())
+    """The message on one line, cut to `limit` characters: newlines, tabs and terminal escapes are
+    shown escaped (a file name or a value may hold any of them)."""
+    text = str(message)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
