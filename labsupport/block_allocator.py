@@ -76,6 +76,8 @@ class BlockAllocator:
         self._free: deque[int] = deque(range(self.num_blocks))  # FIFO: a freed block is reused last
         self._swapped: set = set()
         # prefix caching state
+        if not callable(hash_fn):
+            raise ValueError(f"hash_fn must be a function of a tuple, got {shown(hash_fn)}")
         self._hash_fn = hash_fn
         self._cached_free: OrderedDict[int, None] = OrderedDict()  # free blocks still holding indexed content
         self._index: dict[int, int] = {}  # chained hash -> block id

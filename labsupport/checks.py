@@ -110,6 +110,19 @@ def as_flag(name: str, value) -> bool:
     return value
 
 
+def as_device(name: str, device):
+    """A torch.device this machine has ('cpu', 'cuda', 'cuda:1', a torch.device), or ValueError saying why not."""
+    import torch  # here, not at the top: the allocator's hot path imports this module without torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{name} must name a torch device such as 'cpu' or 'cuda:0', got {shown(device)}") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise ValueError(f"{name} {dev} is not on this machine ({torch.cuda.device_count()} CUDA devices)")
+    return dev
+
+
 def memory_available_bytes() -> int | None:
     """Memory this process could still take (Linux's MemAvailable), or None when it cannot be read."""
     try:

@@ -723,6 +723,8 @@ class Engine:
     # -- the whole run --------------------------------------------------------------------------------
     def run(self, max_steps: int | None = None, progress: bool = False) -> EngineResult:
         """Step until every request has finished or been rejected; then check nothing leaked."""
+        if max_steps is not None:
+            max_steps = as_count("max_steps", max_steps, 1)
         bar = None
         if progress:
             from tqdm.auto import tqdm

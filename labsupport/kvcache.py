@@ -20,7 +20,7 @@ import torch
 
 from labsupport.block_allocator import BlockAllocator
 from labsupport.checks import as_count as _as_count
-from labsupport.checks import check_fits_in_memory, shown
+from labsupport.checks import as_device, check_fits_in_memory, shown
 from labsupport.contiguous import ReserveToMaxAllocator
 from labsupport.memory_stats import OutOfBlocks, ReservationExceeded, UnknownSequence
 
@@ -28,13 +28,6 @@ __all__ = ["PagedKVCache", "ContiguousKVCache"]
 
 
 _CHECK_MEMORY_ABOVE = 64 << 20  # bytes; smaller pools fit anywhere
-
-
-def _check_device(device) -> torch.device:
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda:0', got {shown(device)}") from exc
 
 
 def _check_dtype(dtype) -> torch.dtype:
@@ -111,7 +104,7 @@ class PagedKVCache(_KVShape):
         self.num_kv_heads = _as_count("num_kv_heads", num_kv_heads, 1)
         self.head_dim = _as_count("head_dim", head_dim, 1)
         self.dtype = _check_dtype(dtype)
-        self.device = _check_device(device)
+        self.device = as_device("device", device)
         self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching,
                                         kv_bytes_per_token=self.kv_bytes_per_token)
         self.block_size = block_size
@@ -312,7 +305,7 @@ class ContiguousKVCache(_KVShape):
         self.num_kv_heads = _as_count("num_kv_heads", num_kv_heads, 1)
         self.head_dim = _as_count("head_dim", head_dim, 1)
         self.dtype = _check_dtype(dtype)
-        self.device = _check_device(device)
+        self.device = as_device("device", device)
         self._check_pool_fits(f"{self.max_seqs:,} reserve-to-max slots of S_max = {self.s_max:,} tokens on "
                               f"{self.device}", self.max_seqs * self.s_max * self.kv_bytes_per_token)
         self.allocator = ReserveToMaxAllocator(self.max_seqs * self.s_max, self.s_max,

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from labsupport.checks import as_count, as_id, as_real, shown
+from labsupport.checks import as_count, as_device, as_id, as_real, shown
 from labsupport.specs import ModelSpec
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -267,17 +267,14 @@ class TinyTransformer(nn.Module):
         super().__init__()
         if not isinstance(cfg, ModelConfig):
             raise ValueError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
-        dtype = _dtype(dtype)
+        dtype, device = _dtype(dtype), as_device("device", device)
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.reset_parameters(cfg.seed)
-        try:
-            self.to(device=device, dtype=dtype)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"device must name a torch device this machine has, got {device!r} ({exc})") from None
+        self.to(device=device, dtype=dtype)
         self.eval()
 
     # Initialise on the CPU from one generator in a fixed order, so a seed gives the same weights
@@ -534,7 +531,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     cfg = ModelConfig.from_dict(blob["config"])
     model = TinyTransformer(cfg, device="cpu", dtype=torch.float32)
     model.load_state_dict({k: v.float() for k, v in blob["state_dict"].items()})
-    model.to(device=device, dtype=_dtype(dtype))
+    model.to(device=as_device("device", device), dtype=_dtype(dtype))
     return model, CharTokenizer(blob["chars"]), dict(blob.get("meta", {}))
 
 

@@ -117,6 +117,8 @@ LECTURE_RESERVED_BYTES = 4 * GB  # activations and workspace: 80 - 13.5 - 4 = 62
 
 
 def _lookup(table: dict, kind: str, name: str):
+    if not isinstance(name, str):
+        raise ValueError(f"a {kind} preset is named by a string, got {type(name).__name__}")
     key = name.strip().lower()
     if key not in table:
         raise ValueError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(table))}")

@@ -488,3 +488,25 @@ def test_python_dash_m_gives_one_line_and_exit_2(argv, needle):
                          timeout=120)
     assert out.returncode == 2, out
     assert len(out.stderr.strip().splitlines()) == 1 and needle in out.stderr and out.stdout == ""
+
+
+def test_devices_presets_and_run_limits_are_checked_at_the_boundary():
+    from labsupport.kvcache import PagedKVCache
+    from labsupport.model import ModelConfig, TinyTransformer
+    from labsupport.specs import get_gpu
+
+    if not torch.cuda.is_available():  # torch would raise AssertionError('Torch not compiled with CUDA')
+        with pytest.raises(ValueError, match="not on this machine"):
+            PagedKVCache(4, 4, 1, 1, 2, device="cuda")
+        with pytest.raises(ValueError, match="not on this machine"):
+            TinyTransformer(ModelConfig(), device="cuda")
+    with pytest.raises(ValueError, match="torch device"):
+        PagedKVCache(4, 4, 1, 1, 2, device="gpu0")
+    with pytest.raises(ValueError, match="dtype"):
+        TinyTransformer(ModelConfig(), dtype="float64")  # was a KeyError
+    with pytest.raises(ValueError, match="named by a string"):
+        get_gpu(80)  # was AttributeError: 'int' object has no attribute 'strip'
+    with pytest.raises(ValueError, match="max_steps"):
+        Engine(cost_model=CostModel(), num_blocks=4).run(max_steps=True)
+    with pytest.raises(ValueError, match="hash_fn"):
+        BlockAllocator(4, 4, True, hash_fn="sha256")
