@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
 import tempfile
 import warnings
@@ -187,9 +188,17 @@ COMMANDS = [
 
 def run(argv: list[str], main=labsupport_main) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a library warning is not the command's output
-        rc = main(argv)
+    offline = os.environ.get("LABSUPPORT_OFFLINE")
+    os.environ["LABSUPPORT_OFFLINE"] = "1"  # a machine without ../shared/traces must not try to download
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a library warning is not the command's output
+            rc = main(argv)
+    finally:
+        if offline is None:
+            del os.environ["LABSUPPORT_OFFLINE"]
+        else:
+            os.environ["LABSUPPORT_OFFLINE"] = offline
     return rc, out.getvalue(), err.getvalue()
 
 
