@@ -12,9 +12,11 @@ takes the ledger's ``recompute_s`` (129 ms).  The preemption choice is the ledge
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from labsupport import ledger
+from labsupport.checks import as_count, as_flag, as_fraction, as_real
 from labsupport.specs import LECTURE_7B, LECTURE_GPU, LECTURE_MFU, GPUSpec, ModelSpec, get_gpu, get_model
 
 
@@ -54,24 +56,34 @@ class CostModel:
     block_transfer_s: float = 0.0
 
     def __post_init__(self):
-        if not 0 < self.mfu <= 1:
-            raise ValueError(f"mfu must be in (0, 1], got {self.mfu!r}")
-        if self.link_bandwidth is not None and not self.link_bandwidth > 0:
-            raise ValueError(f"link_bandwidth must be positive, got {self.link_bandwidth!r}")
-        if not self.step_overhead_s >= 0:
-            raise ValueError(f"step_overhead_s must be >= 0, got {self.step_overhead_s!r}")
-        if not isinstance(self.overlap, bool):
-            raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
-        if not self.block_transfer_s >= 0:
-            raise ValueError(f"block_transfer_s must be >= 0, got {self.block_transfer_s!r}")
-        # constants of the hot path (step_s runs once per engine step, hundreds of thousands of times)
+        if not isinstance(self.model, ModelSpec) or not isinstance(self.gpu, GPUSpec):
+            raise ValueError(f"CostModel needs a ModelSpec and a GPUSpec, got {type(self.model).__name__} and "
+                             f"{type(self.gpu).__name__}")
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        set_("mfu", as_fraction("mfu", self.mfu, include_zero=False, include_one=True))
+        if self.link_bandwidth is not None:
+            set_("link_bandwidth", as_real("link_bandwidth", self.link_bandwidth, above=0))
+        set_("step_overhead_s", as_real("step_overhead_s", self.step_overhead_s, minimum=0))
+        set_("overlap", as_flag("overlap", self.overlap))
+        set_("block_transfer_s", as_real("block_transfer_s", self.block_transfer_s, minimum=0))
+        # constants of the hot path (step_s runs once per engine step, hundreds of thousands of times);
+        # each must be a finite time, or a step's price would be inf or NaN in the middle of a run
         m, g = self.model, self.gpu
-        object.__setattr__(self, "_weight_s", m.weight_bytes / g.hbm_bandwidth)
-        object.__setattr__(self, "_kv_s_per_token", m.kv_bytes_per_token / g.hbm_bandwidth)
-        object.__setattr__(self, "_decode_flop_s", 2 * m.num_params / (g.peak_flops * self.mfu))
-        object.__setattr__(self, "_attn_flop_s", 4 * m.num_layers * m.num_heads * m.head_dim / (g.peak_flops * self.mfu))
-        object.__setattr__(self, "_link_s_per_byte", 1.0 / self.link)
-        object.__setattr__(self, "_block_swap_s", 2 * m.num_layers * self.block_transfer_s)
+        flop_rate = g.peak_flops * self.mfu
+        constants = {
+            "_weight_s": ("the weights' read time (weights / HBM bandwidth)", m.weight_bytes, g.hbm_bandwidth),
+            "_kv_s_per_token": ("one token's KV read time", m.kv_bytes_per_token, g.hbm_bandwidth),
+            "_decode_flop_s": ("one decode token's compute time", 2 * m.num_params, flop_rate),
+            "_attn_flop_s": ("the attention time per key", 4 * m.num_layers * m.num_heads * m.head_dim, flop_rate),
+            "_link_s_per_byte": ("a byte's time over the host link", 1.0, self.link),
+            "_block_swap_s": ("one swapped block's copy overheads", 2 * m.num_layers * self.block_transfer_s, 1.0),
+        }
+        for name, (what, numerator, rate) in constants.items():
+            seconds = numerator / rate if rate > 0 else math.inf
+            if not math.isfinite(seconds):
+                raise ValueError(f"CostModel: {what} is {numerator:g} / {rate:g} = {seconds!r} s for "
+                                 f"{m.name} on {g.name} at mfu={self.mfu:g}: the rates are too small to price a step")
+            set_(name, seconds)
 
     @classmethod
     def from_names(cls, model: str, gpu: str, **kw) -> "CostModel":
@@ -104,9 +116,13 @@ class CostModel:
         each prefill in the step (the ledger's prefill FLOPs each); swap_bytes: bytes over the link;
         swap_blocks: the blocks those bytes were in (each one 2 * L copies of block_transfer_s).
         """
-        terms = self._terms(decode_seqs, decode_context_tokens, sum(self.prefill_flops(s) for s in prefill_lens),
-                            swap_bytes, swap_blocks)
-        return StepTime(*terms, overlap=self.overlap)
+        decode_seqs = as_count("decode_seqs", decode_seqs, 0)
+        decode_context_tokens = as_count("decode_context_tokens", decode_context_tokens, 0)
+        prefill = sum(self.prefill_flops(as_count("prefill length", s, 0)) for s in prefill_lens)
+        swap_bytes = as_real("swap_bytes", swap_bytes, minimum=0)
+        swap_blocks = as_count("swap_blocks", swap_blocks, 0)
+        return StepTime(*self._terms(decode_seqs, decode_context_tokens, prefill, swap_bytes, swap_blocks),
+                        overlap=self.overlap)
 
     def step_s(self, decode_seqs: int, decode_context_tokens: int, prefill_flops: float, swap_bytes: float,
                swap_blocks: int = 0) -> float:

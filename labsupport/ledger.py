@@ -10,16 +10,17 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from labsupport import checks
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, LECTURE_MFU, LECTURE_RESERVED_BYTES, GPUSpec, ModelSpec
 
 
 def _positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
 def _nonnegative(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be a non-negative number, got {value!r}")
 
 
@@ -238,6 +239,8 @@ def fanout_blocks(n: int, prompt: int, output: int, block_size: int) -> tuple[in
 
 def sharing_factor(n: int, prompt: int, output: int) -> float:
     """§10.4: unshared over shared tokens (5.7x for n = 8 off 4K with 256-token outputs)."""
+    if prompt + output == 0:
+        raise ValueError("a fan-out of 0 prompt and 0 output tokens holds nothing to share")
     unshared, shared = fanout_tokens(n, prompt, output)
     return unshared / shared
 
@@ -466,6 +469,9 @@ class Scenario:
     fanout_prompt: int = 4096
     fanout_output: int = 256
 
+    def __post_init__(self):
+        _check_scenario(self)
+
     @property
     def budget(self) -> float:
         return kv_budget_bytes(self.model, self.gpu) if self.kv_budget is None else self.kv_budget
@@ -477,6 +483,27 @@ class Scenario:
     @property
     def seq_tokens(self) -> int:
         return self.prompt + self.output
+
+
+def _check_scenario(sc: Scenario) -> None:
+    """Every field of a Scenario the right type, finite and consistent; ValueError names the field."""
+    if not isinstance(sc.model, ModelSpec) or not isinstance(sc.gpu, GPUSpec):
+        raise ValueError(f"Scenario needs a ModelSpec and a GPUSpec, got {type(sc.model).__name__} and "
+                         f"{type(sc.gpu).__name__}")
+    for name in ("prompt", "s_max", "block_size", "fanout_n"):
+        checks.as_count(name, getattr(sc, name), 1)
+    for name in ("output", "fanout_prompt", "fanout_output"):
+        checks.as_count(name, getattr(sc, name), 0)
+    for name in ("kv_budget", "link_bandwidth"):
+        if getattr(sc, name) is not None:
+            checks.as_real(name, getattr(sc, name), above=0)
+    checks.as_real("tpot_slo_s", sc.tpot_slo_s, above=0)
+    checks.as_fraction("mfu", sc.mfu, include_zero=False, include_one=True)
+    if sc.s_max < sc.prompt + sc.output:
+        raise ValueError(f"s_max={sc.s_max:,} is below prompt + output = {sc.prompt + sc.output:,}: a "
+                         f"reserve-to-max slot must hold the whole sequence")
+    if sc.fanout_prompt + sc.fanout_output == 0:
+        raise ValueError("fanout_prompt and fanout_output are both 0: a fan-out needs at least one token")
 
 
 def compute(sc: Scenario) -> dict:
