@@ -11,6 +11,8 @@ COMMANDS = {
     "grade": ("labsupport.course.grade", "execute student notebooks and print the checkoff scoreboard"),
     "simulate": ("labsupport.cli.simulate", "replay a serving trace through the engine's cost-model clock"),
     "bench": ("labsupport.bench", "benchmarks: allocator, kernel, gpu, engine, notebooks"),
+    "release": ("labsupport.course.release", "write the student release: package, notebooks, no answers"),
+    "autograder": ("labsupport.course.autograder", "build the Gradescope autograder bundle (a .zip)"),
 }
 
 
