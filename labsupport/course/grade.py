@@ -259,7 +259,7 @@ def _copy_folder(src: Path, dest: Path, notebook: Path) -> None:
                 shutil.copyfile(path, target)
 
 
-def run_notebook(nb: A.Notebook, job: Path, snapshot: Snapshot, timeout: int, sandbox) -> Run:
+def run_notebook(nb: A.Notebook, job: Path, snapshot: Snapshot, timeout: int, slot=None) -> Run:
     """Execute a collecting copy of `nb` in a fresh kernel; return what it handed over."""
     import nbformat
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -286,9 +286,10 @@ def run_notebook(nb: A.Notebook, job: Path, snapshot: Snapshot, timeout: int, sa
     runnable.cells = cells
     (work / nb.path.name).write_text(nbformat.writes(runnable), encoding="utf-8")
     env = _student_env(site, home)
-    if sandbox is not None:
-        sandbox.own(job)
     km = kernel_manager()
+    if slot is not None:  # the kernel starts through the launcher that makes it the slot's user
+        slot.own(home, job / "work", records)
+        km.kernel_spec.argv = slot.command(list(km.kernel_spec.argv))
     client = _collecting_client()(runnable, km=km, timeout=timeout, allow_errors=True,
                                   resources={"metadata": {"path": str(work)}}, record_timing=False,
                                   store_widget_state=False, startup_timeout=max(60, timeout))
@@ -296,8 +297,7 @@ def run_notebook(nb: A.Notebook, job: Path, snapshot: Snapshot, timeout: int, sa
     log = open(job / "kernel.log", "ab")  # the kernel's own stdout/stderr: never the grader's
     try:
         with watchdog:
-            client.execute(env=env, stdout=log, stderr=log,
-                           **(sandbox.popen_kwargs() if sandbox is not None else {}))
+            client.execute(env=env, stdout=log, stderr=log)
     except CellTimeoutError:
         run.error = f"a cell ran longer than {timeout} s; the cells after it never ran"
     except DeadKernelError:
@@ -353,10 +353,17 @@ def _kill_kernel(km) -> None:
         proc.kill()
 
 
+def _kill_all(slot) -> None:
+    from labsupport.course.sandbox import kill_all
+
+    kill_all(slot.uid)
+
+
 def _student_env(site: Path, home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY_", "JUPYTER_", "PYTEST_"))}
     env.update(PYTHONPATH=str(site), HOME=str(home), IPYTHONDIR=str(home / ".ipython"), MPLBACKEND="Agg",
-               TRITON_CACHE_DIR=str(home / ".triton"), PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
+               TRITON_CACHE_DIR=str(home / ".triton"), PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1",
+               USER="student", LOGNAME="student", XDG_CACHE_HOME=str(home / ".cache"))
     return env
 
 
@@ -424,15 +431,18 @@ class Grader:
             return
         prepared = self.prepare(checkoffs, f"{grade.student}/{path.name}")
         job = Path(tempfile.mkdtemp(prefix="nb-", dir=self.scratch))
+        slot = self.sandbox.acquire() if self.sandbox is not None else None
         try:
-            run = run_notebook(nb, job, self.snapshot, self.timeout, self.sandbox)
+            run = run_notebook(nb, job, self.snapshot, self.timeout, slot)
+            if slot is not None:
+                _kill_all(slot)  # nothing the notebook started outlives its run
             grade.error = run.error
             self._check_installation(grade)
             worker = None
             try:
                 for checkoff in checkoffs:
                     if checkoff.kind == "function" and checkoff.id in run.records and worker is None:
-                        worker = self._worker(job)
+                        worker = self._worker(job, slot)
                     status, detail = self._decide(nb, checkoff, prepared[checkoff.id], run, worker)
                     grade.checkoffs.append(CheckoffResult(checkoff.id, checkoff.title, status, detail))
             finally:
@@ -440,17 +450,17 @@ class Grader:
                     worker.close()
             self._check_installation(grade)
         finally:
+            if slot is not None:
+                slot.release()
             shutil.rmtree(job, ignore_errors=True)
 
-    def _worker(self, job: Path):
+    def _worker(self, job: Path, slot):
         from labsupport.course.worker import WorkerClient
 
         site = self.snapshot.write(job / "worker_site")
         env = _student_env(site, job / "home")
-        if self.sandbox is not None:
-            self.sandbox.own(job)
-        return WorkerClient(job / "worker", site, env,
-                            preexec=self.sandbox.preexec if self.sandbox is not None else None)
+        return WorkerClient(job / "worker", site, env, wrap=slot.command if slot is not None else None,
+                            owner=slot.own if slot is not None else None)
 
     def _check_installation(self, grade: NotebookGrade) -> None:
         with self._restore_lock:

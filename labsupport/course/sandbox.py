@@ -1,11 +1,166 @@
-"""Where student code runs when `grade` runs as root (Gradescope's containers): as an unprivileged user.
+"""Where student code runs when `grade` runs as root (Gradescope's containers): as a user of its own.
 
-Placeholder until the privilege drop is in place: no sandbox user.
+Run as root, the grader gives every notebook it is grading a fresh user id of its own (61000 and up,
+one per concurrent job) and starts that notebook's kernel and worker through this module's
+launcher, which drops to that id before it runs them.  The student's code then cannot write
+labsupport's or anyone's files, cannot signal or read the grader (a different user, no ptrace), and
+cannot reach another notebook's kernel or scratch folder; when the notebook is done, every process
+of its user id is killed, so nothing it started lives on into the next one.  The launcher keeps one
+capability, CAP_DAC_READ_SEARCH (read any file, write none), because the interpreter and its
+libraries may live where only root may read (a pyenv under /root, say).
+
+Not root, there is no second user to run as: the grader then relies on its other defences (a
+private copy of labsupport per notebook, answers as plain data, verdicts outside), and a notebook
+could still disturb the grader's own process; grade hostile submissions as root in a container, as
+Gradescope does.
+
+    python -m labsupport.course.sandbox UID -- COMMAND...     (the launcher; used by grade only)
 """
 from __future__ import annotations
 
+import ctypes
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BASE_UID = 61000
+CAP_DAC_READ_SEARCH = 2
+PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 8, 38, 47, 2
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_to(uid: int) -> None:
+    """Become `uid` (and its own group), keeping only CAP_DAC_READ_SEARCH, for good."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    os.setgroups([])
+    if libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS)")
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    bit = 1 << CAP_DAC_READ_SEARCH
+    data[0].effective = data[0].permitted = data[0].inheritable = bit
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAP_AMBIENT_RAISE)")
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise OSError("the user id did not change")
+
+
+def processes_of(uid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("Uid:"):
+                    if int(line.split()[1]) == uid:
+                        pids.append(int(entry.name))
+                    break
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def kill_all(uid: int) -> None:
+    """SIGKILL every process of `uid` until none is left (a fork bomb is outrun, not waited for)."""
+    for _ in range(50):
+        pids = processes_of(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.02)
+
+
+class Slot:
+    """One user id, lent to one notebook at a time."""
+
+    def __init__(self, sandbox: "Sandbox", uid: int):
+        self.sandbox, self.uid = sandbox, uid
+
+    def command(self, argv: list[str]) -> list[str]:
+        return [sys.executable, "-m", "labsupport.course.sandbox", str(self.uid), "--", *argv]
+
+    def own(self, *paths: Path) -> None:
+        """Give the slot's user the folders it must write (its scratch, its copy of the notebook's folder)."""
+        for top in paths:
+            top = Path(top)
+            if not top.exists():
+                continue
+            os.chown(top, self.uid, self.uid)
+            for root, dirs, files in os.walk(top):
+                for name in dirs + files:
+                    try:
+                        os.chown(os.path.join(root, name), self.uid, self.uid, follow_symlinks=False)
+                    except OSError:
+                        pass
+
+    def release(self) -> None:
+        kill_all(self.uid)
+        self.sandbox._free.put(self.uid)
+
 
 class Sandbox:
+    """A pool of user ids for student code; `for_this_machine` returns one only where it works."""
+
+    def __init__(self, slots: int = 8, base_uid: int = BASE_UID):
+        self._free: queue.Queue[int] = queue.Queue()
+        for uid in range(base_uid, base_uid + slots):
+            self._free.put(uid)
+
     @classmethod
-    def for_this_machine(cls):
-        return None
+    def for_this_machine(cls, slots: int = 8) -> "Sandbox | None":
+        if sys.platform != "linux" or os.geteuid() != 0 or os.environ.get("LABSUPPORT_NO_SANDBOX"):
+            return None
+        sandbox = cls(slots)
+        slot = sandbox.acquire()
+        try:
+            probe = subprocess.run(slot.command([sys.executable, "-c", "import os, torch, labsupport; print(os.getuid())"]),
+                                   capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            probe = None
+        finally:
+            slot.release()
+        if probe is None or probe.returncode != 0 or probe.stdout.strip() != str(slot.uid):
+            print("grade: note: cannot run student code as a separate user here; it runs as root, with the "
+                  "grader's other defences only", file=sys.stderr)
+            return None
+        return sandbox
+
+    def acquire(self) -> Slot:
+        return Slot(self, self._free.get())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: python -m labsupport.course.sandbox UID -- COMMAND...", file=sys.stderr)
+        return 2
+    drop_to(int(argv[0]))
+    os.execv(argv[2], argv[2:])
+    return 127  # pragma: no cover - execv does not return
+
+
+if __name__ == "__main__":
+    sys.exit(main())

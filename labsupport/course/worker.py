@@ -320,8 +320,10 @@ class WorkerDied(Exception):
 class WorkerClient:
     """Starts and talks to one worker process; `load` returns the student's function as a RemoteFunction."""
 
-    def __init__(self, folder: Path, site: Path, env: dict[str, str] | None = None, preexec=None):
-        self.folder, self.site, self.env, self.preexec = Path(folder), Path(site), env, preexec
+    def __init__(self, folder: Path, site: Path, env: dict[str, str] | None = None, wrap=None, owner=None):
+        # wrap: turns the worker's command into one that runs it elsewhere (labsupport.course.sandbox);
+        # owner: gives the folder to the user it will run as
+        self.folder, self.site, self.env, self.wrap, self.owner = Path(folder), Path(site), env, wrap, owner
         self.proc: subprocess.Popen | None = None
         self.to_fd = self.from_fd = -1
         self.log = self.folder / "worker.log"
@@ -329,15 +331,18 @@ class WorkerClient:
     def start(self) -> None:
         self.close()
         self.folder.mkdir(parents=True, exist_ok=True)
+        if self.owner is not None:
+            self.owner(self.folder)
         to_r, to_w = os.pipe()
         from_r, from_w = os.pipe()
         env = dict(self.env if self.env is not None else os.environ)
         env["PYTHONPATH"] = str(self.site)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        command = [sys.executable, "-m", "labsupport.course.worker", str(to_r), str(from_w), str(self.log)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "labsupport.course.worker", str(to_r), str(from_w), str(self.log)],
+            self.wrap(command) if self.wrap is not None else command,
             cwd=self.folder, env=env, pass_fds=(to_r, from_w), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=self.preexec)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         os.close(to_r)
         os.close(from_w)
         self.to_fd, self.from_fd = to_w, from_r
