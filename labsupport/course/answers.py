@@ -542,7 +542,12 @@ def inspect(prog: Program, forbidden, *, function_answer: bool = False) -> list[
                     add(cell, node, f"{node.id}()", "")
                 if isinstance(node, ast.Attribute) and node.attr in DYNAMIC_ATTRIBUTES:
                     add(cell, node, f".{node.attr}", "")
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
+            if isinstance(node, ast.Call):  # getattr(module, "name"), importlib.import_module("...")
+                path = _resolve(node, alias, stars)
+                hit = _matches(path, forbidden) if path else None
+                if hit:
+                    add(cell, node, ast.unparse(node)[:80], hit)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
                     "getattr", "setattr", "delattr", "hasattr") and node.func.id not in alias:
                 name_arg = node.args[1] if len(node.args) >= 2 else None
                 if not (isinstance(name_arg, ast.Constant) and isinstance(name_arg.value, str)):
