@@ -47,7 +47,7 @@ class _World:
 
 
 def _random_script(rng: random.Random, block_size: int, num_blocks: int, steps: int = 60) -> list[tuple]:
-    ops, live, nxt = [("alloc", 0, rng.randint(1, 3 * block_size))], [0], 1
+    ops, live, nxt = [("alloc", 0, rng.randint(1, 3 * block_size))], [0], 1  # the first op is the prompt
     for _ in range(steps):
         r = rng.random()
         if r < 0.2 and len(live) < 6:
@@ -77,20 +77,8 @@ def _scripts(rng: random.Random | None = None) -> list[tuple[str, int, int, list
         ("the other holder left: the tail is private again (block size 4)", 4, 12,
          [("alloc", "x", 5), ("fork", "x", "y"), ("free", "x"), ("append", "y"), ("append", "y")]),
     ]
-    rng = random.Random(5)
-    ops, live, nxt = [("alloc", 0, 13)], [0], 1
-    for _ in range(60):
-        r = rng.random()
-        if r < 0.2 and len(live) < 6:
-            ops.append(("fork", rng.choice(live), nxt))
-            live.append(nxt)
-            nxt += 1
-        elif r < 0.27 and len(live) > 1:
-            victim = rng.choice(live)
-            live.remove(victim)
-            ops.append(("free", victim))
-        else:
-            ops.append(("append", rng.choice(live)))
+    fixed = random.Random(5)  # the lab's own random history, the same for everyone
+    ops = [("alloc", 0, 13)] + _random_script(fixed, 8, 64)[1:]
     scripts.append(("a random fork/append/free history (block size 8)", 8, 64, ops))
     if rng is not None:
         for block_size in (rng.choice((2, 3, 4)), rng.choice((5, 16, 32))):
