@@ -160,18 +160,22 @@ def run(root: Path, lab: int | None = None, timeout: int = 300) -> dict:
 
 
 def _for_lab(grades, lab: int):
-    """The assignment's lab only; when no notebook of it was handed in, every checkoff is not attempted."""
+    """The assignment's lab only.  When no gradable notebook of it was handed in, every checkoff is
+    there, not attempted, with the reason (Gradescope shows the same tests to everyone)."""
     from labsupport.course import grade as G
     from labsupport.course.checkoff import NOT_ATTEMPTED, load_lab
 
     ours = [g for g in grades if g.lab == lab]
+    graded = [g for g in ours if g.checkoffs]
+    if graded:
+        return [max(graded, key=lambda g: g.passed)]
     if ours:
-        return ours[:1] if len(ours) == 1 else [max(ours, key=lambda g: g.passed)]
-    empty = G.NotebookGrade(f"lab {lab:02d}", lab, "submission",
-                            error=f"no notebook of lab {lab:02d} (NN_topic.ipynb) was found in the submission"
-                            + (f"; found: {', '.join(Path(g.path).name for g in grades)}" if grades else ""))
-    empty.checkoffs = [G.CheckoffResult(c.id, c.title, NOT_ATTEMPTED, "no notebook of this lab was handed in")
-                       for c in load_lab(lab)]
+        why = f"{Path(ours[0].path).name}: {ours[0].error}"
+    else:
+        why = f"no notebook of lab {lab:02d} (NN_topic.ipynb) was found in the submission" + (
+            f"; found: {', '.join(Path(g.path).name for g in grades)}" if grades else "")
+    empty = G.NotebookGrade(f"lab {lab:02d}", lab, "submission", error=why)
+    empty.checkoffs = [G.CheckoffResult(c.id, c.title, NOT_ATTEMPTED, why) for c in load_lab(lab)]
     return [empty]
 
 
