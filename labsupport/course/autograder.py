@@ -27,6 +27,7 @@ import zipfile
 from pathlib import Path
 
 from labsupport.cli.parser import OneLineParser, UsageError
+from labsupport.course.grade import positive_int
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "labsupport"
@@ -189,22 +190,12 @@ def _lab(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"wants a whole number of seconds >= 1, got {text!r}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m labsupport autograder",
                       description="Build the Gradescope autograder bundle (setup.sh, run_autograder, the package).")
     p.add_argument("out", nargs="?", help="the .zip to write")
     p.add_argument("--lab", type=_lab, help="grade only this lab's notebook (an assignment per lab)")
-    p.add_argument("--timeout", type=_seconds, default=300, help="seconds one cell or one checkoff may run")
+    p.add_argument("--timeout", type=positive_int, default=300, help="seconds one cell or one checkoff may run")
     p.add_argument("--no-traces", action="store_true", help="leave the real traces out (the labs fall back to synthetic)")
     p.add_argument("--torch", metavar="REQUIREMENT", help="the torch requirement setup.sh installs (default: this torch)")
     p.add_argument("--run", metavar="ROOT", help=argparse.SUPPRESS)

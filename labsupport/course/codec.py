@@ -157,14 +157,20 @@ def _transportable_name(x) -> str:
     return name if name in TRANSPORTABLE else ""
 
 
-def to_plain(x, *, objects: bool = False, _depth: int = 0, _count: list | None = None):
-    """`x` as JSON-ready plain data with tags; `objects` also carries labsupport's transportable objects."""
-    count = _count if _count is not None else [0]
+def _count_item(count: list | None, depth: int, error: type) -> list:
+    """One more item seen at this depth; `error` when the data is too large or too deep to be plain."""
+    count = count if count is not None else [0]
     count[0] += 1
     if count[0] > MAX_ITEMS:
-        raise ValueError(f"more than {MAX_ITEMS:,} items")
-    if _depth > MAX_DEPTH:
-        raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+        raise error(f"more than {MAX_ITEMS:,} items")
+    if depth > MAX_DEPTH:
+        raise error(f"nested more than {MAX_DEPTH} levels deep")
+    return count
+
+
+def to_plain(x, *, objects: bool = False, _depth: int = 0, _count: list | None = None):
+    """`x` as JSON-ready plain data with tags; `objects` also carries labsupport's transportable objects."""
+    count = _count_item(_count, _depth, ValueError)
     rec = lambda v: to_plain(v, objects=objects, _depth=_depth + 1, _count=count)  # noqa: E731
     if x is None or type(x) is bool:
         return x
@@ -277,12 +283,7 @@ def from_plain(data, *, objects: bool = False, tensors: bool = True, callback=No
     `objects` (the worker's side only) rebuilds labsupport's transportable objects, and `callback`
     turns a ``__callback__`` number into something callable.
     """
-    count = _count if _count is not None else [0]
-    count[0] += 1
-    if count[0] > MAX_ITEMS:
-        raise DecodeError(f"more than {MAX_ITEMS:,} items")
-    if _depth > MAX_DEPTH:
-        raise DecodeError(f"nested more than {MAX_DEPTH} levels deep")
+    count = _count_item(_count, _depth, DecodeError)
     rec = lambda v: from_plain(v, objects=objects, tensors=tensors, callback=callback, _depth=_depth + 1,  # noqa: E731
                                _count=count)
     if data is None or type(data) in (bool, int, str):

@@ -698,8 +698,8 @@ def _parser() -> OneLineParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--csv", metavar="FILE", help="also write the gradebook: one row per student × lab")
     p.add_argument("--gradescope", metavar="FILE", help="also write Gradescope's results.json format")
-    p.add_argument("--jobs", type=_positive_int, default=1, help="notebooks graded at once (default 1)")
-    p.add_argument("--timeout", type=_positive_int, default=DEFAULT_TIMEOUT_S,
+    p.add_argument("--jobs", type=positive_int, default=1, help="notebooks graded at once (default 1)")
+    p.add_argument("--timeout", type=positive_int, default=DEFAULT_TIMEOUT_S,
                    help=f"seconds one cell, or one checkoff's function tests, may run (default {DEFAULT_TIMEOUT_S})")
     p.add_argument("--seed", type=int, default=None,
                    help="seed the hidden inputs (default: a fresh secret per run); for regrading identically")
@@ -707,7 +707,8 @@ def _parser() -> OneLineParser:
     return p
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a count of jobs, of seconds)."""
     import argparse
 
     try:
