@@ -145,6 +145,8 @@ def test_handing_in_a_library_function_is_not_handing_in_your_own(tmp_path):
     assert findings(tmp_path, "import math", "r = math.hypot", 'check("1.1", r)') == [("r", A.HANDED_IN)]
     assert findings(tmp_path, "def mine(m, g):\n    return 1", "r = mine", 'check("1.1", r)') == []
     assert findings(tmp_path, 'check("1.1", lambda m, g: 2)') == []
+    assert findings(tmp_path, "import functools", "def make():\n    return lambda m, g: 3",
+                    "r = functools.lru_cache(make())", 'check("1.1", r)') == []  # built, but in the notebook
 
 
 def test_a_value_answer_is_judged_by_the_code_it_depends_on_only(tmp_path):

@@ -81,6 +81,11 @@ FORGERIES = {
     # leaves a process behind that would outlive the notebook
     "00_daemon": [IMPORTS, 'import subprocess, sys\nsubprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", '
                   f'"{MARKER}"], start_new_session=True)', GOOD_01, GOOD_02],
+    # forks until it cannot (as root its user is held to a few hundred processes), then answers 0.2
+    **({"00_fork_bomb": [IMPORTS, GOOD_01, "import os, time\nkids = 0\nwhile kids < 5000:\n    try:\n"
+                          "        pid = os.fork()\n    except OSError:\n        break\n    if pid == 0:\n"
+                          "        time.sleep(600)\n        os._exit(0)\n    kids += 1\nprint(kids)", GOOD_02]}
+       if SANDBOXED else {}),
     # stored outputs claiming passes (never read) on an untouched notebook
     "00_stale_outputs": ([IMPORTS, UNDONE_01, UNDONE_02], {"0.1": "not attempted", "0.2": "not attempted"}),
     # the cell with 0.2's check is deleted
@@ -97,6 +102,7 @@ EXPECTED = {
     "00_lookup_table": {"0.1": "passed", "0.2": "failed"},
     "00_runaway": {"0.1": "passed", "0.2": "not attempted"},
     "00_daemon": {"0.1": "passed", "0.2": "passed"},
+    "00_fork_bomb": {"0.1": "passed", "0.2": "passed"},
 }
 INVALID = {"00_list.ipynb": b"[]", "00_dict.ipynb": b"{}", "00_text.ipynb": b"hello",
            "00_number_source.ipynb": json.dumps({"cells": [{"cell_type": "code", "source": 5}], "metadata": {},
@@ -230,7 +236,7 @@ def test_the_gradescope_results_are_what_gradescope_reads(batch):
 
 
 def test_two_jobs_give_the_same_results_as_one(batch, tmp_path):
-    names = ["00_solved", "00_dead_call", "00_lookup_table", "00_forbidden"]
+    names = ["00_solved", "00_lookup_table", "00_forbidden"]
     folders = [str(batch["root"] / n) for n in names]
     proc = subprocess.run([sys.executable, "-m", "labsupport", "grade", *folders, "--jobs", "1", "--seed", "12",
                            "--json", "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=900)

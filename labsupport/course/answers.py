@@ -118,28 +118,6 @@ class Program:
                     return _statement_text(cell, stmt)
         return ast.unparse(self.expr)
 
-    def defines_function(self) -> bool:
-        """True when the answer names a def or lambda of the notebook (not an imported callable)."""
-        if isinstance(self.expr, ast.Lambda):
-            return True
-        if not isinstance(self.expr, ast.Name):
-            return False
-        name = self.expr.id
-        for _, stmt in reversed(self.statements):
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name:
-                return True
-            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets):
-                value = stmt.value
-                if isinstance(value, ast.Lambda):
-                    return True
-                if isinstance(value, ast.Name):
-                    name = value.id
-                    continue
-                return False
-            if isinstance(stmt, (ast.Import, ast.ImportFrom)) and name in _import_bindings(stmt):
-                return False
-        return False
-
 
 # --- reading ------------------------------------------------------------------------------------
 
@@ -554,8 +532,10 @@ def inspect(prog: Program, forbidden, *, function_answer: bool = False) -> list[
                     target = _resolve(node.args[0], alias, stars) if node.args else None
                     if target is not None or node.func.id != "hasattr":
                         add(cell, node, f"{node.func.id}() with a name computed at run time", "")
-    if function_answer and not prog.defines_function():
-        add(prog.call.cell, prog.expr, ast.unparse(prog.expr), HANDED_IN)
+    if function_answer:  # the answer names an imported callable (through any alias): not the student's own
+        if _resolve(prog.expr, alias, stars) or (isinstance(prog.expr, ast.Name) and any(
+                _matches(f"{m}.{prog.expr.id}", forbidden) for m in stars)):
+            add(prog.call.cell, prog.expr, ast.unparse(prog.expr), HANDED_IN)
     findings.sort(key=lambda f: (f.cell, f.line))
     return findings
 

@@ -127,10 +127,9 @@ class Snapshot:
             dest = target / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
-        # the data loaders look for traces beside the package (data/, ../shared/traces)
+        # the data loaders look for traces beside the package: data/ and ../shared/traces
         repo = self.package.parent
-        for name, real in (("data", repo / "data"), ("../shared", repo.parent / "shared")):
-            link = (site / name).resolve() if name.startswith("..") else site / name
+        for link, real in ((site / "data", repo / "data"), (site.parent / "shared", repo.parent / "shared")):
             if real.is_dir() and not link.exists():
                 with contextlib.suppress(OSError):
                     link.symlink_to(real, target_is_directory=True)
@@ -467,7 +466,7 @@ class Grader:
             changed = self.snapshot.changed()
             if changed:
                 self.snapshot.restore(changed)
-                note = (f"this notebook changed labsupport's installed files ({', '.join(changed[:5])}"
+                note = (f"labsupport's installed files changed while this notebook was graded ({', '.join(changed[:5])}"
                         f"{', ...' if len(changed) > 5 else ''}); they were put back and played no part in the grade")
                 if note not in grade.notes:
                     grade.notes.append(note)

@@ -4,8 +4,9 @@ Run as root, the grader gives every notebook it is grading a fresh user id of it
 one per concurrent job) and starts that notebook's kernel and worker through this module's
 launcher, which drops to that id before it runs them.  The student's code then cannot write
 labsupport's or anyone's files, cannot signal or read the grader (a different user, no ptrace), and
-cannot reach another notebook's kernel or scratch folder; when the notebook is done, every process
-of its user id is killed, so nothing it started lives on into the next one.  The launcher keeps one
+cannot reach another notebook's kernel or scratch folder, and cannot fork without bound or write a
+file without end (LIMITS); when the notebook is done, every process of its user id is killed, so
+nothing it started lives on into the next one.  The launcher keeps one
 capability, CAP_DAC_READ_SEARCH (read any file, write none), because the interpreter and its
 libraries may live where only root may read (a pyenv under /root, say).
 
@@ -14,7 +15,7 @@ private copy of labsupport per notebook, answers as plain data, verdicts outside
 could still disturb the grader's own process; grade hostile submissions as root in a container, as
 Gradescope does.
 
-    python -m labsupport.course.sandbox UID -- COMMAND...     (the launcher; used by grade only)
+    python -I labsupport/course/sandbox.py UID -- COMMAND...   (the launcher; used by grade only)
 """
 from __future__ import annotations
 
@@ -41,9 +42,17 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
+# per-process limits for student code: processes of its user (a fork bomb), bytes per file, no core dumps
+LIMITS = {"RLIMIT_NPROC": 256, "RLIMIT_FSIZE": 4 * 2**30, "RLIMIT_CORE": 0}
+
+
 def drop_to(uid: int) -> None:
     """Become `uid` (and its own group), keeping only CAP_DAC_READ_SEARCH, for good."""
+    import resource
+
     libc = ctypes.CDLL(None, use_errno=True)
+    for name, limit in LIMITS.items():
+        resource.setrlimit(getattr(resource, name), (limit, limit))
     os.setgroups([])
     if libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS)")
@@ -100,7 +109,8 @@ class Slot:
         self.sandbox, self.uid = sandbox, uid
 
     def command(self, argv: list[str]) -> list[str]:
-        return [sys.executable, "-m", "labsupport.course.sandbox", str(self.uid), "--", *argv]
+        # this file run as a script, isolated (-I): the launcher imports nothing but the standard library
+        return [sys.executable, "-I", str(Path(__file__).resolve()), str(self.uid), "--", *argv]
 
     def own(self, *paths: Path) -> None:
         """Give the slot's user the folders it must write (its scratch, its copy of the notebook's folder)."""
@@ -136,7 +146,8 @@ class Sandbox:
         sandbox = cls(slots)
         slot = sandbox.acquire()
         try:
-            probe = subprocess.run(slot.command([sys.executable, "-c", "import os, torch, labsupport; print(os.getuid())"]),
+            # the interpreter, its standard library and site-packages must be readable as that user
+            probe = subprocess.run(slot.command([sys.executable, "-c", "import os, json, numpy; print(os.getuid())"]),
                                    capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired):
             probe = None
@@ -155,7 +166,7 @@ class Sandbox:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m labsupport.course.sandbox UID -- COMMAND...", file=sys.stderr)
+        print("usage: python -I sandbox.py UID -- COMMAND...", file=sys.stderr)
         return 2
     drop_to(int(argv[0]))
     os.execv(argv[2], argv[2:])
