@@ -141,6 +141,12 @@ def test_constructs_that_hide_what_runs_are_not_accepted(tmp_path, body, constru
     assert any(construct in what for what, _ in found), found
 
 
+def test_code_from_beside_the_notebook_is_not_read_so_not_accepted(tmp_path):
+    found = findings(tmp_path, "from my_helpers import ridge", 'check("1.1", ridge)')
+    assert any("my_helpers" in what for what, _ in found)
+    assert findings(tmp_path, "import numpy as np", "def r(m, g):\n    return float(np.floor(2.5))", 'check("1.1", r)') == []
+
+
 def test_handing_in_a_library_function_is_not_handing_in_your_own(tmp_path):
     assert findings(tmp_path, "import math", "r = math.hypot", 'check("1.1", r)') == [("r", A.HANDED_IN)]
     assert findings(tmp_path, "def mine(m, g):\n    return 1", "r = mine", 'check("1.1", r)') == []

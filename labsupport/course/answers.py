@@ -21,6 +21,7 @@ import copy
 import json
 import re
 import symtable
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -464,6 +465,32 @@ def _resolve(node, alias: dict[str, str], stars: list[str]) -> str | None:
     return None
 
 
+def _installed(top: str) -> bool:
+    """True for a module of the environment (stdlib, site-packages); False for a file beside the notebook.
+
+    Looked up on the interpreter's path without the current folder, and never imported."""
+    import importlib.machinery
+    import os
+
+    if top in sys.builtin_module_names or top in sys.stdlib_module_names or top == "labsupport":
+        return True
+    here = os.getcwd()
+    path = [p for p in sys.path if p not in ("", ".") and os.path.abspath(p) != here]
+    for finder in sys.meta_path:  # PathFinder on the cleaned path; others (an editable install's) as they are
+        try:
+            if finder is importlib.machinery.PathFinder:
+                spec = finder.find_spec(top, path)
+            elif hasattr(finder, "find_spec") and type(finder).__module__.startswith(("__editable__", "_distutils_hack")):
+                spec = finder.find_spec(top, None)
+            else:
+                continue
+        except (ImportError, ValueError, TypeError):
+            continue
+        if spec is not None:
+            return True
+    return False
+
+
 def _matches(path: str, names) -> str | None:
     for name in names:
         if path == name or path.startswith(name + "."):
@@ -499,6 +526,9 @@ def inspect(prog: Program, forbidden, *, function_answer: bool = False) -> list[
         for node in ast.walk(root):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 module = node.module if isinstance(node, ast.ImportFrom) else None
+                tops = {(module or "").split(".")[0]} if module else {a.name.split(".")[0] for a in node.names}
+                for top in sorted(t for t in tops if t and not _installed(t)):
+                    add(cell, node, f"import {top} (a module of its own folder, which the grader does not read)", "")
                 for a in node.names:
                     full = a.name if module is None else (module if a.name == "*" else f"{module}.{a.name}")
                     hit = _matches(full, forbidden) or _matches(module or "", forbidden)

@@ -287,8 +287,18 @@ def run_notebook(nb: A.Notebook, job: Path, snapshot: Snapshot, timeout: int, sl
     env = _student_env(site, home)
     km = kernel_manager()
     if slot is not None:  # the kernel starts through the launcher that makes it the slot's user
+        slot.reach(job.parent, job)
         slot.own(home, job / "work", records)
         km.kernel_spec.argv = slot.command(list(km.kernel_spec.argv))
+        km.connection_file = str(job / "kernel.json")
+        write_connection_file = km.write_connection_file
+
+        def write_and_hand_over(*args, **kwargs):  # the kernel must read its own connection file
+            written = write_connection_file(*args, **kwargs)
+            slot.own(Path(km.connection_file))
+            return written
+
+        km.write_connection_file = write_and_hand_over
     client = _collecting_client()(runnable, km=km, timeout=timeout, allow_errors=True,
                                   resources={"metadata": {"path": str(work)}}, record_timing=False,
                                   store_widget_state=False, startup_timeout=max(60, timeout))
@@ -706,6 +716,15 @@ def _parser() -> OneLineParser:
     return p
 
 
+def _keep_the_current_folder_off_the_path() -> None:
+    """A grader started inside a student's folder must not import that folder's json.py (or labsupport/)."""
+    import labsupport
+
+    here = Path.cwd().resolve()
+    if Path(labsupport.__file__).resolve().parent.parent != here:
+        sys.path[:] = [p for p in sys.path if p not in ("", ".") and Path(p).resolve() != here]
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1 (a count of jobs, of seconds)."""
     import argparse
@@ -749,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grade: no such notebook: {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
               file=sys.stderr)
         return 2
+    _keep_the_current_folder_off_the_path()
     secret = hashlib.sha256(f"seed {args.seed}".encode()).digest() if args.seed is not None else None
     from labsupport.course.sandbox import Sandbox
 
