@@ -15,9 +15,11 @@ COMMANDS = {
     "ledger": ("labsupport.cli.ledger", "the lecture's numbers recomputed for any model and GPU"),
     "doctor": ("labsupport.cli.doctor", "check this machine can run the labs"),
     "build": ("labsupport.course.build", "generate student and solution notebooks from the lab sources"),
-    "grade": ("labsupport.course.grade", "execute student notebooks and print the checkoff scoreboard"),
+    "grade": ("labsupport.course.grade", "grade notebooks: answers from a fresh kernel, verdicts decided outside it"),
     "simulate": ("labsupport.cli.simulate", "replay a serving trace through the engine's cost-model clock"),
     "bench": ("labsupport.bench", "benchmarks: allocator, kernel, gpu, engine, notebooks"),
+    "release": ("labsupport.course.release", "write the student release: package, notebooks, no answers"),
+    "autograder": ("labsupport.course.autograder", "build the Gradescope autograder bundle (a .zip)"),
 }
 
 

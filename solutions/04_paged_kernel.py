@@ -43,7 +43,7 @@ from labsupport import kernels as K
 from labsupport import viz
 from labsupport.bench import kernel as kernel_bench
 from labsupport.course.checkoff import check
-from labsupport.course.checkoffs.lab04 import raise_if_unfinished
+from labsupport.course.checkoff import raise_if_unfinished
 from labsupport.kvcache import PagedKVCache
 from labsupport.viz import kernel as viz_kernel
 
