@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Hashable
 
 from labsupport.checks import as_count as _as_count
+from labsupport.checks import as_id, shown
 from labsupport.memory_stats import InvariantError, MemoryStats, OutOfBlocks, ReservationExceeded, UnknownSequence
 
 __all__ = ["Slot", "Refusal", "ContiguousAllocator", "ReserveToMaxAllocator", "OrcaAllocator",
@@ -134,8 +135,8 @@ class ContiguousAllocator:
         return self._place(seq_id, s_max, num_tokens, final_tokens)
 
     def _place(self, seq_id, size, num_tokens, final_tokens) -> Slot:
-        if seq_id in self.slots:
-            raise ValueError(f"sequence {seq_id!r} already holds a slot")
+        if as_id("sequence id", seq_id) in self.slots:
+            raise ValueError(f"sequence {shown(seq_id)} already holds a slot")
         size = _as_count("s_max", size, 1)
         num_tokens = _as_count("num_tokens", num_tokens, 0)
         if num_tokens > size:
@@ -193,7 +194,7 @@ class ContiguousAllocator:
         except KeyError:
             raise UnknownSequence(f"unknown sequence {seq_id!r}: never allocated or already freed") from None
         except TypeError:
-            raise UnknownSequence(f"unknown sequence {seq_id!r}: not a hashable id") from None
+            raise UnknownSequence.unhashable(seq_id) from None
 
     # -- accounting ------------------------------------------------------------------------------
     def stats(self, next_request_tokens: int | None = None) -> MemoryStats:

@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import math
-import operator
 import time
 from array import array
 from collections import deque
@@ -55,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from labsupport.block_allocator import BlockAllocator
+from labsupport.checks import as_count, as_flag, as_fraction, as_real, shown
 from labsupport.costmodel import CostModel
 from labsupport.sampling import GREEDY, SamplingParams, sample_token
 from labsupport.slo import SLOReport, slo_report
@@ -220,7 +219,8 @@ class EngineResult:
 class _Step:
     """What one iteration has decided so far, phase by phase (`Engine.step`)."""
 
-    __slots__ = ("start", "free", "decode", "prefills", "copies", "swap_bytes", "prefill_flops", "preempted")
+    __slots__ = ("start", "free", "decode", "prefills", "copies", "swap_bytes", "swap_blocks", "prefill_flops",
+                 "preempted")
 
     def __init__(self, start: float, free: int):
         self.start = start
@@ -229,6 +229,7 @@ class _Step:
         self.prefills: list[tuple[_Seq, list[_Seq]]] = []  # (sequence to prefill, branches forked from it)
         self.copies: dict[int, int] = {}  # shared last block -> branches promised a copy of it
         self.swap_bytes = 0  # bytes over the host link, both ways
+        self.swap_blocks = 0  # the blocks those bytes were in (the cost model may charge each copy)
         self.prefill_flops = 0.0
         self.preempted = False
 
@@ -254,19 +255,25 @@ class Engine:
             model, cost_model = None, model
         if model is None and cost_model is None:
             raise ValueError("Engine needs a model (real tokens), a cost_model (cost-model clock), or both")
+        if cost_model is not None and not isinstance(cost_model, CostModel):
+            raise ValueError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
+        if model is not None and not (hasattr(model, "forward_paged") and hasattr(model, "cfg")):
+            raise ValueError(f"model must be a labsupport.model.TinyTransformer, got {type(model).__name__}")
         if num_blocks is None:
             raise ValueError("num_blocks is required")
-        for name, v in (("num_blocks", num_blocks), ("block_size", block_size), ("max_num_seqs", max_num_seqs)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if max_num_batched_tokens is not None and (not isinstance(max_num_batched_tokens, int)
-                                                   or max_num_batched_tokens < 1):
-            raise ValueError(f"max_num_batched_tokens must be a positive integer or None, got "
-                             f"{max_num_batched_tokens!r}")
-        if not (isinstance(watermark, (int, float)) and 0 <= watermark < 1):
-            raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark!r}")
-        if preemption not in PREEMPTION_MODES:
-            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
+        num_blocks = as_count("num_blocks", num_blocks, 1)
+        block_size = as_count("block_size", block_size, 1)
+        max_num_seqs = as_count("max_num_seqs", max_num_seqs, 1)
+        if max_num_batched_tokens is not None:
+            max_num_batched_tokens = as_count("max_num_batched_tokens", max_num_batched_tokens, 1)
+        watermark = as_fraction("watermark", watermark)
+        if not isinstance(preemption, str) or preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {shown(preemption)}")
+        if not isinstance(attention, str) or attention not in ("auto", "triton", "reference"):
+            raise ValueError(f"attention must be 'auto', 'triton' or 'reference', got {shown(attention)}")
+        if on_token is not None and not callable(on_token):
+            raise ValueError(f"on_token must be a function of one TokenEvent, got {shown(on_token)}")
+        as_flag("record_token_times", record_token_times)
         self.model = model
         self.cost_model = cost_model
         self.block_size = block_size
@@ -321,11 +328,10 @@ class Engine:
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         if prompt_ids is not None:
-            try:
-                prompt = [operator.index(t) for t in prompt_ids]
-            except TypeError:
-                raise ValueError(f"prompt_ids must be integer token ids, got {list(prompt_ids)[:8]!r}") from None
-            if prompt_len is not None and prompt_len != len(prompt):
+            if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__iter__"):
+                raise ValueError(f"prompt_ids must be a sequence of integer token ids, got {shown(prompt_ids)}")
+            prompt = [as_count("prompt token id", t, 0) for t in prompt_ids]
+            if prompt_len is not None and as_count("prompt_len", prompt_len) != len(prompt):
                 raise ValueError(f"prompt_len={prompt_len} disagrees with {len(prompt)} prompt ids")
             if self.model is not None:
                 vocab = self.model.cfg.vocab_size
@@ -338,15 +344,13 @@ class Engine:
                 raise ValueError("this engine runs a model: pass prompt_ids (token ids), not just a length")
             prompt = None
             plen = prompt_len
-        if not isinstance(plen, int) or isinstance(plen, bool) or plen < 1:
-            raise ValueError(f"the prompt must have at least one token, got length {plen!r}")
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"n must be a positive integer, got {n!r}")
-        arrival = self.clock if arrival_time is None else float(arrival_time)
-        if not (math.isfinite(arrival) and arrival >= 0):
-            raise ValueError(f"arrival_time must be a finite time >= 0, got {arrival_time!r}")
+        if plen is None:
+            raise ValueError("pass prompt_ids (token ids) or prompt_len (a length)")
+        if as_count("prompt_len", plen) < 1:
+            raise ValueError(f"the prompt must have at least one token, got length {plen}")
+        max_new_tokens = as_count("max_new_tokens", max_new_tokens, 1)
+        n = as_count("n", n, 1)
+        arrival = self.clock if arrival_time is None else as_real("arrival_time", arrival_time, minimum=0)
         rid = self._next_request
         self._next_request += 1
         req = _Request(rid, rid, prompt, plen, max_new_tokens, n, sampling, arrival)
@@ -460,8 +464,7 @@ class Engine:
             cow = seq.shared_tail and partly_filled
             need = self._cow_need(seq, copies) if cow else 0 if partly_filled else 1
             while need > plan.free:
-                victim = running.pop()
-                self._preempt(victim, plan)
+                victim = self._preempt(plan)
                 if victim is seq:
                     break
                 if cow:  # the victim may have held the shared tail: then there is less to copy
@@ -485,22 +488,30 @@ class Engine:
         """'swap' or 'recompute' for a sequence of num_tokens: the mode, or §10.5's break-even when auto."""
         if self.preemption != "auto":
             return self.preemption
-        return self._pricing.preempt_choice(max(1, num_tokens))
+        return self._pricing.preempt_choice(max(1, num_tokens), self.block_size)
 
-    def _preempt(self, seq: _Seq, plan: "_Step") -> None:
-        """Evict one running sequence: swap its KV to host memory, or drop it to be recomputed.
+    def _preempt(self, plan: "_Step") -> _Seq:
+        """Evict the last running sequence (first-come-first-served's last): swap its KV to host memory,
+        or drop it to be recomputed; returns it.
 
-        It loses its cache, never its tokens.  The blocks it releases go back to this step's pool."""
+        It loses its cache, never its tokens.  The blocks it releases go back to this step's pool.  What
+        can fail (pricing the choice, copying the KV out) happens before it leaves the running list, so
+        a failure leaves it running, in exactly one queue."""
+        seq = self._running[-1]
         kind = self.preempt_kind(seq.num_cached)
         free_before = self.allocator.num_free_blocks
         if kind == "swap":
-            nbytes = len(self.allocator.block_tables[seq.seq_id]) * self.block_size * self.kv_bytes_per_token
+            held = len(self.allocator.block_tables[seq.seq_id])
+            nbytes = held * self.block_size * self.kv_bytes_per_token
             self._kv.swap_out(seq.seq_id)
+            self._running.pop()
             bisect.insort(self._swapped, seq, key=_priority)
             plan.swap_bytes += nbytes
+            plan.swap_blocks += held
             self.counters.swapped_out_bytes += nbytes
         else:
             self._kv.free(seq.seq_id)
+            self._running.pop()
             seq.num_cached = 0
             self._waiting.appendleft(seq)
         seq.shared_tail = False
@@ -508,6 +519,7 @@ class Engine:
         seq.req.preemptions += 1
         plan.free += self.allocator.num_free_blocks - free_before
         plan.preempted = True
+        return seq
 
     def _swap_in(self, plan: "_Step") -> None:
         """Swapped-out sequences come back, oldest first, while their blocks and the slot of this
@@ -519,10 +531,11 @@ class Engine:
             need = -(-(seq.num_cached + 1) // bs)
             if need > plan.free:
                 break
+            self._kv.swap_in(seq.seq_id)  # before it leaves the swapped list: a failure keeps it there
             swapped.pop(0)
-            self._kv.swap_in(seq.seq_id)
             nbytes = held * bs * self.kv_bytes_per_token
             plan.swap_bytes += nbytes
+            plan.swap_blocks += held
             self.counters.swapped_in_bytes += nbytes
             plan.free -= need
             bisect.insort(running, seq, key=_priority)
@@ -545,12 +558,13 @@ class Engine:
                 break
             if budget_left is not None and tokens > budget_left and plan.prefills:
                 break
+            flops = self._pricing.prefill_flops(tokens)  # priced before the item leaves the waiting queue
             waiting.popleft()
             plan.free -= need
             if budget_left is not None:
                 budget_left -= tokens
             plan.prefills.append(self._start(item, plan.start))
-            plan.prefill_flops += self._pricing.prefill_flops(tokens)
+            plan.prefill_flops += flops
 
     def _start(self, item, now: float) -> tuple[_Seq, list[_Seq]]:
         """Put an admitted request's branches (or a preempted sequence) into the running batch;
@@ -630,7 +644,7 @@ class Engine:
         if self.cost_model is None:
             return time.perf_counter() - wall0
         context = sum(seq.num_cached for seq in plan.decode)  # tokens the decode batch attends to
-        return self.cost_model.step_s(len(plan.decode), context, plan.prefill_flops, plan.swap_bytes)
+        return self.cost_model.step_s(len(plan.decode), context, plan.prefill_flops, plan.swap_bytes, plan.swap_blocks)
 
     def _stream(self, plan: "_Step", emitted, end: float) -> list[_Seq]:
         """Each sequence of the step appends the token it emitted and streams it to `on_token`;
@@ -714,6 +728,8 @@ class Engine:
     # -- the whole run --------------------------------------------------------------------------------
     def run(self, max_steps: int | None = None, progress: bool = False) -> EngineResult:
         """Step until every request has finished or been rejected; then check nothing leaked."""
+        if max_steps is not None:
+            max_steps = as_count("max_steps", max_steps, 1)
         bar = None
         if progress:
             from tqdm.auto import tqdm

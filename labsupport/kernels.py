@@ -385,21 +385,30 @@ def _check_common(tensors: dict[str, torch.Tensor]) -> None:
         if device != first_device:
             raise ValueError(f"all tensors must be on one device: {first_name} is on {first_device}, "
                              f"{name} is on {device}")
+    if first_device.type == "meta":
+        raise ValueError(f"{first_name} and the others are meta tensors (shapes with no data): the kernels read "
+                         f"data; make them on 'cpu' or 'cuda'")
     for name, t in tensors.items():
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous (got strides {tuple(t.stride())} for shape "
                              f"{tuple(t.shape)}); call .contiguous() first")
 
 
-def _check_index_tensors(block_tables, seq_lens, batch: int) -> None:
+def _check_index_tensors(block_tables, seq_lens, batch: int | None = None) -> int:
+    """Check the int32 block table [B, max_blocks] and seq_lens [B]; returns B (`batch` when the caller knows it)."""
     if block_tables.dtype != torch.int32:
         raise ValueError(f"block_tables must be int32, got {block_tables.dtype}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != batch:
+    if block_tables.dim() != 2:
+        raise ValueError(f"block_tables must be 2-D [B, max_blocks], got shape {tuple(block_tables.shape)}")
+    if batch is None:
+        batch = block_tables.shape[0]
+    if block_tables.shape[0] != batch:
         raise ValueError(f"block_tables must be [B={batch}, max_blocks], got shape {tuple(block_tables.shape)}")
     if seq_lens.dtype != torch.int32:
         raise ValueError(f"seq_lens must be int32, got {seq_lens.dtype}")
     if seq_lens.dim() != 1 or seq_lens.shape[0] != batch:
         raise ValueError(f"seq_lens must be [B={batch}], got shape {tuple(seq_lens.shape)}")
+    return batch
 
 
 def _check_cache(name: str, cache: torch.Tensor) -> None:
@@ -715,8 +724,7 @@ def paged_gather(cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torc
     _check_common({"cache": cache, "block_tables": block_tables, "seq_lens": seq_lens})
     _check_cache("cache", cache)
     num_blocks, block_size, num_kv_heads, head_dim = cache.shape
-    batch = block_tables.shape[0] if block_tables.dim() == 2 else -1
-    _check_index_tensors(block_tables, seq_lens, batch)
+    batch = _check_index_tensors(block_tables, seq_lens)
     if batch > _MAX_GRID_YZ:
         raise ValueError(f"paged_gather launches one grid row per sequence: B must be <= {_MAX_GRID_YZ}, got {batch}")
     if validate and batch:
@@ -854,12 +862,12 @@ def kv_token_offsets(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_s
     of a pool far larger than memory (e.g. block ids near 2**31).
     """
     _check_common({"block_tables": block_tables, "seq_lens": seq_lens})
-    batch = block_tables.shape[0] if block_tables.dim() == 2 else -1
-    _check_index_tensors(block_tables, seq_lens, batch)
-    if not _is_pow2(block_size) or block_size > MAX_BLOCK_SIZE:
-        raise ValueError(f"block_size must be a power of two <= {MAX_BLOCK_SIZE}, got {block_size}")
+    batch = _check_index_tensors(block_tables, seq_lens)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not _is_pow2(block_size) \
+            or block_size > MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size must be a power of two <= {MAX_BLOCK_SIZE}, got {block_size!r}")
     for name, stride in (("stride_block", stride_block), ("stride_slot", stride_slot)):
-        if not isinstance(stride, int) or stride < 1:
+        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
             raise ValueError(f"{name} must be a positive int, got {stride!r}")
     reason = backend_status(block_tables.device)
     if reason is not None:

@@ -20,10 +20,14 @@ import torch
 
 from labsupport.block_allocator import BlockAllocator
 from labsupport.checks import as_count as _as_count
+from labsupport.checks import as_device, check_fits_in_memory, shown
 from labsupport.contiguous import ReserveToMaxAllocator
-from labsupport.memory_stats import OutOfBlocks, ReservationExceeded
+from labsupport.memory_stats import OutOfBlocks, ReservationExceeded, UnknownSequence
 
 __all__ = ["PagedKVCache", "ContiguousKVCache"]
+
+
+_CHECK_MEMORY_ABOVE = 64 << 20  # bytes; smaller pools fit anywhere
 
 
 def _check_dtype(dtype) -> torch.dtype:
@@ -59,6 +63,15 @@ class _KVShape:
             raise ValueError(f"layer must be < num_layers={self.num_layers}, got {layer}")
         return layer
 
+    def _check_pool_fits(self, what: str, nbytes: int) -> None:
+        """Refuse, with the memory it would need, a pool the device cannot hold (before torch tries)."""
+        if nbytes < _CHECK_MEMORY_ABOVE:
+            return
+        if self.device.type == "cuda" and torch.cuda.is_available():
+            check_fits_in_memory(what, nbytes, available=torch.cuda.mem_get_info(self.device)[0])
+        elif self.device.type == "cpu":
+            check_fits_in_memory(what, nbytes)
+
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V, every layer and KV head: 2 * L * Hkv * D * element size (§10.2)."""
@@ -67,9 +80,14 @@ class _KVShape:
 
 def _unique(seq_ids: Sequence[Hashable]) -> list:
     seq_ids = list(seq_ids)
+    for s in seq_ids:
+        try:
+            hash(s)
+        except TypeError:
+            raise UnknownSequence.unhashable(s) from None
     if len(set(seq_ids)) != len(seq_ids):
         dup = next(s for s in seq_ids if seq_ids.count(s) > 1)
-        raise ValueError(f"sequence {dup!r} appears twice in one batch")
+        raise ValueError(f"sequence {shown(dup)} appears twice in one batch")
     return seq_ids
 
 
@@ -86,11 +104,13 @@ class PagedKVCache(_KVShape):
         self.num_kv_heads = _as_count("num_kv_heads", num_kv_heads, 1)
         self.head_dim = _as_count("head_dim", head_dim, 1)
         self.dtype = _check_dtype(dtype)
-        self.device = torch.device(device)
+        self.device = as_device("device", device)
         self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching,
                                         kv_bytes_per_token=self.kv_bytes_per_token)
         self.block_size = block_size
         self.num_blocks = self.allocator.num_blocks
+        self._check_pool_fits(f"a KV pool of {self.num_blocks:,} blocks of {block_size} tokens on {self.device}",
+                              self.pool_bytes)
         shape = (self.num_blocks, block_size, self.num_kv_heads, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
         self.v_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
@@ -187,6 +207,7 @@ class PagedKVCache(_KVShape):
 
     def drop(self, seq_id: Hashable) -> int:
         """Discard a sequence's K/V so it can be recomputed later; returns the tokens to recompute."""
+        self.allocator.is_swapped(seq_id)  # an unhashable id is refused here, before anything changes
         n = self.allocator.seq_lens.get(seq_id, 0)
         self.free(seq_id)
         return n
@@ -220,8 +241,8 @@ class PagedKVCache(_KVShape):
 
     def host_copy(self, seq_id: Hashable) -> tuple[torch.Tensor, torch.Tensor]:
         """The host-memory K/V [L, T, Hkv, D] of a swapped-out sequence (read it, do not modify it)."""
-        if seq_id not in self._host:
-            raise ValueError(f"sequence {seq_id!r} is not swapped out")
+        if not self.allocator.is_swapped(seq_id) or seq_id not in self._host:
+            raise ValueError(f"sequence {shown(seq_id)} is not swapped out")
         return self._host[seq_id]
 
     # -- reading ---------------------------------------------------------------------------------
@@ -284,7 +305,9 @@ class ContiguousKVCache(_KVShape):
         self.num_kv_heads = _as_count("num_kv_heads", num_kv_heads, 1)
         self.head_dim = _as_count("head_dim", head_dim, 1)
         self.dtype = _check_dtype(dtype)
-        self.device = torch.device(device)
+        self.device = as_device("device", device)
+        self._check_pool_fits(f"{self.max_seqs:,} reserve-to-max slots of S_max = {self.s_max:,} tokens on "
+                              f"{self.device}", self.max_seqs * self.s_max * self.kv_bytes_per_token)
         self.allocator = ReserveToMaxAllocator(self.max_seqs * self.s_max, self.s_max,
                                                kv_bytes_per_token=self.kv_bytes_per_token)
         shape = (self.max_seqs, self.s_max, self.num_kv_heads, self.head_dim)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from labsupport.checks import shown
+
 if TYPE_CHECKING:
     from labsupport.contiguous import Refusal
 
@@ -39,6 +41,12 @@ class UnknownSequence(KeyError):
 
     def __str__(self) -> str:  # KeyError would print the message inside quotes
         return str(self.args[0])
+
+    @classmethod
+    def unhashable(cls, seq_id) -> "UnknownSequence":
+        """The error for an id no dictionary can hold (a list, a dict): no sequence can have it."""
+        return cls(f"unknown sequence {shown(seq_id)}: a sequence id must be hashable, and a "
+                   f"{type(seq_id).__name__} is not")
 
 
 class SwappedOut(ValueError):

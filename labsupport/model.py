@@ -27,12 +27,23 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from labsupport.checks import as_count, as_device, as_id, as_real, shown
 from labsupport.specs import ModelSpec
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 TINY_WEIGHTS = DATA_DIR / "tiny_lecture.pt"
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1  # what a token id tensor can hold
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _dtype(dtype) -> torch.dtype:
+    """A floating-point torch dtype, given as one or by name ('float32', 'float16', 'bfloat16')."""
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    raise ValueError(f"dtype must be a floating-point torch.dtype or one of {sorted(_DTYPES)}, got {dtype!r}")
 
 
 # --- configuration -----------------------------------------------------------------------------
@@ -65,8 +76,10 @@ class ModelConfig:
                              f"num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
-        if not self.rope_theta > 0 or not self.norm_eps > 0 or not self.init_std > 0:
-            raise ValueError("ModelConfig: rope_theta, norm_eps and init_std must be positive")
+        for f in ("rope_theta", "norm_eps", "init_std"):
+            as_real(f"ModelConfig.{f}", getattr(self, f), above=0)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"ModelConfig.seed must be a non-negative integer, got {self.seed!r}")
 
     @property
     def gqa_group(self) -> int:
@@ -252,13 +265,15 @@ class TinyTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig = ModelConfig(), device: str | torch.device = "cpu",
                  dtype: torch.dtype | str = torch.float32):
         super().__init__()
+        if not isinstance(cfg, ModelConfig):
+            raise ValueError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+        dtype, device = _dtype(dtype), as_device("device", device)
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.reset_parameters(cfg.seed)
-        dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
         self.to(device=device, dtype=dtype)
         self.eval()
 
@@ -374,16 +389,19 @@ class TinyTransformer(nn.Module):
         # Validate everything before the cache changes, so a rejected call leaves it as it was.
         seen = set()
         for seq_id in [sid for sid, _ in prefills] + dec_ids:
-            if seq_id in seen:
+            if as_id("sequence id", seq_id) in seen:
                 raise ValueError(f"sequence {seq_id!r} appears twice in one step")
             seen.add(seq_id)
         for seq_id, ids in prefills:
             if not ids:
-                raise ValueError(f"prefill of sequence {seq_id!r} has no tokens")
+                raise ValueError(f"prefill of sequence {shown(seq_id)} has no tokens")
+            for t in ids:  # any integer: the vocabulary check below names one out of range
+                as_count("prefill token id", t, _INT64_MIN, _INT64_MAX)
             if seq_id in cache.allocator.seq_lens:
                 raise ValueError(f"prefill of sequence {seq_id!r}: it is already in the cache")
-        for seq_id in dec_ids:
+        for seq_id, t in decodes:
             cache.allocator.table(seq_id)  # raises for an unknown or swapped-out sequence
+            as_count("decode token id", t, _INT64_MIN, _INT64_MAX)
         parts = [torch.tensor(ids, device=self.device) for _, ids in prefills]
         if n_dec:
             parts.append(torch.tensor([t for _, t in decodes], device=self.device))
@@ -459,10 +477,13 @@ class TinyTransformer(nn.Module):
 
 
 def _check_generate_args(prompt_ids: Sequence[int], max_new_tokens: int, max_seq_len: int) -> None:
+    if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__"):
+        raise ValueError(f"prompt_ids must be a sequence of integer token ids, got {shown(prompt_ids)}")
     if len(prompt_ids) == 0:
         raise ValueError("the prompt is empty: a decode needs at least one token to condition on")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    for t in prompt_ids:
+        as_count("prompt token id", t, 0)
+    as_count("max_new_tokens", max_new_tokens, 1)
     if len(prompt_ids) + max_new_tokens - 1 > max_seq_len:
         raise ValueError(f"{len(prompt_ids)} prompt + {max_new_tokens} new tokens exceed the model's "
                          f"max_seq_len={max_seq_len}")
@@ -510,8 +531,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     cfg = ModelConfig.from_dict(blob["config"])
     model = TinyTransformer(cfg, device="cpu", dtype=torch.float32)
     model.load_state_dict({k: v.float() for k, v in blob["state_dict"].items()})
-    dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
-    model.to(device=device, dtype=dtype)
+    model.to(device=as_device("device", device), dtype=_dtype(dtype))
     return model, CharTokenizer(blob["chars"]), dict(blob.get("meta", {}))
 
 

@@ -7,8 +7,9 @@ the n branches of one request (§10.4) diverge only because their branch numbers
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from labsupport.checks import as_count, as_real, shown
 
 _MASK64 = (1 << 64) - 1
 
@@ -23,12 +24,13 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0
-                and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        as_real("temperature", self.temperature, minimum=0)
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+            raise ValueError(f"seed must be an integer or None, got {shown(self.seed)}")
+        stops = self.stop_token_ids
+        if isinstance(stops, (str, bytes)) or not hasattr(stops, "__iter__"):
+            raise ValueError(f"stop_token_ids must be a sequence of integer token ids, got {shown(stops)}")
+        object.__setattr__(self, "stop_token_ids", tuple(as_count("stop token id", t, 0) for t in stops))
 
 
 GREEDY = SamplingParams()

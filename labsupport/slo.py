@@ -2,21 +2,24 @@
 
 Goodput counts only requests that met their SLO (TTFT and TPOT); throughput counts every token.
 TTFT splits into scheduling delay, queueing and prefill (`labsupport.engine.RequestResult`).
+A statistic with nothing to measure (a percentile of no requests, a TPOT when no request produced
+a second token, a rate over no time) is None, and `SLOReport.notes` says why: never NaN.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
+
+from labsupport.checks import as_real
 
 if TYPE_CHECKING:
     from labsupport.engine import EngineResult
 
 
-def _pct(values: list[float], q: float) -> float:
-    """Percentile by linear interpolation between closest ranks (numpy's default)."""
+def _pct(values: list[float], q: float) -> float | None:
+    """Percentile by linear interpolation between closest ranks (numpy's default); None for no values."""
     if not values:
-        return math.nan
+        return None
     v = sorted(values)
     pos = (len(v) - 1) * q / 100
     lo = int(pos)
@@ -33,17 +36,17 @@ class SLOReport:
     rejected: int
     duration_s: float
     output_tokens: int
-    throughput_tok_s: float
-    throughput_req_s: float
+    throughput_tok_s: float | None  # None when the run spans no time (nothing finished)
+    throughput_req_s: float | None
     ttft_slo_s: float
     tpot_slo_s: float
     good_requests: int
     good_tokens: int
-    goodput_req_frac: float
-    goodput_tok_frac: float
-    goodput_tok_s: float
-    ttft: dict  # p50 / p99 / mean of ttft, queueing, prefill, scheduling_delay (seconds)
-    tpot: dict  # p50 / p99 / mean (seconds)
+    goodput_req_frac: float | None
+    goodput_tok_frac: float | None
+    goodput_tok_s: float | None
+    ttft: dict  # p50 / p99 / mean of ttft, queueing, prefill, scheduling_delay (seconds; None without data)
+    tpot: dict  # p50 / p99 / mean (seconds; None when no request produced a second token)
     preemptions: dict
     swapped_out_bytes: int
     swapped_in_bytes: int
@@ -53,6 +56,7 @@ class SLOReport:
     leaked_blocks: int
     steps: int
     rejections: list[str]
+    notes: list[str]  # why each None above is undefined
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -64,9 +68,8 @@ def slo_report(result: EngineResult, ttft_slo_s: float, tpot_slo_s: float) -> SL
     Rejected requests count against goodput (their requested tokens are in the token denominator).
     Duration runs from the first arrival to the last finish.
     """
-    for name, v in (("ttft_slo_s", ttft_slo_s), ("tpot_slo_s", tpot_slo_s)):
-        if not (isinstance(v, (int, float)) and v > 0):
-            raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+    ttft_slo_s = as_real("ttft_slo_s", ttft_slo_s, above=0)
+    tpot_slo_s = as_real("tpot_slo_s", tpot_slo_s, above=0)
     reqs = list(result.requests.values())
     fin = [r for r in reqs if r.finished]
     parts = {"ttft": [], "queueing": [], "prefill": [], "scheduling_delay": []}
@@ -91,19 +94,35 @@ def slo_report(result: EngineResult, ttft_slo_s: float, tpot_slo_s: float) -> SL
     start = min((r.arrival_time for r in reqs), default=0.0)
     end = max((r.finish_time for r in fin), default=start)
     dur = end - start
-    stats = lambda xs: {"p50": _pct(xs, 50), "p99": _pct(xs, 99), "mean": sum(xs) / len(xs) if xs else math.nan}
+    rate = lambda x: x / dur if dur > 0 else None
+    stats = lambda xs: {"p50": _pct(xs, 50), "p99": _pct(xs, 99), "mean": sum(xs) / len(xs) if xs else None}
     c = result.counters
     return SLOReport(
         requests=len(reqs), finished=len(fin), rejected=sum(1 for r in reqs if r.status == "rejected"),
         duration_s=dur, output_tokens=out_tok,
-        throughput_tok_s=out_tok / dur if dur > 0 else math.nan,
-        throughput_req_s=len(fin) / dur if dur > 0 else math.nan,
+        throughput_tok_s=rate(out_tok), throughput_req_s=rate(len(fin)),
         ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, good_requests=good, good_tokens=good_tok,
-        goodput_req_frac=good / len(reqs) if reqs else math.nan,
-        goodput_tok_frac=good_tok / want_tok if want_tok else math.nan,
-        goodput_tok_s=good_tok / dur if dur > 0 else math.nan,
+        goodput_req_frac=good / len(reqs) if reqs else None,
+        goodput_tok_frac=good_tok / want_tok if want_tok else None,
+        goodput_tok_s=rate(good_tok),
         ttft={k: stats(v) for k, v in parts.items()}, tpot=stats(tpots),
         preemptions=dict(c.preemptions), swapped_out_bytes=c.swapped_out_bytes,
         swapped_in_bytes=c.swapped_in_bytes, recomputed_tokens=c.recomputed_tokens, peak_blocks=c.peak_blocks,
         num_blocks=result.num_blocks, leaked_blocks=c.leaked_blocks, steps=c.steps,
-        rejections=[f"request {r.request_id}: {r.reason}" for r in reqs if r.status == "rejected"])
+        rejections=[f"request {r.request_id}: {r.reason}" for r in reqs if r.status == "rejected"],
+        notes=_undefined_notes(len(reqs), len(fin), dur, tpots))
+
+
+def _undefined_notes(requests: int, finished: int, duration_s: float, tpots: list[float]) -> list[str]:
+    """Why the report's undefined statistics are None."""
+    if requests == 0:
+        return ["the run had no requests: throughput, goodput and every TTFT and TPOT statistic are undefined"]
+    notes = []
+    if finished == 0:
+        notes.append(f"no request finished (all {requests:,} were rejected): throughput, goodput per second "
+                     f"and every TTFT and TPOT statistic are undefined")
+    elif duration_s <= 0:
+        notes.append("the run spans no time, so throughput and goodput per second are undefined")
+    if finished and not tpots:
+        notes.append("no finished request produced a second token, so TPOT (the time between tokens) is undefined")
+    return notes

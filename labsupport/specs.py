@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from labsupport.checks import as_count, as_real
+
 GB = 10**9
 GiB = 2**30
 KiB = 2**10
@@ -29,11 +31,8 @@ class ModelSpec:
 
     def __post_init__(self):
         for field in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "dtype_bytes"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ModelSpec {self.name!r}: {field} must be a positive integer, got {value!r}")
-        if not self.num_params > 0:
-            raise ValueError(f"ModelSpec {self.name!r}: num_params must be positive, got {self.num_params!r}")
+            as_count(f"ModelSpec {self.name!r}: {field}", getattr(self, field), 1)
+        as_real(f"ModelSpec {self.name!r}: num_params", self.num_params, above=0)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"ModelSpec {self.name!r}: num_heads ({self.num_heads}) must be a multiple of "
@@ -70,9 +69,7 @@ class GPUSpec:
 
     def __post_init__(self):
         for field in ("hbm_bytes", "hbm_bandwidth", "peak_flops", "link_bandwidth"):
-            value = getattr(self, field)
-            if not value > 0:
-                raise ValueError(f"GPUSpec {self.name!r}: {field} must be positive, got {value!r}")
+            as_real(f"GPUSpec {self.name!r}: {field}", getattr(self, field), above=0)
 
 
 # The lecture's model (Lecture 2): a 7B-class MHA transformer, 32 layers x 32 heads x 128,
@@ -120,6 +117,8 @@ LECTURE_RESERVED_BYTES = 4 * GB  # activations and workspace: 80 - 13.5 - 4 = 62
 
 
 def _lookup(table: dict, kind: str, name: str):
+    if not isinstance(name, str):
+        raise ValueError(f"a {kind} preset is named by a string, got {type(name).__name__}")
     key = name.strip().lower()
     if key not in table:
         raise ValueError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(table))}")

@@ -22,11 +22,13 @@ the file and falls back to a synthetic workload fitted to the trace's statistics
 """
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import urllib.error
@@ -40,6 +42,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from labsupport.checks import MAX_TOKENS, as_flag, as_real, shown
 from labsupport.checks import as_count as _count
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MOONCAKE_BLOCK_TOKENS = 512
+MAX_REQUESTS = 10**7  # a generated workload's size (a request costs about 200 B here and more in the engine)
 
 
 class TraceFormatError(ValueError):
@@ -78,6 +82,12 @@ class Request:
     session_id: int | None = None
     n: int = 1  # completions sharing this prompt (fan-out, §10.4)
     token_ids: tuple[int, ...] | None = None  # prompt token ids, when the workload defines them
+
+    def __post_init__(self):
+        _count("prompt_tokens", self.prompt_tokens, 0, MAX_TOKENS)
+        _count("output_tokens", self.output_tokens, 0, MAX_TOKENS)
+        _count("n", self.n, 1, MAX_REQUESTS)
+        as_real("arrival_s", self.arrival_s, minimum=0)
 
     @property
     def total_tokens(self) -> int:
@@ -146,11 +156,16 @@ class Workload:
                 f"output median {s['output_median']:,.0f} / p99 {s['output_p99']:,.0f}")
 
 
+def _rng(seed) -> np.random.Generator:
+    return np.random.default_rng(_count("seed", seed, 0))
+
+
 def _arrivals(num: int, rate_per_s: float | None, rng: np.random.Generator) -> np.ndarray:
     if rate_per_s is None:
         return np.zeros(num)
-    if not rate_per_s > 0:
-        raise ValueError(f"rate_per_s must be positive, got {rate_per_s!r}")
+    if isinstance(rate_per_s, bool) or not isinstance(rate_per_s, (int, float)) or not 0 < rate_per_s < math.inf \
+            or not math.isfinite(1.0 / rate_per_s):
+        raise ValueError(f"rate_per_s must be positive and finite (and its mean gap 1/rate too), got {shown(rate_per_s)}")
     return np.cumsum(rng.exponential(1.0 / rate_per_s, size=num))  # Poisson arrivals
 
 
@@ -162,9 +177,10 @@ def _arrivals(num: int, rate_per_s: float | None, rng: np.random.Generator) -> n
 def chat_workload(num_requests: int = 200, prompt_tokens: int = 512, output_tokens: int = 128,
                   rate_per_s: float | None = None, seed: int = 0) -> Workload:
     """§10.2's chat workload: every request a 512-token prompt and a 128-token answer (640 tokens)."""
-    num = _count("num_requests", num_requests, 1)
-    p, o = _count("prompt_tokens", prompt_tokens, 1), _count("output_tokens", output_tokens, 1)
-    arr = _arrivals(num, rate_per_s, np.random.default_rng(seed))
+    num = _count("num_requests", num_requests, 1, MAX_REQUESTS)
+    p = _count("prompt_tokens", prompt_tokens, 1, MAX_TOKENS)
+    o = _count("output_tokens", output_tokens, 1, MAX_TOKENS)
+    arr = _arrivals(num, rate_per_s, _rng(seed))
     reqs = [Request(i, float(arr[i]), p, o) for i in range(num)]
     return Workload(f"chat {p}/{o}", reqs, "synthetic (lecture §10.2)", True)
 
@@ -194,11 +210,11 @@ def lognormal_workload(num_requests: int = 1000, median_tokens: float = 800, tai
     (the default share 0.2 is the chat workload's 128/640), so totals follow the distribution
     exactly.  `max_tokens` clips the tail (a context window), None keeps it.
     """
-    num = _count("num_requests", num_requests, 1)
+    num = _count("num_requests", num_requests, 1, MAX_REQUESTS)
     if not 0 < output_share < 1:
         raise ValueError(f"output_share must be in (0, 1), got {output_share!r}")
     mu, sigma = lognormal_params(median_tokens, tail_tokens, tail_fraction)
-    rng = np.random.default_rng(seed)
+    rng = _rng(seed)
     lengths = np.maximum(2, np.rint(rng.lognormal(mu, sigma, size=num))).astype(np.int64)
     if max_tokens is not None:
         lengths = np.minimum(lengths, _count("max_tokens", max_tokens, 2))
@@ -258,8 +274,8 @@ def fanout_request(n: int = 8, prompt_tokens: int = 4096, output_tokens: int = 2
 
 def fanout_workload(num_requests: int = 10, n: int = 8, prompt_tokens: int = 4096, output_tokens: int = 256,
                     rate_per_s: float | None = None, seed: int = 0) -> Workload:
-    num = _count("num_requests", num_requests, 1)
-    arr = _arrivals(num, rate_per_s, np.random.default_rng(seed))
+    num = _count("num_requests", num_requests, 1, MAX_REQUESTS)
+    arr = _arrivals(num, rate_per_s, _rng(seed))
     reqs = [fanout_request(n, prompt_tokens, output_tokens, i, float(arr[i])) for i in range(num)]
     return Workload(f"fan-out n={n} off {prompt_tokens}", reqs, "synthetic (lecture §10.4)", True)
 
@@ -352,8 +368,10 @@ def find_trace(name: str, path: str | os.PathLike | None = None) -> Path | None:
                 if (p / fname).is_file():
                     return p / fname
             raise FileNotFoundError(f"{p} holds neither {info.filename} nor {info.upstream_name}")
-        if not p.is_file():
+        if not p.exists():
             raise FileNotFoundError(f"trace file {p} does not exist")
+        if not p.is_file():  # a FIFO or a device would block or never end
+            raise FileNotFoundError(f"trace file {p} is not a regular file")
         return p
     for _, d in trace_search_dirs():
         for fname in (info.filename, info.upstream_name):
@@ -401,33 +419,75 @@ def download(name: str, dest_dir: str | os.PathLike | None = None, timeout: floa
 # ---------------------------------------------------------------------------------------------
 
 
+_ASCII_INT = re.compile(r"-?[0-9]{1,30}")  # str.isdigit() and int() would take '١٢' and '²'
+_FRACTION = re.compile(r"[0-9]+")
+MAX_TIMESTAMP_MS = 2**53  # a Mooncake timestamp (ms) is exact in a float up to here: 285,000 years
+MAX_LINE_CHARS = 1 << 20  # a JSONL line longer than this is refused, not read into memory whole
+
+
 def _parse_time(text: str) -> float:
     """Seconds since the epoch of 'YYYY-MM-DD HH:MM:SS[.fraction]' (any number of fraction digits)."""
-    whole, _, frac = text.strip().partition(".")
+    text = text.strip()
+    if not text.isascii():  # strptime's %Y would take other scripts' digits
+        raise ValueError(f"TIMESTAMP {shown(text)} has non-ASCII characters")
+    whole, _, frac = text.partition(".")
     t = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S")
-    if frac and not frac.isdigit():
-        raise ValueError(f"bad fractional seconds {frac!r}")
+    if frac and not _FRACTION.fullmatch(frac):
+        raise ValueError(f"bad fractional seconds {shown(frac)}")
     return (t - datetime(1970, 1, 1)).total_seconds() + (float("0." + frac) if frac else 0.0)
 
 
 def _int_field(value, what: str, minimum: int) -> int:
+    """A token count: a CSV field of ASCII digits or a JSON integer, in [minimum, MAX_TOKENS]."""
     if isinstance(value, str):
-        value = value.strip()
-        if not value.lstrip("-").isdigit():
-            raise ValueError(f"{what} is not an integer: {value!r}")
-        value = int(value)
+        text = value.strip()
+        if not _ASCII_INT.fullmatch(text):
+            raise ValueError(f"{what} is not an integer: {shown(text)}")
+        value = int(text)
     elif isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} is not an integer: {value!r}")
+        raise ValueError(f"{what} is not an integer: {shown(value)}")
     if value < minimum:
         raise ValueError(f"{what} must be >= {minimum}, got {value}")
+    if value > MAX_TOKENS:
+        raise ValueError(f"{what} is {shown(value)} tokens, beyond the {MAX_TOKENS:,} any sequence here can hold")
     return value
+
+
+def _json_int_field(value, what: str, minimum: int) -> int:
+    """A length in a JSON record: a JSON number, not a string of digits."""
+    if isinstance(value, str):
+        raise ValueError(f"{what} is not an integer: {shown(value)} is a JSON string (write the number unquoted)")
+    return _int_field(value, what, minimum)
+
+
+_UNDECODED = re.compile("[\udc80-\udcff]")  # where surrogateescape put a byte that is not UTF-8
+
+
+def _not_utf8(fields) -> str | None:
+    """Why a decoded row is not UTF-8 text (its undecodable bytes became lone surrogates), or None."""
+    for text in fields:
+        m = None if text.isascii() else _UNDECODED.search(text)
+        if m:
+            return f"not UTF-8 text (byte 0x{ord(m.group()) - 0xdc00:02x} at character {m.start() + 1} of a field)"
+    return None
+
+
+def _open_text(path: Path, **kwargs):
+    """Open a trace as UTF-8 (a BOM is skipped; undecodable bytes are kept for the row check to name)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    for bom, name in ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+                      (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16")):
+        if head.startswith(bom):
+            raise TraceFormatError(f"{path}:1: the file is {name} text; save it as UTF-8")
+    return open(path, encoding="utf-8-sig", errors="surrogateescape", **kwargs)
 
 
 class _Rows:
     """Collects malformed rows: raise on the first, or skip and report them all at the end."""
 
     def __init__(self, path: Path, skip_malformed: bool):
-        self.path, self.skip, self.bad = path, skip_malformed, []
+        self.path, self.skip, self.bad = path, as_flag("skip_malformed", skip_malformed), []
 
     def error(self, line: int, why: str) -> None:
         msg = f"{self.path}:{line}: {why}"
@@ -438,92 +498,175 @@ class _Rows:
     def notes(self) -> list[str]:
         if not self.bad:
             return []
-        shown = "; ".join(self.bad[:5]) + (f"; ... ({len(self.bad) - 5} more)" if len(self.bad) > 5 else "")
-        warnings.warn(f"skipped {len(self.bad)} malformed row(s): {shown}", TraceNotice, stacklevel=3)
+        shown_ = "; ".join(self.bad[:5]) + (f"; ... ({len(self.bad) - 5} more)" if len(self.bad) > 5 else "")
+        warnings.warn(f"skipped {len(self.bad)} malformed row(s): {shown_}", TraceNotice, stacklevel=3)
         return [f"skipped {len(self.bad)} malformed row(s)"] + self.bad
+
+
+def _limit(limit) -> int | None:
+    return None if limit is None else _count("limit", limit, 1)
+
+
+def _csv_rows(reader, rows: _Rows):
+    """(line, row) for each CSV record; a record the csv module cannot parse is a malformed row."""
+    while True:
+        before = reader.line_num
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            rows.error(reader.line_num, f"not a CSV row ({e})")
+            if reader.line_num == before:  # nothing consumed: the reader cannot move past it
+                return
+            continue
+        yield reader.line_num, row
+
+
+def _azure_header(reader, rows: _Rows, path: Path) -> tuple[int, list[int]]:
+    """The header's width and the positions of TIMESTAMP, ContextTokens, GeneratedTokens."""
+    need = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+    try:
+        header = next(reader, None)
+    except csv.Error as e:
+        raise TraceFormatError(f"{path}:1: the header is not a CSV row ({e})") from None
+    if header is None:
+        raise TraceFormatError(f"{path}:1: empty file, expected a header {','.join(need)}")
+    why = _not_utf8(header)
+    if why:
+        raise TraceFormatError(f"{path}:1: the header is {why}")
+    header = [h.strip() for h in header]
+    missing = [c for c in need if c not in header]
+    if missing:
+        raise TraceFormatError(f"{path}:1: header {shown(header, 120)} lacks column(s) {missing}")
+    for c in need:
+        if header.count(c) > 1:
+            cols = [i + 1 for i, h in enumerate(header) if h == c]
+            raise TraceFormatError(f"{path}:1: header names {c} more than once (columns {cols}): which one is meant?")
+    return len(header), [header.index(c) for c in need]
 
 
 def read_azure_csv(path: str | os.PathLike, limit: int | None = None, skip_malformed: bool = False,
                    name: str | None = None) -> Workload:
     """Parse an Azure LLM Inference 2023 CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
     path = Path(path)
+    limit = _limit(limit)
     rows = _Rows(path, skip_malformed)
     reqs: list[Request] = []
     t0 = None
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        need = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-        if header is None:
-            raise TraceFormatError(f"{path}:1: empty file, expected a header {','.join(need)}")
-        header = [h.strip() for h in header]
-        missing = [c for c in need if c not in header]
-        if missing:
-            raise TraceFormatError(f"{path}:1: header {header} lacks column(s) {missing}")
-        cols = [header.index(c) for c in need]
-        for row in reader:
+    with _open_text(path, newline="") as f:
+        reader = csv.reader(f, strict=True)
+        width, cols = _azure_header(reader, rows, path)
+        for line, row in _csv_rows(reader, rows):
             if limit is not None and len(reqs) >= limit:
                 break
-            line = reader.line_num
             if not row or all(not c.strip() for c in row):
                 continue
-            if len(row) != len(header):
-                rows.error(line, f"expected {len(header)} fields, got {len(row)}: {row!r}")
+            why = _not_utf8(row)
+            if why:
+                rows.error(line, why)
+                continue
+            if len(row) != width:
+                rows.error(line, f"expected {width} fields, got {len(row)}: {shown(row, 120)}")
                 continue
             try:
                 ts = _parse_time(row[cols[0]])
                 prompt = _int_field(row[cols[1]], "ContextTokens", 1)
                 output = _int_field(row[cols[2]], "GeneratedTokens", 1)
             except ValueError as e:
-                rows.error(line, f"{e}: {row!r}")
+                rows.error(line, f"{e}: {shown(row, 120)}")
                 continue
             t0 = ts if t0 is None else t0
             if ts < t0:  # arrivals count from the first row, so none may come before it
-                rows.error(line, f"TIMESTAMP {row[cols[0]].strip()!r} is earlier than the first row's: {row!r}")
+                rows.error(line, f"TIMESTAMP {row[cols[0]].strip()!r} is earlier than the first row's: {shown(row, 120)}")
                 continue
             reqs.append(Request(len(reqs), ts - t0, prompt, output))
     notes = rows.notes()
     return Workload(name or path.stem, reqs, f"file {path}", False, _AZURE, notes)
 
 
+def _json_lines(f):
+    """(line number, text or None) for each line; None for a line longer than MAX_LINE_CHARS (skipped unread)."""
+    line = 0
+    while True:
+        text = f.readline(MAX_LINE_CHARS + 1)
+        if not text:
+            return
+        line += 1
+        if len(text) > MAX_LINE_CHARS and not text.endswith("\n"):
+            while (rest := f.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+                pass
+            yield line, None
+        else:
+            yield line, text
+
+
+def _unique_keys(pairs):
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise ValueError(f"field {shown(dup)} appears more than once in one object: which one is meant?")
+    return dict(pairs)
+
+
+def _json_record(text: str) -> dict:
+    """One JSONL line as a dict; ValueError says why it is not one."""
+    why = _not_utf8([text])
+    if why:
+        raise ValueError(f"the line is {why}")
+    try:
+        rec = json.loads(text, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise ValueError("not a trace record: JSON nested too deeply to read") from None
+    except ValueError as e:  # a duplicated key, or an integer of more than 4,300 digits
+        raise ValueError(f"not a trace record: {e}") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+    return rec
+
+
+def _mooncake_request(rec: dict, index: int) -> Request:
+    missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in rec]
+    if missing:
+        raise ValueError(f"missing field(s) {missing}")
+    ts = rec["timestamp"]
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts < math.inf:
+        raise ValueError(f"timestamp must be a finite, non-negative number of ms, got {shown(ts)}")
+    if ts > MAX_TIMESTAMP_MS:
+        raise ValueError(f"timestamp {shown(ts)} ms is beyond {MAX_TIMESTAMP_MS:,} ms (285,000 years)")
+    prompt = _json_int_field(rec["input_length"], "input_length", 1)
+    output = _json_int_field(rec["output_length"], "output_length", 1)
+    ids = rec["hash_ids"]
+    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+        raise ValueError(f"hash_ids must be a list of integers, got {shown(ids)}")
+    want = -(-prompt // MOONCAKE_BLOCK_TOKENS)
+    if len(ids) != want:
+        raise ValueError(f"hash_ids has {len(ids)} ids, expected ceil({prompt}/512) = {want}")
+    return Request(index, ts / 1000.0, prompt, output, tuple(ids))
+
+
 def read_mooncake_jsonl(path: str | os.PathLike, limit: int | None = None, skip_malformed: bool = False,
                         name: str | None = None) -> Workload:
     """Parse a Mooncake FAST'25 JSONL trace; checks len(hash_ids) == ceil(input_length / 512)."""
     path = Path(path)
+    limit = _limit(limit)
     rows = _Rows(path, skip_malformed)
     reqs: list[Request] = []
-    with open(path, encoding="utf-8") as f:
-        for line, text in enumerate(f, start=1):
+    with _open_text(path) as f:
+        for line, text in _json_lines(f):
             if limit is not None and len(reqs) >= limit:
                 break
+            if text is None:
+                rows.error(line, f"line longer than {MAX_LINE_CHARS:,} characters: not a trace record")
+                continue
             if not text.strip():
                 continue
             try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as e:
-                rows.error(line, f"not valid JSON ({e.msg} at column {e.colno})")
-                continue
-            try:
-                if not isinstance(rec, dict):
-                    raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-                missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in rec]
-                if missing:
-                    raise ValueError(f"missing field(s) {missing}")
-                ts = rec["timestamp"]
-                if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts < math.inf:
-                    raise ValueError(f"timestamp must be a finite, non-negative number of ms, got {ts!r}")
-                prompt = _int_field(rec["input_length"], "input_length", 1)
-                output = _int_field(rec["output_length"], "output_length", 1)
-                ids = rec["hash_ids"]
-                if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
-                    raise ValueError(f"hash_ids must be a list of integers, got {str(ids)[:60]}")
-                want = -(-prompt // MOONCAKE_BLOCK_TOKENS)
-                if len(ids) != want:
-                    raise ValueError(f"hash_ids has {len(ids)} ids, expected ceil({prompt}/512) = {want}")
+                reqs.append(_mooncake_request(_json_record(text), len(reqs)))
             except ValueError as e:
                 rows.error(line, str(e))
-                continue
-            reqs.append(Request(len(reqs), ts / 1000.0, prompt, output, tuple(ids)))
     notes = rows.notes()
     return Workload(name or path.stem, reqs, f"file {path}", False, _MOONCAKE, notes)
 
@@ -537,8 +680,8 @@ def synthetic_trace(name: str, num_requests: int | None = None, seed: int = 0) -
     """
     info = _info(name)
     st = info.stats
-    num = st.count if num_requests is None else _count("num_requests", num_requests, 1)
-    rng = np.random.default_rng(seed)
+    num = st.count if num_requests is None else _count("num_requests", num_requests, 1, MAX_REQUESTS)
+    rng = _rng(seed)
     z99 = NormalDist().inv_cdf(0.99)
 
     def draw(median, p99, top):

@@ -19,7 +19,7 @@
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
 from labsupport import ledger, viz
 from labsupport.course.checkoff import check
-from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, LECTURE_RESERVED_BYTES
+from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LECTURE_RESERVED_BYTES
 from labsupport.units import fmt_bytes, fmt_gb
 from labsupport.viz import roofline
 
@@ -87,9 +87,8 @@ check("1.3", memory_jobs)
 #
 # $$B^\ast = \frac{P}{W}\cdot\frac{b}{2}.$$
 #
-# (This counts weight bytes only, as Lecture 2 did. The KV reads each sequence adds push the
-# intensity *down*, so the true ridge batch is larger still — for long sequences, out of reach.
-# Lab 07 puts them back.)
+# (This counts weight bytes only, as Lecture 2 did. Section 2b puts back the KV reads each sequence
+# adds.)
 #
 # ### Exercise 1.1 — the ridge-point batch
 #
@@ -120,6 +119,37 @@ print(f"B* = {H100.peak_flops / 1e12:,.0f} TFLOP/s ÷ {H100.hbm_bandwidth / GB:,
 
 # %%
 roofline.decode_roofline_figure(LECTURE_7B, H100, s_max=4096).show()
+
+# %% [markdown]
+# ### 2b. With the KV reads counted, 295 is out of reach
+#
+# A decode step also reads every cached key and value of every sequence in the batch, and does
+# attention's arithmetic on them: $4\,L\,H\,d$ FLOPs per cached token (the $q \cdot k$ and the weighted
+# sum of $v$, two FLOPs per multiply-add, every layer and query head) against $2\,L\,H_{kv}\,d\,b$ bytes.
+# For $B$ sequences of $S$ tokens:
+#
+# $$\text{intensity}(B) = \frac{B\,(2N + 4LHd\,S)}{Nb + B\,S\cdot\text{KV per token}}
+#   \;\xrightarrow{\;B\to\infty\;}\; \frac{2N + 4LHd\,S}{S\cdot\text{KV per token}}.$$
+#
+# Past some batch each extra sequence brings as many bytes as FLOPs, and the line goes flat. For the
+# lecture's MHA 7B, $4LHd = 524{,}288$ FLOPs per token is numerically its KV bytes per token, so the
+# flat level is $2N / (S\cdot\text{KV}) + 1$: it reaches the ridge only if $S$ is under about 87
+# tokens. Every chat sequence is longer.
+
+# %%
+for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
+    print(f"{mdl.name:>16}: at S = 640 the intensity flattens at {ledger.decode_intensity_limit(mdl, 640):6.1f} "
+          f"FLOP/byte (ridge {H100.peak_flops / H100.hbm_bandwidth:.0f}); any batch reaches the ridge only for "
+          f"S < {ledger.ridge_reachable_tokens(mdl, H100):.0f} tokens; at B = 186 it is "
+          f"{ledger.decode_intensity(mdl, 186, 640):.1f}")
+roofline.intensity_figure(LECTURE_7B, H100).show()
+
+# %% [markdown]
+# So 295 is Lecture 2's number for the weights alone. With real sequence lengths an MHA decode step
+# never becomes compute-bound, however large the batch — which is why the rest of Part II attacks the
+# *bytes* (GQA's smaller cache lifts the flat level 4×; the KV-cache lecture of Oct 28 goes further),
+# and why the batch memory permits still matters: it sets how many sequences share each pass over the
+# weights.
 
 # %% [markdown]
 # ## 3. What the memory permits: 29

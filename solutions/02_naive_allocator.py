@@ -242,11 +242,12 @@ viz_memory.naive_panel()
 # ### Exercise 2.5 — the long-context advertisement
 #
 # Set `util_32k` to the utilization (a fraction) of the chat workload under $S_{max} = 32{,}768$, MHA,
-# on the H100. Use the ledger's functions or your own arithmetic; the checkoff wants the exact value.
+# on the H100, from your own arithmetic: whole slots first, then the bytes their tokens hold (the
+# grade does not accept `ledger.naive_utilization` here). The checkoff wants the exact value.
 
 # %%
 ### BEGIN SOLUTION 2.5: set util_32k to the utilization at S_max = 32,768 (a fraction)
-util_32k = ledger.naive_utilization(BUDGET, 32_768, PROMPT + OUTPUT, KV)
+util_32k = (BUDGET // (32_768 * KV)) * (PROMPT + OUTPUT) * KV / BUDGET
 ### END SOLUTION
 check("2.5", util_32k)
 
@@ -288,7 +289,7 @@ viz_memory.slot_stack_figure(mha_128k, BUDGET).show()
 # %%
 KV_GQA = LECTURE_7B_GQA8.kv_bytes_per_token
 ### BEGIN SOLUTION 2.6: set util_128k_gqa to the GQA-8 utilization at S_max = 131,072 (a fraction)
-util_128k_gqa = ledger.naive_utilization(BUDGET, 131_072, PROMPT + OUTPUT, KV_GQA)
+util_128k_gqa = (BUDGET // (131_072 * KV_GQA)) * (PROMPT + OUTPUT) * KV_GQA / BUDGET
 ### END SOLUTION
 check("2.6", util_128k_gqa)
 

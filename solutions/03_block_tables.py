@@ -235,11 +235,46 @@ print(f"utilization {fmt_pct(st.occupied_bytes / BUDGET)} of the budget (naive: 
 viz.errata_note("Paged concurrency")
 
 # %% [markdown]
-# The lecture boards the pair **15.2% → 98.7%**. Its 98.7% charges each sequence the mean tail of
-# $b/2 = 8$ tokens: $640 / 648 = 98.77\%$. A sequence of exactly 640 tokens fills its 40 blocks, so
-# the real allocator wastes nothing in tails here; what is left unfilled is the remainder of the
-# budget that holds no whole sequence. With real lengths the tails come back — section 5 measures them.
+# That 99.83% is read at the **end** of every sequence's life: 640 tokens fill 40 blocks exactly, so
+# no tail is wasted. The lecture's **98.7%** is the same pool read **over** the life. A sequence is
+# prefilled with 512 tokens and then holds one more after each decode step, 512 … 639 while its 128
+# steps run, and for most of those steps its last block is partly empty. Step one sequence through
+# its life on the real allocator and average what its blocks hold:
+
+# %%
+life = BlockAllocator(64, 16)
+life.allocate("s", 512)
+fills = []
+for step in range(128):  # the KV the sequence holds while each of its 128 steps runs
+    st_life = life.stats()
+    fills.append(st_life.occupied_tokens / st_life.reserved_tokens)
+    life.append_slot("s")
+over_life = sum(fills) / len(fills)
+pool_share = pool.num_blocks * 16 * KV / BUDGET  # the budget's share the pool's whole blocks cover
+print(f"one sequence's blocks, averaged over its 128 steps: {fmt_pct(over_life)} filled")
+print(f"× the {fmt_pct(pool_share, 3)} of the budget the pool's blocks cover = {fmt_pct(over_life * pool_share)} "
+      f"of the budget (ledger: {fmt_pct(ledger.paged_utilization_time_avg(BUDGET, 512, 128, 16, KV))})")
+print(f"end of life: {fmt_pct(ledger.paged_utilization(BUDGET, 640, 16, KV))}; the naive slot over its life: "
+      f"{fmt_pct(ledger.naive_utilization_time_avg(BUDGET, 4096, 512, 128, KV))} of the budget")
+
+# %% [markdown]
+# So the lecture holds two consistent readings, and its board pairs one of each:
 #
+# | reading | reserve-to-max | paged, b = 16 | printed |
+# |---|---|---|---|
+# | end of life (640 tokens held) | 15.56% used, 84% internal fragmentation | 99.83% | 15.2% / 84% |
+# | over the life (512 … 639 held) | 14.00% used, 86% empty | 98.70% | 14% / 86% / 98.7% |
+#
+# The board's "15.2% → 98.7%" takes the first figure from one row and the second from the other; like
+# for like the jump is 15.56% → 99.83%, or 14.0% → 98.7%. Neither reading is wrong, and each printed
+# figure has a reading that reproduces it (15.2% only with 512 KiB taken as 512,000 B, the lecture's
+# 0.328 GB slip). With real lengths, whatever their life stage, the tails come back — section 4 measures
+# them.
+
+# %%
+viz.errata_note("utilization over a sequence's life")
+
+# %% [markdown]
 # **Say it twice: paging does not reduce KV bytes.** A token costs the same 512 KiB in a paged cache
 # as in a contiguous one; paging reduces *reserved-and-unused* bytes.
 
@@ -346,25 +381,41 @@ viz_memory.block_size_panel(measured, BUDGET, KV, batch=199, block_size=16)
 
 # %% [markdown]
 # Block size also interacts with sharing (§10.4, lab 05): copy-on-write duplicates a *whole block*
-# on the first divergent token. Fork 8 completions off a 4,010-token prompt (its last block partly
-# filled) in the real allocator and let each branch write one token:
+# on the first divergent token. How many branches copy depends on who holds the prompt, and both
+# ways are real:
+#
+# * **the prompt stays alive** — a prompt sequence is prefilled and 8 branches are forked off it: 9
+#   holders, so all 8 branches copy the shared tail block when they write;
+# * **the parent is branch 1** — the prompt's own sequence becomes the first branch and 7 are forked
+#   off it (the vLLM paper's §4.4, and lab 05's board): the last writer finds refcount 1 and writes in
+#   place, so 7 copy.
+#
+# Both on the real allocator, a 4,010-token prompt (its last block partly filled), each branch
+# writing one token:
 
 # %%
 PROMPT_FORK = 4010
 for b in (16, 256):
-    fan = BlockAllocator(ledger.blocks_for(PROMPT_FORK, b) + 16, b)
-    fan.allocate("prompt", PROMPT_FORK)
-    for i in range(8):
-        fan.fork("prompt", f"branch {i}")
-    copies = [fan.append_slot(f"branch {i}").cow for i in range(8)]
-    n_copies = sum(c is not None for c in copies)
-    print(f"b = {b:>3}: last block holds {PROMPT_FORK % b:>3} of {b} tokens; {n_copies} block copies of "
-          f"{b * KV / 2**20:,.0f} MiB each = {fmt_gb(n_copies * b * KV)} copied and newly allocated")
+    for parent_writes in (False, True):
+        fan = BlockAllocator(ledger.blocks_for(PROMPT_FORK, b) + 16, b)
+        fan.allocate("branch 0" if parent_writes else "prompt", PROMPT_FORK)
+        branches = [f"branch {i}" for i in range(8)]
+        for name in branches[1:] if parent_writes else branches:
+            fan.fork("branch 0" if parent_writes else "prompt", name)
+        n_copies = sum(fan.append_slot(name).cow is not None for name in branches)
+        who = "parent is branch 0 (8 holders)" if parent_writes else "prompt kept alive (9 holders)"
+        print(f"b = {b:>3}, {who}: last block holds {PROMPT_FORK % b:>3} of {b} tokens; {n_copies} copies of "
+              f"{b * KV / 2**20:,.0f} MiB = {fmt_gb(n_copies * b * KV)} allocated and copied")
 
 # %% [markdown]
-# (The lecture's "8 × 64 MB = 512 MB" counts the mean *filled* half of a 256-token block at the
-# rounded 0.5 MB per token; the real copy allocates and copies the whole block.)
-#
+# The lecture's "8 × 64 MB = 512 MB" is the first convention, counted in bytes *copied*: 8 copies of
+# the filled part of a 256-token block, on average 128 tokens × 512 KiB = 64 MiB (written MB). The
+# blocks *allocated* are whole: 8 × 134.2 MB = 1.07 GB, or 7 × when the parent writes in place.
+
+# %%
+viz.errata_note("Fork cost")
+
+# %% [markdown]
 # ## 5. What the block table itself costs
 #
 # One entry per logical block: a 4,096-token sequence at $b = 16$ has 256. The real cache hands the
@@ -457,6 +508,13 @@ for row in ledger.exercise3():
           f"{row['entries_at_median']:>5} | {row['entries_at_p95']:>7,} || {s[0]:>7}, {s[1]:>5}, {s[2]:>3}, {s[3]:>5,} "
           f"|| {fmt_pct(m.waste_at_batch_fraction, 1):>6}, {m.entries_at_median:>4} ({m.median_tokens}), "
           f"{m.entries_at_p95:>5,} ({m.p95_tokens:,})")
+
+# %% [markdown]
+# The sketch's $b = 8$ row does not follow its own rule: the mean tail is "about $b/2$", 4 tokens at
+# $b = 8$, not 2.
+
+# %%
+viz.errata_note("Exercise 3 at b = 8")
 
 # %% [markdown]
 # On memory alone, 8 or 16. But the memory column alone picks the wrong answer — that is the point of

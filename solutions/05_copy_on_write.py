@@ -153,20 +153,24 @@ if unlocked("5.1"):
 #
 # The engine does all of this for a request with `n > 1`: it prefills the prompt **once**, forks it
 # into n branches, and each branch samples its own continuation (each draws its own random numbers,
-# seeded by request, branch and position). Eight completions of the opening of §10.4:
+# seeded by request, branch and position). The tiny model learned the lecture almost by heart, so a
+# prompt copied from the lecture pins its continuation and the branches would mostly agree. This
+# prompt is a sentence the model never read — five full blocks and three tokens of a sixth — so the
+# next tokens are genuinely uncertain and the eight branches go their own ways:
 
 # %%
-fanout_prompt = tok.encode(
-    "Capacity was the motivation; sharing is the part that reshapes the rest of the semester. Once a "
-    "sequence's KV is a list of references to blocks rather than an owned array, two sequences can "
-    "name the same block. Reference-count it, and copy only on divergence, and you have ", errors="replace")
+fanout_prompt = tok.encode("Copy-on-write: every branch below shares this prompt's blocks until it writes. The ",
+                           errors="replace")
 NEW_TOKENS = 48
 engine = Engine(model, num_blocks=256, block_size=BLOCK)
 rid = engine.add_request(fanout_prompt, max_new_tokens=NEW_TOKENS, n=N_BRANCHES,
                          sampling=SamplingParams(temperature=0.8, seed=2026))
 result = engine.run()
-for branch, out in enumerate(result.requests[rid].outputs):
+outputs = result.requests[rid].outputs
+for branch, out in enumerate(outputs):
     print(f"branch {branch}: …{tok.decode(out)!r}")
+print(f"{len({tuple(o) for o in outputs})} distinct continuations of {N_BRANCHES}; the prompt's "
+      f"{len(fanout_prompt) // BLOCK} full blocks are stored once")
 
 # %% [markdown]
 # How many blocks did that take? The engine records the blocks in use after every step. A branch
@@ -284,14 +288,20 @@ for c in costs:
 viz_sharing.fork_cost_figure(costs, kv, "MB", title="Fork cost grows with the block (lecture's 7B, n = 8)").show()
 
 # %% [markdown]
-# Exercise 3 of the lecture says $b = 256$ "makes a fan-out of 8 copy 8 × 64 MB = 512 MB". The
-# allocator disagrees in three small ways, all visible above: only **7** copies happen (the last
-# branch writes in place), a copy moves the **whole** 256-token block (7 × 256 × 512 KiB = 939.5 MB
-# when the tail is partly filled; 935.9 MB on average over tail fills), and the prompt tokens inside
-# those blocks average $(b-1)/2 = 127.5$, not 128, tokens: 7 × 127.5 × 512 KiB = 467.9 MB. The printed
-# "64 MB" is 128 tokens × 512 KiB = 64 MiB (67.1 MB), so its 512 MB is really 512 MiB = 536.9 MB: the
-# filled half of eight copies.
-#
+# Exercise 3 of the lecture says $b = 256$ "makes a fan-out of 8 copy 8 × 64 MB = 512 MB". That is a
+# count of bytes *copied*, under two conventions the lecture does not state, and it holds under them:
+# eight branches forked off a prompt sequence that stays alive all copy (lab 03 shows both ways), and
+# each copy moves the filled part of the block, on average 128 tokens × 512 KiB = 64 MiB (written
+# MB): 8 × 64 MiB = 512 MiB. The engine's convention differs on both counts, and the table above
+# follows it: the prompt's sequence is branch 0 and writes in place last (the vLLM paper's §4.4), so
+# **7** copies happen; and a copy-on-write *allocates* a whole block, 256 × 512 KiB = 134.2 MB,
+# whatever part of it is filled — 7 × 134.2 MB = 939.5 MB when the tail is partly filled, of which
+# $(b-1)/2 = 127.5$ tokens on average are prompt tokens (467.9 MB).
+
+# %%
+viz.errata_note("Fork cost")
+
+# %% [markdown]
 # On this machine, with the tiny model's real tensors, the copy is a real `index_copy_` per layer.
 # Timings vary from run to run; the trend is what to read:
 

@@ -150,10 +150,28 @@ for r in sweep:
           f"{1e3 * r.p99_tpot_s:5.1f} ms | {r.makespan_s:6.1f} s")
 
 # %% [markdown]
-# With no watermark the engine admits everyone it can and then has to preempt (89 times); a 1%
-# watermark (vLLM's default) removes nine preemptions in ten; by 5% there are none. In exchange more
-# requests are refused at admission and wait in the queue — queueing that shows up in TTFT (lab 07) —
-# while the residents' cadence (p99 TPOT) improves, because fewer of them share each step. Move the slider; the right panel shows the pool filling, with the watermark line.
+# Read the table from its own numbers:
+
+# %%
+by_w = {r.watermark: r for r in sweep}
+none, vllm, five, big = by_w[0.0], by_w[0.01], by_w[0.05], by_w[0.2]
+print(f"preemptions: {none.total_preemptions} with no watermark, {vllm.total_preemptions} at vLLM's 1%, "
+      f"{five.total_preemptions} at 5%")
+print(f"requests refused at least once: {none.waited} -> {vllm.waited} -> {five.waited} -> {big.waited} at 20% "
+      f"(of {len(burst)}: at 8x the recorded rate nearly everyone queues anyway)")
+print(f"mean queueing: {none.mean_queueing_s:.2f} s -> {vllm.mean_queueing_s:.2f} s at 1% -> "
+      f"{five.mean_queueing_s:.2f} s at 5% -> {big.mean_queueing_s:.2f} s at 20%")
+print(f"p99 TPOT: {1e3 * none.p99_tpot_s:.1f} ms -> {1e3 * vllm.p99_tpot_s:.1f} ms at 1% -> "
+      f"{1e3 * big.p99_tpot_s:.1f} ms at 20%")
+
+# %% [markdown]
+# A small watermark is nearly free here. It removes most of the preemptions — each one a swap stall
+# that every resident waits through — so the queue drains about as fast as before or faster, and the
+# residents' p99 cadence improves. Refusals barely move, because at eight times the recorded rate
+# almost every request waits for admission whatever the watermark. Only a large watermark costs:
+# memory held back for growth nobody needs yet admits fewer sequences per step, and queueing grows —
+# which is TTFT (lab 07). Move the slider; the right panel shows the pool filling, with the watermark
+# line.
 
 # %%
 viz_engine.watermark_panel(sweep, watermark=0.01)
@@ -172,8 +190,12 @@ viz_engine.watermark_panel(sweep, watermark=0.01)
 # t_{recompute} = \frac{2NS + 4\,L\,n_{heads}\,d_{head}\,S^2}{\text{MFU} \cdot F_{peak}}.$$
 #
 # The swap goes over the link twice — out now, back in later. The recompute is the prefill:
-# 2 FLOP per parameter per token, plus attention's $QK^\top$ and $PV$ against every earlier key.
-# Derive the lecture's pair live, for a 4,096-token sequence of the 7B on an H100:
+# 2 FLOP per parameter per token, plus attention's $QK^\top$ and $PV$. The lecture (like Lecture 2)
+# counts attention as if each of the $S$ prompt tokens met all $S$ keys: $2 \times 2\,L\,n_{heads}\,d_{head}$
+# FLOPs per token pair, $4\,L\,n_{heads}\,d_{head}\,S^2$ in all. A causal kernel only pairs each token with
+# the keys before it, about half that, $2\,L\,n_{heads}\,d_{head}\,S^2$; these labs keep the lecture's
+# count, so that the numbers are the lecture's (129 ms; causal, 121 ms). Derive the pair live, for a
+# 4,096-token sequence of the 7B on an H100:
 
 # %%
 S = 4096
@@ -373,6 +395,78 @@ viz_engine.blocks_figure(timeline, pool, title="Blocks in use: the burst on the 
 # *below* the crossover, recompute is (barely) cheaper, and `auto` recomputes. And the extra time is
 # more than the 67 or 129 ms of the mechanism: a preempted sequence also waits for blocks to come
 # back — which is why the right goal is to preempt *rarely*, not cheaply.
+#
+# ### What the paper found: the block size changes the answer (§7.3)
+#
+# The derivation priced a swap by its bytes alone. A real engine moves a paged cache block by block:
+# vLLM copies each block of each layer's K and V on its own, $2L$ copies per block, and every copy has
+# a fixed cost $t_0$ on top of its bytes (a `cudaMemcpyAsync` call, of the order of microseconds). The
+# vLLM paper's ablation (Kwon et al., SOSP 2023, §7.3, Fig. 19) found exactly that: swapping is slow
+# at small block sizes, where the copies are many and tiny, while recomputation does not care about
+# the block size — and it was never more than 20% slower than swapping at any size they tried. With
+# $t_0$ in the model, a 4K MHA sequence of the 7B on the H100's 64 GB/s link:
+#
+# $$t_{swap} = 2\left(\frac{\text{KV}}{W} + 2L\left\lceil \frac{S}{b} \right\rceil t_0\right)$$
+
+# %%
+rec_4k = ledger.recompute_s(LECTURE_7B, 4096, H100.peak_flops)
+print(f"{'t0':>6} | " + " | ".join(f"b = {b:>3}" for b in (1, 4, 16, 64, 256)) + f" | recompute {1e3 * rec_4k:.1f} ms")
+for t0 in (0.0, 1e-6, 5e-6, 20e-6):
+    cells = []
+    for b in (1, 4, 16, 64, 256):
+        sw = ledger.swap_round_trip_s(4096 * kv_per_token, H100.link_bandwidth,
+                                      ledger.swap_transfers(LECTURE_7B, 4096, b), t0)
+        cells.append(f"{1e3 * sw:5.0f} ms {'S' if sw < rec_4k else 'R'}")
+    print(f"{1e6 * t0:4.0f} µs | " + " | ".join(cells))
+
+# %% [markdown]
+# (S: swap is cheaper, R: recompute.) With no per-copy cost, swap wins at every block size; at a few
+# microseconds per copy the 16-token blocks vLLM uses by default make recompute the cheaper way back,
+# and only large blocks keep swap ahead — the §7.3 picture. The engine's `auto` mode prices the same
+# term when its cost model is given a `block_transfer_s`, so the choice follows the block size. The
+# lecture burst of section 4 again, at $t_0 = 5$ µs:
+
+# %%
+for b in (16, 256):
+    cm_copies = CostModel(LECTURE_7B, H100, block_transfer_s=5e-6)
+    pool_b = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, H100), b, LECTURE_7B.kv_bytes_per_token)
+    res = viz_engine.run_requests(lecture_burst, num_blocks=pool_b, block_size=b, cost_model=cm_copies,
+                                  preemption="auto")
+    print(f"b = {b:>3}: auto chose swap {res.counters.preemptions['swap']} times and recompute "
+          f"{res.counters.preemptions['recompute']} times; the burst took {res.clock_s:.3f} s")
+
+# %% [markdown]
+# ### All or nothing, and a whole group at a time (§4.5)
+#
+# The reading guide asks you to check the paper's eviction policy against this break-even. The paper
+# evicts **all** of a sequence's blocks or none — a sequence with half its KV gone would have to
+# recompute anyway, since attention needs every key — and it evicts a **sequence group** (the n
+# branches of a parallel-sampling request, or a beam) together, because the branches share their
+# prompt's blocks. Price the lecture's fan-out, 8 branches off a 4,096-token prompt with 256 tokens
+# each generated, both ways back, as a group and one branch at a time:
+
+# %%
+for together in (True, False):
+    swap_b = ledger.group_swap_bytes(8, 4096, 256, 16, LECTURE_7B.kv_bytes_per_token, together)
+    rec_f = ledger.group_recompute_flops(LECTURE_7B, 8, 4096, 256, together)
+    w_star = ledger.group_breakeven_link_bandwidth(LECTURE_7B, 8, 4096, 256, 16, H100.peak_flops, together=together)
+    print(f"{'as one group' if together else 'branch by branch':>17}: swap {swap_b / GB:6.2f} GB each way = "
+          f"{1e3 * ledger.swap_round_trip_s(swap_b, H100.link_bandwidth):6.1f} ms; recompute {rec_f / 1e12:6.1f} TFLOP "
+          f"= {1e3 * rec_f / rate:7.1f} ms; break-even {w_star / GB:.1f} GB/s")
+print(f"one 4,352-token sequence alone: break-even "
+      f"{ledger.breakeven_link_bandwidth(LECTURE_7B, 4352, H100.peak_flops) / GB:.1f} GB/s")
+
+# %% [markdown]
+# Evicting the group together moves and recomputes the shared prompt once instead of eight times —
+# 5.7× fewer bytes, 5.4× fewer FLOPs — and its break-even is within a few percent of a single
+# sequence's: so the paper's all-or-nothing group policy and §10.5's per-sequence arithmetic agree, the
+# group just costs less. Branch by branch (what `labsupport`'s engine does: it evicts one sequence at a
+# time) pays the unshared price, and the branches come back as private copies. What does *not* match
+# the break-even is vLLM's default choice between the two: it recomputes every single-sequence group
+# and swaps every multi-sequence group (recomputation of a group is not supported), whatever the
+# length and the link. On the H100's 64 GB/s link the byte arithmetic says swap for every length of
+# the MHA 7B; with a few microseconds per copy at $b = 16$ it says recompute — the default is right for the second
+# reading, and only the break-even knows which machine you are on.
 #
 # ## 5. Exercise 4 — the break-even you will actually hit
 #

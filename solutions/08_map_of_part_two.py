@@ -79,15 +79,19 @@ print(f"{rb['batches']} batches of {rb['batch']}: effective B mean {rb['mean_eff
 
 # %% [markdown]
 # **The interference spike** (lab 07). 186 chat sequences decode; one 4,096-token prompt arrives. The
-# lecture *adds* the prefill to the decode step: $(129.4 + 22.65)/22.65 = 6.71\times$. The engine's
-# roofline clock lets a step's compute and memory traffic overlap (it takes the larger), so the step
-# holding the prefill is 134.6 ms, not 152 ms — still a spike every decoder feels:
+# lecture *adds* the prefill to the decode step: $(129.4 + 22.65)/22.65 = 6.71\times$. Whether a step's
+# arithmetic and its memory traffic add up or overlap is an assumption about the hardware, and the
+# engine's cost model can take either: by default it lets them overlap perfectly (the step takes the
+# longer of the two), the kindest case; `CostModel(overlap=False)` adds them, the lecture's model,
+# which also makes the ordinary decode steps a little longer (their own arithmetic is added). Both,
+# on the engine:
 
 # %%
-sp = numbers["spike"]
-print(f"a neighbour's usual gap {1e3 * sp['usual_gap_s']:.2f} ms, the gap with the prefill in it "
-      f"{1e3 * sp['spike_gap_s']:.2f} ms: {sp['engine_ratio']:.2f}x on the engine (lecture, added: "
-      f"{sp['lecture_additive_ratio']:.2f}x)")
+for label, sp in (("overlapped (the engine's default)", numbers["spike"]),
+                  ("added (§2.16's model)", viz_board.interference_spike(overlap=False))):
+    print(f"{label:>34}: a neighbour's usual gap {1e3 * sp['usual_gap_s']:6.2f} ms, the gap with the prefill "
+          f"in it {1e3 * sp['spike_gap_s']:6.2f} ms = {sp['engine_ratio']:.2f}x")
+print(f"{'the lecture, by hand':>34}: {numbers['spike']['lecture_additive_ratio']:.2f}x")
 
 # %% [markdown]
 # **A hit on the wrong replica** (lab 05). The Mooncake conversation trace's `hash_ids` name 512-token
@@ -290,25 +294,41 @@ print(f"{'CoW copy per divergence':>26} " + " ".join(f"{fork[b].copied_bytes(MHA
 # ### Seed 2 — admission without lengths
 #
 # *With a perfect predictor of output length, which of §10.5's three moves would you stop needing, and
-# what would a wrong prediction cause?* The data: how often the watermark policy had to preempt on an
-# overloaded replay, and what exact-length reservation would hold idle — each request reserving its
-# final length at admission instead of growing into it.
+# what would a wrong prediction cause?* With exact lengths an engine could reserve each request's final
+# length at admission and never preempt — at the price of holding the not-yet-generated tokens idle.
+# First the baseline: how often the watermark policy preempts on an overloaded replay.
 
 # %%
 overload = viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16"), speedup=3.0, window_s=600)
-prompts, outputs = azure.prompt_lengths()[:len(overload.tokens)], azure.output_lengths()[:len(overload.tokens)]
-# over a request's decode life it holds p + i tokens and would have reserved p + o: average the gap over i
-idle = float(np.sum(outputs * (outputs / 2))) / float(np.sum(outputs * (prompts + outputs / 2)))
 print(f"watermark policy, 3x rate: preemptions {overload.counters['preemptions']}, "
       f"{overload.counters['finished']:,} requests served")
-print(f"exact-length reservation would hold {100 * idle:.1f}% more KV than the tokens present, time-averaged")
 
 # %% [markdown]
+# Now price a predictor on the whole Azure trace's real lengths (`viz_board.length_prediction_cost`):
+# each request reserves its prompt plus a predicted output, `margin` × the true output × a lognormal
+# error of spread `sigma`. **Under**-predicted, it outgrows its reservation and must be preempted (its
+# prompt and tokens so far recomputed); **over**-predicted, the unfilled reservation sits idle all its
+# life. A safety margin trades the first for the second:
+
+# %%
+print(f"{'sigma':>5} {'margin':>6} | {'preempted':>9} | {'recomputed / prompt tokens':>26} | idle share of reserved KV")
+for sigma, margin in ((0.0, 1.0), (0.25, 1.0), (0.5, 1.0), (0.5, 2.0), (0.5, 3.0), (1.0, 1.0), (1.0, 3.0)):
+    cost = viz_board.length_prediction_cost(azure, sigma, margin)
+    print(f"{sigma:5.2f} {margin:6.1f} | {100 * cost['preempted_share']:8.1f}% | "
+          f"{100 * cost['recompute_share']:25.1f}% | {100 * cost['idle_share']:.1f}%")
+
+# %% [markdown]
+# A perfect predictor removes preemption and still idles about an eighth of what it reserves (the
+# tokens not generated yet: the third waste of §10.2, which no allocator removes). Any error that is
+# symmetric in the log preempts about half the requests; buying that down with a margin costs idle
+# memory fast. Paging's on-demand growth is the other answer: nothing is reserved ahead, so nothing is
+# idle, and the watermark keeps preemption rare.
+#
 # ### Seed 3 — where the analogy breaks
 #
-# *LLM paging has no TLB and no demand paging. Which absence costs more?* The data: what a decode step
-# reads from block tables against what it reads from the cache, and what a "page fault" — bringing one
-# sequence's blocks in from host memory mid-step — would stall.
+# *LLM paging has no TLB and no demand paging. Which absence costs more, and what would a KV "TLB" even
+# be?* The data first: what a decode step reads from block tables against what it reads from the cache,
+# and what a "page fault" — bringing one sequence's blocks in from host memory mid-step — would stall.
 
 # %%
 tlb = viz_board.tlb_bytes()
@@ -318,12 +338,42 @@ print(f"one 640-token sequence swapped in over 64 GB/s: {1e3 * tlb['swap_in_one_
       f"{1e3 * tlb['step_s']:.2f} ms step — a fault stalls all 186 sequences")
 
 # %% [markdown]
+# A KV "TLB" would be a small cache of block-table entries, keyed by (sequence, logical block), next to
+# the attention kernel. Its hit rate on a real run (`viz_board.tlb_replay`): the first 10 minutes of the
+# Azure trace at twice the recorded rate, where every decode step reads each resident block's
+# translation once per layer.
+
+# %%
+loaded = [type(r)(r.request_id, r.arrival_s / 2, r.prompt_tokens, r.output_tokens) for r in azure
+          if r.arrival_s < 600]
+sizes_tlb = (256, 1024, 2048, 4096, 7452)
+tlb_run = viz_board.tlb_replay(loaded, sizes_tlb, max_steps=8_000)
+print(f"{tlb_run.steps:,} steps, {tlb_run.lookups:,} table lookups; working set up to {tlb_run.peak_working_set:,} "
+      f"translations; {tlb_run.new_translations:,} first-time translations")
+for e in sizes_tlb:
+    print(f"  an LRU TLB of {e:>5,} entries ({e * 12 / 1024:5.1f} KiB at 8 B of key + 4 B of block id): "
+          f"{100 * tlb_run.hit_rate(e):6.2f}% of lookups served")
+
+# %% [markdown]
+# A TLB that holds the whole working set serves nearly every lookup: a table is read once per layer
+# and changes by a block now and then, so only first-time translations miss. In a step whose working
+# set is larger than the TLB, LRU serves nothing, because each layer sweeps the same entries in the
+# same order and evicts each one just before it is needed: a smaller TLB is only as good as the share
+# of steps whose working set happens to fit.
+# Either way it saves reads that were a millionth of the step's bytes; what it could save is latency
+# (the dependent load before each K/V read, lab 04). Demand paging is the absence that costs more: a
+# fault mid-step stalls the whole batch for a swap-in of milliseconds, which is why engines preempt
+# between steps instead.
+#
 # ### Seed 4 — utilization as the claim
 #
 # *Construct a workload on which utilization goes from 15% to 99% and throughput barely moves.* Below:
 # the lecture's chat workload at rising arrival rates, on reserve-to-max (one block of S_max = 4,096
 # tokens per sequence: 29 slots) and on paging (b = 16). Utilization is measured after every engine step
-# as tokens held over slots handed out.
+# as tokens held over the slots handed out, and averaged over the run: the **share of what is
+# reserved**, over the sequences' lives. That is the right reading here, because at these loads the
+# pool is not full; lab 02's checkoff 2.3 reads the share of the whole budget at the end of life, a
+# different convention that agrees with this one only when every slot is taken.
 
 # %%
 rates = [5, 10, 20, 25, 30, 40, 60]
@@ -355,7 +405,7 @@ check("8.5", utilization_workload)
 
 # %% [markdown]
 # Measured, the two utilizations are **14.0% and 98.7%** — the timing plan's "14%" and §10.3's printed
-# 98.7% — while the throughputs agree to the token until 25 requests/s. What the construction tells you
+# 98.7%, the over-the-life reading of lab 03 — while the throughputs agree to the token until 25 requests/s. What the construction tells you
 # about when to deploy paging: utilization converts into throughput
 # only when the naive engine was **turning requests away for lack of slots** — when memory, not
 # arrivals and not the SLO, is the binding constraint. On an under-loaded card the win is invisible;
@@ -364,21 +414,34 @@ check("8.5", utilization_workload)
 # ### Seed 5 — the fan-out you will actually run
 #
 # *Lecture 5 put the single-context-versus-fan-out crossover at k ≈ 6 on token cost alone. Redo it with
-# §10.4's sharing factor.* The data: k branches off the agent's 7,700-token context, 80 output tokens
-# each, GQA-8 — KV held and prefill FLOPs with and without sharing (forked branches prefill the prompt
-# once), blocks counted on the real allocator.
+# §10.4's sharing factor.* Token cost alone charged each of the k branches for the whole context it
+# re-sends: $k\,(C + o)$ prefill-and-cache tokens. With copy-on-write the context is prefilled and held
+# once and each branch adds only its own output: $C + k\,o$ — their ratio is §10.4's sharing factor.
+# The data: k branches off the agent's 7,700-token context, 80 output tokens each, GQA-8, blocks
+# counted on the real allocator:
 
 # %%
 gqa = LECTURE_7B_GQA8
+C, o = 7_700, 80
 for k in (1, 2, 4, 6, 8, 16):
-    counted = viz_sharing.measure_fanout(k, 7_700, 80, 16)
+    counted = viz_sharing.measure_fanout(k, C, o, 16)
     unshared_b, shared_b = counted.bytes(gqa.kv_bytes_per_token)
-    flops_unshared = k * ledger.prefill_flops(gqa, 7_700)
-    flops_shared = ledger.prefill_flops(gqa, 7_700)
+    flops_unshared = k * ledger.prefill_flops(gqa, C)
+    flops_shared = ledger.prefill_flops(gqa, C)
     print(f"k = {k:2d}: KV {unshared_b / GB:6.2f} GB unshared vs {shared_b / GB:5.2f} GB shared "
-          f"({unshared_b / shared_b:4.2f}x); prefill {flops_unshared / 1e15:5.2f} vs {flops_shared / 1e15:4.2f} PFLOP")
+          f"({unshared_b / shared_b:4.2f}x); prefill {flops_unshared / 1e15:5.2f} vs {flops_shared / 1e15:4.2f} PFLOP; "
+          f"sharing factor {ledger.sharing_factor(k, C, o):.2f}")
+print(f"cost of one more branch: {C + o:,} tokens unshared, {o} shared ({(C + o) / o:.0f}x less)")
 
 # %% [markdown]
+# Whatever the single-context plan costs, the fan-out side of the comparison changed: at Lecture 5's
+# k = 6 it is 5.7× cheaper in prefill and in KV held, and each extra branch costs its 80 output tokens
+# instead of 7,780. A crossover priced at k ≈ 6 with every branch paying for its context moves out by
+# about that factor — cheap fan-out makes wide fan-out the default for a server that shares blocks.
+# For Assignment 3 it changes nothing yet: A3 runs outside the API, where you pay per token sent and
+# the provider, not you, decides whether the branches share a prefix (Lecture 10's levers become
+# yours in Assignment 4).
+#
 # ## Self-check
 #
 # 1. Name the quantity each of these attacks: disaggregation; the prefix cache; speculative decoding;

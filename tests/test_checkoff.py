@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 from dataclasses import replace
 
@@ -15,6 +16,7 @@ import torch
 
 from labsupport.course import checkoff as C
 from labsupport.course.checkoff import check
+from labsupport.course.codec import contains_unfinished
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_GPU
 
 
@@ -168,7 +170,11 @@ def test_a_student_object_is_never_asked_whether_it_is_the_placeholder():
         def __iter__(self):
             raise AssertionError("iterated")
 
-    assert not C.is_placeholder(Liar()) and not C.is_placeholder([Liar()])
+    class LiarDict(dict):
+        def values(self):
+            raise AssertionError("opened")
+
+    assert not any(contains_unfinished(x) for x in (Liar(), [Liar()], LiarDict(a=...)))
 
 
 def test_passed_and_unlocked_follow_this_kernels_results(capsys):
@@ -291,3 +297,54 @@ def test_registration_requires_a_hint():
 def test_memory_checkoff_covers_a_card_the_weights_overflow():
     # Llama 3 70B's 141.2 GB of bf16 weights do not fit an 80 GB H100: the answer there is 0.
     assert _memory(replace(LECTURE_7B, num_params=70.6e9), GPUS["h100"], 4096) == 0
+
+
+# --- prepared cases, hidden inputs, placeholders (what grade relies on) ---------------------------
+
+def _stable(cases) -> list[str]:
+    """Cases as text, with objects plain data has no word for reduced to their type (addresses vary)."""
+    from labsupport.course import codec
+
+    def strip(x):
+        if isinstance(x, dict) and set(x) == {"__opaque__"}:
+            return {"__opaque__": x["__opaque__"]["type"]}
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+
+    return [json.dumps(strip(codec.to_plain(case, objects=True)), sort_keys=True) for case in cases]
+
+
+FUNCTION_CHECKOFFS = [c for lab in range(9) for c in C.load_lab(lab) if c.kind == "function" and "open" not in c.formative]
+
+
+@pytest.mark.parametrize("checkoff", FUNCTION_CHECKOFFS, ids=lambda c: c.id)
+def test_function_checkoffs_draw_hidden_cases_from_the_secret(checkoff):
+    public = _stable(checkoff.prepare(C.case_rng(checkoff.id)))
+    assert public == _stable(checkoff.prepare(C.case_rng(checkoff.id)))  # the notebook's feedback is repeatable
+    one = _stable(checkoff.prepare(C.case_rng(checkoff.id, b"secret one", "alice/02.ipynb")))
+    two = _stable(checkoff.prepare(C.case_rng(checkoff.id, b"secret two", "alice/02.ipynb")))
+    other = _stable(checkoff.prepare(C.case_rng(checkoff.id, b"secret one", "bob/02.ipynb")))
+    assert one != two and one != other, "no case depends on the grading secret"
+    assert one == _stable(checkoff.prepare(C.case_rng(checkoff.id, b"secret one", "alice/02.ipynb")))
+
+
+def test_placeholders_are_not_attempted(capsys):
+    class Unfinished:
+        pass
+
+    for placeholder in (..., Unfinished()):
+        check("0.1", placeholder)
+        assert C.results()["0.1"]["status"] == "not attempted"
+        assert capsys.readouterr().out.startswith("⬜ Checkoff 0.1 not attempted — ")
+
+
+def test_forbidden_names_must_be_dotted_and_always_include_the_course_tooling():
+    with pytest.raises(ValueError, match="dotted"):
+        C.function("98.5", "bad forbid", hint="h", forbid=("ridge_batch",))
+    assert "98.5" not in C.REGISTRY
+    ridge = C.get("1.1")
+    assert "labsupport.ledger.ridge_batch" in ridge.forbidden
+    assert {"labsupport.course", "labsupport.ledger.exercise1"} <= set(ridge.forbidden)

@@ -282,6 +282,43 @@ def test_cost_model_step_terms_by_hand():
     assert (idle.memory_s, idle.compute_s, idle.total_s) == (0.0, 0.0, pytest.approx(1.0))
 
 
+def test_cost_model_additive_and_per_copy_terms_by_hand():
+    """overlap=False adds compute to memory (Lecture 2 §2.16's model); block_transfer_s charges every
+    block copy of every layer's K and V (the vLLM paper's §7.3)."""
+    mem = (13.48e9 + 186 * 640 * 524_288) / 3350e9
+    prefill = (2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / 494.5e12
+    decode = (186 * 2 * 6.74e9 + 186 * 640 * 4 * 32 * 32 * 128) / 494.5e12
+    additive = CostModel(overlap=False)
+    st = additive.step(decode_seqs=186, decode_context_tokens=186 * 640, prefill_lens=[4096])
+    assert st.total_s == pytest.approx(mem + prefill + decode)
+    assert additive.step_s(186, 186 * 640, additive.prefill_flops(4096), 0.0) == pytest.approx(st.total_s)
+    assert H100.step(decode_seqs=186, decode_context_tokens=186 * 640, prefill_lens=[4096]).total_s == pytest.approx(
+        max(mem, prefill + decode))
+    copies = CostModel(block_transfer_s=5e-6)
+    assert copies.step_s(0, 0, 0.0, 1e9, swap_blocks=10) == pytest.approx(1e9 / 64e9 + 10 * 2 * 32 * 5e-6)
+    assert copies.swap_round_trip_s(4096, 16) == pytest.approx(2 * (4096 * 524_288 / 64e9 + 2 * 32 * 256 * 5e-6))
+    assert copies.preempt_choice(4096, 16) == "recompute" and copies.preempt_choice(4096, 256) == "swap"
+    with pytest.raises(ValueError, match="overlap"):
+        CostModel(overlap="yes")
+    with pytest.raises(ValueError, match="block_transfer_s"):
+        CostModel(block_transfer_s=-1.0)
+
+
+def test_engine_clock_charges_every_swapped_block_copy():
+    """The same forced-swap run with and without a per-copy cost differs by exactly copies x cost."""
+    runs = {}
+    for t0 in (0.0, 7e-6):
+        eng = Engine(cost_model=CostModel(block_transfer_s=t0), num_blocks=24, block_size=16, watermark=0.0,
+                     preemption="swap", record_token_times=False)
+        for i in range(4):
+            eng.add_request(prompt_len=60, max_new_tokens=70, arrival_time=0.0)
+        runs[t0] = eng.run()
+    a, b = runs[0.0], runs[7e-6]
+    assert a.counters.preemptions == b.counters.preemptions and a.counters.preemptions["swap"] > 0
+    blocks = (a.counters.swapped_out_bytes + a.counters.swapped_in_bytes) // (16 * 524_288)
+    assert b.clock_s - a.clock_s == pytest.approx(blocks * 2 * 32 * 7e-6)
+
+
 def test_ttft_splits_into_scheduling_delay_queueing_and_prefill():
     eng = cost_engine(7452, 16, watermark=0.0)
     a = eng.add_request(prompt_len=4096, max_new_tokens=3, arrival_time=0.0)
@@ -506,7 +543,7 @@ def test_bad_arguments_are_clear_errors(model):
         real.add_request(prompt_len=5, max_new_tokens=1)
     with pytest.raises(ValueError, match="vocabulary"):
         real.add_request([1, 999], 3)
-    with pytest.raises(ValueError, match="integer token ids"):
+    with pytest.raises(ValueError, match="prompt token id must be an integer"):
         real.add_request([1, 2.5], 3)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1)
@@ -535,7 +572,7 @@ def test_percentiles_match_numpy():
         xs = [rng.expovariate(1.0) for _ in range(n)]
         for q in (0, 50, 99, 100):
             assert _pct(xs, q) == pytest.approx(float(np.percentile(xs, q)), rel=1e-12)
-    assert math.isnan(_pct([], 50))
+    assert _pct([], 50) is None  # undefined, never NaN (strict JSON carries it as null)
 
 
 def test_goodput_counts_only_requests_meeting_both_slos():

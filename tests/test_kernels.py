@@ -542,6 +542,7 @@ def test_bench_commands_on_cpu(tmp_path, capsys):
     payload = json.loads(out.read_text())
     assert {r["function"] for r in payload["cpu_interpreter"]} >= {"paged_gather", "paged_decode_attention",
                                                                    "contiguous_decode_attention", "gather_then_attend"}
-    assert bench.main(["gpu", "--out", str(tmp_path / "gpu.json")]) == 1
-    assert "no CUDA GPU" in capsys.readouterr().out
+    assert bench.main(["gpu", "--out", str(tmp_path / "gpu.json")]) == 2  # one line, like any refused input
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "gpu.json").exists()

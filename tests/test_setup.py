@@ -97,7 +97,7 @@ def test_ledger_cli_json_keys_and_values():
     (["--kv-budget-gb", "0.000001"], "smaller than one block"),
     (["--hbm-gb", "10"], "weights alone"),
     (["--mfu", "2"], "--mfu"),
-    (["--prompt", "abc"], "invalid int"),
+    (["--prompt", "abc"], "--prompt: expected an integer"),
     (["--kv-heads", "5"], "multiple of"),
 ])
 def test_ledger_cli_bad_flags(flags, needle):

@@ -122,8 +122,18 @@ def test_panel_needs_a_control():
 def test_errata_note_quotes_printed_and_exact():
     text = viz.errata_note("Paged concurrency").data
     assert "*199 (6.9x over 29)*" in text and "**186" in text
-    with pytest.raises(ValueError, match="no erratum matches"):
+    with pytest.raises(ValueError, match="no erratum or convention matches"):
         viz.errata_note("no such quantity")
+
+
+def test_intensity_figure_flattens_below_the_ridge():
+    fig = roofline.intensity_figure(LECTURE_7B, LECTURE_GPU, seq_lengths=(0, 640))
+    weights_only, with_kv = fig.data
+    b = weights_only.x[-1]
+    assert weights_only.y[-1] == pytest.approx(2 * b / 2)  # Lecture 2: 2B / b FLOP per byte, bf16
+    # 640-token MHA sequences: (2N + 4LHdS) / (W/B + S kv) tends to 41.2, far below the 295 ridge
+    assert with_kv.y[-1] < (2 * 6.74e9 + 524_288 * 640) / (640 * 524_288) < 989e12 / 3350e9
+    assert max(with_kv.y) == with_kv.y[-1]
 
 
 # --- layout rules: nothing clipped, nothing colliding, nothing squeezed ----------------------------

@@ -132,3 +132,41 @@ def test_shipped_board_data_is_current():
     shipped = json.loads(viz_board.BOARD_DATA.read_text())
     fresh = json.loads(json.dumps(viz_board.compute_board_data()))
     assert fresh == shipped, "labsupport/viz/board_data.json is stale: run `python -m labsupport.viz.board --write`"
+
+
+def test_length_prediction_cost_by_hand():
+    """Seed 2 on three requests: a perfect predictor idles the not-yet-generated tokens; a wrong one
+    either preempts (under) or idles more (over)."""
+    reqs = [Request(0, 0.0, 10, 4), Request(1, 0.0, 20, 2), Request(2, 0.0, 5, 1)]
+    w = Workload("three", reqs, "test", True)
+    # held token slots over each request's steps: sum_{k<o} (p + k)
+    held = (10 * 4 + 6) + (20 * 2 + 1) + 5 * 1
+    exact = viz_board.length_prediction_cost(w, 0.0)
+    reserved = 14 * 4 + 22 * 2 + 6 * 1  # (p + o) for o steps each
+    assert exact["preempted_share"] == 0 and exact["recompute_share"] == 0
+    assert exact["idle_share"] == pytest.approx(1 - held / reserved)
+    half = viz_board.length_prediction_cost(w, 0.0, margin=0.5)  # predicts 2, 1, 1 (never below 1)
+    assert half["preempted_share"] == pytest.approx(2 / 3)  # the first two outgrow their reservation
+    assert half["recompute_share"] == pytest.approx(((10 + 2) + (20 + 1)) / (10 + 20 + 5))
+    reserved_half = (10 * 4 + 2 * 2 + 4 * 2) + (20 * 2 + 1 * 1 + 2 * 1) + 6 * 1
+    assert half["idle_share"] == pytest.approx(1 - held / reserved_half)
+    double = viz_board.length_prediction_cost(w, 0.0, margin=2.0)  # reserves 8, 4, 2 output tokens
+    assert double["idle_share"] == pytest.approx(1 - held / ((10 + 8) * 4 + (20 + 4) * 2 + (5 + 2) * 1))
+    with pytest.raises(ValueError, match="sigma"):
+        viz_board.length_prediction_cost(w, -1.0)
+
+
+def test_tlb_replay_counts_lookups_and_new_translations():
+    """Seed 3: two sequences of 40 and 20 tokens in blocks of 16 decode; every step reads every
+    resident block once per layer; an LRU TLB below the working set serves nothing."""
+    reqs = [Request(0, 0.0, 40, 30), Request(1, 0.0, 20, 30)]
+    rp = viz_board.tlb_replay(reqs, entries=[1, 4, 8, 1000], num_blocks=64, block_size=16)
+    # hand: after the prefill step the tables hold 3 + 2 = 5 blocks; both grow one token per step
+    lens = [(40 + k, 20 + k) for k in range(30)]  # the KV each holds after step k + 1
+    blocks = [-(-a // 16) + -(-b // 16) for a, b in lens[:29]]  # both finish at step 30 and are freed
+    assert rp.steps == 29 and rp.layers == 32
+    assert rp.lookups == 32 * sum(blocks)
+    assert rp.new_translations == blocks[-1]  # tables only grow here: everything ever held is new once
+    assert rp.peak_working_set == max(blocks) == 5 + 3  # 68 and 48 tokens at the last counted step
+    assert rp.hit_rate(1000) == pytest.approx(1 - rp.new_translations / rp.lookups)
+    assert rp.hit_rate(4) == 0.0  # 4 entries < the 5 to 8 translations: LRU thrashes on the layer sweeps

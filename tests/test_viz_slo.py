@@ -213,3 +213,24 @@ def test_figure_view_has_a_deterministic_text():
     bundle = view._repr_mimebundle_()
     assert bundle["text/plain"] == "one bar"
     assert "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_reserve_to_max_replay_never_preempts():
+    """A reserve-to-max engine holds one S_max slot per sequence: it refuses and truncates, never preempts."""
+    rng = np.random.default_rng(7)
+    reqs = [Request(i, 0.001 * i, int(p), int(o)) for i, (p, o) in
+            enumerate(zip(rng.integers(100, 5000, 300), rng.integers(1, 900, 300)))]
+    trace = Workload("mixed", reqs, "test", True)
+    rp = viz_slo.replay_trace(trace, viz_slo.ReplayConfig("naive", s_max=4096))
+    refused = sum(r.prompt_tokens >= 4096 for r in reqs)
+    cut = sum(r.prompt_tokens < 4096 < r.prompt_tokens + r.output_tokens for r in reqs)
+    c = rp.counters
+    assert c["preemptions"] == {"swap": 0, "recompute": 0}
+    assert c["peak_running"] <= 62_520_000_000 // (4096 * 524_288) == 29
+    assert c["requests"] == 300 and c["finished"] == 300 - refused and c["truncated"] == cut > 0
+    assert refused > 0 and (~rp.finished).sum() == refused and np.isnan(rp.ttft_s[~rp.finished]).all()
+    kept = [r for r in reqs if r.prompt_tokens < 4096]
+    assert rp.tokens.sum() == sum(min(r.output_tokens, 4096 - r.prompt_tokens) for r in kept)
+    # the old emulation (a 4,096-token block, no window) lets long requests take a second block and preempt
+    old = viz_slo.replay_trace(trace, viz_slo.ReplayConfig("naive", block_size=4096))
+    assert sum(old.counters["preemptions"].values()) > 0

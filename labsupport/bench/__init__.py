@@ -6,11 +6,16 @@
     engine     the Azure conversation trace through the engine's scheduler on one core (§10.5)
     notebooks  each solution notebook's run time
     viz*       Python time per slider update of each lab's panels
+
+Each bench parses its flags with `labsupport.cli.parser.OneLineParser` and runs under `run_command`:
+a bad flag is one line and exit code 2.
 """
 from __future__ import annotations
 
 import importlib
 import sys
+
+from labsupport.cli.parser import one_line, run_command
 
 # name -> "module:function"; each function takes argv and prints its figures.
 BENCHES = {
@@ -30,8 +35,10 @@ BENCHES = {
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in BENCHES:
-        print(f"usage: python -m labsupport bench {{{','.join(BENCHES)}}} [options]", file=sys.stderr)
+        what = "which benchmark?" if not argv else f"unknown benchmark {one_line(repr(argv[0]))[:80]}"
+        print(f"bench: error: {what} choose one of: {', '.join(BENCHES)} "
+              f"(python -m labsupport bench NAME [options])", file=sys.stderr)
         return 2
     module_name, func_name = BENCHES[argv[0]].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    return int(func(argv[1:]) or 0)
+    return run_command(f"bench {argv[0]}", func, argv[1:])

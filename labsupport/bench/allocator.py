@@ -14,7 +14,6 @@ step.  Figures printed:
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import pstats
@@ -22,6 +21,7 @@ import time
 from collections import deque
 
 from labsupport.block_allocator import BlockAllocator
+from labsupport.cli.parser import OneLineParser, UsageError, int_flag, real_flag
 
 
 def _rate(fn, n: int, seconds: float, repeats: int = 3) -> float:
@@ -111,15 +111,21 @@ def _breakdown(n: int, seconds: float) -> list[tuple[str, float]]:
 
 
 def bench(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labsupport bench allocator", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=0.5, help="minimum time per measurement run (default 0.5)")
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--num-blocks", type=int, default=8192)
-    ap.add_argument("--batch", type=int, default=32, help="sequences per decode step (default 32)")
+    ap = OneLineParser(prog="python -m labsupport bench allocator", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=real_flag(1e-4, 600.0), default=0.5,
+                    help="minimum time per measurement run (default 0.5)")
+    ap.add_argument("--block-size", type=int_flag(1, 1 << 16), default=16, help="a power of two (the paged cache's)")
+    ap.add_argument("--num-blocks", type=int_flag(1, 2**31 - 1), default=8192)
+    ap.add_argument("--batch", type=int_flag(1, 1 << 20), default=32, help="sequences per decode step (default 32)")
     ap.add_argument("--no-profile", action="store_true", help="skip the where-the-time-goes section")
     args = ap.parse_args(argv)
-    if args.seconds <= 0:
-        ap.error(f"--seconds must be positive, got {args.seconds}")
+    if args.block_size & (args.block_size - 1):
+        raise UsageError(f"--block-size must be a power of two (the paged cache's kernels tile a block), "
+                         f"got {args.block_size}")
+    # each sequence of a measured batch grows to 4 * block_size + 1 tokens: 5 blocks
+    if 5 * args.batch > args.num_blocks:
+        raise UsageError(f"--batch {args.batch} needs 5 x {args.batch} = {5 * args.batch:,} blocks, more than "
+                         f"--num-blocks {args.num_blocks:,}")
 
     import torch  # after argument parsing, so --help stays fast
 

@@ -29,7 +29,6 @@ consecutive logical blocks are almost never neighbours — a fragmented pool, th
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -42,6 +41,8 @@ from pathlib import Path
 import torch
 
 from labsupport import kernels as K
+from labsupport.cli.parser import OneLineParser, UsageError, int_flag, real_flag, run_command
+from labsupport.kernels import MAX_BLOCK_SIZE
 from labsupport.units import fmt_pct
 
 BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
@@ -478,16 +479,24 @@ def _progress(total: int, desc: str):
 
 
 def bench_kernel(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labsupport bench kernel", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m labsupport bench kernel", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None, help="JSON path for every row "
                         "(default on CUDA: data/kernel_bench.json; on CPU nothing is written unless given)")
-    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=list(SEQ_LENS))
-    parser.add_argument("--kv-heads", type=int, nargs="+", default=list(KV_HEADS))
-    parser.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES))
-    parser.add_argument("--tile-tokens", type=int, default=None,
+    parser.add_argument("--batches", type=int_flag(1, 65_535), nargs="+", default=list(BATCHES))
+    parser.add_argument("--seq-lens", type=int_flag(1, 1 << 22), nargs="+", default=list(SEQ_LENS))
+    parser.add_argument("--kv-heads", type=int_flag(1, NUM_Q_HEADS), nargs="+", default=list(KV_HEADS),
+                        help=f"KV heads, each dividing the {NUM_Q_HEADS} query heads")
+    parser.add_argument("--block-sizes", type=int_flag(1, MAX_BLOCK_SIZE), nargs="+", default=list(BLOCK_SIZES),
+                        help=f"powers of two up to {MAX_BLOCK_SIZE}")
+    parser.add_argument("--tile-tokens", type=int_flag(16, 256), default=None,
                         help="tokens per kernel loop iteration (power of two, 16..256; default: the kernel's choice)")
     args = parser.parse_args(argv)
+    bad = ([f"--kv-heads {h} (must divide {NUM_Q_HEADS})" for h in args.kv_heads if NUM_Q_HEADS % h]
+           + [f"--block-sizes {b} (a power of two)" for b in args.block_sizes if b & (b - 1)]
+           + ([f"--tile-tokens {args.tile_tokens} (a power of two)"]
+              if args.tile_tokens is not None and args.tile_tokens & (args.tile_tokens - 1) else []))
+    if bad:
+        raise UsageError(f"bad value: {bad[0]}")
 
     if not torch.cuda.is_available():
         print(CPU_NOTE)
@@ -542,18 +551,17 @@ TRIMMED = [  # (B, S, Hkv, block sizes): the headline point first, then the corn
 
 
 def gpu_check(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labsupport bench gpu",
-                                     description="correctness on CUDA for the test matrix, then a trimmed sweep")
+    parser = OneLineParser(prog="python -m labsupport bench gpu",
+                           description="correctness on CUDA for the test matrix, then a trimmed sweep")
     parser.add_argument("--out", default="data/gpu_results.json")
-    parser.add_argument("--budget-s", type=float, default=210.0,
+    parser.add_argument("--budget-s", type=real_flag(1.0, 3600.0), default=210.0,
                         help="stop starting sweep rows after this many seconds (the whole check stays < 4 min)")
-    parser.add_argument("--workers", type=int, default=min(8, max(1, (os.cpu_count() or 2) // 2)),
+    parser.add_argument("--workers", type=int_flag(1, 64), default=min(8, max(1, (os.cpu_count() or 2) // 2)),
                         help="processes that compile and check the correctness matrix in parallel")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench gpu: no CUDA GPU is visible, so there is nothing to check "
-              "(on CPU use `python -m labsupport bench kernel` for the interpreter case).")
-        return 1
+        raise UsageError("no CUDA GPU is visible, so there is nothing to check "
+                         "(on CPU use `python -m labsupport bench kernel` for the interpreter case)")
     started = time.monotonic()
     deadline = started + args.budget_s
     meta = environment()
@@ -577,5 +585,5 @@ def gpu_check(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(bench_kernel(sys.argv[1:]))
+    sys.exit(run_command("bench kernel", bench_kernel, sys.argv[1:]))
 

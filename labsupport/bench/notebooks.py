@@ -6,17 +6,23 @@ in seconds).  The notebooks run exactly as `python -m labsupport build` runs the
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import nbformat
 
+from labsupport.checks import shown
+from labsupport.cli.parser import UsageError
 from labsupport.course.build import discover, execute
+from labsupport.workloads import REPO_ROOT
 
 
 def bench(argv: list[str] | None = None) -> int:
     """`python -m labsupport bench notebooks [labs...]`: each solution notebook's execution time here."""
-    root = Path(".").resolve()
-    labs = discover(root, argv or None)
+    args = [a for a in (argv or [])]
+    flags = [a for a in args if a.startswith("-")]
+    if flags:
+        raise UsageError(f"unrecognized argument {shown(flags[0])}: bench notebooks takes lab names only "
+                         f"(e.g. 02 or 02_naive_allocator)")
+    labs = discover(REPO_ROOT, args or None)
     total = 0.0
     for lab in labs:
         nb = nbformat.read(lab.solution_path, as_version=4)

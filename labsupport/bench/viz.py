@@ -6,10 +6,10 @@ the lab's own panel and cycles one control through its values.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
+from labsupport.cli.parser import OneLineParser, int_flag
 from labsupport.viz import S_MAX_OPTIONS
 from labsupport.viz.engine import S_OPTIONS, swap_recompute_panel
 from labsupport.viz.memory import block_table_explorer, naive_panel
@@ -46,8 +46,8 @@ def report_updates(name: str, times_ms: list[float], target_ms: float | None = 5
 
 def bench_panels(cases: dict, argv: list[str] | None, prog: str, repeats: int = 20) -> int:
     """Time panels: `cases` maps a name to (make_panel, control name, values to cycle through)."""
-    p = argparse.ArgumentParser(prog=prog)
-    p.add_argument("--repeats", type=int, default=repeats)
+    p = OneLineParser(prog=prog)
+    p.add_argument("--repeats", type=int_flag(1, 10_000), default=repeats)
     args = p.parse_args(argv or [])
     for name, (make, control, values) in cases.items():
         panel = make()

@@ -6,6 +6,7 @@
     train_tiny  retrain the tiny lecture model: python -m labsupport.cli.train_tiny  (cli/train_tiny.py)
 
 `build` and `grade` live with the rest of the course tooling in `labsupport.course`; `bench` in
-`labsupport.bench`.  Every command parses with `labsupport.cli.parser.OneLineParser`: a bad flag is
-one line and exit code 2.
+`labsupport.bench`.  Every command parses with `labsupport.cli.parser.OneLineParser` and its ranged
+flag types, and runs under `run_command`: bad input is one line naming the flag (or file:line) and
+the value, exit code 2; `--json` is strict JSON, an undefined number null with a note saying why.
 """

@@ -1,7 +1,8 @@
 """`python -m labsupport doctor`: can this machine run the labs, and how (lab 00; §10.3 step three).
 
 It reports versions, whether CUDA is there, and whether Triton will compile kernels or run them
-through its interpreter, and says what to do about each problem.  Exit code 0 when the labs can run.
+through its interpreter, and says what to do about each problem.  Exit code 0 when the labs can run,
+1 when a problem stops them (the report says which), 2 for a bad flag.
 """
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import importlib
 import os
 import platform
 import sys
+
+from labsupport.cli.parser import OneLineParser, dumps_strict, run_command, strict_json
 
 
 def _version(module: str) -> str | None:
@@ -103,6 +106,17 @@ def format_report(info: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_command("doctor", _main, sys.argv[1:] if argv is None else argv)
+
+
+def _main(argv: list[str]) -> int:
+    parser = OneLineParser(prog="python -m labsupport doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="the facts as one strict JSON object")
+    args = parser.parse_args(argv)
     info = report()
-    print(format_report(info))
+    if args.json:
+        notes = info["notes"]
+        print(dumps_strict(strict_json(info, notes), indent=1))
+    else:
+        print(format_report(info))
     return 0 if info["ok"] else 1

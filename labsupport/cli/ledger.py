@@ -6,84 +6,101 @@ reproduce the lecture's configuration exactly, beside the lecture's printed figu
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 
 from labsupport import ledger as L
-from labsupport.cli.parser import OneLineParser, UsageError
+from labsupport.checks import MAX_TOKENS
+from labsupport.cli.parser import OneLineParser, UsageError, dumps_strict, int_flag, real_flag, run_command, strict_json
 from labsupport.specs import GB, GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model
 from labsupport.units import fmt_pct
+
+PROG = "ledger"
+
+# Each flag's range keeps every product the ledger forms finite (a 2**31-token S_max on a 4,096-layer
+# model at 1 MB/s is still a number); values outside it are refused by the parser, naming the flag.
+MODEL_FLAGS = {  # flag -> (ModelSpec field, type)
+    "--layers": ("num_layers", int_flag(1, 4096)),
+    "--heads": ("num_heads", int_flag(1, 65_536)),
+    "--kv-heads": ("num_kv_heads", int_flag(1, 65_536)),
+    "--head-dim": ("head_dim", int_flag(1, 65_536)),
+    "--params": ("num_params", real_flag(1.0, 1e15)),
+    "--dtype-bytes": ("dtype_bytes", int_flag(1, 8)),
+}
+TOKENS = int_flag(1, MAX_TOKENS)
+TOKENS_OR_ZERO = int_flag(0, MAX_TOKENS)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m labsupport ledger", description=__doc__.splitlines()[0])
-    p.add_argument("--json", action="store_true", help="one flat JSON object, base units")
+    p.add_argument("--json", action="store_true", help="one flat JSON object, base units (strict JSON)")
     p.add_argument("--markdown", action="store_true", help="the table as Markdown (the README's section)")
     p.add_argument("--model", default="lecture-7b", help=f"preset: {', '.join(sorted(MODELS))}")
     p.add_argument("--gpu", default="h100-sxm-80gb", help=f"preset: {', '.join(sorted(GPUS))}")
-    for flag, kind in (("--layers", int), ("--heads", int), ("--kv-heads", int), ("--head-dim", int),
-                       ("--params", float), ("--dtype-bytes", int)):
+    for flag, (_, kind) in MODEL_FLAGS.items():
         p.add_argument(flag, type=kind, help="override the model preset")
-    for flag, help_ in (("--hbm-gb", "HBM in GB (1e9 B)"), ("--bandwidth-gbs", "HBM bandwidth, GB/s"),
-                        ("--peak-tflops", "dense bf16 peak, TFLOP/s")):
-        p.add_argument(flag, type=float, help=help_)
-    p.add_argument("--mfu", type=float, default=0.5, help="achieved fraction of peak for prefill (0.5)")
-    p.add_argument("--kv-budget-gb", type=float, help="KV budget in GB; default HBM - weights - 4 GB")
-    p.add_argument("--prompt", type=int, default=512)
-    p.add_argument("--output", type=int, default=128)
-    p.add_argument("--s-max", type=int, default=4096)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--link-gbs", type=float, default=64.0, help="host link for swap, GB/s")
-    p.add_argument("--tpot-slo-ms", type=float, default=20.0)
-    p.add_argument("--fanout-n", type=int, default=8)
-    p.add_argument("--fanout-prompt", type=int, default=4096)
-    p.add_argument("--fanout-output", type=int, default=256)
+    p.add_argument("--hbm-gb", type=real_flag(1e-3, 1e9), help="HBM in GB (1e9 B)")
+    p.add_argument("--bandwidth-gbs", type=real_flag(1e-3, 1e9), help="HBM bandwidth, GB/s")
+    p.add_argument("--peak-tflops", type=real_flag(1e-6, 1e9), help="dense bf16 peak, TFLOP/s")
+    p.add_argument("--mfu", type=real_flag(1e-3, 1.0), default=0.5, help="achieved fraction of peak for prefill (0.5)")
+    p.add_argument("--kv-budget-gb", type=real_flag(1e-9, 1e9), help="KV budget in GB; default HBM - weights - 4 GB")
+    p.add_argument("--prompt", type=TOKENS, default=512)
+    p.add_argument("--output", type=TOKENS_OR_ZERO, default=128)
+    p.add_argument("--s-max", type=TOKENS, default=4096, help="the naive slot; at least --prompt + --output")
+    p.add_argument("--block-size", type=TOKENS, default=16)
+    p.add_argument("--link-gbs", type=real_flag(1e-3, 1e9), default=64.0, help="host link for swap, GB/s")
+    p.add_argument("--tpot-slo-ms", type=real_flag(1e-6, 1e9), default=20.0)
+    p.add_argument("--fanout-n", type=int_flag(1, 1 << 20), default=8)
+    p.add_argument("--fanout-prompt", type=TOKENS_OR_ZERO, default=4096)
+    p.add_argument("--fanout-output", type=TOKENS_OR_ZERO, default=256)
     return p
 
 
 def scenario_from_args(args) -> L.Scenario:
-    """Validate every flag and turn them into a Scenario; ValueError names the bad value."""
-    for name in ("hbm_gb", "bandwidth_gbs", "peak_tflops", "kv_budget_gb", "params", "layers", "heads",
-                 "kv_heads", "head_dim", "dtype_bytes"):
-        value = getattr(args, name)
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    for name in ("s_max", "block_size", "link_gbs", "tpot_slo_ms", "fanout_n", "prompt"):
-        value = getattr(args, name)
-        if not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    for name in ("output", "fanout_prompt", "fanout_output"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
-    if not 0 < args.mfu <= 1:
-        raise ValueError(f"--mfu must be in (0, 1], got {args.mfu}")
+    """Turn parsed flags (each already in its range) into a Scenario, checking they agree; UsageError names the flags."""
     base = get_model(args.model)
-    model = ModelSpec(
-        name=base.name if all(getattr(args, n) is None for n in ("layers", "heads", "kv_heads", "head_dim",
-                                                                "params", "dtype_bytes")) else "custom",
-        num_layers=args.layers or base.num_layers,
-        num_heads=args.heads or base.num_heads,
-        num_kv_heads=args.kv_heads or base.num_kv_heads,
-        head_dim=args.head_dim or base.head_dim,
-        num_params=args.params or base.num_params,
-        dtype_bytes=args.dtype_bytes or base.dtype_bytes,
-    )
+    overrides = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _) in MODEL_FLAGS.items()}
+    shape = {field: (base_value if value is None else value)
+             for field, value, base_value in ((f, v, getattr(base, f)) for f, v in overrides.items())}
+    if shape["num_heads"] % shape["num_kv_heads"]:
+        raise UsageError(f"--heads {shape['num_heads']} must be a multiple of --kv-heads {shape['num_kv_heads']} "
+                         f"(each KV head serves a whole group of query heads)")
+    if args.s_max < args.prompt + args.output:
+        raise UsageError(f"--s-max {args.s_max:,} is below --prompt + --output = {args.prompt + args.output:,}: "
+                         f"a reserve-to-max slot must hold the whole sequence")
+    if args.fanout_prompt + args.fanout_output == 0:
+        raise UsageError("--fanout-prompt and --fanout-output are both 0: a fan-out needs at least one token")
+    custom = any(v is not None for v in overrides.values())
+    model = ModelSpec(name="custom" if custom else base.name, **shape)
     g = get_gpu(args.gpu)
+    gpu_custom = not (args.hbm_gb is None and args.bandwidth_gbs is None and args.peak_tflops is None)
     gpu = GPUSpec(
-        name=g.name if args.hbm_gb is None and args.bandwidth_gbs is None and args.peak_tflops is None else "custom",
-        hbm_bytes=args.hbm_gb * GB if args.hbm_gb else g.hbm_bytes,
-        hbm_bandwidth=args.bandwidth_gbs * GB if args.bandwidth_gbs else g.hbm_bandwidth,
-        peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else g.peak_flops,
+        name="custom" if gpu_custom else g.name,
+        hbm_bytes=g.hbm_bytes if args.hbm_gb is None else args.hbm_gb * GB,
+        hbm_bandwidth=g.hbm_bandwidth if args.bandwidth_gbs is None else args.bandwidth_gbs * GB,
+        peak_flops=g.peak_flops if args.peak_tflops is None else args.peak_tflops * 1e12,
         link_bandwidth=args.link_gbs * GB,
         bf16=g.bf16,
     )
     return L.Scenario(
-        model=model, gpu=gpu, kv_budget=args.kv_budget_gb * GB if args.kv_budget_gb else None,
+        model=model, gpu=gpu, kv_budget=None if args.kv_budget_gb is None else args.kv_budget_gb * GB,
         prompt=args.prompt, output=args.output, s_max=args.s_max, block_size=args.block_size,
         link_bandwidth=args.link_gbs * GB, mfu=args.mfu, tpot_slo_s=args.tpot_slo_ms / 1e3,
         fanout_n=args.fanout_n, fanout_prompt=args.fanout_prompt, fanout_output=args.fanout_output,
     )
+
+
+def notes_for(sc: L.Scenario, r: dict) -> list[str]:
+    """Why a figure of this scenario is undefined (null in JSON, n/a in the table)."""
+    notes = []
+    if r["naive_concurrency"] == 0:
+        notes.append(f"concurrency_gain is undefined: one reserve-to-max slot of S_max = {sc.s_max:,} tokens "
+                     f"({r['naive_slot_bytes']:,} B) is larger than the KV budget ({r['kv_budget_bytes']:,.0f} B), "
+                     f"so naive_concurrency is 0")
+    return notes
+
+
+def _gain(r: dict) -> str:
+    return f"{r['concurrency_gain']:.2f}x" if r["naive_concurrency"] else "n/a: no naive slot fits"
 
 
 def rows(sc: L.Scenario, r: dict) -> list[tuple[str, str, str, str]]:
@@ -99,9 +116,13 @@ def rows(sc: L.Scenario, r: dict) -> list[tuple[str, str, str, str]]:
         (f"Naive utilization, {sc.seq_tokens}-token workload at S_max = {sc.s_max:,}",
          f"{fmt_pct(r['naive_utilization'])} ({r['naive_concurrency'] * sc.seq_tokens * kv / GB:.2f} of "
          f"{r['kv_budget_bytes'] / GB:.2f} GB)", "15.2% (9.5 of 62.5 GB)", "§10.2"),
+        (f"Same, averaged over each sequence's life ({sc.prompt:,} … {sc.seq_tokens - 1:,} tokens held)",
+         fmt_pct(r["naive_utilization_time_avg"]), "14% (86% empty)", "timing plan, §10.2"),
         (f"Same, at S_max = {8 * sc.s_max:,}", fmt_pct(u32k), "1.9%", "§10.2"),
         ("Concurrency: naive -> paged", f"{r['naive_concurrency']} -> {r['paged_concurrency']} "
-         f"({r['concurrency_gain']:.2f}x)", "29 -> 199 (6.9x)", "§10.2, §10.3"),
+         f"({_gain(r)})", "29 -> 199 (6.9x)", "§10.2, §10.3"),
+        (f"Paged utilization, b_blk = {sc.block_size}: end of life / over the life",
+         f"{fmt_pct(r['paged_utilization'])} / {fmt_pct(r['paged_utilization_time_avg'])}", "98.7%", "§10.3"),
         (f"Internal fragmentation, b_blk = {sc.block_size}",
          f"<= {sc.block_size - 1} tokens, mean {r['mean_tail_waste_tokens']:g}", "<=15 tokens, mean 8 -> 1.3%",
          "§10.3"),
@@ -139,24 +160,29 @@ def render_text(sc: L.Scenario, r: dict) -> str:
 def render_markdown(sc: L.Scenario, r: dict) -> str:
     out = ["| Quantity | Exact | Lecture printed | Section |", "|---|---|---|---|"]
     out += [f"| {q} | {e} | {p} | {s} |" for q, e, p, s in rows(sc, r)]
-    out += ["", "Errata (exact arithmetic vs the printed figure):", "",
-            "| Quantity | Printed | Exact | Why |", "|---|---|---|---|"]
-    out += [f"| {e.quantity} ({e.section}) | {e.printed} | {e.exact} | {e.why} |" for e in L.ERRATA]
+    out += ["", "Printed figures that another stated convention reproduces (neither reading is wrong):", "",
+            "| Quantity | Printed | The convention that gives it | The ledger's default reading |", "|---|---|---|---|"]
+    out += [f"| {c.quantity} ({c.section}) | {c.printed} | {c.convention} | {c.default} |" for c in L.CONVENTIONS]
+    out += ["", "Errata: printed figures no convention we tried reproduces (a reading marked 'a slip' misreads a "
+            "unit or formula the lecture states):", "",
+            "| Quantity | Printed | Exact | Why | Readings tried |", "|---|---|---|---|---|"]
+    out += [f"| {e.quantity} ({e.section}) | {e.printed} | {e.exact} | {e.why} | {e.tried_text or '—'} |"
+            for e in L.ERRATA]
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-        sc = scenario_from_args(args)
-        r = L.compute(sc)
-    except (UsageError, ValueError) as exc:
-        print(f"labsupport ledger: error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(PROG, _main, sys.argv[1:] if argv is None else argv)
+
+
+def _main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    sc = scenario_from_args(args)
+    r = L.compute(sc)
     if args.json:
-        print(json.dumps({k: v for k, v in r.items()}, indent=1, sort_keys=True))
+        notes = notes_for(sc, r)
+        out = strict_json(r, notes)
+        print(dumps_strict({**out, "notes": notes}, indent=1, sort_keys=True))
     elif args.markdown:
         print(render_markdown(sc, r))
     else:

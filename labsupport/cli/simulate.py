@@ -13,20 +13,23 @@ the replay itself.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 import time
 import warnings
 from dataclasses import dataclass
 
 from labsupport import ledger
-from labsupport.cli.parser import OneLineParser, UsageError
+from labsupport.block_allocator import bookkeeping_bytes
+from labsupport.checks import MAX_TOKENS, check_fits_in_memory
+from labsupport.cli.parser import (OneLineParser, UsageError, dumps_strict, int_flag, one_line, real_flag, run_command,
+                                   strict_json)
 from labsupport.costmodel import CostModel
 from labsupport.engine import PREEMPTION_MODES, Engine, EngineResult
 from labsupport.slo import SLOReport, slo_report
 from labsupport.specs import GB, GPUS, MODELS, MiB, get_gpu, get_model
+from labsupport.workloads import MAX_REQUESTS
 
+PROG = "simulate"
 TRACE_NAMES = {  # command-line name -> labsupport.workloads trace name
     "azure-conv": "azure-conv",
     "azure-code": "azure-code",
@@ -34,6 +37,9 @@ TRACE_NAMES = {  # command-line name -> labsupport.workloads trace name
     "mooncake-synthetic": "mooncake-synthetic",
 }
 TRACE_CHOICES = (*TRACE_NAMES, "synthetic")
+TOKENS = int_flag(1, MAX_TOKENS)
+RATE = real_flag(1e-6, 1e9)  # requests/s, GB/s: from one a day-ish to far past any machine
+SLO_MS = real_flag(1e-6, 1e12)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,51 +49,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", choices=TRACE_CHOICES, default="azure-conv",
                    help="a real trace from ../shared/traces (or data/), or 'synthetic' (§10.2's chat workload)")
     p.add_argument("--trace-file", help="read the trace from this file instead of looking it up")
-    p.add_argument("--limit", type=int, help="replay only the first N requests")
+    p.add_argument("--limit", type=int_flag(1, MAX_REQUESTS), help="replay only the first N requests")
     p.add_argument("--bad-rows", choices=("reject", "skip"), default="reject",
                    help="a malformed trace row stops the run (reject) or is reported and skipped (skip)")
-    p.add_argument("--rate-scale", type=float, default=1.0,
+    p.add_argument("--rate-scale", type=real_flag(1e-6, 1e6), default=1.0,
                    help="compress arrival times by this factor (2 = twice the request rate)")
     p.add_argument("--model", default="lecture-7b", help=f"model preset: {', '.join(sorted(MODELS))}")
     p.add_argument("--gpu", default="h100-sxm-80gb", help=f"GPU preset: {', '.join(sorted(GPUS))}")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-budget-gb", type=float,
+    p.add_argument("--block-size", type=TOKENS, default=16)
+    p.add_argument("--kv-budget-gb", type=real_flag(1e-9, 1e9),
                    help="KV pool in GB (1e9 B); default HBM - weights - 4 GB (62.52 for the lecture's H100)")
-    p.add_argument("--watermark", type=float, default=0.01, help="fraction of blocks admission keeps free")
+    p.add_argument("--watermark", type=real_flag(0.0, below=1.0), default=0.01,
+                   help="fraction of blocks admission keeps free, in [0, 1)")
     p.add_argument("--preemption", choices=PREEMPTION_MODES, default="auto")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+    p.add_argument("--max-num-seqs", type=int_flag(1, 1 << 20), default=256)
+    p.add_argument("--max-num-batched-tokens", type=TOKENS, default=None,
                    help="token budget per step (a longer prompt runs alone); default unlimited")
-    p.add_argument("--mfu", type=float, default=0.5, help="fraction of peak FLOP/s a prefill achieves")
-    p.add_argument("--link-gbs", type=float, help="host link for swaps, GB/s (default: the GPU's)")
-    p.add_argument("--ttft-slo-ms", type=float, default=1000.0)
-    p.add_argument("--tpot-slo-ms", type=float, default=20.0, help="§10.6's example SLO is 20 ms")
-    p.add_argument("--synthetic-requests", type=int, default=2000)
-    p.add_argument("--synthetic-rate", type=float, default=20.0, help="requests/s (Poisson)")
-    p.add_argument("--synthetic-prompt", type=int, default=512)
-    p.add_argument("--synthetic-output", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--mfu", type=real_flag(1e-3, 1.0), default=0.5, help="fraction of peak FLOP/s a prefill achieves")
+    p.add_argument("--link-gbs", type=real_flag(1e-3, 1e9), help="host link for swaps, GB/s (default: the GPU's)")
+    p.add_argument("--ttft-slo-ms", type=SLO_MS, default=1000.0)
+    p.add_argument("--tpot-slo-ms", type=SLO_MS, default=20.0, help="§10.6's example SLO is 20 ms")
+    p.add_argument("--synthetic-requests", type=int_flag(1, MAX_REQUESTS), default=2000)
+    p.add_argument("--synthetic-rate", type=RATE, default=20.0, help="requests/s (Poisson)")
+    p.add_argument("--synthetic-prompt", type=TOKENS, default=512)
+    p.add_argument("--synthetic-output", type=TOKENS, default=128)
+    p.add_argument("--seed", type=int_flag(0, 2**63 - 1), default=0)
+    p.add_argument("--json", action="store_true", help="print one strict JSON object instead of the table")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     return p
 
 
 def _check_args(a) -> None:
-    def positive(name, v):
-        if v is not None and not (v > 0 and math.isfinite(v)):
-            raise UsageError(f"--{name} must be positive, got {v}")
-
-    for name in ("limit", "block_size", "max_num_seqs", "max_num_batched_tokens", "synthetic_requests",
-                 "synthetic_prompt", "synthetic_output"):
-        positive(name.replace("_", "-"), getattr(a, name))
-    for name in ("rate_scale", "kv_budget_gb", "link_gbs", "ttft_slo_ms", "tpot_slo_ms", "synthetic_rate"):
-        positive(name.replace("_", "-"), getattr(a, name))
-    if not 0 < a.mfu <= 1:
-        raise UsageError(f"--mfu must be in (0, 1], got {a.mfu}")
-    if not 0 <= a.watermark < 1:
-        raise UsageError(f"--watermark must be in [0, 1), got {a.watermark}")
+    """What the flags' own ranges cannot say: how they combine."""
     if a.trace == "synthetic" and a.trace_file:
         raise UsageError("--trace-file needs a real trace name (azure-conv, azure-code, mooncake-...)")
+
+
+def pool_blocks(a, model, gpu) -> tuple[float, int]:
+    """(KV budget in bytes, blocks) for the flags, refused with the flag's name when the pool cannot exist here."""
+    budget = a.kv_budget_gb * GB if a.kv_budget_gb is not None else ledger.kv_budget_bytes(model, gpu)
+    if budget <= 0:
+        raise UsageError(f"{model.name}'s weights leave no KV budget on {gpu.name}; pass --kv-budget-gb")
+    num_blocks = ledger.num_blocks(budget, a.block_size, model.kv_bytes_per_token)
+    if num_blocks < 1:
+        raise UsageError(f"a KV budget of {budget / GB:g} GB holds no block of {a.block_size} tokens "
+                         f"({a.block_size * model.kv_bytes_per_token:,} B): raise --kv-budget-gb or lower --block-size")
+    check_fits_in_memory(f"--kv-budget-gb {budget / GB:g} ({num_blocks:,} blocks of {a.block_size} tokens; the "
+                         f"scheduler keeps {bookkeeping_bytes(1)} B of bookkeeping per block)", bookkeeping_bytes(num_blocks))
+    return budget, num_blocks
 
 
 def load_workload(a):
@@ -97,12 +106,19 @@ def load_workload(a):
     if a.trace == "synthetic":
         return workloads.chat_workload(a.synthetic_requests, a.synthetic_prompt, a.synthetic_output,
                                        rate_per_s=a.synthetic_rate, seed=a.seed)
+    return load_trace_reporting(a.trace, a.trace_file, a.limit, a.bad_rows == "skip")
+
+
+def load_trace_reporting(trace: str, path=None, limit: int | None = None, skip_malformed: bool = False,
+                         prog: str = PROG):
+    """`workloads.load_trace` by command-line name, each of its notices (a stand-in, skipped rows) one line on stderr."""
+    from labsupport import workloads
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        w = workloads.load_trace(TRACE_NAMES[a.trace], a.trace_file, limit=a.limit,
-                                 skip_malformed=a.bad_rows == "skip")
+        w = workloads.load_trace(TRACE_NAMES[trace], path, limit=limit, skip_malformed=skip_malformed)
     for wmsg in caught:
-        print(f"simulate: {wmsg.message}", file=sys.stderr)
+        print(f"{prog}: {one_line(wmsg.message, limit=4000)}", file=sys.stderr)  # up to five rows, each named
     return w
 
 
@@ -133,8 +149,13 @@ def replay(requests, cost_model: CostModel, num_blocks: int, block_size: int = 1
     return Replay(res, slo_report(res, ttft_slo_s, tpot_slo_s), wall, cpu, num_blocks, cost_model)
 
 
-def _ms(x: float) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{1e3 * x:,.1f} ms"
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{1e3 * x:,.1f} ms"
+
+
+def _num(x: float | None, spec: str, scale: float = 1.0) -> str:
+    """x formatted with `spec`, or n/a where the statistic is undefined (see the report's notes)."""
+    return "n/a" if x is None else format(scale * x, spec)
 
 
 def format_report(w, rp: Replay, budget: float, block_size: int, preemption: str, watermark: float) -> str:
@@ -153,9 +174,10 @@ def format_report(w, rp: Replay, budget: float, block_size: int, preemption: str
         f"({cm.mfu:g} x {cm.gpu.peak_flops / 1e12:,.0f} TFLOP/s)) + swap bytes / link, per step",
         f"completed  {r.finished:,} of {r.requests:,} requests ({r.rejected:,} rejected), {r.output_tokens:,} output "
         f"tokens in {r.duration_s:,.1f} s simulated, {r.steps:,} steps",
-        f"throughput {r.throughput_tok_s:,.0f} output tok/s, {r.throughput_req_s:,.2f} req/s",
-        f"goodput    TTFT <= {_ms(r.ttft_slo_s)} and TPOT <= {_ms(r.tpot_slo_s)}: {100 * r.goodput_req_frac:.1f}% of "
-        f"requests, {100 * r.goodput_tok_frac:.1f}% of tokens ({r.goodput_tok_s:,.0f} tok/s)",
+        f"throughput {_num(r.throughput_tok_s, ',.0f')} output tok/s, {_num(r.throughput_req_s, ',.2f')} req/s",
+        f"goodput    TTFT <= {_ms(r.ttft_slo_s)} and TPOT <= {_ms(r.tpot_slo_s)}: "
+        f"{_num(r.goodput_req_frac, '.1f', 100)}% of requests, {_num(r.goodput_tok_frac, '.1f', 100)}% of tokens "
+        f"({_num(r.goodput_tok_s, ',.0f')} tok/s)",
         f"TTFT       p50 {_ms(r.ttft['ttft']['p50'])}, p99 {_ms(r.ttft['ttft']['p99'])}",
     ]
     for part, label in (("queueing", "queueing"), ("prefill", "prefill"), ("scheduling_delay", "sched delay")):
@@ -175,55 +197,34 @@ def format_report(w, rp: Replay, budget: float, block_size: int, preemption: str
         lines.append(f"rejected   {why}")
     if len(r.rejections) > 5:
         lines.append(f"rejected   ... and {len(r.rejections) - 5:,} more")
+    lines += [f"n/a        {note}" for note in r.notes]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    try:
-        a = parser.parse_args(argv)
-        _check_args(a)
-        model, gpu = get_model(a.model), get_gpu(a.gpu)
-    except UsageError as e:
-        print(f"simulate: error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(f"simulate: error: {e}", file=sys.stderr)
-        return 2
-    budget = a.kv_budget_gb * GB if a.kv_budget_gb is not None else ledger.kv_budget_bytes(model, gpu)
-    if budget <= 0:
-        print(f"simulate: error: {model.name}'s weights leave no KV budget on {gpu.name}; pass --kv-budget-gb",
-              file=sys.stderr)
-        return 2
-    num_blocks = ledger.num_blocks(budget, a.block_size, model.kv_bytes_per_token)
-    if num_blocks < 1:
-        print(f"simulate: error: a KV budget of {budget / GB:g} GB holds no block of {a.block_size} tokens",
-              file=sys.stderr)
-        return 2
-    try:
-        w = load_workload(a)
-    except (ValueError, FileNotFoundError) as e:  # TraceFormatError, TraceUnavailable, bad generator args
-        print(f"simulate: error: {e}", file=sys.stderr)
-        return 2
+    return run_command(PROG, _main, sys.argv[1:] if argv is None else argv)
+
+
+def _main(argv: list[str]) -> int:
+    a = build_parser().parse_args(argv)
+    _check_args(a)
+    model, gpu = get_model(a.model), get_gpu(a.gpu)
+    budget, num_blocks = pool_blocks(a, model, gpu)
     cm = CostModel(model, gpu, mfu=a.mfu, link_bandwidth=None if a.link_gbs is None else a.link_gbs * GB)
+    w = load_workload(a)
     rp = replay(w.requests if a.limit is None else w.requests[: a.limit], cm, num_blocks, a.block_size,
                 watermark=a.watermark, preemption=a.preemption, max_num_seqs=a.max_num_seqs,
                 max_num_batched_tokens=a.max_num_batched_tokens, ttft_slo_s=a.ttft_slo_ms / 1e3,
                 tpot_slo_s=a.tpot_slo_ms / 1e3, rate_scale=a.rate_scale, progress=a.progress)
     if a.json:
         out = rp.report.as_dict()
-        out.update(trace=w.name, synthetic=w.synthetic, source=w.source, notes=w.notes, model=model.name,
+        notes = rp.report.notes + w.notes
+        out.update(trace=w.name, synthetic=w.synthetic, source=w.source, model=model.name,
                    gpu=gpu.name, kv_budget_bytes=budget, block_size=a.block_size, watermark=a.watermark,
                    preemption_mode=a.preemption, peak_running=rp.result.counters.peak_running,
                    replay_wall_s=rp.wall_s, replay_cpu_s=rp.cpu_s)
-        print(json.dumps(out, default=_json_default))
+        out = strict_json(out, notes)
+        print(dumps_strict({**out, "notes": notes}))
     else:
         print(format_report(w, rp, budget, a.block_size, a.preemption, a.watermark))
     return 0 if rp.report.leaked_blocks == 0 else 1
-
-
-def _json_default(x):
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")

@@ -11,7 +11,6 @@ a real forward pass.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -20,9 +19,10 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from labsupport.cli.parser import OneLineParser, UsageError, int_flag, real_flag, run_command
 from labsupport.model import PRESETS, TINY_WEIGHTS, CharTokenizer, TinyTransformer, save_model
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # labsupport/cli/train_tiny.py -> the repository
 DEFAULT_CORPUS = REPO.parent / "shared" / "seeds" / "000_5d5041c35860fb3d.txt"
 
 
@@ -46,28 +46,35 @@ def _eval_loss(model: TinyTransformer, data: torch.Tensor, seq_len: int) -> floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labsupport.cli.train_tiny", description=__doc__.splitlines()[0])
+    return run_command("train_tiny", _main, sys.argv[1:] if argv is None else argv)
+
+
+def _main(argv: list[str]) -> int:
+    ap = OneLineParser(prog="python -m labsupport.cli.train_tiny", description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     ap.add_argument("--out", type=Path, default=TINY_WEIGHTS)
-    ap.add_argument("--steps", type=int, default=1400)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--max-minutes", type=float, default=9.0, help="stop early (and still save) after this long")
+    ap.add_argument("--steps", type=int_flag(1, 10**7), default=1400)
+    ap.add_argument("--batch", type=int_flag(1, 4096), default=16)
+    ap.add_argument("--seq-len", type=int_flag(2, PRESETS["tiny"].max_seq_len), default=256)
+    ap.add_argument("--lr", type=real_flag(maximum=10.0, above=0.0), default=3e-3)
+    ap.add_argument("--seed", type=int_flag(0, 2**63 - 1), default=0)
+    ap.add_argument("--threads", type=int_flag(1, 1024), default=1)
+    ap.add_argument("--max-minutes", type=real_flag(maximum=10_000.0, above=0.0), default=9.0,
+                    help="stop early (and still save) after this long")
     args = ap.parse_args(argv)
-    if not args.corpus.exists():
-        print(f"train_tiny: corpus {args.corpus} not found", file=sys.stderr)
-        return 2
-    if args.steps < 1 or args.batch < 1 or args.seq_len < 2:
-        print("train_tiny: --steps, --batch must be >= 1 and --seq-len >= 2", file=sys.stderr)
-        return 2
+    if not args.corpus.is_file():
+        raise UsageError(f"--corpus {args.corpus} is not a file")
+    try:
+        text = args.corpus.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"--corpus {args.corpus} is not UTF-8 text (byte {e.start:,}: {e.reason})") from None
+    tok = CharTokenizer()
+    data = torch.tensor(tok.encode(text, errors="replace"), dtype=torch.long)
+    if data.numel() < 2 * args.seq_len + 2:  # a training window and a held-out one
+        raise UsageError(f"--corpus {args.corpus} has {data.numel():,} characters, too few for --seq-len "
+                         f"{args.seq_len} (at least {2 * args.seq_len + 2:,})")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    tok = CharTokenizer()
-    text = args.corpus.read_text(encoding="utf-8")
-    data = torch.tensor(tok.encode(text, errors="replace"))
     split = int(0.95 * data.numel())
     train, val = data[:split], data[split:]
     model = TinyTransformer(PRESETS["tiny"]).train()

@@ -1,17 +1,28 @@
-"""Checkoffs: `check("2.1", answer)` grades a student's number or function (every lab, §10.1–§10.7).
+"""Checkoffs: `check("2.1", answer)` gives instant feedback on a student's number or function (every lab).
 
 A checkoff is registered once, in ``labsupport/course/checkoffs/labNN.py`` for lab NN, with one of
 
     value("2.1", "title", expected=lambda: ..., rel_tol=..., abs_tol=..., unit=" B", hint="...")
     choice("1.4", "title", answer="admit", options=JOBS, hint="...")
-    @function("3.2", "title", hint="...")
-    def _(student_fn): ...   # call it through `call(...)`, raise `Mismatch` on a wrong result
+    @function("3.2", "title", hint="...", cases=lambda rng: [...])
+    def _(student_fn, case): ...   # call it through `call(...)`, raise `Mismatch` on a wrong result
 
-The expected value is computed there, from first principles (spec fields, hand formulas, or the
-real mechanism the student's code must agree with), never by calling the student's code.  The
-module is imported the first time one of its checkoffs is asked for, so a lab only has to exist.
+The expected value, or a function checkoff's cases with their expected results, is computed there,
+from first principles (spec fields, hand formulas, or the real mechanism the student's code must
+agree with), never by calling the student's code.  A checkoff is two steps, kept apart so that
+`python -m labsupport grade` can do the first before any student code runs:
 
-`check` prints one line and never raises for the answer, so Run All reaches the end of a lab:
+    prepare(rng)               the expected value, or the cases (the lab's own inputs plus random
+                               ones drawn from `rng`: a fixed seed here, a secret one when grading)
+    verdict(answer, prepared)  compare; raise `Mismatch` saying what is wrong
+
+A checkoff may also name library functions its answer must not call (``forbid=``, with ``derive=``
+saying what to work out instead): `grade` reads the student's code and fails an answer that reaches
+for them.  The module is imported the first time one of its checkoffs is asked for, so a lab only has
+to exist.
+
+`check` is formative.  It prints one line and never raises for the answer, so Run All reaches the
+end of a lab:
 
     ✅ Checkoff 2.1 passed
     ⬜ Checkoff 2.1 not attempted — <the exercise's prompt>
@@ -21,35 +32,45 @@ The pass line is the checkoff cell's stored output in the student copy (`pytest 
 compares it).  "Not attempted" means the answer is still the student copy's placeholder, `...`
 (alone or inside a list, tuple, set or dict), or the student's function raises NotImplementedError.
 After a ❌ line come, only when the student's own code raised, the frames of that traceback that
-are in the student's code (never labsupport's).  Every outcome is also recorded in `results()`,
-which `python -m labsupport grade` reads back from the kernel.
+are in the student's code (never labsupport's).  Outcomes are kept in `results()` for this kernel
+only (the scoreboard reads them); the grade is decided by `labsupport.course.grade`, in a process
+of its own, from the answers alone.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
+import json
 import linecache
 import math
 import numbers
 import os
+import random
 import re
 import sysconfig
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from labsupport.course.codec import Opaque, contains_unfinished, is_unfinished
 
 PASS_LINE = "✅ Checkoff {id} passed"
 NOT_ATTEMPTED_LINE = "⬜ Checkoff {id} not attempted — {prompt}"
 FAIL_LINE = "❌ Checkoff {id}: {problem} Hint: {hint}"
-# The student copy's stand-in for a top-level answer not yet written: `slot_bytes = ...`.
-PLACEHOLDER = ...
 PROMPT_WORD = "TO" + "DO"  # built from parts: the word itself never appears in labsupport's source
 MAX_STUDENT_FRAMES = 4
 ID_PATTERN = re.compile(r"^(\d+)\.(\d+)$")
 
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 SYMBOLS = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⬜"}
+
+# Whatever the checkoff, an answer may not reach into the course tooling (the graders and their
+# expected values) or the ledger's one-call answers to the lecture's exercises.
+ALWAYS_FORBIDDEN = ("labsupport.course", "labsupport.ledger.compute", "labsupport.ledger.Scenario",
+                    *(f"labsupport.ledger.exercise{i}" for i in range(1, 6)))
+PUBLIC_SEED = "labsupport formative cases"
 
 
 class Mismatch(Exception):
@@ -62,8 +83,12 @@ class Checkoff:
     title: str
     hint: str
     kind: str  # "value", "choice" or "function"
-    grade: Callable[[Any], None]  # raises Mismatch when the answer is wrong
+    prepare: Callable[[random.Random], Any]  # expected value / cases, before any answer is seen
+    verdict: Callable[[Any, Any], None]  # (answer, prepared): raises Mismatch when the answer is wrong
     module: str = ""
+    forbid: tuple[str, ...] = ()  # dotted names the answer's code must not use
+    derive: str = ""  # what to derive instead (the hint for a forbidden call)
+    formative: dict = field(default_factory=dict, compare=False)  # how the student release compares
 
     @property
     def lab(self) -> int:
@@ -74,9 +99,30 @@ class Checkoff:
         lab, num = self.id.split(".")
         return int(lab), int(num)
 
+    @property
+    def forbidden(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.forbid, *ALWAYS_FORBIDDEN)))
+
+    def grade(self, answer, rng: random.Random | None = None) -> None:
+        """Prepare (with the public seed unless `rng` is given) and judge `answer` in this process."""
+        __tracebackhide__ = True
+        if is_unfinished(answer):
+            raise NotImplementedError(f"{self.id} is still the student copy's placeholder: {self.title}")
+        self.verdict(answer, self.prepare(rng if rng is not None else case_rng(self.id)))
+
 
 REGISTRY: dict[str, Checkoff] = {}
 _RESULTS: dict[str, dict] = {}
+
+
+def case_rng(checkoff_id: str, secret: bytes | None = None, key: str = "") -> random.Random:
+    """The random source of a checkoff's cases: a fixed public seed, or one derived from a secret.
+
+    `grade` draws a secret per run and derives one stream per (notebook, checkoff) from it, so no
+    notebook can know, or share with another, the inputs its functions will be tried on.
+    """
+    material = (secret.hex() if secret else PUBLIC_SEED) + f"|{key}|{checkoff_id}"
+    return random.Random(hashlib.sha256(material.encode()).digest())
 
 
 # --- registering ----------------------------------------------------------------------------
@@ -106,18 +152,35 @@ def _caller_module() -> str:
     return frame.f_globals.get("__name__", "") if frame is not None else ""
 
 
-def value(checkoff_id: str, title: str, *, expected: Callable[[], float] | float, hint: str,
+def _names(forbid: Iterable[str]) -> tuple[str, ...]:
+    forbid = (forbid,) if isinstance(forbid, str) else tuple(forbid)
+    for name in forbid:
+        if not isinstance(name, str) or not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+$", name):
+            raise ValueError(f"forbid= wants dotted names such as 'labsupport.ledger.ridge_batch', got {name!r}")
+    return forbid
+
+
+def value(checkoff_id: str, title: str, *, expected: Callable[[], Any] | float, hint: str,
           rel_tol: float = 1e-9, abs_tol: float = 0.0, unit: str = "",
-          mistakes: Iterable[tuple[float, str]] = ()) -> Checkoff:
-    """A number checked against `expected` (a callable, evaluated when graded) within a tolerance.
+          mistakes: Iterable[tuple[float, str]] = (), judge: Callable[[Any, Any], None] | None = None,
+          forbid: Iterable[str] = (), derive: str = "", formative: dict | None = None) -> Checkoff:
+    """A number checked against `expected` (a callable, evaluated when prepared) within a tolerance.
 
     `mistakes` pairs a known wrong answer with a targeted remark (matched with the same tolerance).
+    A structured answer (a dict of numbers, say) brings its own `judge(answer, expected)`, and
+    `formative` tells the student release how to compare it without the judge (see formative.py).
     """
     mistakes = tuple(mistakes)
 
-    def grade(answer):
+    def prepare(rng):
+        want = expected() if callable(expected) else expected
+        return want if judge is not None else float(want)
+
+    def verdict(answer, want):
+        if judge is not None:
+            judge(answer, want)
+            return
         got = as_number(answer, "your answer")
-        want = float(expected() if callable(expected) else expected)
         if math.isclose(got, want, rel_tol=rel_tol, abs_tol=abs_tol):
             return
         problem = f"you gave {got:,.6g}{unit}, {tolerance_text(rel_tol, abs_tol)}; it is too {'high' if got > want else 'low'}."
@@ -131,7 +194,11 @@ def value(checkoff_id: str, title: str, *, expected: Callable[[], float] | float
                 problem += " " + slip
         raise Mismatch(problem)
 
-    return register(Checkoff(checkoff_id, title, hint, "value", grade, _caller_module()))
+    spec = dict(formative or {})
+    if judge is None:
+        spec.update(rel_tol=rel_tol, abs_tol=abs_tol, unit=unit, mistakes=[list(m) for m in mistakes])
+    return register(Checkoff(checkoff_id, title, hint, "value", prepare, verdict, _caller_module(),
+                             _names(forbid), derive, spec))
 
 
 def choice(checkoff_id: str, title: str, *, answer: str | Iterable[str], options: Iterable[str], hint: str,
@@ -153,7 +220,7 @@ def choice(checkoff_id: str, title: str, *, answer: str | Iterable[str], options
             raise Mismatch(f"{item!r} is not one of: {', '.join(options)}.")
         return key
 
-    def grade(ans):
+    def verdict(ans, want):
         if multi:
             if isinstance(ans, str) or not isinstance(ans, Iterable):
                 raise Mismatch(f"this checkoff wants a set of options, e.g. {{'{options[0]}', ...}}; you gave {ans!r}.")
@@ -172,25 +239,42 @@ def choice(checkoff_id: str, title: str, *, answer: str | Iterable[str], options
         if got != want:
             raise Mismatch(f"you chose {got!r}." + (f" {mistakes[got]}" if got in mistakes else ""))
 
-    return register(Checkoff(checkoff_id, title, hint, "choice", grade, _caller_module()))
+    spec = {"options": list(options), "multi": multi, "mistakes": mistakes}
+    return register(Checkoff(checkoff_id, title, hint, "choice", lambda rng: want, verdict, _caller_module(),
+                             formative=spec))
 
 
-def function(checkoff_id: str, title: str, *, hint: str) -> Callable[[Callable], Checkoff]:
-    """Decorator: the decorated grader receives the student's function and runs the tests."""
+def function(checkoff_id: str, title: str, *, hint: str, cases: Callable[[random.Random], Iterable] | None = None,
+             forbid: Iterable[str] = (), derive: str = "", formative: dict | None = None
+             ) -> Callable[[Callable], Checkoff]:
+    """Decorator: the decorated judge receives the student's function and one of `cases(rng)`.
 
-    def wrap(grader: Callable[[Callable], None]) -> Checkoff:
-        def grade(fn):
+    The cases (inputs and expected results) are prepared before the student's function is seen;
+    without `cases` the judge is called once, as ``judge(fn)``.  `formative` tunes how the student
+    release replays the recorded calls (e.g. ``{"abs_tol": 1.0}``; see formative.py).
+    """
+    forbid = _names(forbid)
+
+    def wrap(judge: Callable) -> Checkoff:
+        def prepare(rng):
+            return list(cases(rng)) if cases is not None else [None]
+
+        def verdict(fn, prepared):
             if not callable(fn):
                 raise Mismatch(f"this checkoff wants your function itself (no parentheses); you gave {fn!r}.")
-            grader(fn)
+            for case in prepared:
+                if cases is None:
+                    judge(fn)
+                else:
+                    judge(fn, case)
 
-        return register(Checkoff(checkoff_id, title, hint, "function", grade, grader.__module__))
+        return register(Checkoff(checkoff_id, title, hint, "function", prepare, verdict, judge.__module__,
+                                 forbid, derive, dict(formative or {})))
 
     return wrap
 
 
 # --- helpers for graders --------------------------------------------------------------------
-
 def as_number(x, what: str) -> float:
     """A real number out of an int, float, numpy scalar or one-element tensor; anything else is a Mismatch."""
     if callable(x):
@@ -204,7 +288,8 @@ def as_number(x, what: str) -> float:
         except (ValueError, RuntimeError):
             raise Mismatch(f"{what} holds several numbers ({type(x).__name__}); one number is expected.") from None
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise Mismatch(f"{what} is a {type(x).__name__}, not a number.")
+        kind = x.type_name if isinstance(x, Opaque) else type(x).__name__
+        raise Mismatch(f"{what} is a {kind}, not a number.")
     x = float(x)
     if not math.isfinite(x):
         raise Mismatch(f"{what} is {x}, not a finite number.")
@@ -249,15 +334,112 @@ def units_slip(got: float, want: float) -> str:
     return ""
 
 
+class RemoteAnswer:
+    """An answer that lives in another process (labsupport.course.worker): calls travel as plain data.
+
+    `call` and `call_with` hand it their arguments; it returns the result decoded on this side, or
+    raises NotImplementedError (the exercise is unfinished) or `Mismatch` (it raised, took too long,
+    or ended its process).
+    """
+
+    name = "your function"
+    source = ""
+    info: dict = {}
+
+    @property
+    def __name__(self) -> str:  # noqa: PLW3201 - messages name the call the way a function reads
+        return self.name
+
+    def __call__(self, *args, **kwargs):
+        return self.remote_call(args, kwargs)
+
+    def remote_call(self, args: tuple, kwargs: dict):  # pragma: no cover - implemented by the worker client
+        raise NotImplementedError
+
+    def remote_call_with(self, target: Callable, answer_kw: str, args: tuple, kwargs: dict):  # pragma: no cover
+        raise NotImplementedError
+
+
+class Forbidden(Mismatch):
+    """The student's function called a name its checkoff forbids (caught as it ran, in the worker)."""
+
+    def __init__(self, names: list[str]):
+        self.names = list(names)
+        super().__init__(f"your function called {', '.join(self.names)}, which this exercise asks you to derive")
+
+
+class RemoteError(Exception):
+    """The student's code (or a library function running it) raised in the worker: type name and message."""
+
+    def __init__(self, type_name: str, message: str):
+        self.type_name, self.message = type_name, message
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+
+
 def call(fn: Callable, *args, **kwargs):
     """Call the student's function; its errors become a Mismatch naming the call (NotImplementedError passes)."""
     __tracebackhide__ = True
+    if isinstance(fn, RemoteAnswer):
+        return fn.remote_call(args, kwargs)
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
         raise
     except Exception as exc:  # the student's bug, reported with the call that triggered it
         raise Mismatch(f"{describe_call(fn, args, kwargs)} raised {type(exc).__name__}: {exc}") from None
+
+
+def call_with(fn: Callable, target: Callable, *args, answer_kw: str, **kwargs):
+    """Run labsupport's `target` with the student's function as its `answer_kw` argument.
+
+    For a Triton exercise the kernel itself must run where the student's function lives; errors
+    are left to the caller (RemoteError when remote), which knows how to word them.
+    """
+    __tracebackhide__ = True
+    if isinstance(fn, RemoteAnswer):
+        return fn.remote_call_with(target, answer_kw, args, kwargs)
+    return target(*args, **{answer_kw: fn}, **kwargs)
+
+
+def answer_source(fn) -> str:
+    """The source text of the student's function ("" when it cannot be found)."""
+    if isinstance(fn, RemoteAnswer):
+        return fn.source
+    try:
+        return inspect.getsource(getattr(fn, "fn", fn))
+    except (OSError, TypeError):
+        return ""
+
+
+def is_triton_function(fn) -> bool:
+    """True for a ``@triton.jit`` function (it carries the Python function as `.fn`)."""
+    if isinstance(fn, RemoteAnswer):
+        return bool(fn.info.get("triton_jit"))
+    return callable(getattr(fn, "fn", None))
+
+
+_EXERCISE_RAISE = re.compile(r'raise\s+NotImplementedError\(\s*(?P<message>"(?:[^"\\\n]|\\.)*")')
+
+
+def raise_if_unfinished(fn) -> None:
+    """Raise the exercise's own NotImplementedError while ``fn``'s body still holds it.
+
+    Triton does not let an exception raised inside a kernel through as itself (the interpreter wraps
+    it in an InterpreterError; the GPU compiler rejects the raise), so an unfinished ``@triton.jit``
+    exercise is recognised from its source before anything runs: 'not attempted', not 'failed'."""
+    source = answer_source(fn)
+    if not source:
+        return
+    found = _EXERCISE_RAISE.search(source)
+    if found:
+        try:
+            message = json.loads(found["message"])
+        except ValueError:
+            message = found["message"]
+        raise NotImplementedError(message)
+    if "raise NotImplementedError" in source:
+        name = getattr(getattr(fn, "fn", fn), "__name__", "this function")
+        raise NotImplementedError(f"{name} still raises NotImplementedError")
 
 
 def describe_call(fn: Callable, args: tuple, kwargs: dict) -> str:
@@ -285,12 +467,20 @@ def lab_module_name(lab: int) -> str:
 
 
 def load_lab(lab: int) -> list[Checkoff]:
-    """Import lab `lab`'s checkoff module (if it has one) and return its checkoffs in order."""
+    """Import lab `lab`'s checkoff module (if it has one) and return its checkoffs in order.
+
+    Where the graders are not installed (the student release), the lab's sealed formative record
+    stands in for them (labsupport.course.formative).
+    """
     try:
         importlib.import_module(lab_module_name(lab))
     except ModuleNotFoundError as exc:
-        if exc.name != lab_module_name(lab):
+        if exc.name not in (lab_module_name(lab), "labsupport.course.checkoffs"):
             raise
+        if exc.name == "labsupport.course.checkoffs":
+            from labsupport.course import formative
+
+            formative.register_lab(lab)
     return sorted((c for c in REGISTRY.values() if c.lab == lab), key=lambda c: c.order)
 
 
@@ -317,7 +507,7 @@ def check(checkoff_id: str, answer) -> None:
     """
     __tracebackhide__ = True
     checkoff = get(checkoff_id)
-    if is_placeholder(answer):
+    if contains_unfinished(answer):  # `slot_bytes = ...`, as the student copy left it
         prompt = prompt_of(checkoff, caller=inspect.currentframe().f_back)
         _RESULTS[checkoff_id] = {"status": NOT_ATTEMPTED, "detail": prompt}
         print(NOT_ATTEMPTED_LINE.format(id=checkoff_id, prompt=prompt))
@@ -365,21 +555,6 @@ def unlocked(*checkoff_ids: str) -> bool:
 
 
 # --- what check() prints when an answer is missing or wrong ------------------------------------
-
-def is_placeholder(answer, depth: int = 3) -> bool:
-    """True for the build's stand-in for an answer not yet written (`...`), alone or inside a container.
-
-    Only identity and built-in container types are looked at: a student's object is never asked
-    anything (no `__eq__`, no `__iter__` of theirs runs).
-    """
-    if answer is PLACEHOLDER:
-        return True
-    if depth and type(answer) in (list, tuple, set, frozenset):
-        return any(is_placeholder(a, depth - 1) for a in answer)
-    if depth and type(answer) is dict:
-        return any(is_placeholder(v, depth - 1) for v in answer.values())
-    return False
-
 
 def prompt_of(checkoff: Checkoff, raised: BaseException | None = None, caller=None) -> str:
     """The exercise's one-line prompt, as the student copy shows it, else the checkoff's title.

@@ -1,38 +1,68 @@
-"""`python -m labsupport grade notebooks/NN_topic.ipynb [...] [--json]`: the checkoff scoreboard (every lab).
+"""`python -m labsupport grade PATH... [--jobs N] [--csv FILE] [--json] [--gradescope FILE]`: the grade (every lab).
 
-Each notebook runs top to bottom in a fresh kernel, in its own folder, with its stored outputs
-thrown away first (a pasted "passed" line counts for nothing).  Execution continues past errors,
-so one unfinished exercise does not hide the checkoffs after it.  A checkoff is
+check() in a notebook is feedback; this decides.  The verdict is reached in this process, which
+never runs a line of student code:
 
-  passed         check() printed its line in this run,
-  failed         check() raised CheckoffError (the scoreboard shows the hint), or the checkoff
-                 cell raised some other error (shown),
-  not attempted  its exercise still raises NotImplementedError, or its cell never ran.
+ 1. Before anything of the student's runs, labsupport's own files are read into memory, every lab's
+    checkoffs are imported and, per notebook, each checkoff is *prepared*: its expected value, or
+    its cases (the lab's own inputs plus hidden ones drawn from a secret seed per run, notebook and
+    checkoff) with their expected results.
+ 2. The notebook is read as a file (labsupport.course.answers): its code cells, and every
+    ``check("N.M", answer)`` call, whatever ``check`` is bound to there.
+ 3. A copy of it runs top to bottom in a fresh kernel, in a temporary copy of its folder, on a fresh
+    private copy of labsupport without the graders.  Its check() calls are rewritten to hand each
+    answer to the grader as plain data (labsupport.course.codec); its stored outputs, its prints and
+    its own check() are never read.
+ 4. A function answer is rebuilt from the notebook's *source* (the cut of the code it depends on)
+    in a separate worker process (labsupport.course.worker), which the checkoff's judge calls on the
+    prepared cases; results come back as plain data.  Names the checkoff forbids fail the answer
+    ("derive, don't call"), whether they appear in the code or are called while it runs.
+ 5. The judge compares, here.  A checkoff is
 
-The lab's checkoffs come from the registry (labsupport/course/checkoffs/labNN.py), so deleting a checkoff
-cell makes it "not attempted", not absent.  Exit code: 0 when nothing failed, 1 when a checkoff
-failed or a notebook could not be run to the end, 2 for bad arguments.
+      passed         the answer matched every case;
+      failed         it did not (the detail says how, and gives the hint), it used a forbidden
+                     shortcut, or its cell raised before handing the answer over;
+      not attempted  no check() call for it, its cell never ran, or the exercise is still the
+                     student copy's placeholder (NotImplementedError, ``...``).
+
+Every notebook gets a row, whatever it does (a kernel that dies, ``os._exit``, a timeout, a patched
+stdlib, a file that is not a notebook); the batch goes on, and the JSON/CSV/Gradescope files are
+always written.  Notebooks or folders may be given (a folder is one student, or a class of student
+folders).  Exit code: 0 when everything passed or was not attempted, 1 when a checkoff failed or a
+notebook could not be run to the end, 2 for a bad argument or a file that is not a notebook.
 """
 from __future__ import annotations
 
-import argparse
-import copy
+import concurrent.futures
+import contextlib
+import csv
+import hashlib
+import io
 import json
-import re
+import os
+import secrets
+import shutil
+import signal
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import nbformat
+from labsupport.cli.parser import OneLineParser, UsageError
+from labsupport.course import answers as A
+from labsupport.course import codec
+from labsupport.course.checkoff import (FAILED, NOT_ATTEMPTED, PASSED, Checkoff, Forbidden, Mismatch, case_rng,
+                                        load_lab)
 
-from labsupport.course.build import CHECK_RE, kernel_manager
-from labsupport.course.checkoff import FAILED, NOT_ATTEMPTED, PASS_LINE, PASSED, load_lab
-
-RESULTS_MARK = "labsupport-grade-results:"
-_COLLECT = ("import json as _grade_json, labsupport.course.checkoff as _grade_checkoff\n"
-            f"print({RESULTS_MARK!r} + _grade_json.dumps(_grade_checkoff.results()))")
 SYMBOLS = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⬜"}
+LABS = range(100)
+GRADER_ONLY = ("course/checkoffs",)  # never copied where student code runs: the graders and their answers
+ANSWERS_FILE = "answers.jsonl"
+MAX_ANSWER_BYTES = 64 * 2**20
+MAX_FOLDER_BYTES = 256 * 2**20
+DEFAULT_TIMEOUT_S = 300
 
 
 @dataclass
@@ -46,9 +76,12 @@ class CheckoffResult:
 @dataclass
 class NotebookGrade:
     path: str
-    lab: int
+    lab: int | None
+    student: str = ""
     seconds: float = 0.0
     error: str = ""
+    invalid: bool = False  # the file is not a notebook that can be graded
+    notes: list[str] = field(default_factory=list)
     checkoffs: list[CheckoffResult] = field(default_factory=list)
 
     @property
@@ -64,131 +97,707 @@ class NotebookGrade:
         return len(self.checkoffs)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "passed": self.passed, "failed": self.failed, "total": self.total}
+        out = asdict(self)
+        out.update(passed=self.passed, failed=self.failed, total=self.total, seconds=round(self.seconds, 3))
+        return out
 
 
-def lab_number(path: Path, nb) -> int:
-    match = re.match(r"^(\d\d)_", path.name)
-    if match:
-        return int(match[1])
-    labs = {int(i.split(".")[0]) for cell in nb.cells if cell.cell_type == "code" for i in CHECK_RE.findall(cell.source)}
-    if len(labs) == 1:
-        return labs.pop()
-    raise ValueError(f"{path}: cannot tell which lab this is (name it NN_topic.ipynb)")
+# --- what the grader keeps for itself ----------------------------------------------------------------
+
+class Snapshot:
+    """labsupport's own files as they were when grading began (read before any notebook runs).
+
+    Kernels and workers get a fresh copy of these, written per notebook, without the graders; the
+    installed files are compared with them after each notebook and put back if it changed them.
+    """
+
+    def __init__(self, package: Path):
+        self.package = package
+        self.files: dict[str, bytes] = {}
+        for path in sorted(package.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
+                self.files[path.relative_to(package).as_posix()] = path.read_bytes()
+
+    def write(self, site: Path) -> Path:
+        """site/labsupport with every file but the graders; `site` is put first on the kernel's path."""
+        target = site / "labsupport"
+        for rel, data in self.files.items():
+            if any(rel == g or rel.startswith(g + "/") for g in GRADER_ONLY):
+                continue
+            dest = target / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        # the data loaders look for traces beside the package: data/ and ../shared/traces
+        repo = self.package.parent
+        for link, real in ((site / "data", repo / "data"), (site.parent / "shared", repo.parent / "shared")):
+            if real.is_dir() and not link.exists():
+                with contextlib.suppress(OSError):
+                    link.symlink_to(real, target_is_directory=True)
+        return site
+
+    def changed(self) -> list[str]:
+        """Files of the installed package that differ from the snapshot (modified, deleted or added)."""
+        out = []
+        for rel, data in self.files.items():
+            path = self.package / rel
+            try:
+                if path.read_bytes() != data:
+                    out.append(rel)
+            except OSError:
+                out.append(rel)
+        for path in self.package.rglob("*.py"):
+            if "__pycache__" not in path.parts and path.relative_to(self.package).as_posix() not in self.files:
+                out.append(path.relative_to(self.package).as_posix())
+        return sorted(set(out))
+
+    def restore(self, rels: list[str]) -> None:
+        for rel in rels:
+            path = self.package / rel
+            with contextlib.suppress(OSError):
+                if rel in self.files:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(self.files[rel])
+                else:
+                    path.unlink()
 
 
-def _run(nb, cwd: Path, timeout: int) -> str:
-    """Execute in place, continuing past cell errors; returns why execution stopped early, if it did."""
+def _preload() -> None:
+    """Import every labsupport module now, so nothing this process uses is read from disk later."""
+    import importlib
+    import pkgutil
+
+    import labsupport
+
+    for info in pkgutil.walk_packages(labsupport.__path__, "labsupport."):
+        if info.name.endswith("__main__"):
+            continue
+        with contextlib.suppress(Exception):
+            importlib.import_module(info.name)
+    for lab in LABS:
+        load_lab(lab)
+    from IPython.core.inputtransformer2 import TransformerManager  # noqa: F401 - answers.read uses it
+    from nbclient import NotebookClient  # noqa: F401
+
+
+def _not_dumpable() -> None:
+    """Keep other processes of this user (the student's kernel among them) out of this one's memory."""
+    if sys.platform != "linux":
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+
+
+# --- running the notebook: only to collect the answers --------------------------------------------------
+
+SETUP = """\
+import labsupport.course.codec as _labsupport_codec, builtins as _labsupport_builtins
+_labsupport_builtins.__dict__[{name!r}] = _labsupport_codec.collector({path!r})
+del _labsupport_codec, _labsupport_builtins
+"""
+
+
+def _collecting_client():
     from nbclient import NotebookClient
+
+    import nbformat
+
+    class Collecting(NotebookClient):
+        """Keeps each cell's error name and message and drops every other output the kernel sends."""
+
+        def process_message(self, msg, cell, cell_index):
+            msg_type = msg.get("msg_type")
+            content = msg.get("content") or {}
+            if msg_type in ("stream", "display_data", "execute_result", "update_display_data", "clear_output") \
+                    or str(msg_type).startswith("comm"):
+                if isinstance(content, dict) and "execution_count" in content:
+                    cell["execution_count"] = content["execution_count"]
+                return None
+            if msg_type == "error":
+                out = nbformat.v4.new_output("error", ename=str(content.get("ename"))[:200],
+                                             evalue=str(content.get("evalue"))[:2000], traceback=[])
+                cell.outputs.append(out)
+                return out
+            return super().process_message(msg, cell, cell_index)
+
+    return Collecting
+
+
+@dataclass
+class Run:
+    error: str = ""
+    ran: set[int] = field(default_factory=set)  # notebook cell numbers that executed
+    errors: dict[int, tuple[str, str]] = field(default_factory=dict)  # cell number -> (ename, evalue)
+    records: dict[str, dict] = field(default_factory=dict)  # checkoff id -> its last answer record
+
+
+def _copy_folder(src: Path, dest: Path, notebook: Path) -> None:
+    """A copy of the notebook's folder (files under the size cap, no links followed) to run it in."""
+    dest.mkdir(parents=True, exist_ok=True)
+    budget = MAX_FOLDER_BYTES
+    for root, dirs, files in os.walk(src, followlinks=False):
+        dirs[:] = [d for d in dirs if d not in (".ipynb_checkpoints", "__pycache__", ".git")]
+        rel = Path(root).relative_to(src)
+        if len(rel.parts) > 4:
+            continue
+        for name in files:
+            path = Path(root) / name
+            if path.is_symlink() or path == notebook:
+                continue
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if size > budget:
+                continue
+            budget -= size
+            target = dest / rel / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                shutil.copyfile(path, target)
+
+
+def run_notebook(nb: A.Notebook, job: Path, snapshot: Snapshot, timeout: int, slot=None) -> Run:
+    """Execute a collecting copy of `nb` in a fresh kernel; return what it handed over."""
+    import nbformat
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-    client = NotebookClient(nb, km=kernel_manager(), timeout=timeout, allow_errors=True,
-                            resources={"metadata": {"path": str(cwd)}}, record_timing=False,
-                            store_widget_state=False)
+    from labsupport.course.build import kernel_manager
+
+    run = Run()
+    site = snapshot.write(job / "kernel_site")
+    home = job / "home"
+    work = job / "work" / (nb.path.parent.name or "notebook")
+    for folder in (home, work):
+        folder.mkdir(parents=True, exist_ok=True)
+    _copy_folder(nb.path.parent, work, nb.path)
+    records = job / ANSWERS_FILE
+    records.touch()
+    collector = "__labsupport_answer_" + secrets.token_hex(8) + "__"
+    cells = [nbformat.v4.new_code_cell(SETUP.format(name=collector, path=str(records)))]
+    numbers = [0]
+    for cell in nb.cells:
+        cells.append(nbformat.v4.new_code_cell(A.collecting_source(nb, cell, collector)))
+        numbers.append(cell.number)
+    runnable = nbformat.v4.new_notebook()
+    runnable.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    runnable.cells = cells
+    (work / nb.path.name).write_text(nbformat.writes(runnable), encoding="utf-8")
+    env = _student_env(site, home)
+    km = kernel_manager()
+    if slot is not None:  # the kernel starts through the launcher that makes it the slot's user
+        slot.reach(job.parent, job)
+        slot.own(home, job / "work", records)
+        km.kernel_spec.argv = slot.command(list(km.kernel_spec.argv))
+        km.connection_file = str(job / "kernel.json")
+        write_connection_file = km.write_connection_file
+
+        def write_and_hand_over(*args, **kwargs):  # the kernel must read its own connection file
+            written = write_connection_file(*args, **kwargs)
+            slot.own(Path(km.connection_file))
+            return written
+
+        km.write_connection_file = write_and_hand_over
+    client = _collecting_client()(runnable, km=km, timeout=timeout, allow_errors=True,
+                                  resources={"metadata": {"path": str(work)}}, record_timing=False,
+                                  store_widget_state=False, startup_timeout=max(60, timeout))
+    watchdog = _Watchdog(km, limit=timeout * max(4, 1 + len(nb.cells) // 10))
+    log = open(job / "kernel.log", "ab")  # the kernel's own stdout/stderr: never the grader's
     try:
-        client.execute()
+        with watchdog:
+            client.execute(env=env, stdout=log, stderr=log)
     except CellTimeoutError:
-        return f"a cell ran longer than {timeout} s; the cells after it never ran"
+        run.error = f"a cell ran longer than {timeout} s; the cells after it never ran"
     except DeadKernelError:
-        return "the kernel died (out of memory?); the cells after it never ran"
-    return ""
+        run.error = ("the notebook ran longer than the grader allows; the cells after that never ran"
+                     if watchdog.fired else "the kernel died (os._exit, a crash, or out of memory); the cells after it never ran")
+    except Exception as exc:  # noqa: BLE001 - a kernel whose messages are garbage (a patched json, say)
+        run.error = f"the kernel stopped answering the grader properly ({type(exc).__name__}: {str(exc)[:200]})"
+    finally:
+        _kill_kernel(km)
+        log.close()
+    setup = runnable.cells[0]
+    if setup.get("outputs") and not run.error:
+        e = setup.outputs[0]
+        run.error = f"the grader could not start collecting answers ({e.get('ename')}: {e.get('evalue')})"
+    for index, cell in enumerate(runnable.cells[1:], start=1):
+        if cell.get("execution_count") is not None or cell.get("outputs"):
+            run.ran.add(numbers[index])
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                run.errors.setdefault(numbers[index], (str(out.get("ename")), str(out.get("evalue"))))
+    run.records = _read_records(records)
+    return run
 
 
-def _cell_outcome(cell, checkoff_id: str) -> tuple[str, str] | None:
-    """What a checkoff cell's fresh outputs say about `checkoff_id` (None when the cell says nothing)."""
-    if cell.get("execution_count") is None and not cell.get("outputs"):
+class _Watchdog:
+    """Kills the kernel if the whole notebook outlives its budget (each cell has its own timeout too)."""
+
+    def __init__(self, km, limit: float):
+        self.km, self.limit, self.fired = km, limit, False
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+
+    def _watch(self):
+        if not self._stop.wait(self.limit):
+            self.fired = True
+            _kill_kernel(self.km)
+
+
+def _kill_kernel(km) -> None:
+    proc = getattr(getattr(km, "provisioner", None), "process", None)
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+        os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        proc.kill()
+
+
+def _kill_all(slot) -> None:
+    from labsupport.course.sandbox import kill_all
+
+    kill_all(slot.uid)
+
+
+def _student_env(site: Path, home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY_", "JUPYTER_", "PYTEST_"))}
+    env.update(PYTHONPATH=str(site), HOME=str(home), IPYTHONDIR=str(home / ".ipython"), MPLBACKEND="Agg",
+               TRITON_CACHE_DIR=str(home / ".triton"), PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1",
+               USER="student", LOGNAME="student", XDG_CACHE_HOME=str(home / ".cache"))
+    return env
+
+
+def _read_records(path: Path) -> dict[str, dict]:
+    """The last well-formed answer record per checkoff id (anything else in the file is ignored)."""
+    records: dict[str, dict] = {}
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_ANSWER_BYTES)
+    except OSError:
+        return records
+    for line in data.splitlines():
+        try:
+            record = codec.parse(line)
+        except codec.DecodeError:
+            continue
+        if (isinstance(record, dict) and isinstance(record.get("id"), str) and type(record.get("index")) is int
+                and type(record.get("callable")) is bool and "value" in record):
+            records[record["id"]] = record
+    return records
+
+
+# --- deciding --------------------------------------------------------------------------------------------
+
+class Grader:
+    """Grades notebooks one by one (thread-safe: `grade` may run in several threads at once)."""
+
+    def __init__(self, timeout: int = DEFAULT_TIMEOUT_S, secret: bytes | None = None, sandbox=None):
+        import labsupport
+
+        self.timeout = timeout
+        self.secret = secret if secret is not None else secrets.token_bytes(32)
+        self.snapshot = Snapshot(Path(labsupport.__file__).resolve().parent)
+        _preload()
+        _not_dumpable()
+        self.sandbox = sandbox
+        self.scratch = Path(tempfile.mkdtemp(prefix="labsupport-grade-"))
+        self._restore_lock = threading.Lock()
+
+    def close(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def prepare(self, checkoffs: list[Checkoff], key: str) -> dict[str, object]:
+        return {c.id: c.prepare(case_rng(c.id, self.secret, key)) for c in checkoffs}
+
+    def grade(self, path: Path, student: str = "") -> NotebookGrade:
+        start = time.perf_counter()
+        grade = NotebookGrade(str(path), _lab_from_name(path), student)
+        try:
+            self._grade(path, grade)
+        except A.NotebookError as exc:
+            grade.error, grade.invalid = str(exc), True
+        except Exception as exc:  # noqa: BLE001 - a grader fault must not lose the batch
+            grade.error = f"the grader failed on this notebook ({type(exc).__name__}: {exc})"
+        grade.seconds = time.perf_counter() - start
+        return grade
+
+    def _grade(self, path: Path, grade: NotebookGrade) -> None:
+        nb = A.read(path)
+        grade.lab = lab = nb.lab()
+        checkoffs = load_lab(lab)
+        if not checkoffs:
+            grade.invalid = True
+            grade.error = f"lab {lab:02d} has no checkoffs to grade"
+            return
+        prepared = self.prepare(checkoffs, f"{grade.student}/{path.name}")
+        job = Path(tempfile.mkdtemp(prefix="nb-", dir=self.scratch))
+        slot = self.sandbox.acquire() if self.sandbox is not None else None
+        try:
+            run = run_notebook(nb, job, self.snapshot, self.timeout, slot)
+            if slot is not None:
+                _kill_all(slot)  # nothing the notebook started outlives its run
+            grade.error = run.error
+            self._check_installation(grade)
+            worker = None
+            try:
+                for checkoff in checkoffs:
+                    if checkoff.kind == "function" and checkoff.id in run.records and worker is None:
+                        worker = self._worker(job, slot)
+                    status, detail = self._decide(nb, checkoff, prepared[checkoff.id], run, worker)
+                    grade.checkoffs.append(CheckoffResult(checkoff.id, checkoff.title, status, detail))
+            finally:
+                if worker is not None:
+                    worker.close()
+            self._check_installation(grade)
+        finally:
+            if slot is not None:
+                slot.release()
+            shutil.rmtree(job, ignore_errors=True)
+
+    def _worker(self, job: Path, slot):
+        from labsupport.course.worker import WorkerClient
+
+        site = self.snapshot.write(job / "worker_site")
+        env = _student_env(site, job / "home")
+        return WorkerClient(job / "worker", site, env, wrap=slot.command if slot is not None else None,
+                            owner=slot.own if slot is not None else None)
+
+    def _check_installation(self, grade: NotebookGrade) -> None:
+        with self._restore_lock:
+            changed = self.snapshot.changed()
+            if changed:
+                self.snapshot.restore(changed)
+                note = (f"labsupport's installed files changed while this notebook was graded ({', '.join(changed[:5])}"
+                        f"{', ...' if len(changed) > 5 else ''}); they were put back and played no part in the grade")
+                if note not in grade.notes:
+                    grade.notes.append(note)
+
+    def _decide(self, nb: A.Notebook, checkoff: Checkoff, prepared, run: Run, worker) -> tuple[str, str]:
+        calls = nb.calls.get(checkoff.id, [])
+        if not calls:
+            return NOT_ATTEMPTED, "no cell of this notebook calls check() for it"
+        record = run.records.get(checkoff.id)
+        if record is None:
+            return _without_answer(calls, run)
+        index = record["index"]
+        call = calls[index] if 0 <= index < len(calls) else calls[-1]
+        try:
+            answer = codec.from_plain(record["value"])
+        except codec.DecodeError as exc:
+            return FAILED, f"the answer handed to check() could not be read as plain data ({exc})"
+        if codec.contains_unfinished(answer):
+            return NOT_ATTEMPTED, "the exercise still holds the student copy's placeholder"
+        program = A.program(nb, call)
+        function_answer = checkoff.kind == "function" and record["callable"]
+        if checkoff.kind != "choice":
+            findings = A.inspect(program, checkoff.forbidden, function_answer=function_answer)
+            if findings:
+                return FAILED, _derive_text(checkoff, [A.describe(f) for f in findings])
+            if checkoff.kind == "value" and program.unresolved:
+                names = ", ".join(sorted(program.unresolved)[:5])
+                return FAILED, (f"your answer depends on {names}, which no cell before check() defines in code the "
+                                "grader can read; compute it in the notebook's own cells.\nHint: " + checkoff.hint)
+        try:
+            if function_answer:
+                answer = worker.load(checkoff.id, program.source(), checkoff.forbidden, program.function_source(),
+                                     self.timeout)
+            checkoff.verdict(answer, prepared)
+        except Forbidden as exc:
+            return FAILED, _derive_text(checkoff, [str(exc)])
+        except NotImplementedError as exc:
+            return NOT_ATTEMPTED, str(exc)
+        except Mismatch as exc:
+            return FAILED, f"{exc}\nHint: {checkoff.hint}"
+        except Exception as exc:  # noqa: BLE001 - an answer of a shape the judge did not expect
+            return FAILED, f"your answer could not be checked ({type(exc).__name__}: {exc})\nHint: {checkoff.hint}"
+        return PASSED, ""
+
+
+def _without_answer(calls: list[A.CheckCall], run: Run) -> tuple[str, str]:
+    """Why a checkoff whose check() call is in the file handed nothing over."""
+    for call in calls:
+        if call.cell.number in run.errors:
+            ename, evalue = run.errors[call.cell.number]
+            if ename == "NotImplementedError":
+                return NOT_ATTEMPTED, evalue
+            return FAILED, f"its cell raised {ename}: {evalue}"
+    if not any(call.cell.number in run.ran for call in calls):
         return NOT_ATTEMPTED, "its cell never ran"
-    for out in cell.get("outputs", []):
-        if out.output_type == "stream" and PASS_LINE.format(id=checkoff_id) in out.text.splitlines():
-            return PASSED, ""
-        if out.output_type == "error":
-            if out.ename == "NotImplementedError":
-                return NOT_ATTEMPTED, out.evalue
-            return FAILED, f"{out.ename}: {out.evalue}"
-    return None
+    return NOT_ATTEMPTED, "check() never ran (is it in a branch that was not taken?)"
 
 
-def grade_notebook(path: str | Path, timeout: int = 600) -> NotebookGrade:
-    path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    lab = lab_number(path, nb)
-    registered = load_lab(lab)
-    grade = NotebookGrade(str(path), lab)
-    nb = copy.deepcopy(nb)
-    for cell in nb.cells:  # never trust stored outputs
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    nb.cells.append(nbformat.v4.new_code_cell(_COLLECT))
-    start = time.perf_counter()
-    grade.error = _run(nb, path.parent.resolve(), timeout)
-    grade.seconds = time.perf_counter() - start
+def _derive_text(checkoff: Checkoff, reasons: list[str]) -> str:
+    what = checkoff.derive or "work it out from the lab's quantities rather than asking labsupport for it"
+    return (f"derive, don't call: {'; '.join(reasons)}. This exercise asks you to {what}.\nHint: {checkoff.hint}")
 
-    session: dict = {}
-    for out in nb.cells[-1].get("outputs", []):
-        if out.output_type == "stream" and RESULTS_MARK in out.text:
-            session = json.loads(out.text.split(RESULTS_MARK, 1)[1])
-    if not session and not grade.error and not nb.cells[-1].get("outputs"):
-        grade.error = "the grader could not read the kernel's checkoff results"
-    cells_by_id: dict[str, list] = {}
-    for cell in nb.cells[:-1]:
-        if cell.cell_type == "code":
-            for checkoff_id in CHECK_RE.findall(cell.source):
-                cells_by_id.setdefault(checkoff_id, []).append(cell)
 
-    for checkoff in registered:
-        status, detail = NOT_ATTEMPTED, "no cell of this notebook calls check() for it"
-        if checkoff.id in session:
-            status, detail = session[checkoff.id]["status"], session[checkoff.id]["detail"]
-        elif checkoff.id in cells_by_id:
-            status, detail = NOT_ATTEMPTED, "check() never ran"
-            for cell in cells_by_id[checkoff.id]:
-                outcome = _cell_outcome(cell, checkoff.id)
-                if outcome:
-                    status, detail = outcome
-                    break
-        grade.checkoffs.append(CheckoffResult(checkoff.id, checkoff.title, status, detail))
-    return grade
+def _lab_from_name(path: Path) -> int | None:
+    match = A.LAB_NAME_RE.match(path.name)
+    return int(match[1]) if match else None
 
+
+# --- a class at a time -----------------------------------------------------------------------------------
+
+@dataclass
+class Submission:
+    path: Path
+    student: str
+
+
+def collect(paths: list[str]) -> tuple[list[Submission], list[str]]:
+    """Notebooks to grade, each with its student; and the arguments that name nothing."""
+    found, missing = [], []
+    for arg in paths:
+        p = Path(arg)
+        if p.is_file():
+            found.append(Submission(p, p.resolve().parent.name))
+        elif p.is_dir():
+            notebooks = sorted(q for q in p.rglob("*.ipynb") if ".ipynb_checkpoints" not in q.parts and q.is_file())
+            for q in notebooks:
+                rel = q.relative_to(p)
+                found.append(Submission(q, rel.parts[0] if len(rel.parts) > 1 else p.resolve().name))
+            if not notebooks:
+                missing.append(f"{arg} (a folder with no .ipynb in it)")
+        else:
+            missing.append(arg)
+    return found, missing
+
+
+def grade_all(grader: Grader, submissions: list[Submission], jobs: int = 1, progress: bool = True,
+              on_done=None) -> list[NotebookGrade]:
+    """Grade every submission, `jobs` at a time; results in the order given."""
+    results: list[NotebookGrade | None] = [None] * len(submissions)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(submissions), desc="grading", unit="notebook", file=sys.stderr)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = {pool.submit(grader.grade, s.path, s.student): i for i, s in enumerate(submissions)}
+            for future in concurrent.futures.as_completed(futures):
+                i = futures[future]
+                try:
+                    results[i] = future.result()
+                except Exception as exc:  # noqa: BLE001 - grade() catches; this is the last net
+                    results[i] = NotebookGrade(str(submissions[i].path), None, submissions[i].student,
+                                               error=f"the grader failed ({type(exc).__name__}: {exc})")
+                if bar is not None:
+                    bar.update(1)
+                if on_done is not None:
+                    on_done([r for r in results if r is not None])
+    finally:
+        if bar is not None:
+            bar.close()
+    return [r for r in results if r is not None]
+
+
+# --- reports -----------------------------------------------------------------------------------------------
 
 def format_grade(grade: NotebookGrade) -> str:
-    lines = [f"{grade.path}  (lab {grade.lab:02d}, ran in {grade.seconds:.1f} s)"]
+    lab = f"lab {grade.lab:02d}" if grade.lab is not None else "lab ?"
+    who = f"{grade.student}: " if grade.student else ""
+    lines = [f"{who}{grade.path}  ({lab}, graded in {grade.seconds:.1f} s)"]
     for c in grade.checkoffs:
         lines.append(f"  {SYMBOLS[c.status]} {c.id:<5} {c.status:<14} {c.title}")
         if c.status != PASSED and c.detail:
             lines += [f"        {line}" for line in c.detail.splitlines()]
     if grade.error:
         lines.append(f"  ! {grade.error}")
+    for note in grade.notes:
+        lines.append(f"  ! {note}")
     lines.append(f"  score {grade.passed}/{grade.total}")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m labsupport grade",
-                                description="Run student notebooks in a fresh kernel and score their checkoffs.")
-    p.add_argument("notebooks", nargs="+", help="notebooks/NN_topic.ipynb files")
-    p.add_argument("--json", action="store_true", help="print one JSON object (for a gradebook) instead of the table")
-    p.add_argument("--timeout", type=int, default=600, help="seconds one cell may run (default 600)")
-    args = p.parse_args(argv)
-    paths = [Path(n) for n in args.notebooks]
-    missing = [str(n) for n in paths if not n.is_file()]
-    if missing:
-        print(f"grade: no such notebook: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    grades = []
-    for path in paths:
-        try:
-            grades.append(grade_notebook(path, timeout=args.timeout))
-        except (ValueError, nbformat.reader.NotJSONError) as exc:
-            print(f"grade: {path}: {exc}", file=sys.stderr)
-            return 2
-        if not args.json:
-            print(format_grade(grades[-1]), flush=True)
+def report(grades: list[NotebookGrade]) -> dict:
     passed = sum(g.passed for g in grades)
     failed = sum(g.failed for g in grades)
     total = sum(g.total for g in grades)
+    return {"notebooks": [g.as_dict() for g in grades], "passed": passed, "failed": failed,
+            "not_attempted": total - passed - failed, "total": total}
+
+
+def rows(grades: list[NotebookGrade]) -> tuple[list[str], list[dict]]:
+    """One row per student × lab (the best notebook when a student handed in several for one lab)."""
+    best: dict[tuple[str, object], NotebookGrade] = {}
+    others: dict[tuple[str, object], list[NotebookGrade]] = {}
+    for g in grades:
+        key = (g.student, g.lab if g.lab is not None else g.path)
+        if key not in best:
+            best[key] = g
+            others[key] = []
+        elif (g.passed, -len(g.error)) > (best[key].passed, -len(best[key].error)):
+            others[key].append(best[key])
+            best[key] = g
+        else:
+            others[key].append(g)
+    ids = sorted({c.id for g in grades for c in g.checkoffs}, key=lambda i: tuple(int(x) for x in i.split(".")))
+    header = ["student", "lab", "notebook", "passed", "total", "score", "error", *ids]
+    out = []
+    for key, g in best.items():
+        notes = list(g.notes) + [f"also handed in {o.path} ({o.passed}/{o.total})" for o in others[key]]
+        row = {"student": g.student, "lab": "" if g.lab is None else f"{g.lab:02d}", "notebook": g.path,
+               "passed": g.passed, "total": g.total, "score": f"{g.passed}/{g.total}",
+               "error": "; ".join([g.error, *notes] if g.error else notes)}
+        row.update({c.id: c.status for c in g.checkoffs})
+        out.append(row)
+    return header, out
+
+
+def write_csv(path: Path, grades: list[NotebookGrade]) -> None:
+    header, table = rows(grades)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=header, restval="", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(table)
+    _atomic_write(path, buf.getvalue())
+
+
+def gradescope(grades: list[NotebookGrade], visibility: str = "visible") -> dict:
+    """Gradescope's results.json: one test per checkoff, one point each, the hint as its output."""
+    tests, notes = [], []
+    number = 0
+    for g in grades:
+        where = Path(g.path).name
+        if g.error:
+            notes.append(f"{where}: {g.error}")
+        notes += [f"{where}: {n}" for n in g.notes]
+        for c in g.checkoffs:
+            number += 1
+            output = {PASSED: "passed", NOT_ATTEMPTED: f"not attempted: {c.detail}" if c.detail else "not attempted",
+                      FAILED: c.detail}[c.status]
+            tests.append({"name": f"Checkoff {c.id}: {c.title}", "number": c.id, "score": 1.0 if c.status == PASSED else 0.0,
+                          "max_score": 1.0, "status": "passed" if c.status == PASSED else "failed",
+                          "output": output, "visibility": visibility})
+    if not grades:
+        notes.append("no notebook (.ipynb) was found in the submission")
+    score = sum(t["score"] for t in tests)
+    return {"score": score, "output": "\n".join(notes) or f"{int(score)} of {len(tests)} checkoffs passed",
+            "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _dump(data) -> str:
+    return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+# --- command line ------------------------------------------------------------------------------------------
+
+def _parser() -> OneLineParser:
+    p = OneLineParser(prog="python -m labsupport grade",
+                      description="Grade student notebooks: answers collected from a fresh kernel, decided outside it.")
+    p.add_argument("paths", nargs="+", help="notebooks, or folders of them (one folder per student)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--csv", metavar="FILE", help="also write the gradebook: one row per student × lab")
+    p.add_argument("--gradescope", metavar="FILE", help="also write Gradescope's results.json format")
+    p.add_argument("--jobs", type=positive_int, default=1, help="notebooks graded at once (default 1)")
+    p.add_argument("--timeout", type=positive_int, default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds one cell, or one checkoff's function tests, may run (default {DEFAULT_TIMEOUT_S})")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed the hidden inputs (default: a fresh secret per run); for regrading identically")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def _keep_the_current_folder_off_the_path() -> None:
+    """A grader started inside a student's folder must not import that folder's json.py (or labsupport/)."""
+    import labsupport
+
+    here = Path.cwd().resolve()
+    if Path(labsupport.__file__).resolve().parent.parent != here:
+        sys.path[:] = [p for p in sys.path if p not in ("", ".") and Path(p).resolve() != here]
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a count of jobs, of seconds)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"wants a whole number of at least 1, got {text!r}")
+    return value
+
+
+def _writable(flag: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_dir():
+        return f"grade: {flag} {value}: is a folder, not a file"
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        return f"grade: {flag} {value}: no such folder {parent}"
+    if not os.access(parent, os.W_OK):
+        return f"grade: {flag} {value}: folder {parent} is not writable"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except UsageError as exc:
+        print(f"grade: {exc}", file=sys.stderr)
+        return 2
+    for flag, value in (("--csv", args.csv), ("--gradescope", args.gradescope)):
+        problem = _writable(flag, value)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+    submissions, missing = collect(args.paths)
+    if missing:
+        print(f"grade: no such notebook: {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+              file=sys.stderr)
+        return 2
+    _keep_the_current_folder_off_the_path()
+    secret = hashlib.sha256(f"seed {args.seed}".encode()).digest() if args.seed is not None else None
+    from labsupport.course.sandbox import Sandbox
+
+    grader = Grader(timeout=args.timeout, secret=secret, sandbox=Sandbox.for_this_machine())
+
+    def write_files(done: list[NotebookGrade]) -> None:
+        if args.csv:
+            write_csv(Path(args.csv), done)
+        if args.gradescope:
+            _atomic_write(Path(args.gradescope), _dump(gradescope(done)))
+
+    grades: list[NotebookGrade] = []
+    try:
+        grades = grade_all(grader, submissions, jobs=args.jobs, progress=not args.no_progress,
+                           on_done=lambda done: (grades.__setitem__(slice(None), done), write_files(done)))
+    finally:
+        write_files(grades)
+        grader.close()
+    for g in grades:
+        if g.invalid:
+            print(f"grade: {g.path}: {g.error}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"notebooks": [g.as_dict() for g in grades], "passed": passed, "failed": failed,
-                          "not_attempted": total - passed - failed, "total": total}, indent=2, ensure_ascii=False))
+        sys.stdout.write(_dump(report(grades)))
     else:
-        print(f"TOTAL {passed}/{total} checkoffs passed, {failed} failed, {total - passed - failed} not attempted")
-    return 1 if failed or any(g.error for g in grades) else 0
+        for g in grades:
+            print(format_grade(g))
+        totals = report(grades)
+        print(f"TOTAL {totals['passed']}/{totals['total']} checkoffs passed, {totals['failed']} failed, "
+              f"{totals['not_attempted']} not attempted")
+    if any(g.invalid for g in grades):
+        return 2
+    return 1 if any(g.failed or g.error for g in grades) else 0

@@ -329,12 +329,24 @@ enable_colab_widgets()
 # --- errata -------------------------------------------------------------------------------------
 
 def errata_note(*quantities: str):
-    """A Markdown callout for the ledger's errata whose quantity contains any of `quantities`."""
+    """A Markdown callout for the ledger's printed-figure rows whose quantity contains any of `quantities`.
+
+    An erratum (no convention reproduces the printed figure) says what was tried; a convention (one
+    does) shows both readings and calls neither wrong.
+    """
     from IPython.display import Markdown
 
-    chosen = [e for e in ledger.ERRATA if any(q.lower() in e.quantity.lower() for q in quantities)]
-    if not chosen:
-        raise ValueError(f"no erratum matches {quantities}; have: {'; '.join(e.quantity for e in ledger.ERRATA)}")
+    def matches(row) -> bool:
+        return any(q.lower() in row.quantity.lower() for q in quantities)
+
     blocks = [f"> **Printed vs exact — {e.quantity}** ({e.section}). The lecture prints *{e.printed}*; "
-              f"exact arithmetic gives **{e.exact}**.  \n> {e.why}" for e in chosen]
+              f"exact arithmetic gives **{e.exact}**.  \n> {e.why}"
+              + (f"  \n> *Readings tried:* {e.tried_text}." if e.tried else "")
+              for e in ledger.ERRATA if matches(e)]
+    blocks += [f"> **Printed figure, another convention — {c.quantity}** ({c.section}). The lecture prints "
+               f"*{c.printed}*: {c.convention}. The ledger's default reading gives {c.default}.  \n> {c.why}"
+               for c in ledger.CONVENTIONS if matches(c)]
+    if not blocks:
+        have = "; ".join(r.quantity for r in (*ledger.ERRATA, *ledger.CONVENTIONS))
+        raise ValueError(f"no erratum or convention matches {quantities}; have: {have}")
     return Markdown("\n\n".join(blocks))

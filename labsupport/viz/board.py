@@ -3,7 +3,7 @@
 Lab 08: every row of §10.7's "what paging did not fix" table is re-computed here from the real
 mechanisms and traces (`map_rows`), next to the lab that computed it first; the discussion seeds get
 their data (`request_level_batching`, `interference_spike`, `routing_hit_rates`, `dependent_requests`,
-`tlb_bytes`).
+`tlb_bytes`, `tlb_replay`).
 
 Lab 99: `SEGMENTS` follows the lecture's timing plan (0–6, 6–16, 16–36, 36–46, 46–58, 58–68,
 68–75).  `segment_view(i)` is one projector-sized panel: the segment's board picture (the same
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,19 +61,23 @@ def request_level_batching(output_lengths: Sequence[int], batch: int = 186) -> d
             "median_effective_b": float(np.median(effective)), "mean_output": float(out.mean())}
 
 
-def interference_spike(neighbours: int = 186, prompt: int = 4096) -> dict:
+def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool = True) -> dict:
     """§2.16 on the engine: `neighbours` chat sequences decode (512-token prompts), one `prompt`-token
-    request arrives mid-run; a neighbour's longest gap between tokens against its usual gap."""
+    request arrives mid-run; a neighbour's longest gap between tokens against its usual gap.
+
+    overlap=True prices each step by the roofline's max(compute, memory); False adds them, as
+    Lecture 2's 6.7x does (the decode steps themselves then get their arithmetic added too)."""
     import numpy as np
 
     from labsupport.costmodel import CostModel
     from labsupport.engine import Engine
 
     pool = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU), 16, LECTURE_7B.kv_bytes_per_token)
-    engine = Engine(cost_model=CostModel(), num_blocks=pool, block_size=16, watermark=0.0, max_num_seqs=neighbours + 1)
+    clock = CostModel(overlap=overlap)
+    engine = Engine(cost_model=clock, num_blocks=pool, block_size=16, watermark=0.0, max_num_seqs=neighbours + 1)
     ids = [engine.add_request(prompt_len=512, max_new_tokens=128, arrival_time=0.0) for _ in range(neighbours)]
     # arrive after the neighbours' own prefill step, in the middle of their decoding
-    first_step = CostModel().step(prefill_lens=[512] * neighbours).total_s
+    first_step = clock.step(prefill_lens=[512] * neighbours).total_s
     engine.add_request(prompt_len=prompt, max_new_tokens=8, arrival_time=first_step + 0.05)
     result = engine.run()
     gaps = np.diff(result.requests[ids[0]].token_times[0])
@@ -127,6 +132,91 @@ def tlb_bytes(batch: int = 186, seq_tokens: int = 640, block_size: int = 16, ent
     swap_in = seq_tokens * m.kv_bytes_per_token / LECTURE_GPU.link_bandwidth
     return {"table_bytes": table, "kv_bytes": kv, "ratio": table / kv, "swap_in_one_way_s": swap_in,
             "step_s": ledger.tpot_s(m, batch, seq_tokens, LECTURE_GPU.hbm_bandwidth)}
+
+
+def length_prediction_cost(workload, sigma: float, margin: float = 1.0, seed: int = 0) -> dict:
+    """Seed 2: admission with a length predictor, priced on a trace's real lengths.
+
+    Each request reserves its prompt plus a predicted output, margin x o x exp(sigma z) with z
+    standard normal (sigma = 0 and margin = 1 is a perfect predictor).  Over-predicted, it holds the reservation all its life and the
+    unfilled part sits idle; under-predicted, it outgrows the reservation at its predicted length and
+    must be preempted — its prompt and the tokens so far recomputed — before it can reserve the rest.
+    Returns the share of requests preempted, the recomputed tokens as a share of all prompt tokens,
+    and the idle share of the KV slots reserved, averaged over every request's decode steps.
+    """
+    import numpy as np
+
+    if not (sigma >= 0 and math.isfinite(sigma)):
+        raise ValueError(f"sigma must be a finite number >= 0, got {sigma!r}")
+    if not (margin > 0 and math.isfinite(margin)):
+        raise ValueError(f"margin must be a finite number > 0, got {margin!r}")
+    p = np.asarray(workload.prompt_lengths(), dtype=float)
+    o = np.asarray(workload.output_lengths(), dtype=float)
+    z = np.random.default_rng(seed).standard_normal(len(o))
+    pred = np.maximum(1.0, np.round(margin * o * np.exp(sigma * z)))
+    under = pred < o
+    steps = o  # one step per output token; at step k the sequence holds p + k tokens
+    held = (p * steps + steps * (steps - 1) / 2).sum()  # token slots filled, summed over steps
+    # over: the reservation p + pred for all o steps; under: p + pred until pred, then p + o
+    reserved = np.where(under, p * o + pred * pred + o * (o - pred), (p + pred) * o).sum()
+    return {"sigma": sigma, "margin": margin, "preempted_share": float(under.mean()),
+            "recompute_share": float((p + pred)[under].sum() / p.sum()),
+            "idle_share": float(1 - held / reserved)}
+
+
+@dataclass(frozen=True)
+class TLBReplay:
+    """Seed 3: the block-table lookups a decode batch makes, and what a translation cache would catch."""
+
+    steps: int
+    layers: int
+    lookups: int  # table entries read: every resident block, once per layer, every step
+    new_translations: int  # (sequence, logical block) pairs seen for the first time (new blocks, admissions)
+    peak_working_set: int  # the most translations one step needed
+    hits: dict  # TLB entries -> lookups served, for an LRU cache shared by every layer and step
+
+    def hit_rate(self, entries: int) -> float:
+        return self.hits[entries] / self.lookups if self.lookups else 0.0
+
+
+def tlb_replay(requests, entries: Sequence[int], num_blocks: int = 7452, block_size: int = 16,
+               max_steps: int = 3000, model=LECTURE_7B) -> TLBReplay:
+    """Seed 3: a KV "TLB" — a cache of block-table entries, keyed by (sequence, logical block) — on a
+    real engine run (cost-model clock, the lecture's pool).
+
+    Every decode step reads each resident sequence's whole table once per layer, in the same order:
+    L sweeps over the step's working set of W translations.  An LRU cache of E entries serves every
+    sweep but the first of a translation it already holds when E >= W; when E < W a sweep evicts
+    each entry just before it is needed again, so LRU serves none.  The only misses with E >= W are
+    translations new in this step, read off the allocator's tables after each step.
+    """
+    from labsupport.costmodel import CostModel
+    from labsupport.engine import Engine
+
+    engine = Engine(cost_model=CostModel(model, LECTURE_GPU), num_blocks=num_blocks, block_size=block_size,
+                    record_token_times=False)
+    for r in requests:
+        engine.add_request(prompt_len=r.prompt_tokens, max_new_tokens=r.output_tokens, arrival_time=r.arrival_s)
+    layers = model.num_layers
+    hits = {e: 0 for e in entries}
+    lookups = new = peak = steps = 0
+    held: dict = {}
+    while steps < max_steps and engine.step():
+        tables = engine.allocator.block_tables
+        if not tables:
+            continue
+        now = {sid: len(t) for sid, t in tables.items()}
+        fresh = sum(n - held.get(sid, 0) for sid, n in now.items() if n > held.get(sid, 0))
+        held = now
+        w = sum(now.values())
+        steps += 1
+        lookups += layers * w
+        new += fresh
+        peak = max(peak, w)
+        for e in entries:
+            if e >= w:
+                hits[e] += layers * w - fresh
+    return TLBReplay(steps, layers, lookups, new, peak, hits)
 
 
 @dataclass(frozen=True)
@@ -367,8 +457,10 @@ def _segments() -> tuple[Segment, ...]:
                 f"{r['concurrency_gain']:.2f}×).",
                 f"Lecture 2 said the machine wants {r['ridge_batch']:.0f} and the memory permits "
                 f"{r['naive_concurrency']}. Which of those ceilings was a data structure — and what binds now?",
-                f"The allocator was: {r['naive_concurrency']} → {r['paged_concurrency']} is two thirds of the way to "
-                f"{r['ridge_batch']:.0f}. After paging the SLO binds first ({r['max_batch_for_slo']} < "
+                f"The allocator was: {r['naive_concurrency']} → {r['paged_concurrency']} takes the batch to "
+                f"{r['paged_concurrency'] / r['ridge_batch']:.0%} of the way to {r['ridge_batch']:.0f}, closing "
+                f"{(r['paged_concurrency'] - r['naive_concurrency']) / (r['ridge_batch'] - r['naive_concurrency']):.0%} "
+                "of the gap (the lecture's 199 closes 64%: its 'two thirds'). After paging the SLO binds first ({r['max_batch_for_slo']} < "
                 f"{r['paged_concurrency']}): the next eight weeks are scheduling, kernels and bytes. Ask that question "
                 "of every ceiling you are shown.",
                 "Reading-only, not scheduled: §10.7's table in full. If running long, compress §10.6 to the TTFT "

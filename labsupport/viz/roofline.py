@@ -83,6 +83,32 @@ def decode_roofline_figure(model: ModelSpec, gpu: GPUSpec, s_max: int, max_batch
                   showlegend=False)
 
 
+def intensity_figure(model: ModelSpec, gpu: GPUSpec, seq_lengths=(0, 87, 640, 4096), max_batch: int = 4096) -> go.Figure:
+    """FLOP per byte of a decode step against B, with each sequence's KV reads counted (§10.1, lab 01).
+
+    S = 0 is Lecture 2's weights-only line, 2B / b, which crosses the ridge at B = 295.  With S cached
+    tokens per sequence the intensity flattens at (2N + 4 L H d S) / (S x KV per token): for the
+    lecture's MHA 7B that is below the H100's ridge for every S over about 87 tokens.
+    """
+    ridge = gpu.peak_flops / gpu.hbm_bandwidth
+    batches = [2 ** (i / 8) for i in range(int(8 * math.log2(max_batch)) + 1)]
+    colours = [PALETTE["compute"], PALETTE["used"], PALETTE["memory"], PALETTE["limit"], PALETTE["neutral"]]
+    fig = go.Figure()
+    for colour, s in zip(colours, seq_lengths):
+        label = "weights only (Lecture 2)" if s == 0 else f"S = {s:,} tokens"
+        fig.add_trace(go.Scatter(x=batches, y=[ledger.decode_intensity(model, b, s) for b in batches], mode="lines",
+                                 name=label, line=dict(color=colour, width=4 if s == 0 else 3),
+                                 hovertemplate=f"{label}, B = %{{x:,.0f}}: %{{y:,.1f}} FLOP/B<extra></extra>"))
+    fig.add_hline(y=ridge, line=dict(color=PALETTE["compute"], dash="dash", width=2))
+    fig.add_annotation(x=0, y=math.log10(ridge), xanchor="left", yanchor="bottom", showarrow=False,
+                       text=f" ridge: {ridge:,.0f} FLOP/byte", font=dict(color=PALETTE["compute"]))
+    top = max(ridge, ledger.decode_intensity(model, max_batch, 0)) * 2
+    return styled(fig, f"Decode intensity with KV reads: {model.name} on {gpu.name}",
+                  xaxis=dict(title="decode batch B (log scale)", type="log", range=[0, math.log10(max_batch)]),
+                  yaxis=dict(title="FLOP per HBM byte (log scale)", type="log", range=[0, math.log10(top)]),
+                  legend=dict(orientation="h", y=-0.25, x=0))
+
+
 def batch_gap_readout(model: str, gpu: str, s_max: int) -> str:
     m, g = get_model(model), get_gpu(gpu)
     gap = batch_gap(m, g, s_max)

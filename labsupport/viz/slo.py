@@ -360,12 +360,13 @@ def lecture_pool(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, bloc
     return blocks
 
 
-def _engine(model: ModelSpec, gpu: GPUSpec, block_size: int = 16, kv_budget: float | None = None, **kw):
+def _engine(model: ModelSpec, gpu: GPUSpec, block_size: int = 16, kv_budget: float | None = None,
+            overlap: bool = True, **kw):
     from labsupport.costmodel import CostModel
     from labsupport.engine import Engine
 
-    return Engine(cost_model=CostModel(model, gpu), num_blocks=lecture_pool(model, gpu, block_size, kv_budget),
-                  block_size=block_size, **kw)
+    return Engine(cost_model=CostModel(model, gpu, overlap=overlap),
+                  num_blocks=lecture_pool(model, gpu, block_size, kv_budget), block_size=block_size, **kw)
 
 
 def steady_batch_tpot(batches: Sequence[int], seq_tokens: int = 640, model: ModelSpec = LECTURE_7B,
@@ -471,12 +472,24 @@ def ttft_panel(rate_per_s: float = 62.0, probe_prompt: int = 4096) -> Panel:
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """An engine configuration to replay a trace with; `block_size = s_max` emulates reserve-to-max."""
+    """An engine configuration to replay a trace with.
+
+    `s_max` makes it a reserve-to-max engine with a context window of s_max tokens: every sequence
+    gets one block of s_max tokens (so it never grows into a second one and is never preempted),
+    generation stops at the window, and a prompt that fills the window is refused.  `overlap=False`
+    prices each step with the additive cost model instead of the roofline's max.
+    """
 
     label: str
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
+    s_max: int | None = None
+    overlap: bool = True  # False: the step's compute and memory times add up (Lecture 2 §2.16's model)
+
+    @property
+    def pool_block_size(self) -> int:
+        return self.block_size if self.s_max is None else self.s_max
 
 
 @dataclass
@@ -523,32 +536,45 @@ def replay_trace(workload, config: ReplayConfig, speedup: float = 1.0, window_s:
 
     if not speedup > 0:
         raise ValueError(f"speedup must be positive, got {speedup!r}")
-    engine = _engine(model, gpu, config.block_size, kv_budget, max_num_seqs=config.max_num_seqs,
+    engine = _engine(model, gpu, config.pool_block_size, kv_budget, overlap=config.overlap,
+                     max_num_seqs=config.max_num_seqs,
                      max_num_batched_tokens=config.max_num_batched_tokens, record_token_times=False)
     chosen = [r for r in workload if window_s is None or r.arrival_s < window_s]
     if not chosen:
         raise ValueError(f"no request of {getattr(workload, 'name', 'the workload')} arrives in the first {window_s} s")
+    refused, truncated = [], 0
     for r in chosen:
-        engine.add_request(prompt_len=r.prompt_tokens, max_new_tokens=r.output_tokens, n=r.n,
+        output = r.output_tokens
+        if config.s_max is not None:  # a reserve-to-max engine: the window caps each sequence
+            if r.prompt_tokens >= config.s_max:
+                refused.append(r.arrival_s / speedup)
+                continue
+            if r.prompt_tokens + output > config.s_max:
+                output, truncated = config.s_max - r.prompt_tokens, truncated + 1
+        engine.add_request(prompt_len=r.prompt_tokens, max_new_tokens=output, n=r.n,
                            arrival_time=r.arrival_s / speedup)
     result = engine.run(progress=progress)
     reqs = list(result.requests.values())
-    fin = np.array([r.finished for r in reqs])
-    ttft = np.array([r.ttft_s if r.finished else math.nan for r in reqs], dtype=float)
-    tpot = np.array([r.tpot_s if r.finished and r.tpot_s is not None else math.nan for r in reqs], dtype=float)
-    tokens = np.array([r.total_output_tokens for r in reqs], dtype=np.int64)
-    start = min(r.arrival_time for r in reqs)
+    fin = np.array([r.finished for r in reqs] + [False] * len(refused), dtype=bool)
+    ttft = np.array([r.ttft_s if r.finished else math.nan for r in reqs] + [math.nan] * len(refused), dtype=float)
+    tpot = np.array([r.tpot_s if r.finished and r.tpot_s is not None else math.nan for r in reqs]
+                    + [math.nan] * len(refused), dtype=float)
+    tokens = np.array([r.total_output_tokens for r in reqs] + [0] * len(refused), dtype=np.int64)
+    start = min([r.arrival_time for r in reqs] + refused)
     end = max((r.finish_time for r in reqs if r.finished), default=start)
     done = [r for r in reqs if r.finished]
     mean = lambda xs: float(np.mean(xs)) if len(xs) else math.nan
     c = result.counters
-    counters = {"requests": len(reqs), "finished": int(fin.sum()), "rejected": c.rejected, "steps": c.steps,
+    counters = {"requests": len(reqs) + len(refused), "finished": int(fin.sum()), "rejected": c.rejected + len(refused),
+                "truncated": truncated, "steps": c.steps,
                 "peak_running": c.peak_running, "peak_blocks": c.peak_blocks, "num_blocks": result.num_blocks,
                 "preemptions": dict(c.preemptions), "leaked_blocks": c.leaked_blocks,
                 "queueing_mean_s": mean([r.queueing_s for r in done]), "prefill_mean_s": mean([r.prefill_s for r in done]),
                 "scheduling_mean_s": mean([r.scheduling_delay_s for r in done])}
     note = (f"{len(chosen):,} requests" + (f" (the first {window_s:g} s of the trace)" if window_s else "")
-            + (f", arrivals {speedup:g}x faster" if speedup != 1 else ""))
+            + (f", arrivals {speedup:g}x faster" if speedup != 1 else "")
+            + (f"; S_max = {config.s_max:,}: {truncated:,} outputs cut at the window, {len(refused):,} prompts refused"
+               if config.s_max is not None else ""))
     return Replay(config.label, ttft, tpot, tokens, fin, end - start, counters, config, note)
 
 

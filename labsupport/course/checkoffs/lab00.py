@@ -19,18 +19,27 @@ _SHAPES = [(32, 32, 128, 2), (32, 8, 128, 2), (80, 8, 128, 2), (32, 32, 128, 4),
            (1, 1, 1, 1), (2, 3, 5, 4), (24, 16, 64, 2)]
 
 
+def _shape_cases(rng):
+    hidden = [(rng.randint(1, 128), rng.randint(1, 96), rng.choice((8, 40, 64, 80, 96, 112, 128, 256)),
+               rng.choice((1, 2, 4, 8))) for _ in range(6)]
+    # K and V, every layer and KV head
+    return [(shape, 2 * shape[0] * shape[1] * shape[2] * shape[3]) for shape in _SHAPES + hidden]
+
+
 @function(
     "0.2", "KV bytes per token",
     hint="For every token the cache keeps, each layer stores one key vector and one value vector per KV head; "
          "each vector has head_dim elements of dtype_bytes bytes. Multiply the four counts you need — and "
          "remember there are two tensors, K and V.",
+    cases=_shape_cases,
+    forbid=("labsupport.ledger.kv_bytes_per_token", "labsupport.specs.ModelSpec"),
+    derive="multiply the four counts and the two tensors yourself rather than asking labsupport's ModelSpec or ledger",
 )
-def _kv_bytes_per_token(fn):
-    for layers, kv_heads, head_dim, dtype_bytes in _SHAPES:
-        want = 2 * layers * kv_heads * head_dim * dtype_bytes  # K and V, every layer and KV head
-        got = call(fn, layers, kv_heads, head_dim, dtype_bytes)
-        if isinstance(got, float) and not got.is_integer():
-            raise Mismatch(f"kv_bytes_per_token({layers}, {kv_heads}, {head_dim}, {dtype_bytes}) returned {got}: "
-                           "a count of bytes is a whole number.")
-        expect_close(got, want, f"kv_bytes_per_token(num_layers={layers}, num_kv_heads={kv_heads}, "
-                                f"head_dim={head_dim}, dtype_bytes={dtype_bytes})")
+def _kv_bytes_per_token(fn, case):
+    (layers, kv_heads, head_dim, dtype_bytes), want = case
+    got = call(fn, layers, kv_heads, head_dim, dtype_bytes)
+    if isinstance(got, float) and not got.is_integer():
+        raise Mismatch(f"kv_bytes_per_token({layers}, {kv_heads}, {head_dim}, {dtype_bytes}) returned {got}: "
+                       "a count of bytes is a whole number.")
+    expect_close(got, want, f"kv_bytes_per_token(num_layers={layers}, num_kv_heads={kv_heads}, "
+                            f"head_dim={head_dim}, dtype_bytes={dtype_bytes})")

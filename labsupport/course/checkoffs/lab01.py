@@ -5,6 +5,7 @@ import math
 from dataclasses import replace
 
 from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function
+from labsupport.course.checkoffs._hidden import random_pair
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 JOBS = ("admit", "allocate", "batch", "run", "stream")
@@ -13,22 +14,49 @@ _FP32 = replace(LECTURE_7B, name="lecture-7b-fp32-weights", dtype_bytes=4)
 _FP8 = replace(LECTURE_7B, name="lecture-7b-fp8-weights", dtype_bytes=1)
 
 
+def _ridge_cases(rng):
+    pairs = [(m, g) for m in (LECTURE_7B, LLAMA3_70B, _FP32, _FP8)
+             for g in (GPUS["h100"], GPUS["a100-80gb"], GPUS["l4"], GPUS["t4"])]
+    pairs += [random_pair(rng) for _ in range(6)]
+    # B * 2 * N FLOP over N * b bytes equals peak / bandwidth.
+    return [(model, gpu, gpu.peak_flops / gpu.hbm_bandwidth * model.dtype_bytes / 2) for model, gpu in pairs]
+
+
 @function(
     "1.1", "The ridge-point batch",
     hint="In one decode step every weight is read once from HBM (num_params × dtype_bytes bytes) and each of "
          "the B sequences does 2 FLOP per weight (a multiply and an add). Write the step's FLOP per byte as a "
          "function of B, and find the B at which it equals the ratio the GPU can sustain: peak FLOP/s over HBM "
          "bytes/s. Use the model's and the GPU's fields, not typed-in constants.",
+    cases=_ridge_cases,
+    forbid=("labsupport.ledger.ridge_batch", "labsupport.viz.roofline.batch_gap"),
+    derive="set the step's FLOP per byte, 2B / dtype_bytes, equal to peak / bandwidth and solve for B",
+    formative={"abs_tol": 1.0},
 )
-def _ridge_batch(fn):
-    cases = [(m, g) for m in (LECTURE_7B, LLAMA3_70B, _FP32, _FP8)
-             for g in (GPUS["h100"], GPUS["a100-80gb"], GPUS["l4"], GPUS["t4"])]
-    for model, gpu in cases:
-        # B * 2 * N FLOP over N * b bytes equals peak / bandwidth.
-        want = gpu.peak_flops / gpu.hbm_bandwidth * model.dtype_bytes / 2
-        got = call(fn, model, gpu)
-        # Rounding the batch either way is fine: it is a count at the roofline's corner.
-        expect_close(got, want, f"ridge_batch({model.name}, {gpu.name})", abs_tol=1.0)
+def _ridge_batch(fn, case):
+    model, gpu, want = case
+    got = call(fn, model, gpu)
+    # Rounding the batch either way is fine: it is a count at the roofline's corner.
+    expect_close(got, want, f"ridge_batch({model.name}, {gpu.name})", abs_tol=1.0)
+
+
+_MEMORY_CASES = [(LECTURE_7B, "h100", 4096), (LECTURE_7B_GQA8, "h100", 4096), (LECTURE_7B, "h100", 32_768),
+                 (LECTURE_7B, "h100", 131_072), (LECTURE_7B_GQA8, "h100", 131_072), (LLAMA3_8B, "a100-40gb", 8192),
+                 (LLAMA3_8B, "l4", 2048), (LLAMA3_70B, "h200", 4096), (LLAMA3_70B, "h100", 4096),
+                 (LECTURE_7B, "t4", 512)]
+
+
+def _memory_cases(rng):
+    cases = [(model, GPUS[name], s_max) for model, name, s_max in _MEMORY_CASES]
+    cases += [(*random_pair(rng, fits=True), rng.choice((256, 1000, 2048, 4096, 6000, 8192, 32_768)))
+              for _ in range(5)]
+    cases.append((*random_pair(rng, fits=False), 4096))  # the weights leave nothing: zero sequences
+    out = []
+    for model, gpu, s_max in cases:
+        kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+        budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4 * GB
+        out.append((model, gpu, s_max, max(0, math.floor(budget / (s_max * kv_per_token)))))
+    return out
 
 
 @function(
@@ -37,26 +65,22 @@ def _ridge_batch(fn):
          "that is the KV budget. A reserve-to-max slot holds S_max tokens at the model's KV bytes per token, "
          "however short the sequence really is. The batch is the number of whole slots that fit in the budget — "
          "and zero when the weights leave no budget at all.",
+    cases=_memory_cases,
+    forbid=("labsupport.ledger.naive_concurrency", "labsupport.ledger.kv_budget_bytes",
+            "labsupport.ledger.naive_slot_bytes", "labsupport.viz.roofline.batch_gap"),
+    derive="subtract the weights and the reserve from the card's memory and count whole S_max slots yourself",
 )
-def _memory_batch(fn):
-    cases = [(LECTURE_7B, "h100", 4096), (LECTURE_7B_GQA8, "h100", 4096), (LECTURE_7B, "h100", 32_768),
-             (LECTURE_7B, "h100", 131_072), (LECTURE_7B_GQA8, "h100", 131_072), (LLAMA3_8B, "a100-40gb", 8192),
-             (LLAMA3_8B, "l4", 2048), (LLAMA3_70B, "h200", 4096), (LLAMA3_70B, "h100", 4096),
-             (LECTURE_7B, "t4", 512)]
-    for model, gpu_name, s_max in cases:
-        gpu = GPUS[gpu_name]
-        kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
-        budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4 * GB
-        want = max(0, math.floor(budget / (s_max * kv_per_token)))
-        what = f"memory_batch({model.name}, {gpu.name}, s_max={s_max})"
-        got = as_number(call(fn, model, gpu, s_max), f"{what} returned a value that")
-        if not got.is_integer():
-            raise Mismatch(f"{what} returned {got:,.4g}: a batch counts whole slots, and a fraction of a slot holds "
-                           "no sequence.")
-        if got < 0:
-            raise Mismatch(f"{what} returned {got:g}: when the weights leave no KV budget, zero sequences fit, "
-                           "not a negative number.")
-        expect_close(got, want, what)
+def _memory_batch(fn, case):
+    model, gpu, s_max, want = case
+    what = f"memory_batch({model.name}, {gpu.name}, s_max={s_max})"
+    got = as_number(call(fn, model, gpu, s_max), f"{what} returned a value that")
+    if not got.is_integer():
+        raise Mismatch(f"{what} returned {got:,.4g}: a batch counts whole slots, and a fraction of a slot holds "
+                       "no sequence.")
+    if got < 0:
+        raise Mismatch(f"{what} returned {got:g}: when the weights leave no KV budget, zero sequences fit, "
+                       "not a negative number.")
+    expect_close(got, want, what)
 
 
 choice(

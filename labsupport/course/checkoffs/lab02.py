@@ -28,6 +28,14 @@ HBM_BW = 3_350 * 10**9  # bytes/s
 SEQ = 512 + 128
 
 
+# One-call answers to this lab's questions; the exercises ask for the arithmetic behind them.
+_NAIVE_SHORTCUTS = ("labsupport.ledger.naive_concurrency", "labsupport.ledger.naive_utilization",
+                    "labsupport.ledger.slot_occupancy", "labsupport.viz.memory.fill_reserve_to_max",
+                    "labsupport.viz.memory.naive_measurement")
+_STEP_SHORTCUTS = ("labsupport.ledger.tpot_s", "labsupport.ledger.throughput_tok_s",
+                   "labsupport.ledger.decode_step_bytes", "labsupport.ledger.goodput_tok_s")
+
+
 def _slots(s_max: int, kv: int) -> int:
     return BUDGET // (s_max * kv)
 
@@ -48,6 +56,8 @@ value(
     mistakes=[(640 * KV_MHA, "That is the 640 tokens the sequence uses; the allocator reserves S_max of them."),
               (4096 * 512_000, "512 KiB is 524,288 B, not 512,000 B.")],
     unit=" B",
+    forbid=("labsupport.ledger.naive_slot_bytes",),
+    derive="multiply S_max by the KV bytes per token",
 )
 
 value(
@@ -58,14 +68,21 @@ value(
     mistakes=[(BUDGET / (4096 * KV_MHA), "A fraction of a slot holds no sequence: round down."),
               ((80 * 10**9 - 4 * 10**9) // (4096 * KV_MHA), "The weights live in HBM too: subtract them first."),
               (62_520_000_000 * 2**30 // 10**9 // (4096 * KV_MHA), "The budget is 62.52 decimal GB, not GiB.")],
+    forbid=_NAIVE_SHORTCUTS,
+    derive="divide the budget by one slot's bytes and keep the whole slots",
 )
 
 
 def _live_allocators(rng: random.Random):
     """Allocators in the middle of serving, with our own record of the tokens each sequence holds."""
+    configs = [(KV_MHA, 4096, BUDGET), (KV_GQA8, 4096, BUDGET), (KV_MHA, 32_768, BUDGET), (KV_MHA, 512, BUDGET),
+               (KV_GQA8, 16_384, 40 * 10**9), (KV_MHA, 2048, 10**10)]
+    for _ in range(4):  # shapes and budgets the lab never shows
+        kv = 2 * rng.randint(1, 80) * rng.choice((1, 2, 4, 8, 16)) * rng.choice((32, 64, 128)) * rng.choice((1, 2, 4))
+        s_max = rng.choice((128, 300, 1024, 4096, 10_000))
+        configs.append((kv, s_max, kv * s_max * rng.randint(1, 24) + rng.randrange(kv * s_max)))
     cases = []
-    for kv, s_max, budget in ((KV_MHA, 4096, BUDGET), (KV_GQA8, 4096, BUDGET), (KV_MHA, 32_768, BUDGET),
-                              (KV_MHA, 512, BUDGET), (KV_GQA8, 16_384, 40 * 10**9), (KV_MHA, 2048, 10**10)):
+    for kv, s_max, budget in configs:
         alloc = ReserveToMaxAllocator.from_budget(budget, kv, s_max=s_max)
         held: dict[int, int] = {}
         for sid in range(alloc.max_seqs):
@@ -89,7 +106,11 @@ def _live_allocators(rng: random.Random):
         held[sid] = n
     cases.append((alloc, 200_000 * KV_MHA + 123_456, held, KV_MHA))
     cases.append((ReserveToMaxAllocator.from_budget(BUDGET, KV_MHA, s_max=4096), BUDGET, {}, KV_MHA))
-    return cases
+    # what each case must give, and what the usual wrong readings give, worked out now
+    return [(alloc, budget, len(held), sum(held.values()) * kv / budget,
+             sum(s.size for s in alloc.slots.values()) * kv / budget if held else None,
+             sum(held.values()) / sum(s.size for s in alloc.slots.values()) if held else None)
+            for alloc, budget, held, kv in cases]
 
 
 @function(
@@ -97,25 +118,25 @@ def _live_allocators(rng: random.Random):
     hint="Utilization counts bytes that hold real tokens — what each live sequence has stored so far, not the slot it "
          "reserved — over the whole KV budget. The allocator knows its live slots (`alloc.slots`, a dict of `Slot`s "
          "with `.length` and `.size`) and its bytes per token (`alloc.kv_bytes_per_token`).",
+    cases=_live_allocators,
+    forbid=("labsupport.contiguous.ContiguousAllocator.stats", *_NAIVE_SHORTCUTS),
+    derive="add up the tokens the live slots hold (`slot.length`) and convert them to bytes yourself",
 )
-def _utilization(fn):
-    rng = random.Random(2024)
-    for alloc, budget, held, kv in _live_allocators(rng):
-        want = sum(held.values()) * kv / budget
-        what = f"utilization(<allocator with {len(held)} live sequences>, budget_bytes={budget:,})"
-        got = as_number(call(fn, alloc, budget), f"{what} returned a value that")
-        if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15):
-            continue
-        reserved = sum(s.size for s in alloc.slots.values())
-        if held and math.isclose(got, reserved * kv / budget, rel_tol=1e-9):
-            raise Mismatch(f"{what} returned {got:.6f}: that is the share of the budget *reserved* by slots; "
-                           "utilization counts only the tokens stored in them.")
-        if held and math.isclose(got, sum(held.values()) / reserved, rel_tol=1e-9):
-            raise Mismatch(f"{what} returned {got:.6f}: that divides by the reserved slots; the lecture's "
-                           "utilization is over the whole KV budget.")
-        if math.isclose(got, 100 * want, rel_tol=1e-9):
-            raise Mismatch(f"{what} returned {got:.6f}: return a fraction (0.1556), not a percentage.")
-        raise Mismatch(f"{what} returned {got:.6g}, which is too {'high' if got > want else 'low'}.")
+def _utilization(fn, case):
+    alloc, budget, live, want, reserved_share, slot_share = case
+    what = f"utilization(<allocator with {live} live sequences>, budget_bytes={budget:,})"
+    got = as_number(call(fn, alloc, budget), f"{what} returned a value that")
+    if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15):
+        return
+    if reserved_share is not None and math.isclose(got, reserved_share, rel_tol=1e-9):
+        raise Mismatch(f"{what} returned {got:.6f}: that is the share of the budget *reserved* by slots; "
+                       "utilization counts only the tokens stored in them.")
+    if slot_share is not None and math.isclose(got, slot_share, rel_tol=1e-9):
+        raise Mismatch(f"{what} returned {got:.6f}: that divides by the reserved slots; the lecture's "
+                       "utilization is over the whole KV budget.")
+    if math.isclose(got, 100 * want, rel_tol=1e-9):
+        raise Mismatch(f"{what} returned {got:.6f}: return a fraction (0.1556), not a percentage.")
+    raise Mismatch(f"{what} returned {got:.6g}, which is too {'high' if got > want else 'low'}.")
 
 
 value(
@@ -130,6 +151,8 @@ value(
               (_slots(4096, KV_MHA) / ((WEIGHTS + _slots(4096, KV_MHA) * 4096 * KV_MHA) / HBM_BW),
                "The kernel reads the tokens a sequence holds, not its whole reserved slot.")],
     unit=" tok/s",
+    forbid=_STEP_SHORTCUTS,
+    derive="write the step's bytes (weights plus every sequence's KV) over the bandwidth, then B over that time",
 )
 
 value(
@@ -143,6 +166,8 @@ value(
               (0.019, "The lecture prints 1.9%; that is the truncated slot occupancy, a different quantity. "
                "Compute utilization over the budget."),
               (_util(4096, KV_MHA), "That is the S_max = 4,096 figure.")],
+    forbid=_NAIVE_SHORTCUTS,
+    derive="count the whole 32,768-token slots in the budget and divide the bytes their 640 tokens hold by the budget",
 )
 
 value(
@@ -155,6 +180,8 @@ value(
     mistakes=[(0.0039, "The lecture's 0.39% takes 128 KiB as 128,000 B (0.082 GB per sequence); 640 x 131,072 B "
                "is 0.0839 GB."),
               (0.0, "Zero is the MHA answer; this part is about the GQA-8 model.")],
+    forbid=_NAIVE_SHORTCUTS,
+    derive="size the GQA-8 slot, count the whole slots in the budget and divide the bytes their tokens hold by it",
 )
 
 value(
@@ -176,6 +203,8 @@ value(
     mistakes=[(1.586e9, "1.586 GB comes from the lecture's rounded slot sizes (0.268, 2.147, 17.2 GB); multiply "
                "the exact ones.")],
     unit=" B",
+    forbid=("labsupport.ledger.naive_slot_bytes",),
+    derive="weight each declared slot (S_max x KV bytes per token) by its share",
 )
 
 value(

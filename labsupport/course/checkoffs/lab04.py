@@ -12,13 +12,12 @@ the kernels' plain-torch references (4.2's outputs), never from the student's co
 """
 from __future__ import annotations
 
-import inspect
-import json
-import re
+import random
 
 import torch
 
-from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function, value
+from labsupport.course.checkoff import (Mismatch, RemoteError, as_number, call, call_with, choice, expect_close,
+                                        function, is_triton_function, raise_if_unfinished, value)
 
 TRADEOFFS = ("tail waste", "fork copies", "short contiguous runs", "table lookups")
 
@@ -54,13 +53,18 @@ def _random_tables(gen: torch.Generator, batch: int, blocks_per_seq: int, num_bl
     return [ids[b * blocks_per_seq:(b + 1) * blocks_per_seq] for b in range(batch)]
 
 
-def _address_cases():
+def _address_cases(rng: random.Random | None = None):
     """(table, seq_lens, block_size, stride_block, stride_slot): small pools, block size 1..256, and
-    a pool whose block ids sit just below 2**31, where an int32 product wraps."""
-    gen = torch.Generator().manual_seed(4_1)
+    a pool whose block ids sit just below 2**31, where an int32 product wraps; with `rng`, two more
+    shapes the lab never shows."""
+    gen = torch.Generator().manual_seed(4_1 if rng is None else rng.getrandbits(62))
+    shapes = [(1, 16, 1, 8, 40), (3, 8, 2, 32, 70), (2, 1, 4, 16, 19), (4, 64, 8, 128, 300), (2, 256, 2, 64, 600),
+              (3, 32, 5, 16, 97)]
+    if rng is not None:
+        shapes += [(rng.randint(1, 5), rng.choice((2, 4, 16, 32, 128)), rng.randint(1, 8), rng.choice((8, 16, 64)),
+                    rng.randint(5, 400)) for _ in range(2)]
     cases = []
-    for batch, block_size, hkv, d, max_len in ((1, 16, 1, 8, 40), (3, 8, 2, 32, 70), (2, 1, 4, 16, 19),
-                                               (4, 64, 8, 128, 300), (2, 256, 2, 64, 600), (3, 32, 5, 16, 97)):
+    for batch, block_size, hkv, d, max_len in shapes:
         blocks_per_seq = -(-max_len // block_size)
         table = _random_tables(gen, batch, blocks_per_seq, 3 * batch * blocks_per_seq + 5)
         lens = [max_len] + torch.randint(1, max_len + 1, (batch - 1,), generator=gen).tolist()
@@ -70,54 +74,29 @@ def _address_cases():
     return cases
 
 
-_EXERCISE_RAISE = re.compile(r'raise\s+NotImplementedError\(\s*(?P<message>"(?:[^"\\\n]|\\.)*")')
+# The kernels' own address line and the helper that runs it: the exercises ask for that line.
+_OFFSET_SHORTCUTS = ("labsupport.kernels.kv_token_offset", "labsupport.kernels.kv_token_offsets",
+                     "labsupport.block_allocator.BlockAllocator.slot_mapping")
 
-
-def raise_if_unfinished(fn) -> None:
-    """Raise the exercise's own NotImplementedError while ``fn``'s body still holds it.
-
-    Triton does not let an exception raised inside a kernel through as itself (the interpreter wraps
-    it in an InterpreterError; the GPU compiler rejects the raise), so an unfinished ``@triton.jit``
-    exercise is recognised from its source before anything runs: 'not attempted', not 'failed'."""
-    target = getattr(fn, "fn", fn)
-    try:
-        source = inspect.getsource(target)
-    except (OSError, TypeError):
-        return
-    found = _EXERCISE_RAISE.search(source)
-    if found:
-        raise NotImplementedError(json.loads(found["message"]))
-    if "raise NotImplementedError" in source:
-        raise NotImplementedError(f"{getattr(target, '__name__', 'this function')} still raises NotImplementedError")
-
-
-def _kernel_call(fn_name: str, kernel, *args, **kwargs):
+def _kernel_call(fn, fn_name: str, kernel, *args, **kwargs):
     """Run a labsupport kernel with the student's line compiled in; Triton's errors become a Mismatch."""
     try:
-        return kernel(*args, **kwargs)
-    except NotImplementedError:
+        return call_with(fn, kernel, *args, answer_kw="token_offset_fn", **kwargs)
+    except (NotImplementedError, Mismatch):
         raise
     except Exception as exc:  # the interpreter or compiler reports an error inside the student's line
-        text = str(exc)
-        if "NotImplementedError" in text:
+        kind, text = (exc.type_name, exc.message) if isinstance(exc, RemoteError) else (type(exc).__name__, str(exc))
+        if "NotImplementedError" in text or kind == "NotImplementedError":
             raise NotImplementedError(f"{fn_name} still raises NotImplementedError") from None
-        short = text.strip().splitlines()[-1][:300] if text.strip() else type(exc).__name__
-        raise Mismatch(f"{kernel.__name__} with your {fn_name} raised {type(exc).__name__}: {short}") from None
+        short = text.strip().splitlines()[-1][:300] if text.strip() else kind
+        raise Mismatch(f"{kernel.__name__} with your {fn_name} raised {kind}: {short}") from None
 
 
 # --- 4.1 ------------------------------------------------------------------------------------
 
-@function(
-    "4.1", "The address line, in torch",
-    hint="Follow one token: its position in the sequence tells you which entry of the sequence's block table "
-         "to read (how many whole blocks come before it?), that entry is the physical block, and the position "
-         "inside the block is what is left over. The offset is the physical block times the elements per block "
-         "plus the position inside it times the elements per token. torch.gather reads one table entry per "
-         "position. Then ask how large a block id times stride_block can get in a big pool, and which integer "
-         "type holds it.",
-)
-def _kv_offsets(fn):
-    for table, lens, block_size, stride_block, stride_slot in _address_cases():
+def _offset_cases(rng):
+    cases = []
+    for table, lens, block_size, stride_block, stride_slot in _address_cases(rng):
         width = len(table[0]) + 2  # padding entries after each table, as a real batch has
         table_t = torch.zeros(len(table), width, dtype=torch.int32)
         for b, row in enumerate(table):
@@ -127,39 +106,60 @@ def _kv_offsets(fn):
         count = min(lens)  # the same number of positions per sequence, each inside its sequence
         positions = [sorted(torch.randperm(n, generator=gen)[:count].tolist()) for n in lens]
         want = _expected_offsets(table, positions, block_size, stride_block, stride_slot)
-        before = table_t.clone()
-        what = (f"kv_offsets(block_tables int32 {list(table_t.shape)}, positions [{len(lens)}, {count}], "
-                f"block_size={block_size}, stride_block={stride_block}, stride_slot={stride_slot})")
-        got = call(fn, table_t, torch.tensor(positions, dtype=torch.int64), block_size, stride_block, stride_slot)
-        if not isinstance(got, torch.Tensor):
-            raise Mismatch(f"{what} returned a {type(got).__name__}; return a tensor of offsets, one per position.")
-        if not torch.equal(table_t, before):
-            raise Mismatch(f"{what} changed the block table it was given; an address computation only reads it.")
-        if tuple(got.shape) != (len(lens), count):
-            raise Mismatch(f"{what} returned shape {tuple(got.shape)}, expected one offset per position: "
-                           f"({len(lens)}, {count}).")
-        if got.dtype != torch.int64:
-            raise Mismatch(f"{what} returned {got.dtype} offsets. The kernel's offsets are int64: in a large pool "
-                           "a block id times stride_block does not fit in 32 bits.")
-        if got.tolist() != want:
-            bad = next((b, t) for b in range(len(want)) for t in range(count) if got[b, t].item() != want[b][t])
-            b, t = bad
-            p = positions[b][t]
-            huge = max(max(row) for row in table) > 2**30
-            raise Mismatch(f"{what}: position {p} of sequence {b} gave offset {got[b, t].item():,}, which is not "
-                           "where that token's keys are." + (
-                               " This pool's block ids are close to 2**31: did the product overflow a 32-bit "
-                               "integer before you widened it?" if huge else ""))
+        huge = max(max(row) for row in table) > 2**30
+        cases.append((table_t, positions, block_size, stride_block, stride_slot, want, huge))
+    return cases
+
+
+@function(
+    "4.1", "The address line, in torch",
+    hint="Follow one token: its position in the sequence tells you which entry of the sequence's block table "
+         "to read (how many whole blocks come before it?), that entry is the physical block, and the position "
+         "inside the block is what is left over. The offset is the physical block times the elements per block "
+         "plus the position inside it times the elements per token. torch.gather reads one table entry per "
+         "position. Then ask how large a block id times stride_block can get in a big pool, and which integer "
+         "type holds it.",
+    cases=_offset_cases,
+    forbid=_OFFSET_SHORTCUTS,
+    derive="compute the logical block, look it up in the table, and add the offset inside the block yourself",
+)
+def _kv_offsets(fn, case):
+    table_t, positions, block_size, stride_block, stride_slot, want, huge = case
+    lens_count = len(positions), len(positions[0])
+    before = table_t.clone()
+    what = (f"kv_offsets(block_tables int32 {list(table_t.shape)}, positions [{lens_count[0]}, {lens_count[1]}], "
+            f"block_size={block_size}, stride_block={stride_block}, stride_slot={stride_slot})")
+    got = call(fn, table_t, torch.tensor(positions, dtype=torch.int64), block_size, stride_block, stride_slot)
+    if not isinstance(got, torch.Tensor):
+        raise Mismatch(f"{what} returned a {type(got).__name__}; return a tensor of offsets, one per position.")
+    if not torch.equal(table_t, before):
+        raise Mismatch(f"{what} changed the block table it was given; an address computation only reads it.")
+    if tuple(got.shape) != lens_count:
+        raise Mismatch(f"{what} returned shape {tuple(got.shape)}, expected one offset per position: "
+                       f"({lens_count[0]}, {lens_count[1]}).")
+    if got.dtype != torch.int64:
+        raise Mismatch(f"{what} returned {got.dtype} offsets. The kernel's offsets are int64: in a large pool "
+                       "a block id times stride_block does not fit in 32 bits.")
+    if got.tolist() != want:
+        b, t = next((b, t) for b in range(len(want)) for t in range(lens_count[1]) if got[b, t].item() != want[b][t])
+        p = positions[b][t]
+        raise Mismatch(f"{what}: position {p} of sequence {b} gave offset {got[b, t].item():,}, which is not "
+                       "where that token's keys are." + (
+                           " This pool's block ids are close to 2**31: did the product overflow a 32-bit "
+                           "integer before you widened it?" if huge else ""))
 
 
 # --- 4.2 ------------------------------------------------------------------------------------
 
-def _kernel_cases(device: torch.device):
+def _kernel_cases(device: torch.device, rng: random.Random | None = None):
     """Pools with NaN in every slot no sequence owns, permuted tables, lengths k*b - 1, k*b, k*b + 1."""
-    gen = torch.Generator().manual_seed(4_2)
+    gen = torch.Generator().manual_seed(4_2 if rng is None else rng.getrandbits(62))
+    shapes = [(16, 4, 2, 32, [33, 16, 15]), (8, 2, 2, 16, [25, 7]), (64, 4, 1, 32, [64, 63]), (1, 3, 1, 16, [9, 4])]
+    if rng is not None:
+        bs = rng.choice((2, 4, 32))
+        shapes.append((bs, 4, rng.choice((1, 2, 4)), 16, [rng.randint(1, 3 * bs + 1) for _ in range(rng.randint(1, 3))]))
     cases = []
-    for block_size, hq, hkv, d, lens in ((16, 4, 2, 32, [33, 16, 15]), (8, 2, 2, 16, [25, 7]),
-                                         (64, 4, 1, 32, [64, 63]), (1, 3, 1, 16, [9, 4])):
+    for block_size, hq, hkv, d, lens in shapes:
         need = [-(-n // block_size) for n in lens]
         num_blocks = sum(need) + 3
         ids = torch.randperm(num_blocks, generator=gen).tolist()
@@ -183,6 +183,30 @@ def _kernel_cases(device: torch.device):
     return cases
 
 
+def _triton_cases(rng):
+    """Addresses (with their expected offsets) and whole kernel runs (with their torch references)."""
+    from labsupport import kernels as K
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cases = []
+    for table, lens, block_size, stride_block, stride_slot in _address_cases(rng):
+        if block_size & (block_size - 1):
+            continue  # the kernels take power-of-two blocks
+        # padded like a real batch's table, wide enough that no lane of a tile reads past the tensor
+        width = max(len(table[0]), -(-256 // block_size)) + 1
+        table_t = torch.zeros(len(table), width, dtype=torch.int32)
+        table_t[:, :len(table[0])] = torch.tensor(table, dtype=torch.int32)
+        positions = [list(range(n)) for n in lens]
+        want = _expected_offsets(table, positions, block_size, stride_block, stride_slot)
+        huge = max(max(row) for row in table) > 2**30
+        cases.append(("addresses", table_t.to(device), torch.tensor(lens, dtype=torch.int32, device=device),
+                      block_size, stride_block, stride_slot, want, huge))
+    for q, k, v, table, seq_lens in _kernel_cases(device, rng):
+        cases.append(("kernels", q, k, v, table, seq_lens, K.paged_gather_reference(k, table, seq_lens),
+                      K.paged_decode_attention_reference(q, k, v, table, seq_lens)))
+    return cases
+
+
 @function(
     "4.2", "The address line inside the Triton kernels",
     hint="Write the same four steps as in torch, with Triton's operations on whole tiles of tokens: integer "
@@ -190,53 +214,55 @@ def _kernel_cases(device: torch.device):
          "table_row, masked with `valid` so lanes past the sequence read nothing), then the offset. Widen the "
          "loaded block id to 64 bits before multiplying, as in 4.1. Run the real kernels with your function as "
          "token_offset_fn and compare with the reference before you check.",
+    cases=_triton_cases,
+    forbid=_OFFSET_SHORTCUTS,
+    derive="write the four steps with tl operations in your own @triton.jit function",
 )
-def _triton_offset(fn):
+def _triton_offset(fn, case):
     raise_if_unfinished(fn)
     from labsupport import kernels as K
 
-    if not callable(getattr(fn, "fn", None)):
+    if not is_triton_function(fn):
         raise Mismatch("this checkoff wants a @triton.jit function with kv_token_offset's signature "
                        "(table_row, token, valid, BLOCK_SIZE, stride_block, stride_slot); decorate yours with "
                        "@triton.jit.")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    name = getattr(fn.fn, "__name__", "function")
-    # 1. The addresses themselves, including a pool whose ids sit just below 2**31.
-    for table, lens, block_size, stride_block, stride_slot in _address_cases():
-        # padded like a real batch's table, wide enough that no lane of a tile reads past the tensor
-        width = max(len(table[0]), -(-256 // block_size)) + 1
-        table_t = torch.zeros(len(table), width, dtype=torch.int32)
-        table_t[:, :len(table[0])] = torch.tensor(table, dtype=torch.int32)
-        table_t = table_t.to(device)
-        lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
-        got = _kernel_call(name, K.kv_token_offsets, table_t, lens_t, block_size, stride_block, stride_slot,
-                           token_offset_fn=fn).cpu()
-        positions = [list(range(n)) for n in lens]
-        want = _expected_offsets(table, positions, block_size, stride_block, stride_slot)
-        for b, n in enumerate(lens):
+    name = getattr(getattr(fn, "fn", fn), "__name__", "function")
+    if case[0] == "addresses":  # 1. the addresses themselves, including a pool whose ids sit just below 2**31
+        _, table_t, lens_t, block_size, stride_block, stride_slot, want, huge = case
+        got = _kernel_call(fn, name, K.kv_token_offsets, table_t, lens_t, block_size, stride_block,
+                           stride_slot)
+        got = _tensor_result(got, f"kv_token_offsets with your {name}").cpu()
+        for b, n in enumerate(lens_t.tolist()):
             if got[b, :n].tolist() != want[b]:
                 t = next(t for t in range(n) if got[b, t].item() != want[b][t])
-                huge = max(max(row) for row in table) > 2**30
                 raise Mismatch(
                     f"with block_size={block_size}, token {t} of sequence {b} got offset {got[b, t].item():,}, "
                     "not the address of its keys." + (
                         " The block ids here are near 2**31: widen before you multiply." if huge else ""))
-    # 2. The real kernels, with your line compiled in, against the plain-torch references.
-    for q, k, v, table, seq_lens in _kernel_cases(device):
-        block_size = k.shape[1]
-        gathered = _kernel_call(name, K.paged_gather, k, table, seq_lens, token_offset_fn=fn)
-        reference = K.paged_gather_reference(k, table, seq_lens)
-        if not torch.equal(gathered, reference):
-            raise Mismatch(f"paged_gather with your {name} (block_size={block_size}, seq_lens={seq_lens.tolist()}) "
-                           "copied the wrong values: some token was read from the wrong slot of the pool.")
-        out = _kernel_call(name, K.paged_decode_attention, q, k, v, table, seq_lens, token_offset_fn=fn)
-        want = K.paged_decode_attention_reference(q, k, v, table, seq_lens)
-        if not torch.allclose(out, want, rtol=1e-5, atol=1e-5):
-            nan = bool(torch.isnan(out).any())
-            raise Mismatch(f"paged_decode_attention with your {name} (block_size={block_size}, "
-                           f"Hq={q.shape[1]}, Hkv={k.shape[2]}, seq_lens={seq_lens.tolist()}) differs from the reference "
-                           f"by up to {float((out - want).abs().nan_to_num(float('inf')).max()):.3g}." + (
-                               " It produced NaN: it read pool slots no sequence owns (they hold NaN)." if nan else ""))
+        return
+    # 2. the real kernels, with your line compiled in, against the plain-torch references
+    _, q, k, v, table, seq_lens, gathered_ref, attention_ref = case
+    block_size = k.shape[1]
+    gathered = _tensor_result(_kernel_call(fn, name, K.paged_gather, k, table, seq_lens), "paged_gather")
+    if gathered.shape != gathered_ref.shape or not torch.equal(gathered.to(gathered_ref.device), gathered_ref):
+        raise Mismatch(f"paged_gather with your {name} (block_size={block_size}, seq_lens={seq_lens.tolist()}) "
+                       "copied the wrong values: some token was read from the wrong slot of the pool.")
+    out = _tensor_result(_kernel_call(fn, name, K.paged_decode_attention, q, k, v, table, seq_lens),
+                         "paged_decode_attention").to(attention_ref.device)
+    if out.shape != attention_ref.shape or not torch.allclose(out, attention_ref, rtol=1e-5, atol=1e-5):
+        nan = bool(torch.isnan(out).any())
+        worst = float((out - attention_ref).abs().nan_to_num(float("inf")).max()) if out.shape == attention_ref.shape \
+            else float("inf")
+        raise Mismatch(f"paged_decode_attention with your {name} (block_size={block_size}, "
+                       f"Hq={q.shape[1]}, Hkv={k.shape[2]}, seq_lens={seq_lens.tolist()}) differs from the reference "
+                       f"by up to {worst:.3g}." + (
+                           " It produced NaN: it read pool slots no sequence owns (they hold NaN)." if nan else ""))
+
+
+def _tensor_result(x, what: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise Mismatch(f"{what} returned {type(x).__name__}, not a tensor.")
+    return x
 
 
 # --- 4.3 and 4.4 ----------------------------------------------------------------------------
@@ -251,25 +277,41 @@ _BYTES_CASES = [
 ]
 
 
+def _bytes_cases(rng):
+    shapes = list(_BYTES_CASES)
+    for _ in range(4):
+        hkv = rng.choice((1, 2, 4, 8, 16))
+        shapes.append((rng.randint(1, 512), rng.randint(1, 200_000), hkv * rng.choice((1, 2, 3, 4, 8)), hkv,
+                       rng.choice((16, 64, 80, 128, 256)), rng.choice((1, 2, 4))))
+    cases = []
+    for b, s, hq, hkv, d, e in shapes:
+        want = _kv_bytes(b, s, hkv, d, e) + _q_out_bytes(b, hq, d, e)
+        per_query_head = _kv_bytes(b, s, hq, d, e) + _q_out_bytes(b, hq, d, e)  # K/V read per query head
+        cases.append(((b, s, hq, hkv, d, e), want, per_query_head, _kv_bytes(b, s, hkv, d, e)))
+    return cases
+
+
 @function(
     "4.3", "Bytes one decode step's attention moves",
     hint="Count what has to cross HBM once for one layer's decode attention: every cached key and value of "
          "every sequence (how many KV heads hold them?), plus the new token's query and the output written "
          "back (how many query heads?). Multiply elements by bytes per element. The block table is a few bytes "
          "per block; leave it out here.",
+    cases=_bytes_cases,
+    forbid=("labsupport.viz.kernel.step_bytes",),
+    derive="count the K/V elements of every sequence plus the query and output rows, times bytes per element",
 )
-def _step_bytes(fn):
-    for batch, seq_len, hq, hkv, d, b in _BYTES_CASES:
-        want = _kv_bytes(batch, seq_len, hkv, d, b) + _q_out_bytes(batch, hq, d, b)
-        what = (f"attention_step_bytes(batch={batch}, seq_len={seq_len}, num_q_heads={hq}, num_kv_heads={hkv}, "
-                f"head_dim={d}, dtype_bytes={b})")
-        got = as_number(call(fn, batch, seq_len, hq, hkv, d, b), f"{what} returned a value that")
-        if got == _kv_bytes(batch, seq_len, hq, d, b) + _q_out_bytes(batch, hq, d, b) and hq != hkv:
-            raise Mismatch(f"{what} returned {got:,.0f}: that reads K and V once per *query* head. Under GQA "
-                           "several query heads share one KV head, and the cache holds only the KV heads.")
-        if got == _kv_bytes(batch, seq_len, hkv, d, b):
-            raise Mismatch(f"{what} returned {got:,.0f}: close, but the query and the output cross HBM too.")
-        expect_close(got, want, what)
+def _step_bytes(fn, case):
+    (batch, seq_len, hq, hkv, d, b), want, per_query_head, kv_only = case
+    what = (f"attention_step_bytes(batch={batch}, seq_len={seq_len}, num_q_heads={hq}, num_kv_heads={hkv}, "
+            f"head_dim={d}, dtype_bytes={b})")
+    got = as_number(call(fn, batch, seq_len, hq, hkv, d, b), f"{what} returned a value that")
+    if got == per_query_head and hq != hkv:
+        raise Mismatch(f"{what} returned {got:,.0f}: that reads K and V once per *query* head. Under GQA "
+                       "several query heads share one KV head, and the cache holds only the KV heads.")
+    if got == kv_only:
+        raise Mismatch(f"{what} returned {got:,.0f}: close, but the query and the output cross HBM too.")
+    expect_close(got, want, what)
 
 
 value(
@@ -292,6 +334,8 @@ value(
         (3 * _kv_bytes(64, 8192, 32, 128, 2) + _q_out_bytes(64, 32, 128, 2),
          "The cache holds KV heads, not query heads (GQA-8: 8 of them)."),
     ],
+    forbid=("labsupport.viz.kernel.step_bytes",),
+    derive="count how often the K/V bytes cross HBM on the naive path, then add the query and output once",
 )
 
 

@@ -5,11 +5,12 @@ student's code must agree with), never from the student's code.
 """
 from __future__ import annotations
 
+import functools
 import numbers
 import random
 
 from labsupport.block_allocator import BlockAllocator
-from labsupport.course.checkoff import Checkoff, Mismatch, call, function, register
+from labsupport.course.checkoff import Mismatch, call, function, value
 from labsupport.viz.sharing import measure_fanout, replay_prefix_cache
 
 # --- 5.1: the student's copy-on-write append ------------------------------------------------------
@@ -45,7 +46,24 @@ class _World:
         del self.seq_lens[seq]
 
 
-def _scripts() -> list[tuple[str, int, int, list[tuple]]]:
+def _random_script(rng: random.Random, block_size: int, num_blocks: int, steps: int = 60) -> list[tuple]:
+    ops, live, nxt = [("alloc", 0, rng.randint(1, 3 * block_size))], [0], 1  # the first op is the prompt
+    for _ in range(steps):
+        r = rng.random()
+        if r < 0.2 and len(live) < 6:
+            ops.append(("fork", rng.choice(live), nxt))
+            live.append(nxt)
+            nxt += 1
+        elif r < 0.27 and len(live) > 1:
+            victim = rng.choice(live)
+            live.remove(victim)
+            ops.append(("free", victim))
+        else:
+            ops.append(("append", rng.choice(live)))
+    return ops
+
+
+def _scripts(rng: random.Random | None = None) -> list[tuple[str, int, int, list[tuple]]]:
     """(name, block_size, num_blocks, operations) — each a situation the append must get right."""
     scripts = [
         ("a shared, half-filled tail (block size 4)", 4, 16,
@@ -59,21 +77,13 @@ def _scripts() -> list[tuple[str, int, int, list[tuple]]]:
         ("the other holder left: the tail is private again (block size 4)", 4, 12,
          [("alloc", "x", 5), ("fork", "x", "y"), ("free", "x"), ("append", "y"), ("append", "y")]),
     ]
-    rng = random.Random(5)
-    ops, live, nxt = [("alloc", 0, 13)], [0], 1
-    for _ in range(60):
-        r = rng.random()
-        if r < 0.2 and len(live) < 6:
-            ops.append(("fork", rng.choice(live), nxt))
-            live.append(nxt)
-            nxt += 1
-        elif r < 0.27 and len(live) > 1:
-            victim = rng.choice(live)
-            live.remove(victim)
-            ops.append(("free", victim))
-        else:
-            ops.append(("append", rng.choice(live)))
+    fixed = random.Random(5)  # the lab's own random history, the same for everyone
+    ops = [("alloc", 0, 13)] + _random_script(fixed, 8, 64)[1:]
     scripts.append(("a random fork/append/free history (block size 8)", 8, 64, ops))
+    if rng is not None:
+        for block_size in (rng.choice((2, 3, 4)), rng.choice((5, 16, 32))):
+            scripts.append((f"another fork/append/free history (block size {block_size})", block_size, 96,
+                            _random_script(rng, block_size, 96)))
     return scripts
 
 
@@ -107,6 +117,11 @@ def _compare(world: _World, alloc: BlockAllocator, where: str) -> None:
                        "(a block taken from the free list must get ref_count 1, and only one block per append).")
 
 
+_COW_SHORTCUTS = ("labsupport.block_allocator.BlockAllocator.append_slot",
+                  "labsupport.block_allocator.BlockAllocator.append_slots",
+                  "labsupport.kvcache.PagedKVCache.prepare_decode", "labsupport.kvcache.PagedKVCache.append")
+
+
 @function(
     "5.1", "Copy-on-write append",
     hint="Look at where the new token lands: offset = seq_len % block_size. Offset 0 means the last block is full "
@@ -116,48 +131,51 @@ def _compare(world: _World, alloc: BlockAllocator, where: str) -> None:
          "fresh block, make it yours in the table, move one reference off the old block, and report (old, new) so "
          "the cache copies the old block's contents first. If nobody else names it — including when every other "
          "branch has already copied away — write in place.",
+    cases=_scripts,
+    forbid=_COW_SHORTCUTS,
+    derive="decide from seq_len % block_size and the last block's ref_count, and edit the four structures yourself",
 )
-def _cow_append(fn):
-    for name, bs, nb, ops in _scripts():
-        world, alloc = _World(nb, bs), BlockAllocator(nb, bs)
-        for step, op in enumerate(ops, start=1):
-            where = f"In '{name}', step {step} ({op[0]} {', '.join(map(repr, op[1:]))})"
-            if op[0] == "alloc":
-                world.allocate(op[1], op[2])
-                alloc.allocate(op[1], op[2])
-            elif op[0] == "fork":
-                world.fork(op[1], op[2])
-                alloc.fork(op[1], op[2])
-            elif op[0] == "free":
-                world.free(op[1])
-                alloc.free(op[1])
-            else:
-                seq = op[1]
-                before = list(world.tables[seq])
-                want = alloc.append_slot(seq)
-                got = call(fn, seq, world.tables, world.seq_lens, world.ref_counts, world.free_blocks, bs)
-                if not isinstance(got, tuple) or len(got) != 2:
-                    raise Mismatch(f"{where}: cow_append returned {got!r}; return a pair (slot, cow).")
-                slot, cow = got
-                if not isinstance(slot, numbers.Integral):
-                    raise Mismatch(f"{where}: the slot is {slot!r}; it is one integer, block_id * block_size + offset.")
-                table = world.tables.get(seq, [])
-                if slot % bs != want.slot % bs:
-                    raise Mismatch(f"{where}: your slot {slot} sits at offset {slot % bs} of its block; the token "
-                                   f"belongs at offset {want.slot % bs} (the sequence's length modulo the block size).")
-                if not table or slot // bs != table[-1]:
-                    raise Mismatch(f"{where}: your slot {slot} is in block {slot // bs}, but the token must go into "
-                                   "the sequence's last block as its table names it after the append.")
-                if (cow is None) != (want.cow is None):
-                    raise Mismatch(f"{where}: you " + ("copied a block" if want.cow is None else "did not copy")
-                                   + "; this append " + ("must write without copying" if want.cow is None
-                                                         else "lands in a block someone else still names") + ".")
-                if cow is not None and (tuple(cow) != (before[-1], table[-1])):
-                    raise Mismatch(f"{where}: cow is {cow!r}; it should be (the block you copy from, the block "
-                                   "you copy into) — the old last block and the new one.")
-                _compare(world, alloc, where)
-                continue
+def _cow_append(fn, script):
+    name, bs, nb, ops = script
+    world, alloc = _World(nb, bs), BlockAllocator(nb, bs)
+    for step, op in enumerate(ops, start=1):
+        where = f"In '{name}', step {step} ({op[0]} {', '.join(map(repr, op[1:]))})"
+        if op[0] == "alloc":
+            world.allocate(op[1], op[2])
+            alloc.allocate(op[1], op[2])
+        elif op[0] == "fork":
+            world.fork(op[1], op[2])
+            alloc.fork(op[1], op[2])
+        elif op[0] == "free":
+            world.free(op[1])
+            alloc.free(op[1])
+        else:
+            seq = op[1]
+            before = list(world.tables[seq])
+            want = alloc.append_slot(seq)
+            got = call(fn, seq, world.tables, world.seq_lens, world.ref_counts, world.free_blocks, bs)
+            if not isinstance(got, tuple) or len(got) != 2:
+                raise Mismatch(f"{where}: cow_append returned {got!r}; return a pair (slot, cow).")
+            slot, cow = got
+            if not isinstance(slot, numbers.Integral):
+                raise Mismatch(f"{where}: the slot is {slot!r}; it is one integer, block_id * block_size + offset.")
+            table = world.tables.get(seq, [])
+            if slot % bs != want.slot % bs:
+                raise Mismatch(f"{where}: your slot {slot} sits at offset {slot % bs} of its block; the token "
+                               f"belongs at offset {want.slot % bs} (the sequence's length modulo the block size).")
+            if not table or slot // bs != table[-1]:
+                raise Mismatch(f"{where}: your slot {slot} is in block {slot // bs}, but the token must go into "
+                               "the sequence's last block as its table names it after the append.")
+            if (cow is None) != (want.cow is None):
+                raise Mismatch(f"{where}: you " + ("copied a block" if want.cow is None else "did not copy")
+                               + "; this append " + ("must write without copying" if want.cow is None
+                                                     else "lands in a block someone else still names") + ".")
+            if cow is not None and (tuple(cow) != (before[-1], table[-1])):
+                raise Mismatch(f"{where}: cow is {cow!r}; it should be (the block you copy from, the block "
+                               "you copy into) — the old last block and the new one.")
             _compare(world, alloc, where)
+            continue
+        _compare(world, alloc, where)
 
 
 # --- 5.2: the fan-out factor in blocks ------------------------------------------------------------
@@ -173,25 +191,30 @@ _FANOUT_CASES = [(8, 4096, 256, 16), (16, 8192, 512, 16), (8, 100, 1, 16), (8, 1
          "n times. Shared, ask which blocks the forks can keep naming for ever: only the prompt's FULL blocks. "
          "A partly filled last prompt block is written into by every branch's first token, so each branch ends up "
          "with its own copy of it — count it per branch, together with the blocks its output needs beyond it.",
+    cases=lambda rng: [(case, measure_fanout(*case)) for case in _FANOUT_CASES + [
+        (rng.randint(1, 16), rng.randint(1, 5000), rng.randint(1, 600), rng.choice((1, 2, 8, 16, 32, 64)))
+        for _ in range(5)]],
+    forbid=("labsupport.ledger.fanout_blocks", "labsupport.viz.sharing.measure_fanout",
+            "labsupport.viz.sharing.fanout_in_pool", "labsupport.block_allocator.BlockAllocator"),
+    derive="count the blocks: whole prompt blocks shared once, each branch's own tail and output blocks",
 )
-def _fanout(fn):
-    for n, p, o, b in _FANOUT_CASES:
-        want = measure_fanout(n, p, o, b)
-        what = f"fanout_blocks(n={n}, prompt={p}, output={o}, block_size={b})"
-        got = call(fn, n, p, o, b)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise Mismatch(f"{what} returned {got!r}; return a pair (unshared_blocks, shared_blocks).")
-        for label, g, w in (("unshared", got[0], want.unshared_blocks), ("shared", got[1], want.shared_blocks)):
-            if isinstance(g, bool) or not isinstance(g, numbers.Real) or g != int(g):
-                raise Mismatch(f"{what}: the {label} count is {g!r}; blocks are whole numbers.")
-            if g != w:
-                extra = ""
-                if label == "shared" and g == -(-p // b) + n * -(-o // b):
-                    extra = " It looks as if the partly filled prompt block stayed shared after the branches wrote."
-                elif g in (n * (p + o), p + n * o):
-                    extra = " That is a count of tokens; the allocator hands out blocks."
-                raise Mismatch(f"{what}: your {label} count is {g:,}, the allocator holds a different number "
-                               f"({'more' if w > g else 'fewer'}).{extra}")
+def _fanout(fn, case):
+    (n, p, o, b), want = case
+    what = f"fanout_blocks(n={n}, prompt={p}, output={o}, block_size={b})"
+    got = call(fn, n, p, o, b)
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        raise Mismatch(f"{what} returned {got!r}; return a pair (unshared_blocks, shared_blocks).")
+    for label, g, w in (("unshared", got[0], want.unshared_blocks), ("shared", got[1], want.shared_blocks)):
+        if isinstance(g, bool) or not isinstance(g, numbers.Real) or g != int(g):
+            raise Mismatch(f"{what}: the {label} count is {g!r}; blocks are whole numbers.")
+        if g != w:
+            extra = ""
+            if label == "shared" and g == -(-p // b) + n * -(-o // b):
+                extra = " It looks as if the partly filled prompt block stayed shared after the branches wrote."
+            elif g in (n * (p + o), p + n * o):
+                extra = " That is a count of tokens; the allocator hands out blocks."
+            raise Mismatch(f"{what}: your {label} count is {g:,}, the allocator holds a different number "
+                           f"({'more' if w > g else 'fewer'}).{extra}")
 
 
 # --- 5.3: reference counts after a divergence -----------------------------------------------------
@@ -207,10 +230,10 @@ def _divergence(n: int = 8, prompt: int = 100, block_size: int = 16, writers: in
     return refs, copies
 
 
-def _grade_divergence(answer) -> None:
+def _grade_divergence(answer, expected) -> None:
     if not isinstance(answer, dict) or set(answer) != {"refcounts", "copies"}:
         raise Mismatch(f"answer with a dict {{'refcounts': [...], 'copies': ...}}; you gave {answer!r}.")
-    refs, copies = _divergence()
+    refs, copies = expected
     got = answer["refcounts"]
     if isinstance(got, (str, bytes)) or not hasattr(got, "__iter__"):
         raise Mismatch(f"'refcounts' is {got!r}; list the ref_count of every block in use, e.g. [8, 8, 1].")
@@ -233,14 +256,22 @@ def _grade_divergence(answer) -> None:
                        "to have written one token each.")
 
 
-register(Checkoff(
+value(
     "5.3", "Reference counts after a divergence",
     hint="Draw it. 100 tokens at block size 16 are six full blocks and a seventh holding 4 tokens; after the forks "
          "all seven have ref_count 8. A branch's first token lands in the seventh block: while someone else still "
          "names it, that branch takes a private copy (ref_count 1) and the original loses one reference. Full blocks "
          "are never written again, so nothing happens to them. For the copies: follow the original tail's count down "
          "as branches leave it — what does the last branch find when it writes?",
-    kind="value", grade=_grade_divergence, module=__name__))
+    expected=_divergence, judge=_grade_divergence,
+    forbid=("labsupport.block_allocator.BlockAllocator", "labsupport.kvcache.PagedKVCache",
+            "labsupport.viz.sharing.board_blocks", "labsupport.viz.sharing.measure_fork_cost",
+            "labsupport.viz.sharing.refcount_board_figure"),
+    derive="work the reference counts out on paper rather than running the allocator",
+    formative={"unordered": ["refcounts"]},
+)
+
+
 
 
 # --- 5.4: cross-request prefix hits ---------------------------------------------------------------
@@ -252,10 +283,26 @@ _PREFIX_CASES = [
 ]
 
 
-def _mooncake_head(n: int = 2000) -> list[list[int]]:
+@functools.lru_cache(maxsize=1)
+def _mooncake_trace_head(n: int = 2000) -> tuple[tuple[int, ...], ...]:
     from labsupport.workloads import load_mooncake
 
-    return [list(r.hash_ids) for r in load_mooncake("conversation", limit=n, download_missing=False)]
+    return tuple(tuple(r.hash_ids) for r in load_mooncake("conversation", limit=n, download_missing=False))
+
+
+def _mooncake_head(n: int = 2000) -> list[list[int]]:
+    return [list(ids) for ids in _mooncake_trace_head(n)]
+
+
+def _prefix_cases(rng):
+    cases = [(case, f"the {len(case):,}-request list {case!r}") for case in _PREFIX_CASES]
+    head = _mooncake_head()
+    cases.append((head, f"the first {len(head):,} requests of the Mooncake conversation trace"))
+    for _ in range(3):  # short, repetitive histories: most prefixes recur, some only after a detour
+        alphabet = rng.randint(2, 6)
+        case = [[rng.randrange(alphabet) for _ in range(rng.randint(1, 8))] for _ in range(rng.randint(5, 60))]
+        cases.append((case, f"a {len(case)}-request history of block ids drawn from {alphabet} values"))
+    return [(case, label, replay_prefix_cache([tuple(ids) for ids in case]).hit_blocks) for case, label in cases]
 
 
 @function(
@@ -265,15 +312,16 @@ def _mooncake_head(n: int = 2000) -> list[list[int]]:
          "on everything before it). So walk each request's blocks from the start, key each block by the prefix "
          "that ends there, count a hit while the key is known, stop counting at the first miss, and remember "
          "every prefix of every request you have processed.",
+    cases=_prefix_cases,
+    forbid=("labsupport.viz.sharing.replay_prefix_cache", "labsupport.workloads.prefix_hit_rate",
+            "labsupport.block_allocator.BlockAllocator"),
+    derive="walk each request's block ids from the start, keyed by the whole prefix, and count the hits",
 )
-def _prefix_hits(fn):
-    for case in [*_PREFIX_CASES, _mooncake_head()]:
-        want = replay_prefix_cache([tuple(ids) for ids in case]).hit_blocks
-        got = call(fn, [list(ids) for ids in case])
-        if isinstance(got, bool) or not isinstance(got, numbers.Integral):
-            raise Mismatch(f"prefix_hit_blocks(...) returned {got!r}; return the number of blocks served by the index.")
-        label = f"the {len(case):,}-request list {case!r}" if len(case) < 10 else \
-            f"the first {len(case):,} requests of the Mooncake conversation trace"
-        if got != want:
-            raise Mismatch(f"on {label} you count {got:,} hits; the allocator's prefix index serves "
-                           f"{'fewer' if want < got else 'more'}.")
+def _prefix_hits(fn, prepared):
+    case, label, want = prepared
+    got = call(fn, [list(ids) for ids in case])
+    if isinstance(got, bool) or not isinstance(got, numbers.Integral):
+        raise Mismatch(f"prefix_hit_blocks(...) returned {got!r}; return the number of blocks served by the index.")
+    if got != want:
+        raise Mismatch(f"on {label} you count {got:,} hits; the allocator's prefix index serves "
+                       f"{'fewer' if want < got else 'more'}.")

@@ -9,10 +9,17 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from labsupport.course.checkoff import Checkoff, Mismatch, as_number, call, function, register, units_slip
+from labsupport.course.checkoff import Mismatch, as_number, call, function, units_slip, value
+from labsupport.course.checkoffs._hidden import random_pair
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B, ModelSpec
 
 MFU = 0.5
+# The ledger's and the cost model's one-call answers to §10.5's questions.
+_PREEMPT_SHORTCUTS = ("labsupport.ledger.breakeven_link_bandwidth", "labsupport.ledger.crossover_tokens",
+                      "labsupport.ledger.preempt_choice", "labsupport.ledger.recompute_s",
+                      "labsupport.ledger.swap_round_trip_s", "labsupport.ledger.prefill_flops",
+                      "labsupport.costmodel.CostModel", "labsupport.viz.engine.swap_recompute",
+                      "labsupport.viz.engine.breakeven_figure")
 _FP32_SMALL = ModelSpec("tiny-fp32", 4, 4, 2, 32, 0.8e6, dtype_bytes=4)
 
 
@@ -40,6 +47,15 @@ _BREAKEVEN_CASES = [(m, s, g, mfu) for m, s, g, mfu in (
 )]
 
 
+def _breakeven_cases(rng):
+    cases = [(model, tokens, GPUS[gpu], mfu) for model, tokens, gpu, mfu in _BREAKEVEN_CASES]
+    for _ in range(6):
+        model, gpu = random_pair(rng)
+        cases.append((model, rng.choice((1, 100, 640, 4096, 20_000, 100_000)), gpu,
+                      rng.choice((0.2, 0.35, 0.5, 0.8, 1.0))))
+    return cases
+
+
 @function(
     "6.1", "The swap/recompute break-even bandwidth",
     hint="Write both stalls as functions of the link bandwidth W. Swapping moves the sequence's KV bytes out and "
@@ -47,28 +63,30 @@ _BREAKEVEN_CASES = [(m, s, g, mfu) for m, s, g, mfu in (
          "attention's QK^T and PV, which every query head does against every earlier key (grouped-query attention "
          "shrinks the cache, not that arithmetic). Divide the FLOPs by the rate you actually achieve (mfu × peak). "
          "Set the two times equal and solve for W.",
+    cases=_breakeven_cases,
+    forbid=_PREEMPT_SHORTCUTS,
+    derive="write the swap round trip and the recompute time from the model's fields, set them equal, solve for W",
 )
-def _breakeven_check(fn):
-    for model, tokens, gpu_name, mfu in _BREAKEVEN_CASES:
-        gpu = GPUS[gpu_name]
-        want = _breakeven(model, tokens, gpu.peak_flops, mfu)
-        what = f"breakeven_bandwidth({model.name}, seq_tokens={tokens:,}, peak_flops={gpu.peak_flops:.4g}, mfu={mfu})"
-        got = as_number(call(fn, model, tokens, gpu.peak_flops, mfu), f"{what} returned a value that")
-        if math.isclose(got, want, rel_tol=1e-6):
-            continue
-        remark = ""
-        if math.isclose(got, want / 2, rel_tol=1e-6):
-            remark = " A swap costs two trips over the link: out now, back in when the sequence resumes."
-        elif math.isclose(got, want / mfu, rel_tol=1e-6) and mfu != 1:
-            remark = " The prefill runs at mfu × peak, not at peak."
-        elif model.num_kv_heads != model.num_heads:
-            kv_attn = 2 * _kv_bytes(model, tokens) * mfu * gpu.peak_flops / (
-                2 * model.num_params * tokens + 4 * model.num_layers * model.num_kv_heads * model.head_dim * tokens ** 2)
-            if math.isclose(got, kv_attn, rel_tol=1e-6):
-                remark = " Attention FLOPs count query heads: GQA shares K and V, every query head still attends."
-        if not remark:
-            remark = " " + (units_slip(got, want) or "")
-        raise Mismatch(f"{what} returned {got:,.6g} B/s, which is too {'high' if got > want else 'low'}.{remark}".rstrip())
+def _breakeven_check(fn, case):
+    model, tokens, gpu, mfu = case
+    want = _breakeven(model, tokens, gpu.peak_flops, mfu)
+    what = f"breakeven_bandwidth({model.name}, seq_tokens={tokens:,}, peak_flops={gpu.peak_flops:.4g}, mfu={mfu})"
+    got = as_number(call(fn, model, tokens, gpu.peak_flops, mfu), f"{what} returned a value that")
+    if math.isclose(got, want, rel_tol=1e-6):
+        return
+    remark = ""
+    if math.isclose(got, want / 2, rel_tol=1e-6):
+        remark = " A swap costs two trips over the link: out now, back in when the sequence resumes."
+    elif math.isclose(got, want / mfu, rel_tol=1e-6) and mfu != 1:
+        remark = " The prefill runs at mfu × peak, not at peak."
+    elif model.num_kv_heads != model.num_heads:
+        kv_attn = 2 * _kv_bytes(model, tokens) * mfu * gpu.peak_flops / (
+            2 * model.num_params * tokens + 4 * model.num_layers * model.num_kv_heads * model.head_dim * tokens ** 2)
+        if math.isclose(got, kv_attn, rel_tol=1e-6):
+            remark = " Attention FLOPs count query heads: GQA shares K and V, every query head still attends."
+    if not remark:
+        remark = " " + (units_slip(got, want) or "")
+    raise Mismatch(f"{what} returned {got:,.6g} B/s, which is too {'high' if got > want else 'low'}.{remark}".rstrip())
 
 
 # --- 6.2: the preemption decision ----------------------------------------------------------------
@@ -100,6 +118,18 @@ _PLAN_CASES = [  # (running, blocks needed, block size, model, gpu, link bytes/s
 ]
 
 
+def _plan_cases(rng):
+    cases = [(running, need, bs, model, GPUS[gpu_name], link) for running, need, bs, model, gpu_name, link in _PLAN_CASES]
+    for _ in range(4):
+        model, gpu = random_pair(rng, fits=True)
+        arrivals = rng.sample(range(60_000), rng.randint(2, 9))  # distinct: the order is never a tie
+        running = [(f"r{i}", t / 1000, rng.randint(1, 40_000)) for i, t in enumerate(arrivals)]
+        bs = rng.choice((1, 8, 16, 32, 128))
+        total = sum(-(-t // bs) for _, _, t in running)
+        cases.append((running, rng.randint(1, total), bs, model, gpu, rng.choice((4, 16, 32, 64, 200)) * GB))
+    return [(*case, _plan(*case, MFU)) for case in cases]
+
+
 @function(
     "6.2", "Which sequences the engine preempts, and how",
     hint="Two decisions. Who: the engine keeps first-come-first-served order, so it gives up on the request that "
@@ -107,31 +137,32 @@ _PLAN_CASES = [  # (running, blocks needed, block size, model, gpu, link bytes/s
          "ceil(tokens / block_size) blocks). How: for each victim separately, compare the round trip of its KV over "
          "the link with redoing its prefill at mfu × peak — the answer depends on its length, which is why one "
          "global policy is wrong for a mixed-length batch.",
+    cases=_plan_cases,
+    forbid=_PREEMPT_SHORTCUTS,
+    derive="sort by arrival, latest first, and compare each victim's swap round trip with its recompute yourself",
 )
-def _plan_check(fn):
-    for running, need, bs, model, gpu_name, link in _PLAN_CASES:
-        gpu = GPUS[gpu_name]
-        want = _plan(running, need, bs, model, gpu, link, MFU)
-        what = (f"preemption_plan(<{len(running)} sequences>, blocks_needed={need}, block_size={bs}, {model.name}, "
-                f"{gpu.name}, link={link / GB:g} GB/s)")
-        got = call(fn, [tuple(r) for r in running], need, bs, model, gpu, link, MFU)
-        if isinstance(got, (str, bytes)) or not hasattr(got, "__iter__"):
-            raise Mismatch(f"{what} returned {got!r}; return a list of (name, 'swap' or 'recompute') pairs.")
-        got = [tuple(x) if isinstance(x, (list, tuple)) else x for x in got]
-        if any(not isinstance(x, tuple) or len(x) != 2 for x in got):
-            raise Mismatch(f"{what} returned {got!r}; each entry is a pair (name, 'swap' or 'recompute').")
-        names_got, names_want = [x[0] for x in got], [x[0] for x in want]
-        if names_got != names_want:
-            if set(names_got) == set(names_want):
-                raise Mismatch(f"{what}: you preempt the right sequences in the wrong order.")
-            raise Mismatch(f"{what}: you preempt {names_got}; that is {'too many' if len(names_got) > len(names_want) else 'not the right set'}"
-                           f" for {need} block(s) under the engine's first-come-first-served policy.")
-        for (name, kind), (_, want_kind) in zip(got, want):
-            if not isinstance(kind, str) or kind.strip().lower() not in ("swap", "recompute"):
-                raise Mismatch(f"{what}: the decision for {name!r} is {kind!r}; answer 'swap' or 'recompute'.")
-            if kind.strip().lower() != want_kind:
-                tokens = next(r[2] for r in running if r[0] == name)
-                raise Mismatch(f"{what}: {name!r} ({tokens:,} tokens) should not be preempted by {kind!r} on this link.")
+def _plan_check(fn, case):
+    running, need, bs, model, gpu, link, want = case
+    what = (f"preemption_plan(<{len(running)} sequences>, blocks_needed={need}, block_size={bs}, {model.name}, "
+            f"{gpu.name}, link={link / GB:g} GB/s)")
+    got = call(fn, [tuple(r) for r in running], need, bs, model, gpu, link, MFU)
+    if isinstance(got, (str, bytes)) or not hasattr(got, "__iter__"):
+        raise Mismatch(f"{what} returned {got!r}; return a list of (name, 'swap' or 'recompute') pairs.")
+    got = [tuple(x) if isinstance(x, (list, tuple)) else x for x in got]
+    if any(not isinstance(x, tuple) or len(x) != 2 for x in got):
+        raise Mismatch(f"{what} returned {got!r}; each entry is a pair (name, 'swap' or 'recompute').")
+    names_got, names_want = [x[0] for x in got], [x[0] for x in want]
+    if names_got != names_want:
+        if set(names_got) == set(names_want):
+            raise Mismatch(f"{what}: you preempt the right sequences in the wrong order.")
+        raise Mismatch(f"{what}: you preempt {names_got}; that is {'too many' if len(names_got) > len(names_want) else 'not the right set'}"
+                       f" for {need} block(s) under the engine's first-come-first-served policy.")
+    for (name, kind), (_, want_kind) in zip(got, want):
+        if not isinstance(kind, str) or kind.strip().lower() not in ("swap", "recompute"):
+            raise Mismatch(f"{what}: the decision for {name!r} is {kind!r}; answer 'swap' or 'recompute'.")
+        if kind.strip().lower() != want_kind:
+            tokens = next(r[2] for r in running if r[0] == name)
+            raise Mismatch(f"{what}: {name!r} ({tokens:,} tokens) should not be preempted by {kind!r} on this link.")
 
 
 # --- 6.3: Exercise 4's numbers -------------------------------------------------------------------
@@ -160,10 +191,9 @@ _EX4_HINTS = {
 }
 
 
-def _grade_exercise4(answer) -> None:
+def _grade_exercise4(answer, want) -> None:
     if not isinstance(answer, dict) or set(answer) != set(_EX4_TOL):
         raise Mismatch(f"answer with a dict with exactly the keys {sorted(_EX4_TOL)}; you gave {answer!r}.")
-    want = _exercise4()
     for key, (rel, abs_) in _EX4_TOL.items():
         got = as_number(answer[key], f"'{key}'")
         if math.isclose(got, want[key], rel_tol=rel, abs_tol=abs_):
@@ -181,11 +211,15 @@ def _grade_exercise4(answer) -> None:
                        + remark)
 
 
-register(Checkoff(
+value(
     "6.3", "Exercise 4: 16K GQA-8, and the crossover on 32 GB/s",
     hint="Use your break-even function's two halves. For 16K GQA-8 the KV bytes use the 8 KV heads, the prefill "
          "FLOPs the 32 query heads; the H100's link is 64 GB/s per direction and its bf16 peak 989 TFLOP/s at 50%. "
          "For the crossover write swap(S) = recompute(S) for the MHA model on 32 GB/s: the swap side is linear in S, "
          "the recompute side has an S and an S² term, so after dividing by S the equation is linear — solve it "
          "exactly rather than trusting a printed figure.",
-    kind="value", grade=_grade_exercise4, module=__name__))
+    expected=_exercise4, judge=_grade_exercise4,
+    forbid=_PREEMPT_SHORTCUTS,
+    derive="use your own break-even function and write the swap and recompute times out",
+    formative={"per_key": {key: list(tol) for key, tol in _EX4_TOL.items()}},
+)

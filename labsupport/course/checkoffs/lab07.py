@@ -5,9 +5,17 @@ import math
 import random
 
 from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function
+from labsupport.course.checkoffs._hidden import random_pair
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 _RESERVE = 4 * GB  # activations and workspace, as in the lecture's 80 - 13.48 - 4 = 62.52 GB
+# One-call answers to §10.6's questions in the ledger and the lab's chart helpers.
+_TPOT_SHORTCUTS = ("labsupport.ledger.tpot_s", "labsupport.ledger.decode_step_bytes",
+                   "labsupport.ledger.throughput_tok_s", "labsupport.viz.slo.tpot_terms",
+                   "labsupport.viz.slo.steady_batch_tpot", "labsupport.costmodel.CostModel")
+_BATCH_SHORTCUTS = (*_TPOT_SHORTCUTS, "labsupport.ledger.max_batch_for_tpot", "labsupport.ledger.paged_concurrency",
+                    "labsupport.viz.slo.memory_ceiling", "labsupport.viz.slo.lecture_pool",
+                    "labsupport.viz.slo.three_columns")
 
 
 def _kv_per_token(m) -> int:
@@ -18,22 +26,33 @@ def _weights(m) -> float:
     return m.num_params * m.dtype_bytes
 
 
+_TPOT_CASES = [(LECTURE_7B, "h100", 186, 640), (LECTURE_7B, "h100", 1, 640), (LECTURE_7B, "h100", 29, 640),
+               (LECTURE_7B, "h100", 199, 640), (LECTURE_7B_GQA8, "h100", 400, 4096), (LLAMA3_8B, "a100-80gb", 64, 2048),
+               (LLAMA3_70B, "h200", 32, 8192), (LECTURE_7B, "l4", 4, 512)]
+
+
+def _tpot_cases(rng):
+    cases = [(model, GPUS[name], batch, seq) for model, name, batch, seq in _TPOT_CASES]
+    cases += [(*random_pair(rng), rng.randint(1, 1000), rng.randint(1, 100_000)) for _ in range(6)]
+    return [(model, gpu, batch, seq, (_weights(model) + batch * seq * _kv_per_token(model)) / gpu.hbm_bandwidth)
+            for model, gpu, batch, seq in cases]
+
+
 @function(
     "7.1", "TPOT at batch B",
     hint="A decode step is memory-bound: it streams every weight once (num_params × dtype_bytes) and, for each "
          "of the B sequences in the step, that sequence's whole KV (its tokens × KV bytes per token). Divide the "
          "bytes by the card's HBM bandwidth. Everyone in the step waits for the same bytes, so everyone gets the "
          "same TPOT — yours includes your neighbours' KV.",
+    cases=_tpot_cases,
+    forbid=_TPOT_SHORTCUTS,
+    derive="add the weight bytes and every sequence's KV bytes and divide by the HBM bandwidth",
+    formative={"rel_tol": 1e-6},
 )
-def _tpot(fn):
-    cases = [(LECTURE_7B, "h100", 186, 640), (LECTURE_7B, "h100", 1, 640), (LECTURE_7B, "h100", 29, 640),
-             (LECTURE_7B, "h100", 199, 640), (LECTURE_7B_GQA8, "h100", 400, 4096), (LLAMA3_8B, "a100-80gb", 64, 2048),
-             (LLAMA3_70B, "h200", 32, 8192), (LECTURE_7B, "l4", 4, 512)]
-    for model, gpu_name, batch, seq in cases:
-        gpu = GPUS[gpu_name]
-        want = (_weights(model) + batch * seq * _kv_per_token(model)) / gpu.hbm_bandwidth
-        expect_close(call(fn, model, gpu, batch, seq), want,
-                     f"tpot({model.name}, {gpu.name}, batch={batch}, seq_tokens={seq})", rel_tol=1e-6)
+def _tpot(fn, case):
+    model, gpu, batch, seq, want = case
+    expect_close(call(fn, model, gpu, batch, seq), want,
+                 f"tpot({model.name}, {gpu.name}, batch={batch}, seq_tokens={seq})", rel_tol=1e-6)
 
 
 def _max_batch_hand(model, gpu, seq, slo, block_size):
@@ -46,40 +65,58 @@ def _max_batch_hand(model, gpu, seq, slo, block_size):
     return min(memory, by_slo)
 
 
+_MAX_BATCH_CASES = [(LECTURE_7B, "h100", 640, 0.020, 16), (LECTURE_7B, "h100", 640, 0.030, 16),
+                    (LECTURE_7B, "h100", 640, 0.003, 16), (LECTURE_7B, "h100", 2048, 0.025, 16),
+                    (LECTURE_7B_GQA8, "h100", 640, 0.020, 16), (LECTURE_7B_GQA8, "h100", 4000, 0.040, 32),
+                    (LLAMA3_8B, "a100-80gb", 1500, 0.035, 16), (LLAMA3_70B, "h200", 4096, 0.045, 16),
+                    (LECTURE_7B, "h100", 640, 0.020, 256)]
+
+
+def _max_batch_cases(rng):
+    cases = [(model, GPUS[name], seq, slo, bs) for model, name, seq, slo, bs in _MAX_BATCH_CASES]
+    for _ in range(6):
+        model, gpu = random_pair(rng, fits=True)
+        weights_s = _weights(model) / gpu.hbm_bandwidth  # SLOs around the weights' own read time
+        cases.append((model, gpu, rng.randint(16, 20_000), round(weights_s * rng.uniform(0.8, 6.0), 6),
+                      rng.choice((1, 8, 16, 32, 128))))
+    return [(*case, _max_batch_hand(*case)) for case in cases]
+
+
 @function(
     "7.2", "The largest B that meets the TPOT SLO",
     hint="Two ceilings, and the batch must fit under both. Memory: the paged pool holds "
          "floor(KV budget / block bytes) blocks and each sequence needs ceil(S / block_size) of them. Latency: "
          "write TPOT(B) from 7.1, set it equal to the SLO and solve for B, rounding the way a count of whole "
          "sequences must be rounded. When the weights alone take longer than the SLO, no batch meets it.",
+    cases=_max_batch_cases,
+    forbid=_BATCH_SHORTCUTS,
+    derive="take the smaller of the pool's whole-block ceiling and TPOT(B) = SLO solved for a whole B",
 )
-def _max_batch(fn):
-    cases = [(LECTURE_7B, "h100", 640, 0.020, 16), (LECTURE_7B, "h100", 640, 0.030, 16),
-             (LECTURE_7B, "h100", 640, 0.003, 16), (LECTURE_7B, "h100", 2048, 0.025, 16),
-             (LECTURE_7B_GQA8, "h100", 640, 0.020, 16), (LECTURE_7B_GQA8, "h100", 4000, 0.040, 32),
-             (LLAMA3_8B, "a100-80gb", 1500, 0.035, 16), (LLAMA3_70B, "h200", 4096, 0.045, 16),
-             (LECTURE_7B, "h100", 640, 0.020, 256)]
-    for model, gpu_name, seq, slo, bs in cases:
-        gpu = GPUS[gpu_name]
-        want = _max_batch_hand(model, gpu, seq, slo, bs)
-        what = f"max_batch({model.name}, {gpu.name}, seq_tokens={seq}, tpot_slo_s={slo}, block_size={bs})"
-        got = as_number(call(fn, model, gpu, seq, slo, bs), f"{what} returned a value that")
-        if not got.is_integer():
-            raise Mismatch(f"{what} returned {got:,.4g}: a batch counts whole sequences.")
-        if got < 0:
-            raise Mismatch(f"{what} returned {got:g}: when nothing meets the SLO the answer is zero sequences.")
-        expect_close(got, want, what)
+def _max_batch(fn, case):
+    model, gpu, seq, slo, bs, want = case
+    what = f"max_batch({model.name}, {gpu.name}, seq_tokens={seq}, tpot_slo_s={slo}, block_size={bs})"
+    got = as_number(call(fn, model, gpu, seq, slo, bs), f"{what} returned a value that")
+    if not got.is_integer():
+        raise Mismatch(f"{what} returned {got:,.4g}: a batch counts whole sequences.")
+    if got < 0:
+        raise Mismatch(f"{what} returned {got:g}: when nothing meets the SLO the answer is zero sequences.")
+    expect_close(got, want, what)
 
 
 # --- 7.3: goodput of a run (graded on real engine runs, cost-model clock) -----------------------
 
-def _engine_runs():
-    """Small, deterministic runs of the real engine on the lecture's H100 (cost-model clock)."""
+def _engine_runs(hidden: random.Random | None = None):
+    """Small runs of the real engine on the lecture's H100 (cost-model clock); with `hidden`, one more
+    whose arrivals, pool and lengths nobody has seen."""
     from labsupport.costmodel import CostModel
     from labsupport.engine import Engine
 
+    configs = [(1, 40.0, 7452, 60), (2, 400.0, 400, 80), (3, 5.0, 7452, 30)]
+    if hidden is not None:
+        configs.append((hidden.getrandbits(32), hidden.choice((10.0, 80.0, 300.0)), hidden.choice((300, 900, 7452)),
+                        hidden.randint(20, 70)))
     runs = []
-    for seed, rate, blocks, n_req in ((1, 40.0, 7452, 60), (2, 400.0, 400, 80), (3, 5.0, 7452, 30)):
+    for seed, rate, blocks, n_req in configs:
         rng = random.Random(seed)
         engine = Engine(cost_model=CostModel(), num_blocks=blocks, block_size=16)
         t = 0.0
@@ -105,6 +142,15 @@ def _goodput_hand(requests, ttft_slo, tpot_slo) -> float:
     return good_tokens / (end - start)
 
 
+def _goodput_cases(rng):
+    cases = []
+    for i, result in enumerate(_engine_runs(rng)):
+        requests = list(result.requests.values())
+        slos = [(0.5, 0.020), (2.0, 0.050), (0.2, 0.012), (100.0, 1.0), (rng.uniform(0.05, 5), rng.uniform(0.005, 0.1))]
+        cases += [(i, requests, ttft, tpot, _goodput_hand(requests, ttft, tpot)) for ttft, tpot in slos]
+    return cases
+
+
 @function(
     "7.3", "Goodput of a run",
     hint="Goodput counts only what met its SLO. Walk the finished requests; keep one only if its TTFT "
@@ -112,18 +158,35 @@ def _goodput_hand(requests, ttft_slo, tpot_slo) -> float:
          "a single token, so it has no TPOT to miss) is within the TPOT SLO. Add up the output tokens of the "
          "requests you kept and divide by the run's duration — from the first arrival to the last finish — "
          "the same duration throughput uses. Rejected requests earn nothing.",
+    cases=_goodput_cases,
+    forbid=("labsupport.slo.slo_report", "labsupport.viz.slo.Replay.goodput_tok_s", "labsupport.viz.slo.Replay.good",
+            "labsupport.viz.slo.goodput_curve", "labsupport.ledger.goodput_tok_s"),
+    derive="walk the finished requests, keep those within both SLOs, and divide their tokens by the run's span",
 )
-def _goodput(fn):
-    for i, result in enumerate(_engine_runs()):
-        requests = list(result.requests.values())
-        for ttft_slo, tpot_slo in ((0.5, 0.020), (2.0, 0.050), (0.2, 0.012), (100.0, 1.0)):
-            want = _goodput_hand(requests, ttft_slo, tpot_slo)
-            expect_close(call(fn, requests, ttft_slo, tpot_slo), want,
-                         f"goodput(run {i + 1}'s requests, ttft_slo_s={ttft_slo}, tpot_slo_s={tpot_slo})",
-                         rel_tol=1e-9)
+def _goodput(fn, case):
+    i, requests, ttft_slo, tpot_slo, want = case
+    expect_close(call(fn, requests, ttft_slo, tpot_slo), want,
+                 f"goodput(run {i + 1}'s requests, ttft_slo_s={ttft_slo:.6g}, tpot_slo_s={tpot_slo:.6g})",
+                 rel_tol=1e-9)
 
 
 # --- 7.4 / 7.5: Exercise 5, the 20-step agent session ---------------------------------------------
+
+def _session_cases(rng):
+    cases = [(model, GPUS[name], ctx, submitted, bs) for model, name, ctx, submitted, bs in (
+        (LECTURE_7B_GQA8, "h100", 7_700, 97_000, 16), (LECTURE_7B, "h100", 7_700, 97_000, 16),
+        (LECTURE_7B_GQA8, "h100", 12_000, 150_000, 32), (LLAMA3_8B, "h200", 30_000, 400_000, 16),
+        (LLAMA3_70B, "h200", 7_700, 97_000, 16))]
+    cases += [(*random_pair(rng), rng.randint(100, 60_000), rng.randint(1000, 2_000_000), rng.choice((1, 16, 64)))
+              for _ in range(4)]
+    out = []
+    for model, gpu, ctx, submitted, bs in cases:
+        kv = _kv_per_token(model)
+        blocks = max(0, math.floor((gpu.hbm_bytes - _weights(model) - _RESERVE) / (bs * kv)))
+        out.append((model, gpu, ctx, submitted, bs, {"peak_kv_bytes": ctx * kv, "sessions": blocks // math.ceil(ctx / bs),
+                                                     "prefill_s": submitted * 2 * model.num_params / (0.5 * gpu.peak_flops)}))
+    return out
+
 
 @function(
     "7.4", "Exercise 5: the agent session's peak KV, sessions per card and prefill cost",
@@ -132,23 +195,19 @@ def _goodput(fn):
          "peak context needs (whole blocks, whole sessions; none when the weights leave no KV budget). Prefill: every submitted prompt token costs 2 × N "
          "FLOP for the weights (the exercise drops the attention term); divide by the rate actually achieved, "
          "the mfu share of peak.",
+    cases=_session_cases,
+    forbid=_BATCH_SHORTCUTS,
+    derive="compute the peak context's bytes, the whole sessions the pool holds, and the weights' prefill FLOPs",
+    formative={"rel_tol": 1e-6},
 )
-def _exercise5(fn):
-    cases = [(LECTURE_7B_GQA8, "h100", 7_700, 97_000, 16), (LECTURE_7B, "h100", 7_700, 97_000, 16),
-             (LECTURE_7B_GQA8, "h100", 12_000, 150_000, 32), (LLAMA3_8B, "h200", 30_000, 400_000, 16),
-             (LLAMA3_70B, "h200", 7_700, 97_000, 16)]
-    for model, gpu_name, ctx, submitted, bs in cases:
-        gpu = GPUS[gpu_name]
-        kv = _kv_per_token(model)
-        blocks = max(0, math.floor((gpu.hbm_bytes - _weights(model) - _RESERVE) / (bs * kv)))
-        want = {"peak_kv_bytes": ctx * kv, "sessions": blocks // math.ceil(ctx / bs),
-                "prefill_s": submitted * 2 * model.num_params / (0.5 * gpu.peak_flops)}
-        what = f"agent_session({model.name}, {gpu.name}, context_tokens={ctx:,}, submitted_tokens={submitted:,}, block_size={bs})"
-        got = call(fn, model, gpu, ctx, submitted, bs)
-        if not isinstance(got, dict) or set(got) != set(want):
-            raise Mismatch(f"{what} returned {got!r}; return a dict with exactly the keys {sorted(want)}.")
-        for key, value in want.items():
-            expect_close(got[key], value, f"{what}[{key!r}]", rel_tol=1e-6)
+def _exercise5(fn, case):
+    model, gpu, ctx, submitted, bs, want = case
+    what = f"agent_session({model.name}, {gpu.name}, context_tokens={ctx:,}, submitted_tokens={submitted:,}, block_size={bs})"
+    got = call(fn, model, gpu, ctx, submitted, bs)
+    if not isinstance(got, dict) or set(got) != set(want):
+        raise Mismatch(f"{what} returned {got!r}; return a dict with exactly the keys {sorted(want)}.")
+    for key, value in want.items():
+        expect_close(got[key], value, f"{what}[{key!r}]", rel_tol=1e-6)
 
 
 choice(

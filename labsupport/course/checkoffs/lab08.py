@@ -5,9 +5,16 @@ import math
 import random
 
 from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function
+from labsupport.course.checkoffs._hidden import random_pair
+from labsupport.course.open_answers import utilization_workload_verdict
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 _ACTIVATIONS = 4 * GB  # the lecture's reserve for activations and workspace
+# One-call answers in the ledger and the lab's helpers to "what does this knob become".
+_KNOB_SHORTCUTS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes",
+                   "labsupport.ledger.paged_concurrency", "labsupport.ledger.max_batch_for_tpot",
+                   "labsupport.ledger.tpot_s", "labsupport.viz.slo.memory_ceiling", "labsupport.viz.slo.lecture_pool",
+                   "labsupport.costmodel.CostModel")
 
 
 def _kv_per_token(m) -> int:
@@ -33,23 +40,55 @@ _BLOCK_CASES = [(LECTURE_7B, "h100", 1.0, 16), (LECTURE_7B, "h100", 0.9, 16), (L
                 (LLAMA3_70B, "h200", 0.95, 16), (LLAMA3_70B, "h100", 0.9, 16), (LECTURE_7B, "t4", 0.9, 16)]
 
 
+def _block_cases(rng):
+    cases = [(model, GPUS[name], util, bs, None) for model, name, util, bs in _BLOCK_CASES]
+    cases.append((LECTURE_7B, GPUS["h100"], 0.9, 16, 1 * GB))
+    for _ in range(5):
+        model, gpu = random_pair(rng)
+        cases.append((model, gpu, rng.choice((0.5, 0.8, 0.9, 0.95, 1.0)), rng.choice((1, 8, 16, 32)),
+                      rng.choice((None, rng.randint(0, 8) * GB))))
+    return [(*case, _blocks_hand(*case[:4], _ACTIVATIONS if case[4] is None else case[4])) for case in cases]
+
+
 @function(
     "8.1", "gpu_memory_utilization → the KV pool",
     hint="vLLM lets the engine use gpu_memory_utilization × the card's memory in all. Out of that come the "
          "weights (num_params × dtype_bytes) and the activations (activation_bytes); what is left is the KV "
          "cache, cut into blocks of block_size tokens at the model's KV bytes per token. Whole blocks only, "
          "and none at all when the weights and activations already take everything.",
+    cases=_block_cases,
+    forbid=_KNOB_SHORTCUTS,
+    derive="take the weights and activations from gpu_memory_utilization × HBM and count whole blocks yourself",
 )
-def _num_gpu_blocks(fn):
-    for model, gpu_name, util, bs in _BLOCK_CASES:
-        gpu = GPUS[gpu_name]
+def _num_gpu_blocks(fn, case):
+    model, gpu, util, bs, activation_bytes, want = case
+    if activation_bytes is None:
         what = f"num_gpu_blocks({model.name}, {gpu.name}, gpu_memory_utilization={util}, block_size={bs})"
         got = _whole(call(fn, model, gpu, util, bs), what)
-        expect_close(got, _blocks_hand(model, gpu, util, bs), what)
-    # the activation reserve is an argument, not a constant
-    got = _whole(call(fn, LECTURE_7B, GPUS["h100"], 0.9, 16, activation_bytes=1 * GB), "num_gpu_blocks(..., activation_bytes=1e9)")
-    expect_close(got, _blocks_hand(LECTURE_7B, GPUS["h100"], 0.9, 16, 1 * GB),
-                 "num_gpu_blocks(lecture-7b, h100, 0.9, 16, activation_bytes=1 GB)")
+    else:  # the activation reserve is an argument, not a constant
+        what = (f"num_gpu_blocks({model.name}, {gpu.name}, gpu_memory_utilization={util}, block_size={bs}, "
+                f"activation_bytes={activation_bytes:,.0f})")
+        got = _whole(call(fn, model, gpu, util, bs, activation_bytes=activation_bytes), what)
+    expect_close(got, want, what)
+
+
+def _seqs_cases(rng):
+    cases = [(model, GPUS[name], util, seq, slo, bs) for model, name, util, seq, slo, bs in (
+        (LECTURE_7B, "h100", 0.9, 640, 0.020, 16), (LECTURE_7B, "h100", 0.9, 640, 0.030, 16),
+        (LECTURE_7B, "h100", 1.0, 640, 0.020, 16), (LECTURE_7B_GQA8, "h100", 0.9, 2048, 0.025, 16),
+        (LLAMA3_8B, "a100-80gb", 0.9, 1200, 0.030, 32), (LECTURE_7B, "h100", 0.9, 640, 0.003, 16))]
+    for _ in range(5):
+        model, gpu = random_pair(rng, fits=True)
+        weights_s = model.num_params * model.dtype_bytes / gpu.hbm_bandwidth
+        cases.append((model, gpu, rng.choice((0.8, 0.9, 1.0)), rng.randint(16, 20_000),
+                      round(weights_s * rng.uniform(0.8, 6.0), 6), rng.choice((8, 16, 32))))
+    out = []
+    for model, gpu, util, seq, slo, bs in cases:
+        kv = _kv_per_token(model)
+        memory = _blocks_hand(model, gpu, util, bs) // math.ceil(seq / bs)
+        by_slo = max(0, math.floor((slo * gpu.hbm_bandwidth - model.num_params * model.dtype_bytes) / (seq * kv)))
+        out.append((model, gpu, util, seq, slo, bs, min(memory, by_slo)))
+    return out
 
 
 @function(
@@ -58,20 +97,26 @@ def _num_gpu_blocks(fn):
          "TPOT SLO: it must fit the block pool (8.1's blocks ÷ the blocks one sequence of seq_tokens needs) and "
          "its memory-bound step must clear the SLO (lab 07's TPOT(B) solved for B). The smaller of the two "
          "binds.",
+    cases=_seqs_cases,
+    forbid=_KNOB_SHORTCUTS,
+    derive="take the smaller of the pool's ceiling (8.1's blocks) and lab 07's TPOT(B) = SLO solved for a whole B",
 )
-def _max_num_seqs(fn):
-    cases = [(LECTURE_7B, "h100", 0.9, 640, 0.020, 16), (LECTURE_7B, "h100", 0.9, 640, 0.030, 16),
-             (LECTURE_7B, "h100", 1.0, 640, 0.020, 16), (LECTURE_7B_GQA8, "h100", 0.9, 2048, 0.025, 16),
-             (LLAMA3_8B, "a100-80gb", 0.9, 1200, 0.030, 32), (LECTURE_7B, "h100", 0.9, 640, 0.003, 16)]
-    for model, gpu_name, util, seq, slo, bs in cases:
-        gpu = GPUS[gpu_name]
-        kv = _kv_per_token(model)
-        memory = _blocks_hand(model, gpu, util, bs) // math.ceil(seq / bs)
-        by_slo = max(0, math.floor((slo * gpu.hbm_bandwidth - model.num_params * model.dtype_bytes) / (seq * kv)))
-        what = (f"max_num_seqs_for({model.name}, {gpu.name}, gpu_memory_utilization={util}, seq_tokens={seq}, "
-                f"tpot_slo_s={slo}, block_size={bs})")
-        got = _whole(call(fn, model, gpu, util, seq, slo, bs), what)
-        expect_close(got, min(memory, by_slo), what)
+def _max_num_seqs(fn, case):
+    model, gpu, util, seq, slo, bs, want = case
+    what = (f"max_num_seqs_for({model.name}, {gpu.name}, gpu_memory_utilization={util}, seq_tokens={seq}, "
+            f"tpot_slo_s={slo}, block_size={bs})")
+    got = _whole(call(fn, model, gpu, util, seq, slo, bs), what)
+    expect_close(got, want, what)
+
+
+def _tokens_cases(rng):
+    cases = [(model, GPUS[name], slo, mfu) for model, name, slo, mfu in (
+        (LECTURE_7B, "h100", 0.020, 0.5), (LECTURE_7B, "h100", 0.050, 0.5), (LECTURE_7B, "h100", 0.020, 0.4),
+        (LLAMA3_8B, "a100-80gb", 0.030, 0.5), (LLAMA3_70B, "h200", 0.060, 0.5), (LECTURE_7B_GQA8, "l4", 0.1, 0.6))]
+    cases += [(*random_pair(rng), round(rng.uniform(0.002, 0.2), 5), rng.choice((0.3, 0.5, 0.7, 1.0)))
+              for _ in range(5)]
+    return [(model, gpu, slo, mfu, math.floor(slo * mfu * gpu.peak_flops / (2 * model.num_params)))
+            for model, gpu, slo, mfu in cases]
 
 
 @function(
@@ -80,16 +125,15 @@ def _max_num_seqs(fn):
          "FLOP for the weights. At mfu × peak FLOP/s, how many tokens fit in one TPOT SLO? A step that carries "
          "more is compute-bound past the SLO however small its batch. Neglect the attention FLOPs and round "
          "down to whole tokens.",
+    cases=_tokens_cases,
+    forbid=("labsupport.costmodel.CostModel", "labsupport.ledger.prefill_flops", "labsupport.ledger.recompute_s"),
+    derive="divide what mfu × peak FLOP/s does in one SLO by the 2 × N FLOP a token costs, and round down",
 )
-def _max_batched_tokens(fn):
-    cases = [(LECTURE_7B, "h100", 0.020, 0.5), (LECTURE_7B, "h100", 0.050, 0.5), (LECTURE_7B, "h100", 0.020, 0.4),
-             (LLAMA3_8B, "a100-80gb", 0.030, 0.5), (LLAMA3_70B, "h200", 0.060, 0.5), (LECTURE_7B_GQA8, "l4", 0.1, 0.6)]
-    for model, gpu_name, slo, mfu in cases:
-        gpu = GPUS[gpu_name]
-        want = math.floor(slo * mfu * gpu.peak_flops / (2 * model.num_params))
-        what = f"max_num_batched_tokens_for({model.name}, {gpu.name}, tpot_slo_s={slo}, mfu={mfu})"
-        got = _whole(call(fn, model, gpu, slo, mfu), what)
-        expect_close(got, want, what)
+def _max_batched_tokens(fn, case):
+    model, gpu, slo, mfu, want = case
+    what = f"max_num_batched_tokens_for({model.name}, {gpu.name}, tpot_slo_s={slo}, mfu={mfu})"
+    got = _whole(call(fn, model, gpu, slo, mfu), what)
+    expect_close(got, want, what)
 
 
 def _allocator_waste(lengths, block_size) -> float:
@@ -104,37 +148,35 @@ def _allocator_waste(lengths, block_size) -> float:
     return (slots - sum(lengths)) / slots
 
 
+def _waste_cases(rng):
+    sets = [[640] * 10, [1, 17, 33], [16, 32, 48], [rng.randint(1, 5000) for _ in range(300)],
+            [int(rng.lognormvariate(math.log(800), 1.9)) + 1 for _ in range(300)],
+            [rng.randint(1, 200) for _ in range(rng.randint(1, 40))]]
+    return [(lengths, bs, _allocator_waste(lengths, bs)) for lengths in sets
+            for bs in (1, 8, 16, 64, 256, rng.choice((2, 3, 12, 100)))]
+
+
 @function(
     "8.4", "block_size → §10.3's tail waste, on a length distribution",
     hint="Each sequence holds ceil(length / block_size) whole blocks; only its last block can be partly empty. "
          "Over the whole set of sequences, the waste fraction is the unfilled slots divided by all the slots "
          "the blocks hold. Lengths that are exact multiples of the block size waste nothing.",
+    cases=_waste_cases,
+    forbid=("labsupport.ledger.tail_waste_tokens", "labsupport.block_allocator.BlockAllocator",
+            "labsupport.viz.memory.measure_block_size"),
+    derive="count each length's whole blocks, and divide the unfilled slots by all the slots",
+    formative={"rel_tol": 1e-9, "abs_tol": 1e-12},
 )
-def _tail_waste(fn):
-    rng = random.Random(8)
-    sets = [[640] * 10, [1, 17, 33], [16, 32, 48], [rng.randint(1, 5000) for _ in range(300)],
-            [int(rng.lognormvariate(math.log(800), 1.9)) + 1 for _ in range(300)]]
-    for lengths in sets:
-        for bs in (1, 8, 16, 64, 256):
-            want = _allocator_waste(lengths, bs)
-            shown = lengths if len(lengths) <= 10 else f"<{len(lengths)} lengths>"
-            expect_close(call(fn, list(lengths), bs), want, f"tail_waste_fraction({shown}, block_size={bs})",
-                         rel_tol=1e-9, abs_tol=1e-12)
+def _tail_waste(fn, case):
+    lengths, bs, want = case
+    shown = lengths if len(lengths) <= 10 else f"<{len(lengths)} lengths>"
+    expect_close(call(fn, list(lengths), bs), want, f"tail_waste_fraction({shown}, block_size={bs})",
+                 rel_tol=1e-9, abs_tol=1e-12)
 
 
 # --- 8.5: a workload whose utilization goes ~15% -> 99% while throughput barely moves ---------
-
-def _measure(requests, block_size: int) -> tuple[float, float]:
-    """(time-averaged share of reserved KV slots holding tokens, output tokens/s), read off the real
-    engine on the lecture's H100 pool (cost-model clock)."""
-    from labsupport.viz.slo import utilization_run
-
-    try:
-        run = utilization_run(requests, block_size)
-    except ValueError as exc:
-        raise Mismatch(f"your workload does not run: {exc}") from None
-    return run.utilization, run.throughput_tok_s
-
+# An open question: any workload with the property passes, so its judge holds no answer and ships
+# with the student release (labsupport.course.open_answers).
 
 @function(
     "8.5", "Discussion seed 4: utilization 15% → 99%, throughput unmoved",
@@ -143,33 +185,10 @@ def _measure(requests, block_size: int) -> tuple[float, float]:
          "engine was turning requests away for lack of slots. So: keep every sequence far shorter than S_max "
          "(a reserve-to-max slot is then mostly empty), and make sure the naive engine never needs more than "
          "its 29 slots at once — think about the arrival rate.",
+    formative={"open": "labsupport.course.open_answers:utilization_workload_verdict"},
 )
 def _utilization_workload(fn):
-    workload = call(fn)
-    try:
-        requests = [(float(a), int(p), int(o)) for a, p, o in workload]
-    except (TypeError, ValueError):
-        raise Mismatch("utilization_workload() must return a list of (arrival_s, prompt_tokens, output_tokens) "
-                       "tuples.") from None
-    if not 100 <= len(requests) <= 1500:
-        raise Mismatch(f"your workload has {len(requests)} requests; use between 100 and 1,500 so the "
-                       "comparison means something and the grader stays quick.")
-    for a, p, o in requests:
-        if a < 0 or p < 1 or o < 1 or p + o > 4096:
-            raise Mismatch(f"request (arrival {a}, prompt {p}, output {o}) is not allowed: arrivals >= 0, at "
-                           "least one prompt and one output token, and prompt + output within S_max = 4,096.")
-    if sum(p + o for _, p, o in requests) > 3_000_000:
-        raise Mismatch("your workload holds more than 3 million tokens in all; a smaller one makes the point.")
-    naive_util, naive_tput = _measure(requests, 4096)  # one block of S_max tokens per sequence: reserve-to-max
-    paged_util, paged_tput = _measure(requests, 16)
-    if naive_util > 0.20:
-        raise Mismatch(f"under reserve-to-max your workload already uses {naive_util:.1%} of what it reserves; the "
-                       "claim starts near 15%.")
-    if paged_util < 0.95:
-        raise Mismatch(f"paged utilization is only {paged_util:.1%}; the claim ends near 99%.")
-    if abs(paged_tput / naive_tput - 1) > 0.05:
-        raise Mismatch(f"throughput moved from {naive_tput:,.0f} to {paged_tput:,.0f} tok/s "
-                       f"({paged_tput / naive_tput - 1:+.1%}); it should barely move (within 5%).")
+    utilization_workload_verdict(fn)
 
 
 choice(

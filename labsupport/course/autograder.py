@@ -1,0 +1,235 @@
+"""`python -m labsupport autograder OUT.zip [--lab NN]`: the Gradescope autograder bundle (every lab).
+
+Gradescope runs one container per submission (https://gradescope-autograders.readthedocs.io, "Autograder
+Specifications"): the bundle's ``setup.sh`` runs once, as root, when the image is built, and
+``run_autograder`` runs for every submission, reading ``/autograder/submission`` and writing
+``/autograder/results/results.json``.  This bundle holds
+
+    setup.sh          installs the CPU build of torch and this package (editable, from source/)
+    run_autograder    grades every .ipynb of the submission with `grade --gradescope`, and always
+                      leaves a results.json, even when nothing could be graded
+    labsupport/, pyproject.toml, README.md, data/   the package, the graders included, and its data
+
+Each checkoff is one Gradescope test worth one point; its output is the grader's detail and hint.
+The paths are configurable for testing: ``AUTOGRADER_ROOT`` (default /autograder) and
+``LABSUPPORT_PYTHON`` (default python3).  The grader runs as root in Gradescope's container; where
+it can, it runs the student's kernel and worker as an unprivileged user (labsupport.course.sandbox).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+from labsupport.cli.parser import OneLineParser, UsageError
+from labsupport.course.grade import positive_int
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "labsupport"
+
+SETUP = """\
+#!/usr/bin/env bash
+# Gradescope runs this once, as root, while it builds the autograder image.
+set -euo pipefail
+cd /autograder/source
+if ! command -v python3 >/dev/null; then
+  apt-get install -y python3 python3-pip python3-venv
+fi
+python3 -m pip install --upgrade pip
+# the CPU build of torch: a plain `torch` requirement would pull several GB of CUDA wheels
+python3 -m pip install --index-url https://download.pytorch.org/whl/cpu {torch_requirement}
+python3 -m pip install -e /autograder/source
+python3 -m labsupport doctor || true
+"""
+
+RUN = """\
+#!/usr/bin/env bash
+# Gradescope runs this for every submission; it must always leave results/results.json behind.
+ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
+PYTHON="${{LABSUPPORT_PYTHON:-python3}}"
+export PYTHONPATH="$ROOT/source${{PYTHONPATH:+:$PYTHONPATH}}"
+mkdir -p "$ROOT/results"
+cd "$ROOT/source"
+"$PYTHON" -m labsupport.course.autograder --run "$ROOT" {lab_flag}--timeout {timeout}
+"""
+
+
+def _package_files() -> list[tuple[Path, str]]:
+    files = []
+    for path in sorted(PACKAGE.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
+            files.append((path, "labsupport/" + path.relative_to(PACKAGE).as_posix()))
+    for name in ("pyproject.toml", "README.md"):
+        if (ROOT / name).is_file():
+            files.append((ROOT / name, name))
+    return files
+
+
+def _data_files(traces: bool) -> list[tuple[Path, str]]:
+    files = []
+    data = ROOT / "data"
+    if data.is_dir():
+        files += [(p, "data/" + p.relative_to(data).as_posix()) for p in sorted(data.rglob("*")) if p.is_file()
+                  and p.stat().st_size < 64 * 2**20]
+    if traces:
+        from labsupport.workloads import TRACES, find_trace
+
+        have = {arc for _, arc in files}
+        for name, info in TRACES.items():
+            found = find_trace(name)
+            if found is not None and f"data/{info.filename}" not in have:
+                files.append((found, f"data/{info.filename}"))
+    return files
+
+
+def torch_requirement() -> str:
+    try:
+        import torch
+
+        return f"torch=={torch.__version__.split('+')[0]}"
+    except ImportError:
+        return "torch"
+
+
+def build_bundle(out: Path, lab: int | None = None, timeout: int = 300, traces: bool = True,
+                 torch_req: str | None = None) -> list[str]:
+    """Write the bundle; returns the names inside it."""
+    out = Path(out)
+    names = []
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        def add_text(name: str, text: str, executable: bool = False) -> None:
+            info = zipfile.ZipInfo(name, date_time=time.localtime()[:6])
+            info.external_attr = ((0o755 if executable else 0o644) | stat.S_IFREG) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, text)
+            names.append(name)
+
+        add_text("setup.sh", SETUP.format(torch_requirement=torch_req or torch_requirement()), executable=True)
+        lab_flag = f"--lab {lab:02d} " if lab is not None else ""
+        add_text("run_autograder", RUN.format(lab_flag=lab_flag, timeout=timeout), executable=True)
+        for path, arc in _package_files() + _data_files(traces):
+            zf.write(path, arc)
+            names.append(arc)
+    os.replace(tmp, out)
+    return names
+
+
+# --- inside the container -----------------------------------------------------------------------------------
+
+def run(root: Path, lab: int | None = None, timeout: int = 300) -> dict:
+    """Grade ``root/submission`` into ``root/results/results.json``; whatever happens, a results.json is written."""
+    from labsupport.course import grade as G
+
+    results = root / "results" / "results.json"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    try:
+        submission = root / "submission"
+        notebooks = sorted(p for p in submission.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts) \
+            if submission.is_dir() else []
+        if lab is not None:
+            ours = [p for p in notebooks if G._lab_from_name(p) == lab]
+            notebooks = ours or notebooks
+        from labsupport.course.sandbox import Sandbox
+
+        grader = G.Grader(timeout=timeout, sandbox=Sandbox.for_this_machine())
+        try:
+            grades = G.grade_all(grader, [G.Submission(p, "submission") for p in notebooks], jobs=1, progress=False)
+        finally:
+            grader.close()
+        if lab is not None:
+            grades = _for_lab(grades, lab)
+        data = G.gradescope(grades)
+    except BaseException as exc:  # noqa: BLE001 - Gradescope needs a results.json whatever went wrong
+        data = {"score": 0.0, "output": f"The autograder failed: {type(exc).__name__}: {exc}. Please tell the course staff.",
+                "tests": []}
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+    data["execution_time"] = round(time.time() - start, 1)
+    tmp = results.with_name(".results.json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
+    os.replace(tmp, results)
+    for test in data.get("tests", []):
+        print(f"{test['score']:.0f}/{test['max_score']:.0f}  {test['name']}")
+    return data
+
+
+def _for_lab(grades, lab: int):
+    """The assignment's lab only.  When no gradable notebook of it was handed in, every checkoff is
+    there, not attempted, with the reason (Gradescope shows the same tests to everyone)."""
+    from labsupport.course import grade as G
+    from labsupport.course.checkoff import NOT_ATTEMPTED, load_lab
+
+    ours = [g for g in grades if g.lab == lab]
+    graded = [g for g in ours if g.checkoffs]
+    if graded:
+        return [max(graded, key=lambda g: g.passed)]
+    if ours:
+        why = f"{Path(ours[0].path).name}: {ours[0].error}"
+    else:
+        why = f"no notebook of lab {lab:02d} (NN_topic.ipynb) was found in the submission" + (
+            f"; found: {', '.join(Path(g.path).name for g in grades)}" if grades else "")
+    empty = G.NotebookGrade(f"lab {lab:02d}", lab, "submission", error=why)
+    empty.checkoffs = [G.CheckoffResult(c.id, c.title, NOT_ATTEMPTED, why) for c in load_lab(lab)]
+    return [empty]
+
+
+def _lab(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 99:
+        raise argparse.ArgumentTypeError(f"wants a lab number 0-99, got {text!r}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = OneLineParser(prog="python -m labsupport autograder",
+                      description="Build the Gradescope autograder bundle (setup.sh, run_autograder, the package).")
+    p.add_argument("out", nargs="?", help="the .zip to write")
+    p.add_argument("--lab", type=_lab, help="grade only this lab's notebook (an assignment per lab)")
+    p.add_argument("--timeout", type=positive_int, default=300, help="seconds one cell or one checkoff may run")
+    p.add_argument("--no-traces", action="store_true", help="leave the real traces out (the labs fall back to synthetic)")
+    p.add_argument("--torch", metavar="REQUIREMENT", help="the torch requirement setup.sh installs (default: this torch)")
+    p.add_argument("--run", metavar="ROOT", help=argparse.SUPPRESS)
+    try:
+        args = p.parse_args(argv)
+    except UsageError as exc:
+        print(f"autograder: {exc}", file=sys.stderr)
+        return 2
+    if args.run:
+        if args.out:
+            print("autograder: --run takes no output file", file=sys.stderr)
+            return 2
+        run(Path(args.run), args.lab, args.timeout)
+        return 0
+    if not args.out:
+        print("autograder: give the .zip to write, e.g. python -m labsupport autograder autograder.zip", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    if out.suffix != ".zip":
+        print(f"autograder: {args.out}: the bundle is a .zip file", file=sys.stderr)
+        return 2
+    if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+        print(f"autograder: {args.out}: cannot write a file there", file=sys.stderr)
+        return 2
+    if args.lab is not None:
+        from labsupport.course.checkoff import load_lab
+
+        if not load_lab(args.lab):
+            print(f"autograder: --lab {args.lab:02d}: that lab has no checkoffs", file=sys.stderr)
+            return 2
+    names = build_bundle(out, args.lab, args.timeout, traces=not args.no_traces, torch_req=args.torch)
+    print(f"autograder: wrote {out} ({len(names)} files; upload it as the assignment's autograder)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Random configurations the labs never show, for the function checkoffs' hidden cases.
+
+`grade` seeds these from a secret drawn per run (and per notebook and checkoff), so a student
+function meets models, cards and sizes nobody has printed: typed-in constants and answers tuned to
+the lecture's presets cannot pass.  In a notebook the same generators run with a fixed public seed,
+so the feedback there already covers shapes beyond the lecture's.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+from labsupport.specs import GB, GPUSpec, ModelSpec
+
+_HEADS = (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
+_HEAD_DIMS = (16, 32, 48, 64, 80, 96, 128, 160, 192, 256)
+_MEMORIES_GB = (8, 12, 16, 24, 32, 40, 48, 64, 80, 94, 96, 128, 141, 180, 192, 288)
+
+
+def random_model(rng: random.Random, *, max_params: float = 4e11) -> ModelSpec:
+    """A transformer shape no preset has: any head count, GQA group, head dim, size and dtype."""
+    heads = rng.choice(_HEADS)
+    kv_heads = rng.choice([d for d in range(1, heads + 1) if heads % d == 0])
+    params = float(round(10 ** rng.uniform(8.0, min(11.6, math.log10(max_params))), -4))
+    return ModelSpec(f"hidden-model-{rng.randrange(10**6):06d}", num_layers=rng.randint(1, 96), num_heads=heads,
+                     num_kv_heads=kv_heads, head_dim=rng.choice(_HEAD_DIMS), num_params=params,
+                     dtype_bytes=rng.choice((1, 2, 2, 4)))
+
+
+def random_gpu(rng: random.Random) -> GPUSpec:
+    """An accelerator with memory, bandwidth, peak and link drawn over a wide range."""
+    return GPUSpec(f"hidden-gpu-{rng.randrange(10**6):06d}",
+                   hbm_bytes=rng.choice(_MEMORIES_GB) * GB + rng.randrange(0, 10**6) * 1000,
+                   hbm_bandwidth=float(round(10 ** rng.uniform(11.0, 13.0), -6)),
+                   peak_flops=float(round(10 ** rng.uniform(13.0, 15.5), -9)),
+                   link_bandwidth=rng.choice((8, 16, 25, 32, 50, 64, 128)) * GB)
+
+
+def random_pair(rng: random.Random, *, fits: bool | None = None, max_params: float = 4e11) -> tuple[ModelSpec, GPUSpec]:
+    """A model and a card; `fits=True` keeps the weights (plus a 4 GB reserve) inside the card's memory."""
+    for _ in range(200):
+        model, gpu = random_model(rng, max_params=max_params), random_gpu(rng)
+        room = gpu.hbm_bytes - model.weight_bytes - 4 * GB
+        if fits is None or (room > 0) == fits:
+            return model, gpu
+    return model, gpu
+
