@@ -42,7 +42,9 @@ import triton.language as tl
 from labsupport import kernels as K
 from labsupport import viz
 from labsupport.bench import kernel as kernel_bench
-from labsupport.course.checkoff import check, raise_if_unfinished, unlocked
+from IPython.display import Markdown, display
+
+from labsupport.course.checkoff import check, raise_if_unfinished, revealed, unlocked
 from labsupport.kvcache import PagedKVCache
 from labsupport.viz import kernel as viz_kernel
 
@@ -592,15 +594,17 @@ kernel_fixes = {"short contiguous runs", "table lookups"}
 ### END SOLUTION
 check("4.5", kernel_fixes)
 
+# %%
+if revealed("4.5"):
+    display(Markdown("""The survivors are worth saying out loud. **Tail waste** is a property of the allocator — memory
+reserved in a sequence's last block that no kernel ever reads, so no kernel can give it back; it
+is why the lecture's table still prefers 16 to 256. **Fork copies** grow with the block too: a
+divergent token after a fork of a 256-token block copies 256 tokens' K and V. Once the kernel is
+good enough, the block size is chosen for memory and sharing alone — which is why engines built
+on FlashInfer can afford tiny pages (SGLang's radix cache, for one, has defaulted to one token
+per page), and why the lecture says FlashInfer "exists"."""))
+
 # %% [markdown]
-# The survivors are worth saying out loud. **Tail waste** is a property of the allocator — memory
-# reserved in a sequence's last block that no kernel ever reads, so no kernel can give it back; it
-# is why the lecture's table still prefers 16 to 256. **Fork copies** grow with the block too: a
-# divergent token after a fork of a 256-token block copies 256 tokens' K and V. Once the kernel is
-# good enough, the block size is chosen for memory and sharing alone — which is why engines built
-# on FlashInfer can afford tiny pages (SGLang's radix cache, for one, has defaulted to one token
-# per page), and why the lecture says FlashInfer "exists".
-#
 # Exercise 3 of the lecture asked for the two measurements you would need before choosing a block
 # size. This lab built the first: *achieved attention bandwidth as a function of contiguous run
 # length on your kernel*. The second — your fork rate — belongs to §10.4's copy-on-write.

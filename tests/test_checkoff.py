@@ -186,6 +186,8 @@ def test_passed_and_unlocked_follow_this_kernels_results(capsys):
     assert C.passed("0.1") and C.unlocked("0.1") and capsys.readouterr().out == ""
     assert not C.unlocked("0.1", "0.2")
     assert capsys.readouterr().out == "⬜ This cell runs your answer to 0.2: run it again once checkoff 0.2 passes.\n"
+    assert not C.revealed("0.2")
+    assert capsys.readouterr().out == "⬜ This cell shows the answer to 0.2: run it again once checkoff 0.2 passes.\n"
     _fail("0.1", 1)
     assert not C.passed("0.1")
 
@@ -212,33 +214,60 @@ def test_lab01_hand_numbers():
 
 
 def test_ridge_checkoff(capsys):
-    check("1.1", _ridge)
-    check("1.1", lambda m, g: math.floor(_ridge(m, g)))  # a whole batch is fine either way
+    check("1.2", _ridge)
+    check("1.2", lambda m, g: math.floor(_ridge(m, g)))  # a whole batch is fine either way
     assert capsys.readouterr().out.count("passed") == 2
-    text = str(_fail("1.1", lambda m, g: 295.2))  # typed-in constants fail on the other cards
+    text = str(_fail("1.2", lambda m, g: 295.2))  # typed-in constants fail on the other cards
     assert "ridge_batch(" in text
-    text = str(_fail("1.1", lambda m, g: g.peak_flops / g.hbm_bandwidth))  # ignores bytes per weight
+    text = str(_fail("1.2", lambda m, g: g.peak_flops / g.hbm_bandwidth))  # ignores bytes per weight
     assert "fp32" in text or "fp8" in text
 
 
 def test_memory_checkoff(capsys):
-    check("1.2", _memory)
-    assert capsys.readouterr().out == "✅ Checkoff 1.2 passed\n"
-    assert "whole slots" in str(_fail("1.2", lambda m, g, s: _memory(m, g, s) + 0.5))
+    check("1.3", _memory)
+    assert capsys.readouterr().out == "✅ Checkoff 1.3 passed\n"
+    assert "whole slots" in str(_fail("1.3", lambda m, g, s: _memory(m, g, s) + 0.5))
     negative = lambda m, g, s: (g.hbm_bytes - m.weight_bytes - 4e9) // (s * m.kv_bytes_per_token)  # noqa: E731
-    assert "negative" in str(_fail("1.2", negative))
+    assert "negative" in str(_fail("1.3", negative))
     gib = lambda m, g, s: max(0, int((g.hbm_bytes - m.weight_bytes - 4 * 2**30) // (s * m.kv_bytes_per_token)))  # noqa: E731
-    _fail("1.2", gib)
+    _fail("1.3", gib)
+
+
+# §10.1, by hand: admit and allocate are memory, run is arithmetic, batch hands out places in the next
+# forward pass, stream is the latency the user sees.
+LECTURE_RESOURCES = {"admit": "memory", "allocate": "memory", "batch": "batch slots", "run": "arithmetic",
+                     "stream": "latency"}
+
+
+def test_resource_map_checkoff(capsys):
+    check("1.1", LECTURE_RESOURCES)
+    check("1.1", {" Admit": "MEMORY", "allocate": "memory ", "batch": "Batch slots", "run": "arithmetic",
+                  "stream": "latency"})  # case and spaces do not matter
+    assert capsys.readouterr().out.count("passed") == 2
+    text = _fail("1.1", dict(LECTURE_RESOURCES, batch="memory"))  # the classic slip: batching "is" memory
+    assert "1 of the five is not right (batch)" in text and "place in the next forward pass" in text
+    assert "memory" not in text.split("Hint:")[0].split("(batch)")[0]  # the problem names no right answer
+    assert "missing: stream" in _fail("1.1", {k: v for k, v in LECTURE_RESOURCES.items() if k != "stream"})
+    assert "not one of the five jobs" in _fail("1.1", dict(LECTURE_RESOURCES, schedule="memory"))
+    assert "is not one of: memory" in _fail("1.1", dict(LECTURE_RESOURCES, run="compute"))
+    assert "a dict from each" in _fail("1.1", {"admit", "allocate"})
+    assert "2 of the five are not right (run, stream)" in _fail(
+        "1.1", dict(LECTURE_RESOURCES, run="latency", stream="arithmetic"))
 
 
 def test_choice_checkoffs(capsys):
-    check("1.3", {"Admit", " allocate"})
-    check("1.3", ["allocate", "admit"])
-    check("1.4", "ADMIT ")
-    assert capsys.readouterr().out.count("passed") == 3
-    text = str(_fail("1.3", {"admit", "run"}))
-    assert "1 of your choices does not belong" in text and "1 is missing" in text and "compute" in text
-    assert "set of options" in str(_fail("1.3", "admit"))
+    C.choice("98.4", "two of three", answer={"admit", "allocate"}, options=("admit", "allocate", "run"), hint="h",
+             mistakes={"run": "Running the kernels contends for compute."})
+    try:
+        check("98.4", {"Admit", " allocate"})
+        check("98.4", ["allocate", "admit"])
+        check("1.4", "ADMIT ")
+        assert capsys.readouterr().out.count("passed") == 3
+        text = str(_fail("98.4", {"admit", "run"}))
+        assert "1 of your choices does not belong" in text and "1 is missing" in text and "compute" in text
+        assert "set of options" in str(_fail("98.4", "admit"))
+    finally:
+        C.REGISTRY.pop("98.4", None)
     assert "re-chosen" in str(_fail("1.4", "batch"))
     assert "not one of" in str(_fail("1.4", "schedule"))
 
@@ -345,6 +374,6 @@ def test_forbidden_names_must_be_dotted_and_always_include_the_course_tooling():
     with pytest.raises(ValueError, match="dotted"):
         C.function("98.5", "bad forbid", hint="h", forbid=("ridge_batch",))
     assert "98.5" not in C.REGISTRY
-    ridge = C.get("1.1")
+    ridge = C.get("1.2")
     assert "labsupport.ledger.ridge_batch" in ridge.forbidden
     assert {"labsupport.course", "labsupport.ledger.exercise1"} <= set(ridge.forbidden)

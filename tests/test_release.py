@@ -142,14 +142,15 @@ import labsupport, math
 from labsupport.course.checkoff import check
 assert labsupport.__file__.startswith(%r), labsupport.__file__
 check("0.1", 512 * 1024)
-check("1.1", lambda m, g: math.floor(g.peak_flops / g.hbm_bandwidth * m.dtype_bytes / 2))
-check("1.3", {"allocate", "admit"})
+check("1.2", lambda m, g: math.floor(g.peak_flops / g.hbm_bandwidth * m.dtype_bytes / 2))
+check("1.1", {"admit": "memory", "allocate": "memory", "batch": "batch slots", "run": "arithmetic",
+              "stream": "latency"})
 for answer in (lambda l, h, d, b: l * h * d * b, lambda l, h, d, b: 524288):
     check("0.2", answer)
 """ % str(release))
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
-    assert lines[:3] == ["✅ Checkoff 0.1 passed", "✅ Checkoff 1.1 passed", "✅ Checkoff 1.3 passed"]
+    assert lines[:3] == ["✅ Checkoff 0.1 passed", "✅ Checkoff 1.2 passed", "✅ Checkoff 1.1 passed"]
     assert len([line for line in lines if line.startswith("❌ Checkoff 0.2:")]) == 2
     assert "too low" in lines[3]
 

@@ -545,12 +545,22 @@ def passed(*checkoff_ids: str) -> bool:
 def unlocked(*checkoff_ids: str) -> bool:
     """`passed`, for a cell that runs the student's own code: until then it prints one ⬜ line saying
     what it waits for, and Run All goes on."""
+    return _waits_for(checkoff_ids, "runs your answer")
+
+
+def revealed(*checkoff_ids: str) -> bool:
+    """`passed`, for a cell that confirms an exercise's value with labsupport: the formula and the
+    number stay hidden (one ⬜ line instead) until the student has derived them."""
+    return _waits_for(checkoff_ids, "shows the answer")
+
+
+def _waits_for(checkoff_ids: tuple[str, ...], what: str) -> bool:
     if passed(*checkoff_ids):
         return True
     waiting = [i for i in checkoff_ids if not passed(i)]
-    names = ", ".join(waiting)
-    print(f"⬜ This cell runs your answer{'s' if len(waiting) > 1 else ''} to {names}: run it again once "
-          f"checkoff{'s' if len(waiting) > 1 else ''} {names} pass{'' if len(waiting) > 1 else 'es'}.")
+    names, many = ", ".join(waiting), len(waiting) > 1
+    print(f"⬜ This cell {what}{'s' if many else ''} to {names}: run it again once "
+          f"checkoff{'s' if many else ''} {names} pass{'' if many else 'es'}.")
     return False
 
 
