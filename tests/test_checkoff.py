@@ -377,3 +377,36 @@ def test_forbidden_names_must_be_dotted_and_always_include_the_course_tooling():
     ridge = C.get("1.2")
     assert "labsupport.ledger.ridge_batch" in ridge.forbidden
     assert {"labsupport.course", "labsupport.ledger.exercise1"} <= set(ridge.forbidden)
+
+
+# --- the two utilization conventions (§10.2, §10.3) and the brochure, by hand ----------------------------
+# 62.52e9 B of KV hold 29 slots of 4,096 x 524,288 B; over a life a sequence holds 512 ... 639 tokens
+# while its 128 steps run, (512 + 639) / 2 = 575.5 on average; at the end of life it holds 640.
+_HAND_BUDGET, _HAND_KV = 62_520_000_000, 524_288
+
+
+def test_naive_utilization_over_the_life_checkoff():
+    over_life = 29 * 575.5 * _HAND_KV / _HAND_BUDGET  # 0.139957, the timing plan's 14%
+    assert f"{over_life:.2%}" == "14.00%"
+    check("2.4", over_life)
+    check("2.4", 29 * 576.5 * _HAND_KV / _HAND_BUDGET)  # reading after each step's token: the same convention
+    assert "end of life" in _fail("2.4", 29 * 640 * _HAND_KV / _HAND_BUDGET)  # 15.56%, 2.3's reading
+    assert "one slot's mean occupancy" in _fail("2.4", 575.5 / 4096)  # 14.05%: the slot, not the budget
+
+
+def test_paged_utilization_over_the_life_checkoff():
+    # ceil(n / 16) * 16 slots for n = 512 ... 639: 16 lengths in each of 8 block counts 33 ... 40 (n = 512 is 32)
+    slots = 32 * 16 + sum(16 * 16 * k for k in range(33, 40)) + 15 * 16 * 40
+    tokens = 128 * 575.5
+    pool = 7452 * 16 * _HAND_KV / _HAND_BUDGET  # 62.52e9 // 8 MiB whole blocks
+    assert f"{tokens / slots * pool:.2%}" == "98.70%"
+    check("3.6", tokens / slots * pool)
+    check("3.6", tokens / slots)  # the blocks' own fill, 98.71%: the pool's 99.99% share left out is fine
+    assert "end of life" in _fail("3.6", 186 * 640 * _HAND_KV / _HAND_BUDGET)  # 99.83%
+
+
+def test_brochure_cost_is_exact():
+    # GQA-8: 131,072 B per token; 62.52e9 // (16 x 131,072) = 29,811 blocks // 40 = 745 sequences paged,
+    # against 62.52e9 // (131,072 x 131,072) = 3 reserve-to-max slots: 745 / 3 = 248.33
+    check("2.8", 745 / 3)
+    assert "744 is the lecture's rounded paged count" in _fail("2.8", 248.0)
