@@ -198,15 +198,20 @@ viz_memory.slot_stack_figure(alloc, BUDGET).show()
 
 # %%
 ### BEGIN SOLUTION 2.4: set util_over_life to the mean utilization over the 128 decode steps, measured on a real allocator
+def mean_utilization_over(alloc, steps):
+    """Run `steps` decode steps on a full allocator; the mean of what each step reads."""
+    readings = []
+    for _ in range(steps):
+        readings.append(utilization(alloc, BUDGET))  # what this step reads, before its token lands
+        for seq in list(alloc.slots):
+            alloc.append(seq)
+    return sum(readings) / len(readings)
+
+
 life = ReserveToMaxAllocator.from_budget(BUDGET, KV, s_max=S_MAX)
 while life.fits(S_MAX):
     life.allocate(life.num_seqs, num_tokens=PROMPT)
-readings = []
-for step in range(OUTPUT):
-    readings.append(utilization(life, BUDGET))  # what this step reads, before its token lands
-    for seq in list(life.slots):
-        life.append(seq)
-util_over_life = sum(readings) / len(readings)
+util_over_life = mean_utilization_over(life, OUTPUT)
 ### END SOLUTION
 check("2.4", util_over_life)
 

@@ -253,14 +253,19 @@ if revealed("3.5"):
 
 # %%
 ### BEGIN SOLUTION 3.6: set paged_over_life to the pool's utilization averaged over a sequence's life, measured on a BlockAllocator
+def mean_fill_over(alloc, seq, steps):
+    """How full `seq`'s blocks are while each of its next `steps` decode steps runs, averaged."""
+    fills = []
+    for _ in range(steps):
+        st = alloc.stats()
+        fills.append(st.occupied_tokens / st.reserved_tokens)
+        alloc.append_slot(seq)
+    return sum(fills) / len(fills)
+
+
 life = BlockAllocator(64, 16)
 life.allocate("s", 512)
-fills = []
-for step in range(128):  # the KV the sequence holds while each of its 128 steps runs
-    st_life = life.stats()
-    fills.append(st_life.occupied_tokens / st_life.reserved_tokens)
-    life.append_slot("s")
-over_life = sum(fills) / len(fills)
+over_life = mean_fill_over(life, "s", 128)  # the sequence holds 512 ... 639 tokens while its steps run
 pool_share = pool.num_blocks * 16 * KV / BUDGET  # the budget's share the pool's whole blocks cover
 paged_over_life = over_life * pool_share
 ### END SOLUTION
