@@ -1,6 +1,9 @@
 # Two commands set everything up on a fresh machine:
-#   make lab   - create .venv if missing, install, and open JupyterLab on notebooks/
-#   make test  - the same install, then the whole test suite (unit tests + notebook checkoffs)
+#   make lab   - create .venv if missing, install, and open JupyterLab at the repository root, in notebooks/
+#                (instructors reach solutions/ and the board from the same file browser)
+#   make test  - the same install, then the whole test suite (unit tests, notebooks, a real browser)
+# and one for instructors:
+#   make board - JupyterLab on the board (notebooks/99_board.ipynb); its executed copy is solutions/99_board.ipynb
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +13,10 @@ PYTEST_ARGS ?=
 # JupyterLab refuses to start as root unless told; containers and Colab-like boxes run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test install clean-venv
+# The browser test drives Debian's Chromium; as root with apt-get, `make test` installs it when missing.
+CHROMIUM := $(firstword $(LABSUPPORT_CHROMIUM) $(shell command -v chromium chromium-browser google-chrome 2>/dev/null))
+
+.PHONY: lab board test install chromium clean-venv
 
 install: $(STAMP)
 
@@ -26,9 +32,19 @@ $(STAMP): $(PY) pyproject.toml
 	touch $(STAMP)
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --notebook-dir=notebooks $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --notebook-dir=. --ServerApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
 
-test: $(STAMP)
+board: $(STAMP)
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --notebook-dir=. --ServerApp.default_url=/lab/tree/notebooks/99_board.ipynb $(LAB_ARGS)
+
+chromium:
+ifeq ($(CHROMIUM),)
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y -q chromium >/dev/null || echo "make: could not install chromium; the browser test will skip"; \
+	else echo "make: no Chromium found (apt-get install chromium, or set LABSUPPORT_CHROMIUM); the browser test will skip"; fi
+endif
+
+test: $(STAMP) chromium
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 clean-venv:

@@ -67,9 +67,12 @@ else:
 #
 # 1. **Cells you just run.** They compute the lecture's numbers with `labsupport`, draw charts, and
 #    show sliders. Change their inputs freely.
-# 2. **Exercises.** A cell containing a comment `# TODO N.M: …` followed by
-#    `raise NotImplementedError(…)`. Replace those two lines with your code. Until you do, the cell
-#    stops with that `NotImplementedError`, which is expected and harmless: the notebook keeps going.
+# 2. **Exercises.** A comment `# TODO N.M: …` marks the code you write. Where the answer is a value,
+#    the line below it reads `name = ...` (Python's `...`, a placeholder); inside a function it is
+#    `raise NotImplementedError(…)`. Replace the placeholder with your code. Until you do, nothing
+#    breaks: *Run → Run All Cells* runs the whole lab, charts and sliders included, and each
+#    unfinished exercise's checkoff says so in one line. A cell that runs *your* function waits, in
+#    one line, until its checkoff has passed.
 # 3. **Checkoffs.** `check("N.M", answer)` grades your answer — a number, a choice, or your function
 #    itself. A function checkoff calls your code on inputs you have not seen (other GPUs, other models)
 #    and compares with `labsupport`'s real mechanisms. When it passes you see exactly one line:
@@ -78,13 +81,16 @@ else:
 #    ✅ Checkoff N.M passed
 #    ```
 #
-#    When it does not, you get a `CheckoffError` that says what was wrong and gives a hint, never the
-#    answer. For example, answering 512,000 to the first checkoff below says
+#    Until you have written it, the line is `⬜ Checkoff N.M not attempted — <the exercise>`. A wrong
+#    answer gets one line that says what was wrong and gives a hint, never the answer — and, if your
+#    own code raised an error, the lines of *your* code it came from. For example, answering 512,000
+#    to the first checkoff below says
 #
 #    ```
-#    CheckoffError: [0.1] you gave 512,000 B, which is not exactly right; it is too low. 512,000 is 512 decimal kB; …
-#    Hint: KiB is the binary kilobyte, …
+#    ❌ Checkoff 0.1: you gave 512,000 B, which is not exactly right; it is too low. 512,000 is 512 decimal kB; … Hint: KiB is the binary kilobyte, …
 #    ```
+#
+#    The last cell of every lab is a scoreboard of this kernel's checkoffs.
 #
 # **Grading yourself.** From a terminal in the repository:
 #
@@ -184,14 +190,14 @@ roofline.kv_heads_panel()
 # 1. Your laptop has no GPU. Will the labs' figure for the naive allocator's concurrency on an H100 be
 #    different from your neighbour's, who has one?
 # 2. Which is larger, 80 GB or 80 GiB, and by how many bytes?
-# 3. A cell stops with `NotImplementedError: TODO 1.2: …`. Did something break?
+# 3. A checkoff prints `⬜ Checkoff 1.2 not attempted — …`. Did something break?
 #
 # <details><summary>Answers</summary>
 #
 # 1. No. It is arithmetic on the lecture's H100 and model (`labsupport.ledger`), identical everywhere.
 #    Only measured timings depend on your machine.
 # 2. 80 GiB = 85,899,345,920 B, larger than 80 GB = 80,000,000,000 B by 5,899,345,920 B (7.4%).
-# 3. No: that is exercise 1.2 waiting for you. Replace the two marked lines with your code.
+# 3. No: that is exercise 1.2 waiting for you. Replace the placeholder under its comment with your code.
 #
 # </details>
 #

@@ -18,7 +18,9 @@
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
 from labsupport import ledger, viz
-from labsupport.course.checkoff import check
+from IPython.display import Markdown, display
+
+from labsupport.course.checkoff import check, revealed
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LECTURE_RESERVED_BYTES
 from labsupport.units import fmt_bytes, fmt_gb
 from labsupport.viz import roofline
@@ -47,30 +49,37 @@ print(f"GPU:   {H100.name}, {fmt_gb(H100.hbm_bytes, 0)} HBM at {H100.hbm_bandwid
 # Read §10.1 again with one question per row: *what does this job hand out, and what runs out first
 # if it hands out too much?*
 #
-# ### Exercise 1.3 — which two jobs are about memory?
+# ### Exercise 1.1 — the resource each job contends for
 #
-# The lecture says two of the five are about memory and only one is about arithmetic. Name the two
-# memory jobs, as a set of the verbs above in lower case.
+# Objective 1, in code: set `job_resources` to a dict from each of the five verbs (lower case) to the
+# one resource that job hands out, chosen from `"memory"` (KV space), `"arithmetic"` (FLOPs and
+# bandwidth), `"batch slots"` (places in the next forward pass) and `"latency"` (the per-step time a
+# user sees). §10.1 gives each job a paragraph; the resource is in it, sometimes by name.
 
 # %%
-### BEGIN SOLUTION 1.3: set memory_jobs to the set of the two jobs that contend for memory, e.g. {"run", "stream"}
-memory_jobs = {"admit", "allocate"}
+### BEGIN SOLUTION 1.1: set job_resources to {"admit": ..., "allocate": ..., "batch": ..., "run": ..., "stream": ...}, each value one of the four resources
+job_resources = {"admit": "memory", "allocate": "memory", "batch": "batch slots", "run": "arithmetic",
+                 "stream": "latency"}
 ### END SOLUTION
-check("1.3", memory_jobs)
+check("1.1", job_resources)
 
 # %% [markdown]
-# The whole table, as the lecture boards it:
-#
-# | job | resource it contends for |
-# |---|---|
-# | Admit | **memory** — admitting a request promises it KV space for as long as it lives |
-# | Allocate | **memory** — finding KV space for the prefill and for the growth |
-# | Batch | the next forward pass: *as many as possible* (§2.14), *memory will not allow it* (§2.15) |
-# | Run | **arithmetic** (and HBM bandwidth) — the kernels themselves |
-# | Stream | user-visible latency — each step's duration is what the user feels |
-#
-# *"It is a memory-management problem wearing a scheduler's clothes."* The rest of this lab
-# computes the two numbers that make that sentence true.
+# Once your map passes, the next cell boards the whole table as the lecture does (it stays hidden
+# until then, so that it is your answer first).
+
+# %%
+if revealed("1.1"):
+    display(Markdown("""
+| job | resource it contends for |
+|---|---|
+| Admit | **memory** — admitting a request promises it KV space for as long as it lives |
+| Allocate | **memory** — finding KV space for the prefill and for the growth |
+| Batch | places in the next forward pass: *as many as possible* (§2.14), *memory will not allow it* (§2.15) |
+| Run | **arithmetic** (and HBM bandwidth) — the kernels themselves |
+| Stream | user-visible latency — each step's duration is what the user feels |
+
+Memory twice, arithmetic once. *"It is a memory-management problem wearing a scheduler's clothes."*
+The rest of this lab computes the two numbers that make that sentence true."""))
 
 # %% [markdown]
 # ## 2. What the arithmetic wants: the ridge-point batch, 295
@@ -90,7 +99,7 @@ check("1.3", memory_jobs)
 # (This counts weight bytes only, as Lecture 2 did. Section 2b puts back the KV reads each sequence
 # adds.)
 #
-# ### Exercise 1.1 — the ridge-point batch
+# ### Exercise 1.2 — the ridge-point batch
 #
 # Write `ridge_batch(model, gpu)` from the fields `gpu.peak_flops` (FLOP/s), `gpu.hbm_bandwidth`
 # (bytes/s) and `model.dtype_bytes`. The checkoff runs it on 16 model/GPU pairs, including fp32 and
@@ -99,19 +108,21 @@ check("1.3", memory_jobs)
 # %%
 def ridge_batch(model, gpu):
     """The decode batch at which a step's FLOP per byte reaches the GPU's ridge point."""
-    ### BEGIN SOLUTION 1.1: return the ridge-point batch from gpu.peak_flops, gpu.hbm_bandwidth and model.dtype_bytes
+    ### BEGIN SOLUTION 1.2: return the batch at which a decode step's FLOP per byte equals the GPU's ridge point
     return gpu.peak_flops / gpu.hbm_bandwidth * model.dtype_bytes / 2
     ### END SOLUTION
 
 
-check("1.1", ridge_batch)
+check("1.2", ridge_batch)
 
 # %% [markdown]
-# The ledger (`labsupport.ledger`, which every later lab uses) computes the same quantity:
+# The ledger (`labsupport.ledger`, which every later lab uses) computes the same quantity; the next
+# cell shows its arithmetic once your function passes:
 
 # %%
 ridge = ledger.ridge_batch(LECTURE_7B, H100)
-print(f"B* = {H100.peak_flops / 1e12:,.0f} TFLOP/s ÷ {H100.hbm_bandwidth / GB:,.0f} GB/s × 2 B ÷ 2 = {ridge:.1f}")
+if revealed("1.2"):
+    print(f"B* = {H100.peak_flops / 1e12:,.0f} TFLOP/s ÷ {H100.hbm_bandwidth / GB:,.0f} GB/s × 2 B ÷ 2 = {ridge:.1f}")
 
 # %% [markdown]
 # On a log–log plot of attainable FLOP/s against the batch, the ridge point is the corner of the
@@ -168,7 +179,7 @@ roofline.intensity_figure(LECTURE_7B, H100).show()
 # that number. Watch the units: the budget is decimal GB (the card's marketed 80 GB), the per-token KV
 # is binary KiB.
 #
-# ### Exercise 1.2 — the memory-limited batch
+# ### Exercise 1.3 — the memory-limited batch
 #
 # Write `memory_batch(model, gpu, s_max)`: how many reserve-to-max slots fit in the KV budget.
 # You need `gpu.hbm_bytes`, `model.num_params`, `model.dtype_bytes`, and the KV bytes per token from
@@ -178,28 +189,29 @@ roofline.intensity_figure(LECTURE_7B, H100).show()
 # %%
 def memory_batch(model, gpu, s_max, reserved_bytes=LECTURE_RESERVED_BYTES):
     """How many S_max-token reserve-to-max KV slots fit beside the weights and the reserve."""
-    ### BEGIN SOLUTION 1.2: return the number of whole S_max slots that fit in the KV budget (0 if none)
+    ### BEGIN SOLUTION 1.3: return how many sequences a reserve-to-max cache holds beside the weights and the reserve (0 if none)
     budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - reserved_bytes
     slot = s_max * model.kv_bytes_per_token
     return max(0, int(budget // slot))
     ### END SOLUTION
 
 
-check("1.2", memory_batch)
+check("1.3", memory_batch)
 
 # %% [markdown]
-# And from the ledger, with every byte written out:
+# And from the ledger, with every byte written out once your function passes:
 
 # %%
 kv = ledger.kv_bytes_per_token(LECTURE_7B)
 budget = ledger.kv_budget_bytes(LECTURE_7B, H100)
 slot = ledger.naive_slot_bytes(4096, kv)
 memory = ledger.naive_concurrency(budget, 4096, kv)
-print(f"weights    {fmt_bytes(LECTURE_7B.weight_bytes)}")
-print(f"KV budget  {fmt_bytes(budget)}")
-print(f"slot       {fmt_bytes(slot)}  (4,096 tokens × {kv:,} B)")
-print(f"B_mem      {budget / slot:.2f} slots → {memory}")
-print(f"the gap    {ridge:.1f} / {memory} = {ridge / memory:.1f}×")
+if revealed("1.3"):
+    print(f"weights    {fmt_bytes(LECTURE_7B.weight_bytes)}")
+    print(f"KV budget  {fmt_bytes(budget)}")
+    print(f"slot       {fmt_bytes(slot)}  (4,096 tokens × {kv:,} B)")
+    print(f"B_mem      {budget / slot:.2f} slots → {memory}")
+    print(f"the gap    {ridge:.1f} / {memory} = {ridge / memory:.1f}×")
 
 # %% [markdown]
 # ## 4. The collision, on any card
@@ -243,11 +255,13 @@ unrecoverable = "admit"
 ### END SOLUTION
 check("1.4", unrecoverable)
 
-# %% [markdown]
-# **Admit** — because the promise has already been made. A bad batch costs one step (it is re-chosen
-# every iteration), a bad allocation can be freed, a slow kernel costs latency once. An admitted
-# request that turns out to be long has been promised KV space the card may not have, and the engine's
-# only moves then are to refuse others, preempt someone, or crash. That is §10.5, forty minutes early.
+# %%
+if revealed("1.4"):
+    display(Markdown("""**Admit** — because the promise has already been made. A bad batch costs one step (it
+is re-chosen every iteration), a bad allocation can be freed, a slow kernel costs latency once. An
+admitted request that turns out to be long has been promised KV space the card may not have, and the
+engine's only moves then are to refuse others, preempt someone, or crash. That is §10.5, forty minutes
+early."""))
 
 # %% [markdown]
 # ## 6. Two walls, one of them made of software

@@ -27,7 +27,9 @@ import torch
 
 from labsupport import ledger, viz, workloads
 from labsupport.block_allocator import BlockAllocator
-from labsupport.course.checkoff import check
+from IPython.display import Markdown, display
+
+from labsupport.course.checkoff import check, revealed
 from labsupport.kvcache import ContiguousKVCache, PagedKVCache
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import LECTURE_7B, LECTURE_GPU
@@ -220,59 +222,76 @@ check("3.5", paged_seqs)
 
 # %% [markdown]
 # The real allocator, on the lecture's pool of 16-token blocks, admits 640-token sequences until it
-# refuses one:
+# refuses one (its count is shown once 3.5 passes):
 
 # %%
 pool = BlockAllocator(ledger.num_blocks(BUDGET, 16, KV), 16, kv_bytes_per_token=KV)
 while pool.can_allocate(pool.blocks_needed(640)):
     pool.allocate(len(pool.block_tables), 640)
 st = pool.stats()
-print(f"{pool.num_blocks:,} blocks of {16 * KV:,} B; {len(pool.block_tables)} sequences; "
-      f"{pool.num_free_blocks} blocks left")
-print(f"utilization {fmt_pct(st.occupied_bytes / BUDGET)} of the budget (naive: "
-      f"{fmt_pct(ledger.naive_utilization(BUDGET, 4096, 640, KV))}); concurrency "
-      f"{ledger.naive_concurrency(BUDGET, 4096, KV)} -> {len(pool.block_tables)}")
-viz.errata_note("Paged concurrency")
+if revealed("3.5"):
+    print(f"{pool.num_blocks:,} blocks of {16 * KV:,} B; {len(pool.block_tables)} sequences; "
+          f"{pool.num_free_blocks} blocks left")
+    print(f"utilization {fmt_pct(st.occupied_bytes / BUDGET)} of the budget (naive: "
+          f"{fmt_pct(ledger.naive_utilization(BUDGET, 4096, 640, KV))}); concurrency "
+          f"{ledger.naive_concurrency(BUDGET, 4096, KV)} -> {len(pool.block_tables)}")
+    viz.errata_note("Paged concurrency")
 
 # %% [markdown]
-# That 99.83% is read at the **end** of every sequence's life: 640 tokens fill 40 blocks exactly, so
-# no tail is wasted. The lecture's **98.7%** is the same pool read **over** the life. A sequence is
-# prefilled with 512 tokens and then holds one more after each decode step, 512 … 639 while its 128
-# steps run, and for most of those steps its last block is partly empty. Step one sequence through
-# its life on the real allocator and average what its blocks hold:
+# That 99.83% (the count's utilization, printed once 3.5 passes) is read at the **end** of every
+# sequence's life: 640 tokens fill 40 blocks exactly, so no tail is wasted. The lecture's **98.7%** is
+# the same pool read **over** the life, lab 02's second reading. A sequence is prefilled with 512
+# tokens and then holds one more after each decode step, 512 … 639 while its 128 steps run, and for
+# most of those steps its last block is partly empty.
+#
+# ### Exercise 3.6 — the paged pool, over the life
+#
+# Set `paged_over_life` to the paged pool's utilization averaged over a sequence's life, a fraction of
+# `BUDGET`. Measure it on a real `BlockAllocator`: step one sequence through its life, read how full
+# its blocks are while each step runs (`stats()` counts tokens held and slots reserved), and average.
+# Then remember what the pool itself is: whole blocks, which cover not quite all of `BUDGET`.
 
 # %%
+### BEGIN SOLUTION 3.6: set paged_over_life to the pool's utilization averaged over a sequence's life, measured on a BlockAllocator
+def mean_fill_over(alloc, seq, steps):
+    """How full `seq`'s blocks are while each of its next `steps` decode steps runs, averaged."""
+    fills = []
+    for _ in range(steps):
+        st = alloc.stats()
+        fills.append(st.occupied_tokens / st.reserved_tokens)
+        alloc.append_slot(seq)
+    return sum(fills) / len(fills)
+
+
 life = BlockAllocator(64, 16)
 life.allocate("s", 512)
-fills = []
-for step in range(128):  # the KV the sequence holds while each of its 128 steps runs
-    st_life = life.stats()
-    fills.append(st_life.occupied_tokens / st_life.reserved_tokens)
-    life.append_slot("s")
-over_life = sum(fills) / len(fills)
+over_life = mean_fill_over(life, "s", 128)  # the sequence holds 512 ... 639 tokens while its steps run
 pool_share = pool.num_blocks * 16 * KV / BUDGET  # the budget's share the pool's whole blocks cover
-print(f"one sequence's blocks, averaged over its 128 steps: {fmt_pct(over_life)} filled")
-print(f"× the {fmt_pct(pool_share, 3)} of the budget the pool's blocks cover = {fmt_pct(over_life * pool_share)} "
-      f"of the budget (ledger: {fmt_pct(ledger.paged_utilization_time_avg(BUDGET, 512, 128, 16, KV))})")
-print(f"end of life: {fmt_pct(ledger.paged_utilization(BUDGET, 640, 16, KV))}; the naive slot over its life: "
-      f"{fmt_pct(ledger.naive_utilization_time_avg(BUDGET, 4096, 512, 128, KV))} of the budget")
-
-# %% [markdown]
-# So the lecture holds two consistent readings, and its board pairs one of each:
-#
-# | reading | reserve-to-max | paged, b = 16 | printed |
-# |---|---|---|---|
-# | end of life (640 tokens held) | 15.56% used, 84% internal fragmentation | 99.83% | 15.2% / 84% |
-# | over the life (512 … 639 held) | 14.00% used, 86% empty | 98.70% | 14% / 86% / 98.7% |
-#
-# The board's "15.2% → 98.7%" takes the first figure from one row and the second from the other; like
-# for like the jump is 15.56% → 99.83%, or 14.0% → 98.7%. Neither reading is wrong, and each printed
-# figure has a reading that reproduces it (15.2% only with 512 KiB taken as 512,000 B, the lecture's
-# 0.328 GB slip). With real lengths, whatever their life stage, the tails come back — section 4 measures
-# them.
+paged_over_life = over_life * pool_share
+### END SOLUTION
+check("3.6", paged_over_life)
 
 # %%
-viz.errata_note("utilization over a sequence's life")
+if revealed("3.6"):
+    print(f"one sequence's blocks, averaged over its 128 steps: {fmt_pct(over_life)} filled")
+    print(f"× the {fmt_pct(pool_share, 3)} of the budget the pool's blocks cover = {fmt_pct(paged_over_life)} "
+          f"of the budget (ledger: {fmt_pct(ledger.paged_utilization_time_avg(BUDGET, 512, 128, 16, KV))})")
+    print(f"end of life: {fmt_pct(ledger.paged_utilization(BUDGET, 640, 16, KV))}; the naive slot over its life: "
+          f"{fmt_pct(ledger.naive_utilization_time_avg(BUDGET, 4096, 512, 128, KV))} of the budget")
+    display(Markdown("""So the lecture holds two consistent readings, and its board pairs one of each:
+
+| reading | reserve-to-max | paged, b = 16 | printed |
+|---|---|---|---|
+| end of life (640 tokens held) | 15.56% used, 84% internal fragmentation | 99.83% | 15.2% / 84% |
+| over the life (512 … 639 held) | 14.00% used, 86% empty | 98.70% | 14% / 86% / 98.7% |
+
+The board's "15.2% → 98.7%" takes the first figure from one row and the second from the other; like
+for like the jump is 15.56% → 99.83%, or 14.0% → 98.7%. Neither reading is wrong, and each printed
+figure has a reading that reproduces it (15.2% only with 512 KiB taken as 512,000 B, the lecture's
+0.328 GB slip). With real lengths, whatever their life stage, the tails come back — section 4 measures
+them."""))
+    viz.errata_note("utilization over a sequence's life")
+
 
 # %% [markdown]
 # **Say it twice: paging does not reduce KV bytes.** A token costs the same 512 KiB in a paged cache
@@ -430,26 +449,27 @@ print(f"block_table_tensor: shape {tuple(t.shape)}, dtype {t.dtype}, {t.element_
       f"(ratio {t.numel() * t.element_size() / (4096 * KV):.1e})")
 
 # %% [markdown]
-# ### Exercises 3.6 and 3.7 — the 2 KB
+# ### Exercises 3.7 and 3.8 — the 2 KB
 #
 # Set `table_bytes` to the bytes of a 4,096-token sequence's block table at $b = 16$ with int32
-# entries (3.6), and `entry_bytes_for_2kb` to the entry width, in bytes, that makes it the lecture's
-# 2 KB = 2,048 B (3.7).
+# entries (3.7), and `entry_bytes_for_2kb` to the entry width, in bytes, that makes it the lecture's
+# 2 KB = 2,048 B (3.8).
 
 # %%
-### BEGIN SOLUTION 3.6: set table_bytes to the int32 block table bytes of a 4,096-token sequence at b = 16
+### BEGIN SOLUTION 3.7: set table_bytes to the int32 block table bytes of a 4,096-token sequence at b = 16
 table_bytes = ledger.block_table_entries(4096, 16) * 4
 ### END SOLUTION
-check("3.6", table_bytes)
+check("3.7", table_bytes)
 
 # %%
-### BEGIN SOLUTION 3.7: set entry_bytes_for_2kb to the bytes per entry that give 2,048 B for 256 entries
+### BEGIN SOLUTION 3.8: set entry_bytes_for_2kb to the bytes per entry that give 2,048 B for 256 entries
 entry_bytes_for_2kb = 2048 // ledger.block_table_entries(4096, 16)
 ### END SOLUTION
-check("3.7", entry_bytes_for_2kb)
+check("3.8", entry_bytes_for_2kb)
 
 # %%
-viz.errata_note("Block-table overhead")
+if revealed("3.7", "3.8"):
+    viz.errata_note("Block-table overhead")
 
 # %% [markdown]
 # Either way the table is about a millionth of the KV it describes — small enough to send over a
@@ -461,18 +481,18 @@ viz.errata_note("Block-table overhead")
 # sequences over 20,000.* For $\ln L \sim \mathcal N(\mu, \sigma^2)$: the median is $e^{\mu}$, and
 # "5% over 20,000" puts 20,000 at the 95th percentile, $\mu + z_{0.95}\,\sigma$.
 #
-# ### Exercise 3.8 — sigma
+# ### Exercise 3.9 — sigma
 #
 # Set `sigma` from those two facts (`NormalDist().inv_cdf` gives $z$).
 
 # %%
-### BEGIN SOLUTION 3.8: set sigma of the lognormal with median 800 and P(L > 20,000) = 5%
+### BEGIN SOLUTION 3.9: set sigma of the lognormal with median 800 and P(L > 20,000) = 5%
 sigma = math.log(20_000 / 800) / NormalDist().inv_cdf(0.95)
 ### END SOLUTION
-check("3.8", sigma)
+check("3.9", sigma)
 
 # %% [markdown]
-# ### Exercise 3.9 — the table for this workload
+# ### Exercise 3.10 — the table for this workload
 #
 # Write `exercise3_row(block_size)` returning four numbers for the lecture's MHA model at $B = 199$:
 # the mean tail waste per sequence in bytes (use 3.4's exact mean, $(b-1)/2$ tokens), the waste of 199
@@ -482,13 +502,13 @@ check("3.8", sigma)
 # %%
 def exercise3_row(block_size):
     """(mean tail bytes, waste at B = 199 as a fraction of BUDGET, entries at 800, entries at 20,000)."""
-    ### BEGIN SOLUTION 3.9: return the four numbers of Exercise 3's row for this block size
+    ### BEGIN SOLUTION 3.10: return the four numbers of Exercise 3's row for this block size
     tail_bytes = (block_size - 1) / 2 * KV
     return (tail_bytes, 199 * tail_bytes / BUDGET, math.ceil(800 / block_size), math.ceil(20_000 / block_size))
     ### END SOLUTION
 
 
-check("3.9", exercise3_row)
+check("3.10", exercise3_row)
 
 # %% [markdown]
 # The ledger's version of the same table beside the lecture's sketch and beside the measurement on
@@ -522,22 +542,24 @@ viz.errata_note("Exercise 3 at b = 8")
 # 3.8 points of extra memory at $b = 64$ buy it back and then some; and if the workload forks,
 # large blocks make every fork copy a large block.
 #
-# ### Exercise 3.10 — what you would measure before choosing
+# ### Exercise 3.11 — what you would measure before choosing
 #
 # Set `measure_first` to the set of the two measurements that decide, from: `"kernel_bandwidth"`
 # (achieved attention bandwidth against contiguous run length), `"fork_rate"` (how often sequences
 # fork or branch), `"tail_waste"`, `"table_size"`, `"hbm_size"`.
 
 # %%
-### BEGIN SOLUTION 3.10: set measure_first to the set of the two deciding measurements
+### BEGIN SOLUTION 3.11: set measure_first to the set of the two deciding measurements
 measure_first = {"kernel_bandwidth", "fork_rate"}
 ### END SOLUTION
-check("3.10", measure_first)
+check("3.11", measure_first)
+
+# %%
+if revealed("3.11"):
+    display(Markdown("""Lab 04 takes the first of those measurements: it writes the kernel that reads through the block
+table and measures its bandwidth against the block size."""))
 
 # %% [markdown]
-# Lab 04 takes the first of those measurements: it writes the kernel that reads through the block
-# table and measures its bandwidth against the block size.
-#
 # ## Self-check
 #
 # 1. Does paging reduce the KV bytes a token costs? What *does* it reduce?

@@ -42,8 +42,9 @@ import triton.language as tl
 from labsupport import kernels as K
 from labsupport import viz
 from labsupport.bench import kernel as kernel_bench
-from labsupport.course.checkoff import check
-from labsupport.course.checkoff import raise_if_unfinished
+from IPython.display import Markdown, display
+
+from labsupport.course.checkoff import check, raise_if_unfinished, revealed, unlocked
 from labsupport.kvcache import PagedKVCache
 from labsupport.viz import kernel as viz_kernel
 
@@ -296,13 +297,14 @@ check("4.1", kv_offsets)
 # and compare with the cache's own `gather`:
 
 # %%
-flat = pool.reshape(-1)
-positions = torch.stack([torch.arange(int(lens.min())) for _ in range(2)])  # the tokens both sequences have
-offsets = kv_offsets(table.cpu(), positions, BLOCK, stride_block, stride_slot).to(DEVICE)
-rows = flat[offsets[..., None] + torch.arange(stride_slot, device=DEVICE)]  # [B, T, Hkv*D]
-for i, seq in enumerate(("A", "B")):
-    want = cache.gather(seq)[0][0, : positions.shape[1]].reshape(positions.shape[1], -1)
-    print(f"sequence {seq}: your offsets read the right keys: {torch.equal(rows[i], want)}")
+if unlocked("4.1"):
+    flat = pool.reshape(-1)
+    positions = torch.stack([torch.arange(int(lens.min())) for _ in range(2)])  # the tokens both sequences have
+    offsets = kv_offsets(table.cpu(), positions, BLOCK, stride_block, stride_slot).to(DEVICE)
+    rows = flat[offsets[..., None] + torch.arange(stride_slot, device=DEVICE)]  # [B, T, Hkv*D]
+    for i, seq in enumerate(("A", "B")):
+        want = cache.gather(seq)[0][0, : positions.shape[1]].reshape(positions.shape[1], -1)
+        print(f"sequence {seq}: your offsets read the right keys: {torch.equal(rows[i], want)}")
 
 # %% [markdown]
 # ### Exercise 4.2 — the same line, inside the Triton kernels
@@ -335,7 +337,7 @@ def my_kv_token_offset(table_row, token, valid, BLOCK_SIZE: tl.constexpr, stride
 # K/V into a random permutation of physical blocks — what a pool looks like after hours of churn),
 # against the torch reference. (Triton does not let an exception raised inside a kernel through as
 # itself, so `raise_if_unfinished` raises exercise 4.2's `NotImplementedError` before the launch
-# while the exercise is still open.)
+# while the exercise is still open; this cell then says so and runs nothing.)
 
 # %%
 def with_your_line(kernel, *args, **kwargs):
@@ -353,14 +355,17 @@ def random_pool(batch, seq_len, num_q_heads, num_kv_heads, head_dim, block_size,
     return q, k, k_cache, v_cache, tables
 
 
-for block_size in (1, 8, 16, 64):
-    q_r, k_r, k_pool, v_pool, tables = random_pool(2, 64, 4, 2, 32, block_size, seed=block_size)
-    lens_r = torch.tensor([64, 45], dtype=torch.int32, device=DEVICE)
-    gathered = with_your_line(K.paged_gather, k_pool, tables, lens_r)
-    attended = with_your_line(K.paged_decode_attention, q_r, k_pool, v_pool, tables, lens_r)
-    expected = K.paged_decode_attention_reference(q_r, k_pool, v_pool, tables, lens_r)
-    print(f"block {block_size:>3}: gather exact {torch.equal(gathered[0], k_r[0]) and torch.equal(gathered[1, :45], k_r[1, :45])}, "
-          f"attention matches the reference {torch.allclose(attended, expected, rtol=1e-5, atol=1e-5)}")
+try:
+    for block_size in (1, 8, 16, 64):
+        q_r, k_r, k_pool, v_pool, tables = random_pool(2, 64, 4, 2, 32, block_size, seed=block_size)
+        lens_r = torch.tensor([64, 45], dtype=torch.int32, device=DEVICE)
+        gathered = with_your_line(K.paged_gather, k_pool, tables, lens_r)
+        attended = with_your_line(K.paged_decode_attention, q_r, k_pool, v_pool, tables, lens_r)
+        expected = K.paged_decode_attention_reference(q_r, k_pool, v_pool, tables, lens_r)
+        print(f"block {block_size:>3}: gather exact {torch.equal(gathered[0], k_r[0]) and torch.equal(gathered[1, :45], k_r[1, :45])}, "
+              f"attention matches the reference {torch.allclose(attended, expected, rtol=1e-5, atol=1e-5)}")
+except NotImplementedError:
+    print("⬜ Exercise 4.2 is still open: write my_kv_token_offset above, then run this cell again.")
 
 # %% [markdown]
 # The checkoff repeats this on its own cases: every address for block sizes 1–256 (including block
@@ -402,9 +407,10 @@ check("4.3", attention_step_bytes)
 # sequences of 8,192 tokens — one step's attention moves:
 
 # %%
-headline = attention_step_bytes(64, 8192, 32, 8, 128, 2)
-print(f"{headline:,} B per layer = {headline / 1e9:.3f} GB; × 32 layers = {32 * headline / 1e9:.1f} GB "
-      "of attention traffic per decode step (the weights come on top)")
+if unlocked("4.3"):
+    headline = attention_step_bytes(64, 8192, 32, 8, 128, 2)
+    print(f"{headline:,} B per layer = {headline / 1e9:.3f} GB; × 32 layers = {32 * headline / 1e9:.1f} GB "
+          "of attention traffic per decode step (the weights come on top)")
 
 # %% [markdown]
 # The panel counts the same bytes for the whole model, stacks the naive path's extra traffic on top,
@@ -588,15 +594,17 @@ kernel_fixes = {"short contiguous runs", "table lookups"}
 ### END SOLUTION
 check("4.5", kernel_fixes)
 
+# %%
+if revealed("4.5"):
+    display(Markdown("""The survivors are worth saying out loud. **Tail waste** is a property of the allocator — memory
+reserved in a sequence's last block that no kernel ever reads, so no kernel can give it back; it
+is why the lecture's table still prefers 16 to 256. **Fork copies** grow with the block too: a
+divergent token after a fork of a 256-token block copies 256 tokens' K and V. Once the kernel is
+good enough, the block size is chosen for memory and sharing alone — which is why engines built
+on FlashInfer can afford tiny pages (SGLang's radix cache, for one, has defaulted to one token
+per page), and why the lecture says FlashInfer "exists"."""))
+
 # %% [markdown]
-# The survivors are worth saying out loud. **Tail waste** is a property of the allocator — memory
-# reserved in a sequence's last block that no kernel ever reads, so no kernel can give it back; it
-# is why the lecture's table still prefers 16 to 256. **Fork copies** grow with the block too: a
-# divergent token after a fork of a 256-token block copies 256 tokens' K and V. Once the kernel is
-# good enough, the block size is chosen for memory and sharing alone — which is why engines built
-# on FlashInfer can afford tiny pages (SGLang's radix cache, for one, has defaulted to one token
-# per page), and why the lecture says FlashInfer "exists".
-#
 # Exercise 3 of the lecture asked for the two measurements you would need before choosing a block
 # size. This lab built the first: *achieved attention bandwidth as a function of contiguous run
 # length on your kernel*. The second — your fork rate — belongs to §10.4's copy-on-write.

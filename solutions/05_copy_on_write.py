@@ -25,7 +25,7 @@ import labsupport  # first: on a CPU-only machine this routes Triton kernels thr
 import torch
 
 from labsupport import ledger, viz
-from labsupport.course.checkoff import check
+from labsupport.course.checkoff import check, unlocked
 from labsupport.engine import Engine
 from labsupport.kvcache import PagedKVCache
 from labsupport.model import load_tiny_model
@@ -138,14 +138,15 @@ check("5.1", cow_append)
 # Your function on the board's situation — eight holders of a 41-token prompt, branch 3 writes:
 
 # %%
-tables = {b: [0, 1, 2] for b in range(N_BRANCHES)}
-seq_lens = {b: len(prompt_ids) for b in range(N_BRANCHES)}
-ref_counts = [N_BRANCHES] * 3 + [0] * 29
-free_blocks = list(range(3, 32))
-print("append to branch 3 →", cow_append(writer, tables, seq_lens, ref_counts, free_blocks, BLOCK),
-      "| ref counts", ref_counts[:4])
-print("append to branch 3 again →", cow_append(writer, tables, seq_lens, ref_counts, free_blocks, BLOCK),
-      "(its block is private now: no copy)")
+if unlocked("5.1"):
+    tables = {b: [0, 1, 2] for b in range(N_BRANCHES)}
+    seq_lens = {b: len(prompt_ids) for b in range(N_BRANCHES)}
+    ref_counts = [N_BRANCHES] * 3 + [0] * 29
+    free_blocks = list(range(3, 32))
+    print("append to branch 3 →", cow_append(writer, tables, seq_lens, ref_counts, free_blocks, BLOCK),
+          "| ref counts", ref_counts[:4])
+    print("append to branch 3 again →", cow_append(writer, tables, seq_lens, ref_counts, free_blocks, BLOCK),
+          "(its block is private now: no copy)")
 
 # %% [markdown]
 # ## 2. Parallel sampling through the engine
@@ -471,9 +472,10 @@ def prefix_hit_blocks(requests):
 check("5.4", prefix_hit_blocks)
 
 # %%
-mine = prefix_hit_blocks([list(r.hash_ids) for r in trace])
-print(f"your count on the whole trace: {mine:,} of {replay.requested_blocks:,} blocks = "
-      f"{100 * mine / replay.requested_blocks:.2f}% (the allocator's index: {replay.hit_blocks:,})")
+if unlocked("5.4"):
+    mine = prefix_hit_blocks([list(r.hash_ids) for r in trace])
+    print(f"your count on the whole trace: {mine:,} of {replay.requested_blocks:,} blocks = "
+          f"{100 * mine / replay.requested_blocks:.2f}% (the allocator's index: {replay.hit_blocks:,})")
 
 # %% [markdown]
 # ## Self-check

@@ -25,7 +25,7 @@ import torch
 
 from labsupport import ledger, viz
 from labsupport.costmodel import CostModel
-from labsupport.course.checkoff import check
+from labsupport.course.checkoff import check, revealed, unlocked
 from labsupport.engine import Engine
 from labsupport.model import load_tiny_model
 from labsupport.sampling import SamplingParams
@@ -84,7 +84,7 @@ print(f"tiny model: {model.cfg.num_params:,} parameters, {'trained on the lectur
 import html as _html
 
 import ipywidgets as widgets
-from IPython.display import display
+from IPython.display import Markdown, display
 
 openings = ("Assemble", "The batch", "Paging is", "The engine admits", "Real engines", "Evict a")
 prompts = [LECTURE_TEXT[LECTURE_TEXT.index(w):LECTURE_TEXT.index(w) + 40] for w in openings]
@@ -215,13 +215,8 @@ print(f"ledger:     swap {1e3 * ledger.swap_round_trip_s(kv, H100.link_bandwidth
       f"recompute {1e3 * ledger.recompute_s(m, S, H100.peak_flops):.1f} ms")
 
 # %% [markdown]
-# Swap wins, by 1.9×. But it wins *on this link*. Set the two times equal and solve for the link:
-#
-# $$W^\ast = \frac{2 \cdot \text{KV} \cdot \text{MFU} \cdot F_{peak}}{2NS + 4\,L\,n_{heads}\,d_{head}\,S^2}$$
-#
-# — on any faster link swap wins, on any slower one recompute does. Note the numerator is linear in
-# $S$ and the denominator quadratic: $W^\ast$ *falls* as sequences grow, because attention is quadratic
-# while the cache is linear.
+# Swap wins, by 1.9×. But it wins *on this link*. There is one link bandwidth $W^\ast$ at which the two
+# stalls are equal: on any faster link swap wins, on any slower one recompute does.
 #
 # ### Exercise 6.1 — the break-even bandwidth
 #
@@ -241,14 +236,20 @@ def breakeven_bandwidth(model, seq_tokens, peak_flops, mfu=LECTURE_MFU):
 
 check("6.1", breakeven_bandwidth)
 
+# %% [markdown]
+# Look at how your $W^\ast$ depends on $S$: the swap side is linear in the sequence length, the
+# recompute side has a quadratic term, so $W^\ast$ *falls* as sequences grow — attention is quadratic
+# while the cache is linear.
+
 # %%
-for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
-    mine = breakeven_bandwidth(mdl, 4096, H100.peak_flops)
-    print(f"{mdl.name:>16}, 4K: W* = {mine / GB:.2f} GB/s (ledger {ledger.breakeven_link_bandwidth(mdl, 4096, H100.peak_flops) / GB:.2f})")
-viz.errata_note("break-even")
+if unlocked("6.1"):
+    for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
+        mine = breakeven_bandwidth(mdl, 4096, H100.peak_flops)
+        print(f"{mdl.name:>16}, 4K: W* = {mine / GB:.2f} GB/s (ledger {ledger.breakeven_link_bandwidth(mdl, 4096, H100.peak_flops) / GB:.2f})")
+    viz.errata_note("break-even")
 
 # %% [markdown]
-# **33.18 GB/s for MHA, 8.30 GB/s for GQA-8.** The lecture's three remarks, each checkable here:
+# The lecture's three remarks, each checkable here:
 #
 # 1. *The threshold is a property of the model and the machine, not of the request*: every 4K MHA
 #    sequence on this card has the same 67 ms against 129 ms, so the policy can be decided offline.
@@ -306,7 +307,8 @@ check("6.2", preemption_plan)
 
 # %%
 batch = [("a", 0.0, 9000), ("b", 0.5, 700), ("c", 1.25, 5400), ("d", 2.0, 300), ("e", 3.0, 12_000), ("f", 3.5, 2048)]
-print(preemption_plan(batch, 900, 16, LECTURE_7B, H100, 32 * GB))
+if unlocked("6.2"):
+    print(preemption_plan(batch, 900, 16, LECTURE_7B, H100, 32 * GB))
 
 # %% [markdown]
 # ### Preemption loses the cache, never the tokens
@@ -502,18 +504,19 @@ exercise4 = {
 check("6.3", exercise4)
 
 # %% [markdown]
-# The ledger's version, term by term:
+# The ledger's version, term by term (shown once 6.3 passes):
 
 # %%
-ex4 = ledger.exercise4()
-w16 = 2 * LECTURE_7B_GQA8.num_params * 16_384
-print(f"16K GQA-8: KV {ex4['kv_bytes'] / GB:.3f} GB; swap {1e3 * ex4['swap_s']:.1f} ms; recompute "
-      f"({w16 / 1e12:.1f} + {(ex4['recompute_flops'] - w16) / 1e12:.1f}) TFLOP ÷ {rate / 1e12:.1f} TFLOP/s = "
-      f"{1e3 * ex4['recompute_s']:.1f} ms; swap wins {ex4['swap_advantage']:.1f}×; "
-      f"W* = {ex4['breakeven_link_bandwidth'] / GB:.2f} GB/s (printed 5.9)")
-print(f"MHA crossover on 32 GB/s: {ex4['mha_crossover_tokens']:,.2f} tokens")
-erratum = next(e for e in ledger.ERRATA if e.quantity.startswith("Crossover"))
-print(f"ledger.ERRATA — {erratum.quantity} ({erratum.section}): printed {erratum.printed!r}, exact {erratum.exact}")
+if revealed("6.3"):
+    ex4 = ledger.exercise4()
+    w16 = 2 * LECTURE_7B_GQA8.num_params * 16_384
+    print(f"16K GQA-8: KV {ex4['kv_bytes'] / GB:.3f} GB; swap {1e3 * ex4['swap_s']:.1f} ms; recompute "
+          f"({w16 / 1e12:.1f} + {(ex4['recompute_flops'] - w16) / 1e12:.1f}) TFLOP ÷ {rate / 1e12:.1f} TFLOP/s = "
+          f"{1e3 * ex4['recompute_s']:.1f} ms; swap wins {ex4['swap_advantage']:.1f}×; "
+          f"W* = {ex4['breakeven_link_bandwidth'] / GB:.2f} GB/s (printed 5.9)")
+    print(f"MHA crossover on 32 GB/s: {ex4['mha_crossover_tokens']:,.2f} tokens")
+    erratum = next(e for e in ledger.ERRATA if e.quantity.startswith("Crossover"))
+    print(f"ledger.ERRATA — {erratum.quantity} ({erratum.section}): printed {erratum.printed!r}, exact {erratum.exact}")
 
 # %% [markdown]
 # The lecture's solution sketch writes the right equation and prints "S ≈ 2,600". Its root is

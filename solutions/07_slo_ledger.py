@@ -19,13 +19,13 @@
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
 import math
 
-from IPython.display import HTML, Markdown
+from IPython.display import HTML, Markdown, display
 
 from labsupport import ledger, viz, workloads
 from labsupport.block_allocator import BlockAllocator
 from labsupport.contiguous import ReserveToMaxAllocator
 from labsupport.costmodel import CostModel
-from labsupport.course.checkoff import check
+from labsupport.course.checkoff import check, passed, revealed, unlocked
 from labsupport.engine import Engine
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
@@ -112,26 +112,22 @@ for rid, rr in real.run().requests.items():
 #
 # ## 2. TPOT is a property of the batch, not of the request
 #
-# Lecture 2 §2.15: a decode step streams every weight once plus the KV of **every** sequence in the
-# batch. With $W$ weight bytes, $B$ sequences of $S$ tokens, $k$ KV bytes per token and HBM bandwidth
-# $\beta$:
-#
-# $$\text{TPOT}(B) \;=\; \frac{W + B \cdot S \cdot k}{\beta}$$
-#
-# Your own sequence is one of the $B$: the rest of the step is your **neighbours'** KV. The lecture
-# evaluates it at its printed B = 199 with 0.328 GB per sequence: $13.5 + 199 \times 0.328 = 78.8$ GB,
-# **23.5 ms**.
+# Lecture 2 §2.15: a decode step is memory-bound, and it streams every weight once plus the KV of
+# **every** sequence in the batch. Your own sequence is one of the $B$: the rest of the step is your
+# **neighbours'** KV. The lecture evaluates the step at its printed B = 199 with 0.328 GB per
+# sequence: 78.8 GB moved, **23.5 ms**.
 #
 # ### Exercise 7.1 — TPOT at B
 #
-# Write `tpot(model, gpu, batch, seq_tokens)` returning seconds. Use the spec fields
+# Write `tpot(model, gpu, batch, seq_tokens)` returning seconds, from that description of the step
+# (derive the formula; the engine below checks it against its own clock). Use the spec fields
 # (`model.num_params`, `model.dtype_bytes`, `model.num_layers`, `model.num_kv_heads`, `model.head_dim`,
 # `gpu.hbm_bandwidth` in bytes/s); the checkoff tries other models and cards.
 
 # %%
 def tpot(model, gpu, batch, seq_tokens):
     """Seconds per output token of a memory-bound decode step of `batch` sequences of `seq_tokens` tokens."""
-    ### BEGIN SOLUTION 7.1: return (weight bytes + batch × seq_tokens × KV bytes per token) / HBM bandwidth
+    ### BEGIN SOLUTION 7.1: return the seconds one memory-bound decode step of `batch` sequences takes
     kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
     return (model.num_params * model.dtype_bytes + batch * seq_tokens * kv_per_token) / gpu.hbm_bandwidth
     ### END SOLUTION
@@ -147,7 +143,8 @@ check("7.1", tpot)
 # %%
 measured = viz_slo.steady_batch_tpot([1, 29, 100, 159, 186], seq_tokens=SEQ)
 for b, t in measured.items():
-    print(f"B = {b:3d}: engine {1e3 * t:6.3f} ms, your formula {1e3 * tpot(MHA, H100, b, SEQ):6.3f} ms")
+    yours = f", your formula {1e3 * tpot(MHA, H100, b, SEQ):6.3f} ms" if passed("7.1") else ""
+    print(f"B = {b:3d}: engine {1e3 * t:6.3f} ms{yours}")
 
 # %% [markdown]
 # At the printed B = 199 the exact arithmetic gives 23.96 ms, not 23.5 ms — the lecture's 0.328 GB
@@ -205,18 +202,15 @@ viz.errata_note("Paged concurrency", "Largest B meeting", "Naive column's throug
 # %% [markdown]
 # ### Exercise 7.2 — the largest B that meets the SLO
 #
-# The correct operating point is the largest B that fits in memory **and** whose TPOT clears the SLO:
-#
-# $$B^* = \min\!\left(\left\lfloor \frac{\lfloor \text{budget} / (b_{blk} k) \rfloor}{\lceil S / b_{blk} \rceil} \right\rfloor,\;
-#   \left\lfloor \frac{\text{SLO} \cdot \beta - W}{S \cdot k} \right\rfloor\right)$$
-#
-# with the budget $= \text{HBM} - W - 4$ GB as in §10.2. Write `max_batch(model, gpu, seq_tokens,
-# tpot_slo_s, block_size)`; return 0 when nothing meets the SLO or nothing fits.
+# The correct operating point is the largest B that fits in the paged pool (the KV budget is
+# $\text{HBM} - W - 4$ GB, as in §10.2, cut into whole blocks) **and** whose TPOT, from your 7.1, clears
+# the SLO. Write `max_batch(model, gpu, seq_tokens, tpot_slo_s, block_size)`; return 0 when nothing
+# meets the SLO or nothing fits.
 
 # %%
 def max_batch(model, gpu, seq_tokens, tpot_slo_s, block_size=16):
     """Largest B of `seq_tokens`-token sequences that fits the paged pool and meets the TPOT SLO."""
-    ### BEGIN SOLUTION 7.2: return min(memory ceiling of the paged pool, floor((SLO × bandwidth − weights) / per-sequence KV)), never below 0
+    ### BEGIN SOLUTION 7.2: return the largest whole batch that both fits the paged pool and meets the TPOT SLO (0 if none)
     kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
     weights = model.num_params * model.dtype_bytes
     budget = gpu.hbm_bytes - weights - 4 * GB
@@ -238,7 +232,8 @@ check("7.2", max_batch)
 # %%
 for model in (MHA, LECTURE_7B_GQA8):
     ceiling = viz_slo.memory_ceiling(model, H100, SEQ)
-    print(f"{model.name:>16}: memory ceiling {ceiling:4d}, largest B under 20 ms {max_batch(model, H100, SEQ, 0.020):4d}")
+    slo_b = min(ceiling, ledger.max_batch_for_tpot(model, SEQ, 0.020, H100.hbm_bandwidth))
+    print(f"{model.name:>16}: memory ceiling {ceiling:4d}, largest B under 20 ms {slo_b:4d}")
 
 # %% [markdown]
 # ## 4. Your workload: the Azure conversation trace, replayed at H100 scale
@@ -352,15 +347,15 @@ for rp in (replays[1], additive):
 # ### Exercise 7.3 — goodput of a run
 #
 # Write `goodput(requests, ttft_slo_s, tpot_slo_s)`: given an engine run's `RequestResult`s, return
-# goodput in output tokens per second. A request counts when it finished, its TTFT
-# (`first_token_time - arrival_time`) is within the TTFT SLO, and its `tpot_s` is within the TPOT SLO
-# (`None` means a single output token: no TPOT to miss). Divide its tokens (`sum(num_output_tokens)`)
-# by the run's duration, from the first arrival to the last finish.
+# its goodput in output tokens per second, over the same span of time its throughput is measured on.
+# Decide from the definition above which requests count. A `RequestResult` has `status`,
+# `arrival_time`, `first_token_time`, `finish_time`, `tpot_s` (`None` after a single output token)
+# and `num_output_tokens` (one count per sampled branch).
 
 # %%
 def goodput(requests, ttft_slo_s, tpot_slo_s):
     """Output tokens per second of the requests that met both SLOs."""
-    ### BEGIN SOLUTION 7.3: sum the output tokens of finished requests meeting both SLOs, divide by (last finish − first arrival)
+    ### BEGIN SOLUTION 7.3: return the run's goodput in output tokens per second
     good = 0
     for q in requests:
         if q.status != "finished":
@@ -383,14 +378,63 @@ check("7.3", goodput)
 for rate in (30, 40, 50, 62):
     run = viz_slo.chat_with_probe(rate).result
     report = run.slo(0.5, 0.020)
-    mine = goodput(list(run.requests.values()), 0.5, 0.020)
-    print(f"{rate:3d} req/s: throughput {report.throughput_tok_s:7,.0f} tok/s, goodput {mine:7,.0f} tok/s "
-          f"(engine ledger {report.goodput_tok_s:7,.0f}), TPOT p50 {1e3 * report.tpot['p50']:5.2f} ms")
+    yours = f"; your function {goodput(list(run.requests.values()), 0.5, 0.020):7,.0f}" if passed("7.3") else ""
+    print(f"{rate:3d} req/s: throughput {report.throughput_tok_s:7,.0f} tok/s, goodput {report.goodput_tok_s:7,.0f} "
+          f"tok/s (engine ledger{yours}), TPOT p50 {1e3 * report.tpot['p50']:5.2f} ms")
 
 # %% [markdown]
 # **Goodput and throughput move in opposite directions**: from 50 to 62 requests/s the card moves
 # more tokens, and every one of them is late. Past the SLO-limited batch, extra load buys throughput
 # by spending everybody's latency.
+
+# %% [markdown]
+# ### Why a mean is a lie
+#
+# A latency SLO is a promise to **each** request, and a dashboard that reports the mean TTFT averages
+# the promise away: hundreds of requests that got their first token in 30 ms hide the few that waited a
+# second. Between 50 and 62 requests/s above, the card passes from "everyone is fast" to "half are late";
+# somewhere on the way the mean still looks fine while a tenth of the users do not.
+#
+# ### Exercise 7.4 — the mean, the p99, and who missed
+#
+# Write `ttft_tail(requests, ttft_slo_s)`: over a run's `RequestResult`s, return a dict with the mean
+# TTFT (`"mean_s"`), the 99th-percentile TTFT (`"p99_s"`, interpolated between the two closest ranks,
+# as `numpy.percentile` does by default) and the share of requests that missed the TTFT SLO
+# (`"miss_share"`). Only a request that finished has a first token.
+
+# %%
+def ttft_tail(requests, ttft_slo_s):
+    """TTFT's mean, its p99 and the share over the SLO, for the finished requests of a run."""
+    ### BEGIN SOLUTION 7.4: return {"mean_s": ..., "p99_s": ..., "miss_share": ...} over the finished requests
+    ttfts = sorted(q.first_token_time - q.arrival_time for q in requests if q.status == "finished")
+    pos = (len(ttfts) - 1) * 0.99
+    lo, frac = int(pos), pos - int(pos)
+    hi = min(lo + 1, len(ttfts) - 1)
+    return {"mean_s": sum(ttfts) / len(ttfts), "p99_s": ttfts[lo] + (ttfts[hi] - ttfts[lo]) * frac,
+            "miss_share": sum(t > ttft_slo_s for t in ttfts) / len(ttfts)}
+    ### END SOLUTION
+
+
+check("7.4", ttft_tail)
+
+# %% [markdown]
+# Your function on the same chat workload at rising load, against a 0.5 s TTFT SLO (the engine's own
+# ledger, `EngineResult.slo`, beside it):
+
+# %%
+if unlocked("7.4"):
+    for rate in (50, 55, 62):
+        run = viz_slo.chat_with_probe(rate).result
+        tail = ttft_tail(list(run.requests.values()), 0.5)
+        report = run.slo(0.5, 0.020)
+        verdict = "meets" if tail["mean_s"] <= 0.5 else "misses"
+        print(f"{rate} req/s: mean TTFT {1e3 * tail['mean_s']:6.1f} ms ({verdict} the SLO), p99 "
+              f"{1e3 * tail['p99_s']:7.1f} ms, {100 * tail['miss_share']:4.1f}% of requests late "
+              f"(engine ledger: mean {1e3 * report.ttft['ttft']['mean']:6.1f} ms, p99 {1e3 * report.ttft['ttft']['p99']:7.1f} ms)")
+
+# %% [markdown]
+# At 55 requests/s the mean sits well inside the SLO while about one request in twelve misses it: the mean is a statement about the card, the p99 about the users. This is why the
+# SLO ledger reports percentiles and goodput counts requests one by one, never an average.
 #
 # ## 5. Exercise 5 — what paging did and did not buy, on the agent ledger
 #
@@ -406,7 +450,7 @@ print(f"{len(session)} steps, prompts {session.requests[0].prompt_tokens:,} -> {
       f"{submitted:,}, distinct {distinct:,}: {100 * (1 - distinct / submitted):.2f}% of submitted tokens are re-sent")
 
 # %% [markdown]
-# ### Exercise 7.4 — peak KV, sessions per card, prefill cost
+# ### Exercise 7.5 — peak KV, sessions per card, prefill cost
 #
 # Write `agent_session_ledger(model, gpu, context_tokens, submitted_tokens, block_size)` returning a
 # dict with
@@ -420,7 +464,7 @@ print(f"{len(session)} steps, prompts {session.requests[0].prompt_tokens:,} -> {
 # %%
 def agent_session_ledger(model, gpu, context_tokens, submitted_tokens, block_size=16):
     """Exercise 5's three numbers for one agent session."""
-    ### BEGIN SOLUTION 7.4: return {"peak_kv_bytes": ..., "sessions": ..., "prefill_s": ...}
+    ### BEGIN SOLUTION 7.5: return {"peak_kv_bytes": ..., "sessions": ..., "prefill_s": ...}
     kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
     budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4 * GB
     blocks = max(0, math.floor(budget / (block_size * kv)))
@@ -430,7 +474,7 @@ def agent_session_ledger(model, gpu, context_tokens, submitted_tokens, block_siz
     ### END SOLUTION
 
 
-check("7.4", agent_session_ledger)
+check("7.5", agent_session_ledger)
 
 # %% [markdown]
 # Now count sessions with the real allocators instead of a formula. The paged pool of the GQA-8 card
@@ -453,30 +497,33 @@ for name, pool, allocate in (("paged, b = 16", paged_pool, lambda i: paged_pool.
             break
         n += 1
     counts[name] = n
-ex5 = agent_session_ledger(gqa, H100, 7_700, submitted)
-print(f"peak KV {fmt_bytes(ex5['peak_kv_bytes'])}; prefill {ex5['prefill_s']:.2f} s of exclusive H100 time")
+if unlocked("7.5"):
+    ex5 = agent_session_ledger(gqa, H100, 7_700, submitted)
+    print(f"peak KV {fmt_bytes(ex5['peak_kv_bytes'])}; prefill {ex5['prefill_s']:.2f} s of exclusive H100 time")
 print(f"sessions: {counts}  -> paging is worth {counts['paged, b = 16'] / counts['reserve-to-max, S_max = 16K']:.2f}x here")
 
 # %%
 viz.errata_note("Exercise 5")
 
 # %% [markdown]
-# ### Exercise 7.5 — which of the three did paging improve?
+# ### Exercise 7.6 — which of the three did paging improve?
 #
 # Answer with one of `"peak_kv_bytes"`, `"sessions"`, `"prefill_s"`.
 
 # %%
-### BEGIN SOLUTION 7.5: set improved to the one number ("peak_kv_bytes", "sessions" or "prefill_s") that paging improved
+### BEGIN SOLUTION 7.6: set improved to the one number ("peak_kv_bytes", "sessions" or "prefill_s") that paging improved
 improved = "sessions"
 ### END SOLUTION
-check("7.5", improved)
+check("7.6", improved)
+
+# %%
+if revealed("7.6"):
+    display(Markdown("""Paging improved the second number (2.1× here, less than §10.3's 6.4× because agent contexts really
+are long) and did nothing to the third — and the third is 92% waste, because every step re-prefills
+a context the card already computed. That is the whole argument for the prefix cache (Nov 9): the
+allocator made the cache fit, and the cache is still being recomputed from scratch every step."""))
 
 # %% [markdown]
-# Paging improved the second number (2.1× here, less than §10.3's 6.4× because agent contexts really
-# are long) and did nothing to the third — and the third is 92% waste, because every step re-prefills
-# a context the card already computed. That is the whole argument for the prefix cache (Nov 9): the
-# allocator made the cache fit, and the cache is still being recomputed from scratch every step.
-#
 # ## Self-check
 #
 # 1. A dashboard reports "TTFT 129 ms". Which of the three terms is that, and which is usually larger

@@ -24,7 +24,7 @@ from IPython.display import HTML
 
 from labsupport import ledger, workloads
 from labsupport.costmodel import CostModel
-from labsupport.course.checkoff import check
+from labsupport.course.checkoff import check, passed, revealed, unlocked
 from labsupport.engine import Engine
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.viz import board as viz_board
@@ -49,7 +49,7 @@ for w in (azure, azure_code, mooncake):
 # %%
 numbers = viz_board.trace_numbers(azure, mooncake)
 rows = viz_board.map_rows(numbers)
-HTML(viz_board.map_table_html(rows))
+HTML(viz_board.map_table_html(rows, columns=("still broken after today", "its value here", "computed in")))
 
 # %% [markdown]
 # How each value was computed — read these before arguing with the table.
@@ -107,18 +107,53 @@ for k, rate in numbers["routing"].items():
 # half of their prompt blocks as a prefix an earlier request already sent — to the engine, strangers:
 # **42.5%** (see the table). Together with the agent session's 92.06% re-send (lab 07, Exercise 5), this
 # is the case for the prefix cache (Nov 9) and for agent-aware serving (Nov 18 and 23).
+
+# %% [markdown]
+# ### Exercise 8.1 — the quantity behind each row
 #
-# ### Exercise 8.6 — the date for the spike
+# Objective 8 asks you to map what paging left broken onto the quantity that tracks it. The lecture's
+# second column holds nine quantities, listed below in alphabetical order. Set `row_quantities` to a
+# list of nine of them, copied as printed: the quantity of row 1 of the table at the top of this
+# section, then row 2, and so on. Its values column, and the notes above on how each value was
+# computed, are your evidence: each value *is* one of the quantities, measured.
+
+# %%
+for q in sorted(r.quantity for r in rows):
+    print(f"  {q}")
+
+# %%
+### BEGIN SOLUTION 8.1: set row_quantities to the nine quantities, in the table's row order
+row_quantities = ["achieved bandwidth on an indirect access", "effective B over time", "§2.16's 6.7× TPOT spike",
+                  "which card a request lands on", "KV bytes per token", "the 92% re-send of Lecture 5",
+                  "bytes per weight and per cached value", "tokens per pass over the weights",
+                  "the dependence between requests"]
+### END SOLUTION
+check("8.1", row_quantities)
+
+# %% [markdown]
+# ### Exercise 8.2 — the date for the spike
 #
 # Which Part II topic attacks §2.16's 6.7× TPOT spike? One of `"kernels"`, `"batching"`,
 # `"disaggregation"`, `"routing"`, `"kv compression"`, `"prefix cache"`, `"quantization"`,
 # `"speculative decoding"`, `"agent serving"`.
 
 # %%
-### BEGIN SOLUTION 8.6: set spike_topic to the Part II topic that attacks the 6.7x TPOT spike
+### BEGIN SOLUTION 8.2: set spike_topic to the Part II topic that attacks the 6.7x TPOT spike
 spike_topic = "disaggregation"
 ### END SOLUTION
-check("8.6", spike_topic)
+check("8.2", spike_topic)
+
+# %% [markdown]
+# The whole table — with the quantity once 8.1 passes, and the date of Part II that attacks each
+# row once 8.2 passes too:
+
+# %%
+shown = ["still broken after today", "the quantity", "its value here", "where it goes", "computed in"]
+if not revealed("8.1"):
+    shown.remove("the quantity")
+if not passed("8.2"):
+    shown.remove("where it goes")
+HTML(viz_board.map_table_html(rows, columns=shown))
 
 # %% [markdown]
 # ## 2. The knobs you were given: vLLM's four, mapped onto these labs
@@ -133,7 +168,7 @@ check("8.6", spike_topic)
 # | `max_num_batched_tokens` | the tokens one step may carry: the chunked-prefill limit Oct 14 explains | labs 06, 07 |
 # | `block_size` | §10.3's table: tail waste against table length and the kernel's contiguous run | labs 03, 04 |
 #
-# ### Exercise 8.1 — `gpu_memory_utilization` → the pool
+# ### Exercise 8.3 — `gpu_memory_utilization` → the pool
 #
 # vLLM lets the engine use `gpu_memory_utilization × HBM` in all; the weights and the activations come
 # out of that, and the rest is cut into KV blocks. Write `num_gpu_blocks(model, gpu,
@@ -142,35 +177,36 @@ check("8.6", spike_topic)
 # %%
 def num_gpu_blocks(model, gpu, gpu_memory_utilization, block_size=16, activation_bytes=4e9):
     """KV blocks of `block_size` tokens that fit in gpu_memory_utilization × HBM after weights and activations."""
-    ### BEGIN SOLUTION 8.1: return the whole number of KV blocks left after weights and activations (never negative)
+    ### BEGIN SOLUTION 8.3: return the whole number of KV blocks left after weights and activations (never negative)
     kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
     left = gpu_memory_utilization * gpu.hbm_bytes - model.num_params * model.dtype_bytes - activation_bytes
     return max(0, math.floor(left / (block_size * kv)))
     ### END SOLUTION
 
 
-check("8.1", num_gpu_blocks)
+check("8.3", num_gpu_blocks)
 
 # %%
-for u in (1.0, 0.95, 0.9):
-    blocks = num_gpu_blocks(MHA, H100, u)
-    print(f"gpu_memory_utilization={u}: {blocks:,} blocks of 16 tokens = {blocks * 16 * MHA.kv_bytes_per_token / GB:.2f} GB "
-          f"of KV -> {blocks // 40} sequences of 640 tokens")
+if unlocked("8.3"):
+    for u in (1.0, 0.95, 0.9):
+        blocks = num_gpu_blocks(MHA, H100, u)
+        print(f"gpu_memory_utilization={u}: {blocks:,} blocks of 16 tokens = {blocks * 16 * MHA.kv_bytes_per_token / GB:.2f} GB "
+              f"of KV -> {blocks // 40} sequences of 640 tokens")
 
 # %% [markdown]
 # vLLM's default of 0.9 leaves 8 GB of the card unused by design (other processes, fragmentation in the
 # allocator beneath PyTorch); the lecture's 62.52 GB budget is `gpu_memory_utilization = 1.0`.
 #
-# ### Exercise 8.2 — `max_num_seqs` → the B of §10.6
+# ### Exercise 8.4 — `max_num_seqs` → the B of §10.6
 #
 # Write `max_num_seqs_for(model, gpu, gpu_memory_utilization, seq_tokens, tpot_slo_s, block_size=16)`:
-# the largest batch that fits the pool (8.1, with the 4 GB activation reserve) and whose memory-bound
+# the largest batch that fits the pool (8.3, with the 4 GB activation reserve) and whose memory-bound
 # step meets the TPOT SLO (lab 07).
 
 # %%
 def max_num_seqs_for(model, gpu, gpu_memory_utilization, seq_tokens, tpot_slo_s, block_size=16):
     """The max_num_seqs to configure: min(memory ceiling of the pool, largest B meeting the TPOT SLO)."""
-    ### BEGIN SOLUTION 8.2: return min(blocks // blocks per sequence, floor((SLO × bandwidth − weights) / per-sequence KV)), never below 0
+    ### BEGIN SOLUTION 8.4: return the batch to configure: what the pool holds and what the TPOT SLO allows, whichever binds (never below 0)
     kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
     by_memory = num_gpu_blocks(model, gpu, gpu_memory_utilization, block_size) // math.ceil(seq_tokens / block_size)
     by_slo = math.floor((tpot_slo_s * gpu.hbm_bandwidth - model.num_params * model.dtype_bytes) / (seq_tokens * kv))
@@ -178,25 +214,25 @@ def max_num_seqs_for(model, gpu, gpu_memory_utilization, seq_tokens, tpot_slo_s,
     ### END SOLUTION
 
 
-check("8.2", max_num_seqs_for)
+check("8.4", max_num_seqs_for)
 
 # %% [markdown]
-# ### Exercise 8.3 — `max_num_batched_tokens` → what one step may carry
+# ### Exercise 8.5 — `max_num_batched_tokens` → what one step may carry
 #
-# A step's compute is about $2N$ FLOPs per token it processes — decode tokens and prompt tokens alike —
-# at $\text{mfu} \times$ peak. A step carrying more tokens than fit in one TPOT SLO is late however
-# small its batch: that is the spike. Write `max_num_batched_tokens_for(model, gpu, tpot_slo_s,
-# mfu=0.5)`, neglecting the attention FLOPs.
+# Every token a step processes — a decode token or a prompt token alike — costs the step the same
+# weight arithmetic (Lecture 2), done at $\text{mfu} \times$ peak. A step carrying more tokens than fit
+# in one TPOT SLO is late however small its batch: that is the spike. Write
+# `max_num_batched_tokens_for(model, gpu, tpot_slo_s, mfu=0.5)`, neglecting the attention FLOPs.
 
 # %%
 def max_num_batched_tokens_for(model, gpu, tpot_slo_s, mfu=0.5):
     """Tokens per step whose weight FLOPs fit in one TPOT SLO at mfu × peak."""
-    ### BEGIN SOLUTION 8.3: return floor(SLO × mfu × peak FLOP/s / (2 × num_params))
+    ### BEGIN SOLUTION 8.5: return the most tokens one step may process and still finish within the TPOT SLO
     return math.floor(tpot_slo_s * mfu * gpu.peak_flops / (2 * model.num_params))
     ### END SOLUTION
 
 
-check("8.3", max_num_batched_tokens_for)
+check("8.5", max_num_batched_tokens_for)
 
 # %% [markdown]
 # Now set the knobs on the real engine and watch the ledger. The card runs at
@@ -206,23 +242,24 @@ check("8.3", max_num_batched_tokens_for)
 # runs alone. The 512-token prompts here always fit.)
 
 # %%
-pool = num_gpu_blocks(MHA, H100, 0.9)
-b_knob = max_num_seqs_for(MHA, H100, 0.9, 640, 0.020)
-t_knob = max_num_batched_tokens_for(MHA, H100, 0.020)
-chat = viz_slo.chat_requests(50, num_requests=1000)
-settings = [("defaults (256 seqs, no token budget)", 256, None), (f"max_num_seqs={b_knob}", b_knob, None),
-            (f"max_num_seqs={b_knob}, max_num_batched_tokens={t_knob}", b_knob, t_knob)]
-for label, seqs, tokens in settings:
-    engine = Engine(cost_model=CostModel(), num_blocks=pool, block_size=16, max_num_seqs=seqs,
-                    max_num_batched_tokens=tokens)
-    for arrival, prompt, output in chat:
-        engine.add_request(prompt_len=prompt, max_new_tokens=output, arrival_time=arrival)
-    result = engine.run()
-    rep = result.slo(1.0, 0.020)
-    longest = max(max(np.diff(q.token_times[0])) for q in result.requests.values())
-    print(f"{label:>48}: throughput {rep.throughput_tok_s:6,.0f}, goodput {rep.goodput_tok_s:6,.0f} tok/s "
-          f"({100 * rep.goodput_req_frac:5.1f}% good); TPOT p99 {1e3 * rep.tpot['p99']:5.2f} ms; longest gap "
-          f"{1e3 * longest:6.1f} ms")
+if unlocked("8.3", "8.4", "8.5"):
+    pool = num_gpu_blocks(MHA, H100, 0.9)
+    b_knob = max_num_seqs_for(MHA, H100, 0.9, 640, 0.020)
+    t_knob = max_num_batched_tokens_for(MHA, H100, 0.020)
+    chat = viz_slo.chat_requests(50, num_requests=1000)
+    settings = [("defaults (256 seqs, no token budget)", 256, None), (f"max_num_seqs={b_knob}", b_knob, None),
+                (f"max_num_seqs={b_knob}, max_num_batched_tokens={t_knob}", b_knob, t_knob)]
+    for label, seqs, tokens in settings:
+        engine = Engine(cost_model=CostModel(), num_blocks=pool, block_size=16, max_num_seqs=seqs,
+                        max_num_batched_tokens=tokens)
+        for arrival, prompt, output in chat:
+            engine.add_request(prompt_len=prompt, max_new_tokens=output, arrival_time=arrival)
+        result = engine.run()
+        rep = result.slo(1.0, 0.020)
+        longest = max(max(np.diff(q.token_times[0])) for q in result.requests.values())
+        print(f"{label:>48}: throughput {rep.throughput_tok_s:6,.0f}, goodput {rep.goodput_tok_s:6,.0f} tok/s "
+              f"({100 * rep.goodput_req_frac:5.1f}% good); TPOT p99 {1e3 * rep.tpot['p99']:5.2f} ms; longest gap "
+              f"{1e3 * longest:6.1f} ms")
 
 # %% [markdown]
 # Capping the batch alone barely helps: the late tokens come from the steps that carry prefills. Capping
@@ -233,15 +270,16 @@ for label, seqs, tokens in settings:
 # minutes at twice the real rate):
 
 # %%
-budget_tokens = max_num_batched_tokens_for(MHA, H100, 0.020)
-azure_runs = [viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16"), speedup=2.0, window_s=600),
-              viz_slo.replay_trace(azure, viz_slo.ReplayConfig(f"max_num_batched_tokens = {budget_tokens}",
-                                                               max_num_batched_tokens=budget_tokens),
-                                   speedup=2.0, window_s=600)]
-print(viz_slo.goodput_slo_readout(azure_runs, 20, 1.0))
+if unlocked("8.5"):
+    budget_tokens = max_num_batched_tokens_for(MHA, H100, 0.020)
+    azure_runs = [viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16"), speedup=2.0, window_s=600),
+                  viz_slo.replay_trace(azure, viz_slo.ReplayConfig(f"max_num_batched_tokens = {budget_tokens}",
+                                                                   max_num_batched_tokens=budget_tokens),
+                                       speedup=2.0, window_s=600)]
+    print(viz_slo.goodput_slo_readout(azure_runs, 20, 1.0))
 
 # %% [markdown]
-# ### Exercise 8.4 — `block_size` → §10.3's tail waste, on your workload
+# ### Exercise 8.6 — `block_size` → §10.3's tail waste, on your workload
 #
 # Write `tail_waste_fraction(lengths, block_size)`: over a set of sequences, the share of the slots their
 # blocks hold that hold no token. The checkoff compares it with the real `BlockAllocator`.
@@ -249,13 +287,13 @@ print(viz_slo.goodput_slo_readout(azure_runs, 20, 1.0))
 # %%
 def tail_waste_fraction(lengths, block_size):
     """Unfilled slots over all slots of the blocks that sequences of `lengths` tokens hold."""
-    ### BEGIN SOLUTION 8.4: return (slots in ceil(length / block_size) blocks, summed − tokens) / slots
+    ### BEGIN SOLUTION 8.6: return the share of the slots the sequences' blocks hold that hold no token
     slots = sum(-(-n // block_size) * block_size for n in lengths)
     return (slots - sum(lengths)) / slots
     ### END SOLUTION
 
 
-check("8.4", tail_waste_fraction)
+check("8.6", tail_waste_fraction)
 
 # %% [markdown]
 # ## 3. The five discussion seeds, with data
@@ -271,10 +309,12 @@ check("8.4", tail_waste_fraction)
 traces = {"Azure conversation": azure.total_lengths(), "Azure code": azure_code.total_lengths(),
           "Mooncake conversation": mooncake.total_lengths()}
 sizes = (8, 16, 32, 64, 128, 256)
+yours = unlocked("8.6")  # the tail-waste rows are your function's
 print(f"{'block size':>26} " + " ".join(f"{b:>8}" for b in sizes))
 for name, lengths in traces.items():
     lengths = [int(n) for n in lengths]
-    print(f"{name + ' tail waste':>26} " + " ".join(f"{100 * tail_waste_fraction(lengths, b):7.2f}%" for b in sizes))
+    if yours:
+        print(f"{name + ' tail waste':>26} " + " ".join(f"{100 * tail_waste_fraction(lengths, b):7.2f}%" for b in sizes))
     p50 = int(np.median(lengths))
     print(f"{'  table entries at p50':>26} " + " ".join(f"{ledger.block_table_entries(p50, b):>8,}" for b in sizes))
 fork = {b: viz_sharing.measure_fork_cost(b, n=8) for b in sizes}
@@ -367,8 +407,9 @@ for e in sizes_tlb:
 # tokens per sequence: 29 slots) and on paging (b = 16). Utilization is measured after every engine step
 # as tokens held over the slots handed out, and averaged over the run: the **share of what is
 # reserved**, over the sequences' lives. That is the right reading here, because at these loads the
-# pool is not full; lab 02's checkoff 2.3 reads the share of the whole budget at the end of life, a
-# different convention that agrees with this one only when every slot is taken.
+# pool is not full. Lab 02's checkoffs 2.3 and 2.4 read the share of the whole budget (at the end of
+# life, then over the life), a different denominator that agrees with this one only when every slot is
+# taken; each convention is fair, and each reproduces one of the lecture's printed pairs.
 
 # %%
 rates = [5, 10, 20, 25, 30, 40, 60]
@@ -381,7 +422,7 @@ for label, runs in sweep.items():
                                     for r in runs))
 
 # %% [markdown]
-# ### Exercise 8.5 — your construction
+# ### Exercise 8.7 — your construction
 #
 # Write `utilization_workload()` returning a list of `(arrival_s, prompt_tokens, output_tokens)` (100 to
 # 1,500 requests, each within S_max = 4,096 tokens) on which the engine measures reserve-to-max
@@ -391,12 +432,12 @@ for label, runs in sweep.items():
 # %%
 def utilization_workload():
     """A workload whose KV utilization jumps under paging while its throughput does not."""
-    ### BEGIN SOLUTION 8.5: return a list of (arrival_s, prompt_tokens, output_tokens) tuples
+    ### BEGIN SOLUTION 8.7: return a list of (arrival_s, prompt_tokens, output_tokens) tuples
     return viz_slo.chat_requests(10, num_requests=300)
     ### END SOLUTION
 
 
-check("8.5", utilization_workload)
+check("8.7", utilization_workload)
 
 # %% [markdown]
 # Measured, the two utilizations are **14.0% and 98.7%** — the timing plan's "14%" and §10.3's printed

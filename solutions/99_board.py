@@ -8,7 +8,9 @@
 # real traces (the TTFT bars, the map of Part II) read `labsupport/viz/board_data.json`, which
 # `python -m labsupport.viz.board --write` regenerates and a test keeps current.
 #
-# **Live use.** *Run → Run All Cells* before class (a few seconds). In class, scroll segment by segment;
+# **Live use.** *Run → Run All Cells* before class: the kernel's part takes seconds, but drawing a
+# dozen interactive charts takes a laptop's browser about half a minute, so start it before the room
+# fills (`make board` opens this notebook). In class, scroll segment by segment;
 # *View → Simple Interface* and the browser's zoom make it projector-sized. The sliders work live. Every
 # number on the board is the exact figure, with the lecture's printed figure beside it where they differ
 # (`python -m labsupport ledger` prints the errata).

@@ -7,7 +7,6 @@ labsupport's source never spells the to-do word.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import nbformat
@@ -61,7 +60,8 @@ def make_lab(tmp_path: Path, text: str = DEMO, name: str = "00_demo") -> B.Lab:
 
 
 def code_cells(nb):
-    return [c for c in nb.cells if c.cell_type == "code"]
+    """The lab's own code cells (the build's Colab cell, first of them, left out)."""
+    return [c for c in nb.cells if c.cell_type == "code" and "front-end" not in c.metadata.get("tags", [])]
 
 
 # --- the student copy ------------------------------------------------------------------------------
@@ -69,13 +69,17 @@ def code_cells(nb):
 def test_student_copy_cuts_solutions_and_keeps_the_pass_lines(tmp_path):
     parsed = B.parse(make_lab(tmp_path))
     sol, stu = parsed.solution, parsed.student
-    assert len(sol.cells) == 7 and len(stu.cells) == 6  # the solution-only cell is gone
+    # the solution-only cell is gone; the build adds the Colab cell and the two scoreboard cells to both
+    assert len(sol.cells) == 10 and len(stu.cells) == 9
+    assert [c.metadata.get("tags") for c in stu.cells[:2]] == [None, ["front-end"]]
     assert all("instructors only" not in c.source for c in stu.cells)
     value_cell, function_cell, check_cell = code_cells(stu)[1:4]
+    # A top-level region becomes a placeholder for the name it defines: nothing raises under Run All.
     assert value_cell.source == (
         f"# {WORD} 0.1: set kib to 512 KiB in bytes\n"
-        f'raise NotImplementedError("{WORD} 0.1: set kib to 512 KiB in bytes")\n'
+        "kib = ...\n"
         'check("0.1", kib)')
+    # In a function body it raises when the function is called (check() reports "not attempted").
     assert function_cell.source == (
         'def per_token(layers, heads, dim, nbytes):\n    """Docstring stays."""\n'
         f"    # {WORD} 0.2: return the KV bytes per token\n"
@@ -86,7 +90,7 @@ def test_student_copy_cuts_solutions_and_keeps_the_pass_lines(tmp_path):
     assert check_cell.metadata.tags == ["keep-me", "checkoff", "nbval-check-output"]
     assert function_cell.outputs == [] and function_cell.metadata == {}
     # Only checkoff cells carry an execution count (their code-cell number): nbval skips unrun cells.
-    assert [c.execution_count for c in code_cells(stu)] == [None, 2, None, 4, None]
+    assert [c.execution_count for c in code_cells(stu)] == [None, 2, None, 4, None, None]
     # The solution keeps its code and its markers; nothing is executed yet.
     assert "### BEGIN SOLUTION 0.1" in code_cells(sol)[2].source and "kib = 512 * 1024" in code_cells(sol)[2].source
     assert all(c.outputs == [] for c in code_cells(sol))
@@ -94,13 +98,74 @@ def test_student_copy_cuts_solutions_and_keeps_the_pass_lines(tmp_path):
     assert parsed.checkoffs == {"0.1": 3, "0.2": 5}
 
 
+def test_both_copies_end_with_the_scoreboard(tmp_path):
+    parsed = B.parse(make_lab(tmp_path))
+    for nb in (parsed.solution, parsed.student):
+        heading, board = nb.cells[-2:]
+        assert heading.cell_type == "markdown" and "python -m labsupport grade" in heading.source
+        assert board.source.endswith("scoreboard('00_demo')") and board.metadata.tags == ["scoreboard"]
+    assert parsed.solution.cells[-1].id == parsed.student.cells[-1].id
+    board = "# %% [markdown]\n# # The board\n\n# %%\nprint('segment 1')\n"
+    instructors = B.parse(make_lab(tmp_path, board, name="99_board")).solution
+    assert "scoreboard" not in instructors.cells[-1].source  # the board has no checkoffs to score
+
+
+def _student_cell(tmp_path, cell: str, later: str = "") -> str:
+    """The student copy of `cell` in a lab whose 0.2 exercise is the demo's and whose later cell is `later`."""
+    text = DEMO.replace('### BEGIN SOLUTION 0.1: set kib to 512 KiB in bytes\nkib = 512 * 1024\n### END SOLUTION\ncheck("0.1", kib)',
+                        cell + '\ncheck("0.1", kib)')
+    if later:
+        text += f"\n# %%\n{later}\n"
+    return code_cells(B.parse(make_lab(tmp_path, text)).student)[1].source
+
+
+def test_placeholders_name_only_what_later_code_reads(tmp_path):
+    region = ("### BEGIN SOLUTION 0.1: set kib\nslot = 512\nfor i in range(3):\n    scratch = i\n"
+              "kib, extra = slot * 1024, 0\n### END SOLUTION")
+    # kib is read by the check; slot by a later cell; scratch, i and extra by nothing after the region.
+    got = _student_cell(tmp_path, region, later="print(slot)")
+    assert got == f"# {WORD} 0.1: set kib\nslot = ...\nkib = ...\ncheck(\"0.1\", kib)"
+    # A later cell that sets a name before reading it does not need the placeholder.
+    got = _student_cell(tmp_path, region, later="slot = 3\nprint(slot)")
+    assert got == f"# {WORD} 0.1: set kib\nkib = ...\ncheck(\"0.1\", kib)"
+    # A loop variable a later cell reads again only after its own `for` binds it.
+    got = _student_cell(tmp_path, region, later="for i in range(2):\n    print(i)")
+    assert "i = ..." not in got
+
+
+def test_a_region_inside_a_top_level_block_keeps_the_block_valid(tmp_path):
+    region = ("if True:\n    ### BEGIN SOLUTION 0.1: say hello\n    print('hello')\n    ### END SOLUTION\n"
+              "kib = 512 * 1024")
+    got = _student_cell(tmp_path, region)
+    assert got == f"if True:\n    # {WORD} 0.1: say hello\n    pass\nkib = 512 * 1024\ncheck(\"0.1\", kib)"
+    compile(got, "cell", "exec")
+
+
+def test_a_region_that_opens_a_function_body_or_a_method_raises(tmp_path):
+    for body in ("def f(x):\n    ### BEGIN SOLUTION 0.1: return it\n    return x\n    ### END SOLUTION\nkib = f(1)",
+                 "class C:\n    def f(self, x):\n        ### BEGIN SOLUTION 0.1: return it\n        return x\n"
+                 "        ### END SOLUTION\nkib = 1"):
+        got = _student_cell(tmp_path, body)
+        assert f'raise NotImplementedError("{WORD} 0.1: return it")' in got and " = ..." not in got
+
+
+def test_a_region_that_is_not_whole_statements_is_rejected(tmp_path):
+    text = DEMO.replace("kib = 512 * 1024\n### END SOLUTION", "kib = (512 *\n### END SOLUTION\n 1024)")
+    with pytest.raises(B.BuildError, match="whole statements|plain Python"):
+        B.parse(make_lab(tmp_path, text))
+
+
 def test_student_prompt_is_valid_python_for_awkward_prompts(tmp_path):
-    text = DEMO.replace("set kib to 512 KiB in bytes", 'say "hi" \\ and 20% more')
+    awkward = 'say "hi" \\ and 20% more'
+    text = DEMO.replace("set kib to 512 KiB in bytes", awkward).replace("return the KV bytes per token", awkward)
     stu = B.parse(make_lab(tmp_path, text)).student
-    source = code_cells(stu)[1].source
-    compile(source, "cell", "exec")
-    with pytest.raises(NotImplementedError, match=r'0\.1: say "hi" \\ and 20% more'):
-        exec(source, {"check": None})
+    value_source, function_source = code_cells(stu)[1].source, code_cells(stu)[2].source
+    namespace = {}
+    exec(value_source.replace('check("0.1", kib)', ""), namespace)
+    assert namespace["kib"] is Ellipsis
+    exec(function_source, namespace)
+    with pytest.raises(NotImplementedError, match=r'0\.2: say "hi" \\ and 20% more'):
+        namespace["per_token"](1, 2, 3, 4)
 
 
 def test_ids_and_metadata_are_deterministic(tmp_path):
@@ -110,7 +175,7 @@ def test_ids_and_metadata_are_deterministic(tmp_path):
     sol_ids = [c.id for c in one.solution.cells]
     assert len(set(sol_ids)) == len(sol_ids)
     assert sol_ids[0] == B.cell_id("00_demo", 0)
-    assert [c.id for c in one.student.cells] == [i for k, i in enumerate(sol_ids) if k != 2]  # shared ids
+    assert [c.id for c in one.student.cells] == [i for k, i in enumerate(sol_ids) if k != 3]  # shared ids
     other = B.parse(make_lab(tmp_path, name="00_other"))
     assert other.solution.cells[0].id != sol_ids[0]  # ids come from the file name too
     meta = one.solution.metadata
@@ -156,7 +221,7 @@ def test_build_check_and_rebuild_without_executing(tmp_path, capsys):
 
     # Pretend it was executed, then edit the student copy, add a stray notebook, drop a source.
     nb = nbformat.read(lab.solution_path, as_version=4)
-    for n, cell in enumerate(code_cells(nb), start=1):
+    for n, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), start=1):
         cell.execution_count = n
     B.write(nb, lab.solution_path)
     assert B.main(["--root", root, "--check"]) == 0
@@ -185,7 +250,7 @@ def test_no_execute_keeps_outputs_of_unchanged_cells_only(tmp_path):
     make_lab(tmp_path, DEMO.replace("kib = 512 * 1024", "kib = 2**19"))
     B.main(["--root", str(tmp_path), "--no-execute"])
     cells = code_cells(nbformat.read(lab.solution_path, as_version=4))
-    assert [c.execution_count for c in cells] == [7, 7, None, 7, 7, 7]
+    assert [c.execution_count for c in cells] == [7, 7, None, 7, 7, 7, 7]
     assert cells[2].outputs == [] and cells[0].outputs[0].text == "old\n"
 
 
@@ -199,13 +264,29 @@ def test_a_lab_without_checkoffs_builds_only_as_the_instructors_board(tmp_path):
         B.parse(make_lab(tmp_path, board, name="09_no_checkoffs"))
 
 
-def test_unknown_lab_name_is_an_error(tmp_path, capsys):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     make_lab(tmp_path)
-    assert B.main(["--root", str(tmp_path), "--no-execute", "07"]) == 1
-    assert "no lab source matches '07'" in capsys.readouterr().err
+    assert B.main(["--root", str(tmp_path), "--no-execute", "07"]) == 2
+    err = capsys.readouterr().err
+    assert "no lab source matches '07'" in err and err.count("\n") == 1
     empty = tmp_path / "empty"
     (empty / "solutions").mkdir(parents=True)
     assert B.main(["--root", str(empty)]) == 2
+    assert B.main(["--root", str(tmp_path / "nowhere")]) == 2
+    assert "--root" in capsys.readouterr().err
+    assert B.main(["--root", str(tmp_path), "--frobnicate"]) == 2
+    err = capsys.readouterr().err
+    assert "--frobnicate" in err and err.count("\n") == 1 and "usage" not in err
+    # A lab source that is not UTF-8 names the file and the byte; nothing is written.
+    (tmp_path / "solutions" / "00_demo.py").write_bytes(DEMO.encode("utf-8") + b"\n# caf\xe9\n")
+    assert B.main(["--root", str(tmp_path), "--no-execute"]) == 2
+    err = capsys.readouterr().err
+    assert "00_demo.py: not UTF-8" in err and "0xe9" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "notebooks").exists()
+    # A source that breaks a rule of the pipeline is bad input too.
+    make_lab(tmp_path, DEMO.replace("    ### END SOLUTION\n", "", 1))
+    assert B.main(["--root", str(tmp_path), "--no-execute"]) == 2
+    assert "never closed" in capsys.readouterr().err
 
 
 def test_checkoff_cells_must_print_only_their_line(tmp_path):
@@ -225,9 +306,10 @@ def test_checkoff_cells_must_print_only_their_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_build_executes_the_solution_in_its_folder(tmp_path):
+def test_build_executes_the_solution_in_its_folder(tmp_path, capsys):
     lab = make_lab(tmp_path)
     assert B.main(["--root", str(tmp_path)]) == 0
+    assert "the student copy's Run All reached its end" in capsys.readouterr().out
     nb = nbformat.read(lab.solution_path, as_version=4)
     cells = code_cells(nb)
     assert cells[0].outputs[0].text == "cwd is solutions\n"
@@ -237,10 +319,37 @@ def test_build_executes_the_solution_in_its_folder(tmp_path):
     assert set(nb.metadata) == {"kernelspec", "language_info"} and "widgets" not in nb.metadata
     (panel,) = cells[5].outputs  # a widget keeps its plain text, not a view of a model nobody stored
     assert set(panel.data) == {"text/plain"} and panel.data["text/plain"].startswith("Fewer KV heads")
+    (board,) = cells[6].outputs
+    assert board.data["text/plain"].startswith("Checkoffs of 00_demo: 2 of 2 passed, 0 failed, 0 not attempted")
+    assert "python -m labsupport grade notebooks/00_demo.ipynb" in board.data["text/html"]
     before = lab.solution_path.read_text()
     assert B.main(["--root", str(tmp_path), "00"]) == 0
     assert lab.solution_path.read_text() == before  # rebuilding changes nothing
     assert B.main(["--root", str(tmp_path), "--check"]) == 0
+
+
+@pytest.mark.slow
+def test_build_fails_when_run_all_of_the_student_copy_stops(tmp_path, capsys):
+    """A cell after an exercise that uses the student's unfinished function stops Run All: exit 1, and
+    the message names the student copy's cell and the error."""
+    make_lab(tmp_path, DEMO + "\n# %%\nprint(per_token(32, 32, 128, 2))\n")
+    assert B.main(["--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "notebooks/00_demo.ipynb, cell 8: execution stops here with NotImplementedError" in err, err
+
+
+def test_a_student_run_must_show_one_not_attempted_line_per_checkoff(tmp_path):
+    parsed = B.parse(make_lab(tmp_path))
+    executed = copy.deepcopy(parsed.student)
+    cells = code_cells(executed)
+    cells[1].outputs = [nbformat.v4.new_output(
+        "stream", name="stdout", text="⬜ Checkoff 0.1 not attempted — set kib to 512 KiB in bytes\n")]
+    cells[3].outputs = [nbformat.v4.new_output(
+        "stream", name="stdout", text="⬜ Checkoff 0.2 not attempted — return the KV bytes per token\n")]
+    B.validate_student_run(parsed, executed)
+    cells[3].outputs[0].text = "❌ Checkoff 0.2: wrong. Hint: h\n"
+    with pytest.raises(B.ExecutionFailure, match="cell 6: with the exercise unfinished"):
+        B.validate_student_run(parsed, executed)
 
 
 # --- the repository itself ------------------------------------------------------------------------
@@ -254,11 +363,32 @@ def test_every_lab_has_a_todo_per_checkoff():
     for lab in B.discover(ROOT):
         parsed = B.parse(lab)
         assert set(parsed.checkoffs) == {r.checkoff_id for r in parsed.regions}
-        student_text = json.dumps([c.source for c in parsed.student.cells])
+        student_text = "\n".join(c.source for c in parsed.student.cells)
         for checkoff_id in parsed.checkoffs:
-            assert f'raise NotImplementedError(\\"{WORD} {checkoff_id}:' in student_text
+            assert f"# {WORD} {checkoff_id}: " in student_text
 
 
 def test_labsupport_source_never_spells_the_word():
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "labsupport").rglob("*.py") if WORD in p.read_text()]
     assert offenders == []
+
+
+def test_the_colab_cell_does_nothing_elsewhere_and_explains_its_url_on_colab(tmp_path, monkeypatch, capsys):
+    import sys
+    import types
+
+    lab = make_lab(tmp_path)
+    cell = B.parse(lab).student.cells[1]
+    assert cell.metadata.tags == ["front-end"] and B.REPO_PLACEHOLDER in cell.source
+    exec(cell.source, {})  # not on Colab: nothing happens
+    assert capsys.readouterr().out == ""
+    calls = []
+    colab = types.ModuleType("google.colab")
+    colab.output = types.SimpleNamespace(enable_custom_widget_manager=lambda: calls.append("widgets"))
+    monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    exec(cell.source, {})
+    assert calls == ["widgets"] and "set LABS_REPO" in capsys.readouterr().out
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n\n[project.urls]\n'
+                                             'Repository = "https://example.org/course/labs.git"\n')
+    assert 'LABS_REPO = "https://example.org/course/labs.git"' in B.parse(lab).solution.cells[1].source

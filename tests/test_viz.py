@@ -134,3 +134,39 @@ def test_intensity_figure_flattens_below_the_ridge():
     # 640-token MHA sequences: (2N + 4LHdS) / (W/B + S kv) tends to 41.2, far below the 295 ridge
     assert with_kv.y[-1] < (2 * 6.74e9 + 524_288 * 640) / (640 * 524_288) < 989e12 / 3350e9
     assert max(with_kv.y) == with_kv.y[-1]
+
+
+# --- layout rules: nothing clipped, nothing colliding, nothing squeezed ----------------------------
+
+def test_long_titles_wrap_at_spaces_and_keep_expressions_whole():
+    title = "lecture-7b on h100-sxm-80gb, link 32 GB/s: recompute wins at 4,096 tokens (b = 16)"
+    wrapped = viz.wrap_title(title)
+    lines = wrapped.split("<br>")
+    assert len(lines) == 2 and all(len(line) <= viz.TITLE_LINE_CHARS for line in lines)
+    assert " ".join(lines) == title and "b = 16" in lines[-1]
+    assert viz.wrap_title("short") == "short"
+    assert viz.wrap_title("kept<br><sup>as the author wrote it, however long this line happens to be</sup>") \
+        .count("<br>") == 1
+
+
+def test_styled_makes_room_for_wrapped_titles_and_legends_below():
+    fig = go.Figure([go.Scatter(x=[1], y=[1], name=f"series number {i}") for i in range(6)])
+    viz.styled(fig, "x" * 30 + " " + "y" * 30, legend=dict(orientation="h", y=-0.3, x=0))
+    assert fig.layout.margin.t == viz.TEMPLATE.layout.margin.t + 30  # one extra title line
+    assert (fig.layout.legend.yref, fig.layout.legend.y, fig.layout.legend.yanchor) == ("container", 0, "bottom")
+    rows = viz.legend_rows([f"series number {i}" for i in range(6)])  # 6 x (50 + 9 x 15) = 1,110 px in 600
+    assert rows == 2
+    assert fig.layout.margin.b >= viz.AXIS_BAND_PX + viz.LEGEND_ROW_PX * rows
+    plain = viz.styled(go.Figure(go.Bar(x=[1], y=[1])), "short")
+    assert plain.layout.margin.t is None and plain.layout.legend.yref is None  # the template's, untouched
+
+
+def test_panel_controls_wrap_rather_than_shrink():
+    panel = roofline.batch_gap_panel()
+    row = panel.widget.children[1]
+    assert row.layout.flex_flow == "row wrap" and "lab-controls" in row._dom_classes
+    for control in panel.controls.values():
+        assert control.layout.width == "auto"  # natural size: the CSS gives every track its width
+    assert f"min-width: {viz.SLIDER_TRACK_PX}px" in panel.widget.children[0].value
+    assert viz.SLIDER_TRACK_PX >= 200
+    assert viz.number_slider("rate (req/s)", 5, 1, 10, 1, integer=True).layout.width == "auto"

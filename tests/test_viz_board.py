@@ -8,6 +8,7 @@ tokens is 2 x 4,096 x 524,288 / 64e9 = 67.11 ms; their recompute (2 x 6.74e9 x 4
 from __future__ import annotations
 
 import json
+from html import escape as html_escape
 from pathlib import Path
 
 import pytest
@@ -88,8 +89,11 @@ def test_map_rows_follow_the_lectures_table():
     assert "92.06%" in rows[5].value
     html = viz_board.map_table_html(rows)
     assert html.count("<tr>") == 10 and 'href="04_paged_kernel.ipynb"' in html
-    fig = viz_board.map_figure(rows)
-    assert len(fig.data[0].cells.values[0]) == 9
+    board = viz_board.map_board_html(rows)  # HTML, not a plotly Table: a Table widget drew blank cells
+    assert board.count("<tr>") == 10 and board.count("<td") == 27 and "href" not in board
+    assert all(html_escape(r.value) in board and html_escape(r.where) in board for r in rows)
+    with pytest.raises(ValueError, match="unknown map columns"):
+        viz_board.map_table_html(rows, columns=["the date"])
 
 
 def test_segments_follow_the_timing_plan():

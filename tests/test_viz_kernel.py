@@ -203,7 +203,8 @@ def test_bandwidth_figure_values(results_file):
 def test_placeholder_has_no_numbers():
     fig = VK.bandwidth_placeholder_figure()
     assert fig.data and all(len(t.x) == 0 and len(t.y) == 0 for t in fig.data)
-    assert any("No GPU results shipped yet" in a.text for a in fig.layout.annotations)
+    assert "no GPU results shipped yet" in fig.layout.title.text
+    assert not fig.layout.annotations or all(a.y is None or a.y >= 1 for a in fig.layout.annotations)  # nothing over the axes
 
 
 def test_bandwidth_panel_switches_source_and_metric(results_file):
@@ -225,7 +226,7 @@ def test_bandwidth_panel_switches_source_and_metric(results_file):
 import triton  # noqa: E402  (after labsupport, so the interpreter is set on CPU)
 import triton.language as tl  # noqa: E402
 
-from labsupport.course.checkoff import CheckoffError, check  # noqa: E402
+from labsupport.course.checkoff import check, results  # noqa: E402
 
 
 def _offsets_right(tables, positions, block_size, stride_block, stride_slot):
@@ -265,10 +266,12 @@ def _line_unfinished(table_row, token, valid, BLOCK_SIZE: tl.constexpr, stride_b
 
 
 def _fails(checkoff_id, answer, *words):
-    with pytest.raises(CheckoffError) as info:
-        check(checkoff_id, answer)
+    check(checkoff_id, answer)  # prints its ❌ line and returns: Run All goes on
+    outcome = results()[checkoff_id]
+    assert outcome["status"] == "failed"
+    problem = outcome["detail"].split("\nHint: ")[0]
     for word in words:
-        assert word in info.value.problem
+        assert word in problem
 
 
 def test_checkoff_4_1(capsys):
@@ -284,8 +287,10 @@ def test_checkoff_4_2(capsys):
     _fails("4.2", _line_narrow, "widen before you multiply")
     _fails("4.2", _line_no_table, "not the address of its keys")
     _fails("4.2", _offsets_right, "@triton.jit")
-    with pytest.raises(NotImplementedError):
-        check("4.2", _line_unfinished)
+    capsys.readouterr()
+    check("4.2", _line_unfinished)  # the exercise still open: one line, and the run goes on
+    assert capsys.readouterr().out.startswith("⬜ Checkoff 4.2 not attempted — ")
+    assert results()["4.2"]["status"] == "not attempted"
 
 
 def test_checkoffs_4_3_to_4_5(capsys):

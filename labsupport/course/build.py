@@ -7,15 +7,29 @@
 In the source:
   * ``### BEGIN SOLUTION N.M: prompt`` ... ``### END SOLUTION`` (nbgrader's markers, plus the checkoff
     the region serves and a one-line prompt) is cut from the student copy and replaced, at the same
-    indentation, by a comment and ``raise NotImplementedError("<N.M prompt>")`` (the message starts
-    with the to-do word and N.M).  Every checkoff of a lab needs at least one region of its own.
+    indentation, by the comment ``# <to-do word> N.M: prompt`` and a placeholder that never stops
+    Run All (the placeholder contract, which `check()` and `grade` rely on):
+      - in a function's body: ``raise NotImplementedError("<to-do word> N.M: prompt")``, raised only
+        when the function is called; check() reports it "not attempted";
+      - anywhere else: ``name = ...`` (Python's Ellipsis) for each name the region binds that code
+        after it reads before setting it again (``pass`` when none and the block needs a
+        statement); check() reports ``...`` — alone or in a list, tuple, set or dict — "not attempted".
+    Every checkoff of a lab needs at least one region of its own.
   * a cell tagged ``solution-only`` (``# %% tags=["solution-only"]``) is left out of the student copy.
   * a cell calling ``check("N.M", ...)`` is a checkoff cell.  The build tags it ``checkoff`` and
     ``nbval-check-output``; in the student copy it keeps one output, the line it prints when passed
     (with an execution count: nbval will not compare an "unrun" cell), so ``pytest --nbval-lax
     notebooks/NN_topic.ipynb`` compares it.  Checkoff cells must print nothing else.
-  * code that depends on an exercise's result goes in the exercise's own cell (after the region) or
-    recomputes it with labsupport: in the student copy, later cells must not fail for want of it.
+  * code after an exercise must not need the student's answer: it recomputes what it needs with
+    labsupport, or, when it runs the student's own function, waits behind ``if unlocked("N.M"):``.
+
+The build adds three cells to both copies: before the first code cell, the Colab set-up cell (a
+no-op anywhere else; it clones pyproject.toml's ``Repository`` URL), and, for a lab, a closing
+heading and ``scoreboard(...)``: this kernel's checkoffs and the command that grades.
+
+Building runs both copies in a fresh kernel: the solution must run without an error with every
+checkoff passed; the student copy runs top to bottom, stopping at its first error as Run All does,
+and must reach its last cell with every checkoff cell printing its "not attempted" line.
 
 Both notebooks run with their own folder as the working directory (as JupyterLab and nbval run
 them); solutions/ and notebooks/ sit at the same depth, so a relative path works in both.  Cell ids
@@ -23,37 +37,42 @@ come from the lab's name and the cell's position in the source, and student and 
 correspond share an id; with machine metadata and widget views dropped (see `finalize`), rebuilding
 a lab whose outputs are deterministic changes no byte.
 
-Labs numbered 90–99 are instructors' notebooks (the board): they may have no checkoffs.  They still
-get a copy in notebooks/, where `make lab` opens JupyterLab.
+Labs numbered 90–99 are instructors' notebooks (the board): they may have no checkoffs, and get no
+scoreboard.  They still get a copy in notebooks/.
 
 ``--check`` compares the committed notebooks with what the sources generate (cells, sources,
 metadata; the student copy entirely) and lists the differences; nbval checks the solutions' outputs.
 ``--no-execute`` rebuilds without running anything, keeping a solution cell's outputs while its
-source is unchanged.
+source is unchanged.  Exit codes: 0 done; 1 a notebook does not run as it must, or --check found a
+difference; 2 bad input (a flag, a lab name, a lab source unreadable, not UTF-8, or breaking a rule
+above), reported in one line.
 """
 from __future__ import annotations
 
-import argparse
+import ast
 import copy
 import hashlib
 import json
 import re
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
-from labsupport.course.checkoff import PASS_LINE, load_lab
+from labsupport.cli.parser import OneLineParser, UsageError
+from labsupport.course.checkoff import NOT_ATTEMPTED_LINE, PASS_LINE, PROMPT_WORD, load_lab
 
-PROMPT_WORD = "TO" + "DO"  # built from parts: the word itself never appears in labsupport's source
 BEGIN_MARK = "### BEGIN SOLUTION"
 END_MARK = "### END SOLUTION"
 TAG_SOLUTION_ONLY = "solution-only"
 TAG_CHECKOFF = "checkoff"
 TAG_NBVAL_CHECK = "nbval-check-output"
 TAG_RAISES = "raises-exception"
+TAG_SCOREBOARD = "scoreboard"
+TAG_FRONT_END = "front-end"
 SOURCE_PATTERN = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.py$")
 BEGIN_RE = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION(?:[ \t]+(?P<id>\d+\.\d+))?[ \t]*:?[ \t]*(?P<prompt>.*?)[ \t]*$")
 END_RE = re.compile(r"^[ \t]*### END SOLUTION[ \t]*$")
@@ -63,12 +82,17 @@ KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "langua
 LANGUAGE_INFO = {"name": "python", "pygments_lexer": "ipython3", "file_extension": ".py",
                  "mimetype": "text/x-python", "codemirror_mode": {"name": "ipython", "version": 3},
                  "nbconvert_exporter": "python"}
+PLACEHOLDER_TEXT = "..."  # what codec.is_unfinished recognises, as Python source
 CELL_TIMEOUT_S = 600
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 class BuildError(ValueError):
     """A lab source breaks a rule of the pipeline; the message names the lab and the cell."""
+
+
+class ExecutionFailure(BuildError):
+    """A generated notebook does not run as it must (a solution raised, a student copy stops)."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +158,7 @@ def discover(root: Path, names: list[str] | None = None) -> list[Lab]:
 
 # --- turning a source into the two notebooks -------------------------------------------------
 
-def cell_id(lab_name: str, position: int) -> str:
+def cell_id(lab_name: str, position: int | str) -> str:
     return hashlib.sha1(f"{lab_name}:{position}".encode()).hexdigest()[:16]
 
 
@@ -142,31 +166,189 @@ def todo_message(checkoff_id: str, prompt: str) -> str:
     return f"{PROMPT_WORD} {checkoff_id}: {prompt}"
 
 
-def cut_solutions(source: str, where: str) -> tuple[str, list[tuple[str, str]]]:
-    """Replace every solution region of a code cell by its prompt; return the new source and (id, prompt)s."""
-    out, found, open_region = [], [], None
+@dataclass
+class RegionText:
+    """One solution region of a cell as written: where it starts and the lines between its markers."""
+
+    indent: str
+    checkoff_id: str
+    prompt: str
+    begin: int  # 1-based line of the BEGIN marker
+    lines: list[str] = field(default_factory=list)
+
+
+def find_regions(source: str, where: str) -> list[RegionText]:
+    """Every solution region of a code cell, with its lines (markers excluded), checked for balance."""
+    regions, current = [], None
     for number, line in enumerate(source.split("\n"), start=1):
         begin, end = BEGIN_RE.match(line), END_RE.match(line)
         if begin:
-            if open_region:
+            if current:
                 raise BuildError(f"{where}, line {number}: a solution region opens inside another one")
             if not begin["id"] or not begin["prompt"]:
                 raise BuildError(f"{where}, line {number}: write '{BEGIN_MARK} N.M: <prompt for the student>' "
                                  f"(the checkoff it serves and a one-line prompt); got {line.strip()!r}")
-            open_region = (begin["indent"], begin["id"], begin["prompt"], number)
+            current = RegionText(begin["indent"], begin["id"], begin["prompt"], number)
         elif end:
-            if not open_region:
+            if not current:
                 raise BuildError(f"{where}, line {number}: '{END_MARK}' without a matching '{BEGIN_MARK}'")
-            indent, checkoff_id, prompt, _ = open_region
-            message = todo_message(checkoff_id, prompt)
-            out.append(f"{indent}# {message}")
-            out.append(f"{indent}raise NotImplementedError({json.dumps(message, ensure_ascii=False)})")
-            found.append((checkoff_id, prompt))
-            open_region = None
-        elif not open_region:
+            regions.append(current)
+            current = None
+        elif current:
+            current.lines.append(line)
+    if current:
+        raise BuildError(f"{where}, line {current.begin}: '{BEGIN_MARK}' is never closed by '{END_MARK}'")
+    return regions
+
+
+def strip_regions(source: str) -> str:
+    """The cell with each region's lines blanked and one `pass` in its place (same line numbers)."""
+    out, indent = [], None
+    for line in source.split("\n"):
+        begin, end = BEGIN_RE.match(line), END_RE.match(line)
+        if begin:
+            indent = begin["indent"]
+            out.append(f"{indent}pass")
+        elif end:
+            indent = None
+            out.append("")
+        else:
+            out.append("" if indent is not None else line)
+    return "\n".join(out)
+
+
+def _bindings(statements) -> list[tuple[str, tuple[int, int]]]:
+    """(name, where it takes effect) for each name the statements bind at their own level, in order.
+
+    Into if/for/with/try bodies, never into a def's or a class's.  An assignment binds once its
+    right-hand side has run (the statement's end); a for or with target before the body runs.
+    """
+    found: list[tuple[str, tuple[int, int]]] = []
+
+    def target(node, at) -> None:
+        if isinstance(node, ast.Name):
+            found.append((node.id, at or (node.lineno, node.col_offset)))
+        elif isinstance(node, (ast.Tuple, ast.List)):
+            for item in node.elts:
+                target(item, at)
+        elif isinstance(node, ast.Starred):
+            target(node.value, at)
+
+    for st in statements:
+        end = (st.end_lineno, 10**9)
+        if isinstance(st, ast.Assign):
+            for t in st.targets:
+                target(t, end)
+        elif isinstance(st, (ast.AnnAssign, ast.AugAssign)):
+            target(st.target, end)
+        elif isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.append((st.name, end))
+            continue
+        elif isinstance(st, (ast.For, ast.AsyncFor)):
+            target(st.target, None)
+        elif isinstance(st, (ast.With, ast.AsyncWith)):
+            for item in st.items:
+                if item.optional_vars is not None:
+                    target(item.optional_vars, None)
+        elif isinstance(st, (ast.Import, ast.ImportFrom)):
+            found += [((a.asname or a.name).split(".")[0], end) for a in st.names]
+        found += [(n.target.id, (n.end_lineno, n.end_col_offset)) for n in ast.walk(st) if isinstance(n, ast.NamedExpr)]
+        for body in ("body", "orelse", "finalbody"):
+            found += _bindings(getattr(st, body, []))
+        for handler in getattr(st, "handlers", []):
+            found += _bindings(handler.body)
+        for case in getattr(st, "cases", []):
+            found += _bindings(case.body)
+    return found
+
+
+def names_bound(code: str, where: str) -> list[str]:
+    """Names a solution region's code binds at its own level, in order."""
+    try:
+        tree = ast.parse(textwrap.dedent(code))
+    except SyntaxError as exc:
+        raise BuildError(f"{where}: a solution region outside a function must be whole statements "
+                         f"({exc.msg}, line {exc.lineno} of the region)") from None
+    return list(dict.fromkeys(name for name, _ in _bindings(tree.body)))
+
+
+def first_uses(source: str, after_line: int = 0) -> dict[str, str] | None:
+    """For each name a cell uses after `after_line`: "read" if its first use reads it, "bound" if the cell
+    sets it before reading it.  None when the cell is not plain Python (then assume it reads everything)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    events = [((n.lineno, n.col_offset), n.id, "read") for n in ast.walk(tree)
+              if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.lineno > after_line]
+    events += [(at, name, "bound") for name, at in _bindings(tree.body) if at[0] > after_line]
+    uses: dict[str, str] = {}
+    for _, name, kind in sorted(events):
+        uses.setdefault(name, kind)
+    return uses
+
+
+def still_needed(name: str, uses: list[dict[str, str] | None]) -> bool:
+    """Does code run after a region read `name` before setting it again?  `uses`: first_uses, in order."""
+    for cell in uses:
+        kind = "read" if cell is None else cell.get(name)
+        if kind:
+            return kind == "read"
+    return False
+
+
+def function_lines(source: str, where: str) -> set[int]:
+    """Lines inside the body of some function of the cell: a region there raises when called."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise BuildError(f"{where}, line {exc.lineno}: a cell with a solution region must be plain Python "
+                         f"({exc.msg})") from None
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            inside.update(range(node.lineno + 1, node.end_lineno + 1))
+    return inside
+
+
+def cut_solutions(source: str, where: str, later: list[dict[str, str] | None] = ()) -> tuple[str, list[tuple[str, str]]]:
+    """Replace every solution region of a code cell by its prompt; return the new source and (id, prompt)s.
+
+    In a function body the region becomes ``raise NotImplementedError("<N.M prompt>")``: the
+    function raises when called, and check() reports it as not attempted.  Anywhere else it becomes
+    one ``name = ...`` per name it binds that code after it reads before setting it again (`later`:
+    `first_uses` of the later cells of the student copy): nothing raises at the top level, so Run All
+    reaches the end, and the placeholder names only what the rest of the notebook needs.
+    """
+    regions = find_regions(source, where)
+    if not regions:
+        return source, []
+    in_function = function_lines(source, where)
+    stripped = strip_regions(source)
+    lines = source.split("\n")
+    out, found, skip_until = [], [], 0
+    by_begin = {r.begin: r for r in regions}
+    for number, line in enumerate(lines, start=1):
+        if number <= skip_until:
+            continue
+        region = by_begin.get(number)
+        if region is None:
             out.append(line)
-    if open_region:
-        raise BuildError(f"{where}, line {open_region[3]}: '{BEGIN_MARK}' is never closed by '{END_MARK}'")
+            continue
+        end = region.begin + len(region.lines) + 1
+        skip_until = end
+        message = todo_message(region.checkoff_id, region.prompt)
+        out.append(f"{region.indent}# {message}")
+        if region.begin in in_function:
+            out.append(f"{region.indent}raise NotImplementedError({json.dumps(message, ensure_ascii=False)})")
+        else:
+            uses = [first_uses(stripped, after_line=end), *later]
+            names = [n for n in names_bound("\n".join(region.lines), f"{where}, line {region.begin}")
+                     if still_needed(n, uses)]
+            out += [f"{region.indent}{name} = {PLACEHOLDER_TEXT}" for name in names]
+            if not names and region.indent:
+                out.append(f"{region.indent}pass")
+        found.append((region.checkoff_id, region.prompt))
     return "\n".join(out), found
 
 
@@ -183,11 +365,24 @@ def _notebook(cells: list) -> nbformat.NotebookNode:
     return nb
 
 
+def read_source(lab: Lab) -> str:
+    try:
+        return lab.source.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BuildError(f"{lab.source}: not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}); "
+                         f"save the lab source as UTF-8") from None
+    except OSError as exc:
+        raise BuildError(f"{lab.source}: cannot read it ({exc.strerror})") from None
+
+
 def parse(lab: Lab) -> Parsed:
     """Read a lab source and generate both notebooks (the solution not yet executed)."""
     import jupytext
 
-    source_nb = jupytext.reads(lab.source.read_text(encoding="utf-8"), fmt="py:percent")
+    source_nb = jupytext.reads(read_source(lab), fmt="py:percent")
+    student_code = {position: strip_regions(cell.source) for position, cell in enumerate(source_nb.cells)
+                    if cell.cell_type == "code" and TAG_SOLUTION_ONLY not in cell.metadata.get("tags", [])}
+    uses_of = {position: first_uses(code) for position, code in student_code.items()}
     sol_cells, stu_cells, regions, checkoffs = [], [], [], {}
     for position, cell in enumerate(source_nb.cells):
         where = f"{lab.source.name}, cell {position + 1}"
@@ -215,7 +410,8 @@ def parse(lab: Lab) -> Parsed:
             sol = nbformat.v4.new_markdown_cell(body, metadata=meta, id=cid)
             stu = nbformat.v4.new_markdown_cell(body, metadata=copy.deepcopy(meta), id=cid)
         elif cell.cell_type == "code":
-            student_body, found = cut_solutions(body, where)
+            later = [uses for other, uses in uses_of.items() if other > position]
+            student_body, found = cut_solutions(body, where, later)
             regions += [Region(i, p, len(sol_cells)) for i, p in found]
             for checkoff_id, _ in found:
                 if int(checkoff_id.split(".")[0]) != lab.number:
@@ -233,9 +429,68 @@ def parse(lab: Lab) -> Parsed:
         sol_cells.append(sol)
         if not solution_only:
             stu_cells.append(stu)
+    if not lab.instructor:
+        for made in scoreboard_cells(lab, len(source_nb.cells)):
+            sol_cells.append(made)
+            stu_cells.append(copy.deepcopy(made))
+    first_code = next((i for i, c in enumerate(sol_cells) if c.cell_type == "code"), len(sol_cells))
+    sol_cells.insert(first_code, colab_cell(lab))
+    first_code = next((i for i, c in enumerate(stu_cells) if c.cell_type == "code"), len(stu_cells))
+    stu_cells.insert(first_code, colab_cell(lab))
     parsed = Parsed(lab, _notebook(sol_cells), _notebook(stu_cells), regions, checkoffs)
     _validate(parsed)
     return parsed
+
+
+REPO_PLACEHOLDER = "https://github.com/<your-org>/<these-labs>.git"
+COLAB_CELL = '''# Google Colab only (anywhere else this cell does nothing): fetch and install the labs, then let Colab
+# draw their widgets (the sliders and plotly's FigureWidget are third-party widgets there).
+import sys
+
+if "google.colab" in sys.modules:
+    import os
+    import subprocess
+
+    from google.colab import output
+
+    LABS_REPO = "{repo}"  # where your course publishes these labs
+    output.enable_custom_widget_manager()
+    if "<" in LABS_REPO:
+        print("Colab: set LABS_REPO in this cell to your course's clone URL of these labs, then run it again.")
+    elif not os.path.isdir("/content/labs"):
+        subprocess.run(["git", "clone", "-q", LABS_REPO, "/content/labs"], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/labs"], check=True)
+    if os.path.isdir("/content/labs/notebooks"):
+        sys.path.insert(0, "/content/labs")  # this kernel started before the install
+        os.chdir("/content/labs/notebooks")  # the labs read their files relative to notebooks/'''
+
+
+def repository_url(root: Path) -> str:
+    """pyproject.toml's ``Repository`` URL (under [project.urls]), which the Colab cell clones; a
+    placeholder the cell explains when there is none."""
+    try:
+        text = (Path(root) / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        return REPO_PLACEHOLDER
+    found = re.search(r'^\[project\.urls\][^\[]*?^Repository\s*=\s*"([^"]+)"', text, re.M | re.S)
+    return found[1] if found else REPO_PLACEHOLDER
+
+
+def colab_cell(lab: Lab) -> nbformat.NotebookNode:
+    return nbformat.v4.new_code_cell(COLAB_CELL.format(repo=repository_url(lab.root)),
+                                     metadata={"tags": [TAG_FRONT_END]}, id=cell_id(lab.name, "colab"))
+
+
+def scoreboard_cells(lab: Lab, position: int) -> list:
+    """The lab's closing cells: a heading and the scoreboard of this kernel's checkoffs."""
+    heading = nbformat.v4.new_markdown_cell(
+        "## Your checkoffs\n\nWhat `check()` said in this kernel, checkoff by checkoff. It is feedback: the grade "
+        "comes from `python -m labsupport grade`, which runs your saved notebook in a fresh kernel.",
+        id=cell_id(lab.name, position))
+    board = nbformat.v4.new_code_cell(
+        f"from labsupport.course.scoreboard import scoreboard\n\nscoreboard({lab.name!r})",
+        metadata={"tags": [TAG_SCOREBOARD]}, id=cell_id(lab.name, position + 1))
+    return [heading, board]
 
 
 def _validate(parsed: Parsed) -> None:
@@ -281,8 +536,13 @@ def kernel_manager():
 
 def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = CELL_TIMEOUT_S, progress: bool = True,
             allow_errors: bool = False, label: str = "") -> nbformat.NotebookNode:
-    """Run `nb` in a fresh kernel of this interpreter, in `cwd`; returns the executed copy."""
+    """Run `nb` in a fresh kernel of this interpreter, in `cwd`; returns the executed copy.
+
+    Without `allow_errors` execution stops at the first error, as Run All does, and the BuildError
+    names that cell (1-based, as JupyterLab counts) and the error.
+    """
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     nb = copy.deepcopy(nb)
     bar = None
@@ -297,6 +557,14 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = CELL_TIMEOUT_S,
         client.on_cell_executed = lambda **_: bar.update(1)
     try:
         client.execute()
+    except CellTimeoutError:
+        raise ExecutionFailure(f"{label or 'notebook'}: a cell ran longer than {timeout} s") from None
+    except CellExecutionError as exc:
+        index = next((i for i, c in enumerate(nb.cells, start=1) if c.cell_type == "code"
+                      and any(o.output_type == "error" for o in c.get("outputs", []))), None)
+        where = f"cell {index}" if index else "a cell"
+        raise ExecutionFailure(f"{label or 'notebook'}, {where}: execution stops here with "
+                               f"{exc.ename}: {str(exc.evalue)[:300]}") from None
     finally:
         if bar is not None:
             bar.close()
@@ -349,6 +617,29 @@ def validate_outputs(parsed: Parsed, executed: nbformat.NotebookNode) -> None:
             if text != want or other:
                 raise BuildError(f"{parsed.lab.name}, cell {index + 1}: a checkoff cell must print only "
                                  f"{want!r}; it printed {text!r} and {other or 'nothing else'}")
+
+
+def validate_student_run(parsed: Parsed, executed: nbformat.NotebookNode) -> None:
+    """A student copy run top to bottom: each checkoff cell prints one ⬜ line per checkoff, nothing else.
+
+    The line names one of the checkoff's prompts (check() shows the one it met last).
+    """
+    prompts: dict[str, set[str]] = {}
+    for region in parsed.regions:
+        prompts.setdefault(region.checkoff_id, set()).add(region.prompt)
+    for index, cell in enumerate(executed.cells, start=1):
+        if cell.cell_type != "code" or TAG_CHECKOFF not in cell.metadata.get("tags", []):
+            continue
+        ids = CHECK_RE.findall(cell.source)
+        text, other = _output_text(cell)
+        lines = text.splitlines()
+        ok = not other and len(lines) == len(ids) and all(
+            line in {NOT_ATTEMPTED_LINE.format(id=i, prompt=p) for p in prompts[i]} for i, line in zip(ids, lines))
+        if not ok:
+            want = " and ".join(NOT_ATTEMPTED_LINE.format(id=i, prompt="<its prompt>") for i in ids)
+            raise ExecutionFailure(f"{parsed.lab.student_path.name}, cell {index}: with the exercise unfinished "
+                                   f"the checkoff cell must print only {want!r}; it printed {text!r} and "
+                                   f"{other or 'nothing else'}")
 
 
 # --- writing and comparing -----------------------------------------------------------------------
@@ -427,15 +718,25 @@ def check_labs(labs: list[Lab], root: Path) -> list[str]:
     return diffs
 
 
-def build_lab(lab: Lab, run: bool = True, progress: bool = True) -> float:
-    """Write both notebooks of one lab; returns the seconds spent executing the solution."""
+def build_lab(lab: Lab, run: bool = True, progress: bool = True) -> tuple[float, float]:
+    """Write both notebooks of one lab; returns the seconds spent running the solution and the student copy.
+
+    Running means: the solution top to bottom with no error and every checkoff passed, then the
+    student copy top to bottom, stopping at its first error as Run All does, which must reach the
+    last cell with every checkoff "not attempted".
+    """
     parsed = parse(lab)
-    seconds = 0.0
+    seconds = (0.0, 0.0)
     if run:
         start = time.perf_counter()
         executed = execute(parsed.solution, lab.solution_path.parent, progress=progress, label=lab.name)
-        seconds = time.perf_counter() - start
+        middle = time.perf_counter()
         validate_outputs(parsed, executed)
+        lab.student_path.parent.mkdir(parents=True, exist_ok=True)  # it runs where it will live
+        student_run = execute(parsed.student, lab.student_path.parent, progress=progress,
+                              label=f"notebooks/{lab.student_path.name}")
+        seconds = (middle - start, time.perf_counter() - middle)
+        validate_student_run(parsed, student_run)
         solution = finalize(executed)
     else:
         solution = carry_outputs(parsed.solution, lab.solution_path)
@@ -447,14 +748,24 @@ def build_lab(lab: Lab, run: bool = True, progress: bool = True) -> float:
 # --- command line ------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m labsupport build",
-                                description="Generate solution and student notebooks from solutions/NN_topic.py.")
+    """Exit 0 when done, 1 when a notebook does not run as it must or --check finds a difference,
+    2 for bad input: a flag, a lab name, or a lab source that is unreadable or breaks a rule."""
+    p = OneLineParser(prog="python -m labsupport build",
+                      description="Generate solution and student notebooks from solutions/NN_topic.py.")
     p.add_argument("labs", nargs="*", help="lab names or numbers (default: every lab)")
     p.add_argument("--check", action="store_true", help="compare committed notebooks with the sources; change nothing")
-    p.add_argument("--no-execute", action="store_true", help="do not run the solutions (keep unchanged cells' outputs)")
+    p.add_argument("--no-execute", action="store_true",
+                   help="run nothing (keep unchanged solution cells' outputs); skips the Run All check")
     p.add_argument("--root", default=".", help="repository root holding solutions/ and notebooks/ (default: .)")
-    args = p.parse_args(argv)
+    try:
+        args = p.parse_args(argv)
+    except UsageError as exc:
+        print(f"build: {exc}", file=sys.stderr)
+        return 2
     root = Path(args.root).resolve()
+    if not (root / "solutions").is_dir():
+        print(f"build: --root {args.root}: no solutions/ folder there", file=sys.stderr)
+        return 2
     try:
         labs = discover(root, args.labs)
         if not labs:
@@ -467,11 +778,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"build --check: {len(labs)} lab(s), {len(diffs)} difference(s)")
             return 1 if diffs else 0
         for lab in labs:
-            seconds = build_lab(lab, run=not args.no_execute)
-            ran = f"executed in {seconds:.1f} s" if not args.no_execute else "not executed"
-            print(f"{lab.name}: wrote {lab.solution_path.relative_to(root)} ({ran}) and "
-                  f"{lab.student_path.relative_to(root)}")
-    except BuildError as exc:
+            solution_s, student_s = build_lab(lab, run=not args.no_execute)
+            ran = (f"ran in {solution_s:.1f} s; the student copy's Run All reached its end in {student_s:.1f} s"
+                   if not args.no_execute else "not executed")
+            print(f"{lab.name}: wrote {lab.solution_path.relative_to(root)} and "
+                  f"{lab.student_path.relative_to(root)} ({ran})", flush=True)
+    except ExecutionFailure as exc:
         print(f"build: {exc}", file=sys.stderr)
         return 1
+    except BuildError as exc:
+        print(f"build: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -21,12 +21,19 @@ saying what to work out instead): `grade` reads the student's code and fails an 
 for them.  The module is imported the first time one of its checkoffs is asked for, so a lab only has
 to exist.
 
-`check` is formative: on success it prints exactly one line, ``✅ Checkoff 2.1 passed`` (notebooks
-keep that line as the expected output of the checkoff cell, which is what `pytest --nbval-lax`
-compares); on failure it raises `CheckoffError` saying what was wrong and a hint that teaches
-without giving the answer.  A student function that raises `NotImplementedError` (an unfinished
-exercise) is let through untouched: that is "not attempted", not "failed".  Outcomes are kept in
-`results()` for this kernel only; the grade is decided by `labsupport.course.grade`, in a process
+`check` is formative.  It prints one line and never raises for the answer, so Run All reaches the
+end of a lab:
+
+    ✅ Checkoff 2.1 passed
+    ⬜ Checkoff 2.1 not attempted — <the exercise's prompt>
+    ❌ Checkoff 2.1: <what was wrong> Hint: <how to think about it, never the answer>
+
+The pass line is the checkoff cell's stored output in the student copy (`pytest --nbval-lax`
+compares it).  "Not attempted" means the answer is still the student copy's placeholder, `...`
+(alone or inside a list, tuple, set or dict), or the student's function raises NotImplementedError.
+After a ❌ line come, only when the student's own code raised, the frames of that traceback that
+are in the student's code (never labsupport's).  Outcomes are kept in `results()` for this kernel
+only (the scoreboard reads them); the grade is decided by `labsupport.course.grade`, in a process
 of its own, from the answers alone.
 """
 from __future__ import annotations
@@ -35,33 +42,35 @@ import hashlib
 import importlib
 import inspect
 import json
+import linecache
 import math
 import numbers
+import os
 import random
 import re
+import sysconfig
+import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from labsupport.course.codec import Opaque, is_unfinished
+from labsupport.course.codec import Opaque, contains_unfinished, is_unfinished
 
 PASS_LINE = "✅ Checkoff {id} passed"
+NOT_ATTEMPTED_LINE = "⬜ Checkoff {id} not attempted — {prompt}"
+FAIL_LINE = "❌ Checkoff {id}: {problem} Hint: {hint}"
+PROMPT_WORD = "TO" + "DO"  # built from parts: the word itself never appears in labsupport's source
+MAX_STUDENT_FRAMES = 4
 ID_PATTERN = re.compile(r"^(\d+)\.(\d+)$")
 
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
+SYMBOLS = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⬜"}
 
 # Whatever the checkoff, an answer may not reach into the course tooling (the graders and their
 # expected values) or the ledger's one-call answers to the lecture's exercises.
 ALWAYS_FORBIDDEN = ("labsupport.course", "labsupport.ledger.compute", "labsupport.ledger.Scenario",
                     *(f"labsupport.ledger.exercise{i}" for i in range(1, 6)))
 PUBLIC_SEED = "labsupport formative cases"
-
-
-class CheckoffError(Exception):
-    """A checkoff did not pass: `problem` says what was wrong, `hint` how to think about it."""
-
-    def __init__(self, checkoff_id: str, problem: str, hint: str):
-        self.checkoff_id, self.problem, self.hint = checkoff_id, problem, hint
-        super().__init__(f"[{checkoff_id}] {problem}\nHint: {hint}")
 
 
 class Mismatch(Exception):
@@ -487,24 +496,154 @@ def get(checkoff_id: str) -> Checkoff:
 
 
 def check(checkoff_id: str, answer) -> None:
-    """Grade `answer` (a value, or your function) for checkoff `checkoff_id`; print one line on success."""
+    """Grade `answer` (a value, or your function) for checkoff `checkoff_id` and print one line.
+
+    Never raises for a wrong or missing answer, so Run All always reaches the end of a lab:
+
+        ✅ Checkoff 2.1 passed
+        ⬜ Checkoff 2.1 not attempted — <the exercise's prompt>
+        ❌ Checkoff 2.1: <what was wrong> Hint: <how to think about it>
+           (then, only when your own code raised, its frames: never labsupport's)
+    """
     __tracebackhide__ = True
     checkoff = get(checkoff_id)
+    if contains_unfinished(answer):  # `slot_bytes = ...`, as the student copy left it
+        prompt = prompt_of(checkoff, caller=inspect.currentframe().f_back)
+        _RESULTS[checkoff_id] = {"status": NOT_ATTEMPTED, "detail": prompt}
+        print(NOT_ATTEMPTED_LINE.format(id=checkoff_id, prompt=prompt))
+        return
+    raised = None
     try:
         checkoff.grade(answer)
     except NotImplementedError as exc:
         _RESULTS[checkoff_id] = {"status": NOT_ATTEMPTED, "detail": str(exc)}
-        raise
+        print(NOT_ATTEMPTED_LINE.format(id=checkoff_id, prompt=prompt_of(checkoff, exc,
+                                                                        inspect.currentframe().f_back)))
+        return
     except Mismatch as exc:
-        problem = str(exc)
+        problem, raised = str(exc), exc.__context__  # `call` keeps the student's exception as the context
     except Exception as exc:  # a student function called without `call`: still the student's error
-        problem = f"your answer raised {type(exc).__name__}: {exc}"
+        problem, raised = f"your answer raised {type(exc).__name__}: {exc}", exc
     else:
         _RESULTS[checkoff_id] = {"status": PASSED, "detail": ""}
         print(PASS_LINE.format(id=checkoff_id))
         return
     _RESULTS[checkoff_id] = {"status": FAILED, "detail": f"{problem}\nHint: {checkoff.hint}"}
-    raise CheckoffError(checkoff_id, problem, checkoff.hint)
+    sentence = problem.rstrip() if problem.rstrip().endswith((".", "!", "?")) else problem.rstrip() + "."
+    print(FAIL_LINE.format(id=checkoff_id, problem=sentence, hint=checkoff.hint))
+    for line in student_traceback(raised):
+        print(line)
+
+
+# --- cells that use a student's answer ----------------------------------------------------------
+
+def passed(*checkoff_ids: str) -> bool:
+    """True when every named checkoff passed in this kernel (feedback only: it decides no grade)."""
+    return all(_RESULTS.get(i, {}).get("status") == PASSED for i in checkoff_ids)
+
+
+def unlocked(*checkoff_ids: str) -> bool:
+    """`passed`, for a cell that runs the student's own code: until then it prints one ⬜ line saying
+    what it waits for, and Run All goes on."""
+    return _waits_for(checkoff_ids, "runs your answer")
+
+
+def revealed(*checkoff_ids: str) -> bool:
+    """`passed`, for a cell that confirms an exercise's value with labsupport: the formula and the
+    number stay hidden (one ⬜ line instead) until the student has derived them."""
+    return _waits_for(checkoff_ids, "shows the answer")
+
+
+def _waits_for(checkoff_ids: tuple[str, ...], what: str) -> bool:
+    if passed(*checkoff_ids):
+        return True
+    waiting = [i for i in checkoff_ids if not passed(i)]
+    names, many = ", ".join(waiting), len(waiting) > 1
+    print(f"⬜ This cell {what}{'s' if many else ''} to {names}: run it again once "
+          f"checkoff{'s' if many else ''} {names} pass{'' if many else 'es'}.")
+    return False
+
+
+# --- what check() prints when an answer is missing or wrong ------------------------------------
+
+def prompt_of(checkoff: Checkoff, raised: BaseException | None = None, caller=None) -> str:
+    """The exercise's one-line prompt, as the student copy shows it, else the checkoff's title.
+
+    The build writes ``# <to-do word> N.M: <prompt>`` above each placeholder and into each
+    NotImplementedError.  The prompt comes from the error's message; else from the source of the
+    cell that called check() (`caller`, a frame: its cell usually holds the placeholder); else from
+    the latest cell in IPython's input history that carries the comment.
+    """
+    pattern = re.compile(rf"{PROMPT_WORD} {re.escape(checkoff.id)}: *(.+)")
+    found = pattern.match(str(raised)) if raised is not None else None
+    if found:
+        return found[1].strip()
+    comment = re.compile(rf"^[ \t]*# {pattern.pattern}$", re.M)
+    sources = ["".join(linecache.getlines(caller.f_code.co_filename))] if caller is not None else []
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        history = shell.user_ns.get("In", []) if shell is not None else []
+    except (ImportError, AttributeError):
+        history = []
+    sources += reversed(history) if isinstance(history, list) else []
+    for source in sources:
+        found = comment.search(source) if isinstance(source, str) else None
+        if found:
+            return found[1].strip()
+    return checkoff.title
+
+
+def student_traceback(exc: BaseException | None) -> list[str]:
+    """The frames of `exc`'s traceback that are the student's code (never labsupport, Python or a library).
+
+    Empty when no frame of the student's is in it: then the one-line problem already says it all.
+    """
+    if exc is None:
+        return []
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _library_file(f.filename)]
+    if not frames:
+        return []
+    lines = []
+    for frame in frames[-MAX_STUDENT_FRAMES:]:
+        lines.append(f"   {_where(frame.filename)}, line {frame.lineno}, in {frame.name}")
+        if frame.line:
+            lines.append(f"       {frame.line.strip()}")
+    lines.append(f"   {type(exc).__name__}: {exc}")
+    return lines
+
+
+def _library_dirs() -> tuple[str, ...]:
+    paths = {str(Path(__file__).resolve().parents[1])}  # labsupport itself
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            paths.add(str(Path(sysconfig.get_path(key)).resolve()))
+        except (KeyError, TypeError, OSError):
+            pass
+    return tuple(p + os.sep for p in paths)
+
+
+def _library_file(filename: str) -> bool:
+    if filename.startswith("<frozen "):
+        return True
+    try:
+        resolved = str(Path(filename).resolve())
+    except (OSError, ValueError):
+        return False
+    return resolved.startswith(_library_dirs())
+
+
+def _where(filename: str) -> str:
+    """A notebook cell's file as IPython names it ("Cell In[7]"); any other file by its path."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        count = shell.compile._filename_map.get(filename) if shell is not None else None
+    except (ImportError, AttributeError):
+        count = None
+    return f"Cell In[{count}]" if isinstance(count, int) else f'File "{filename}"'
 
 
 def results() -> dict[str, dict]:

@@ -22,6 +22,8 @@ This module is the shared look; each lab concept has its own module beside it:
 from __future__ import annotations
 
 import html
+import re
+import sys
 from typing import Callable
 
 import plotly.graph_objects as go
@@ -81,16 +83,96 @@ def bytes_axis_title(quantity: str, unit: str = "GB", note: bool = True) -> str:
     return f"{quantity} ({unit}; {UNIT_NOTES[unit]})" if note else f"{quantity} ({unit})"
 
 
+TITLE_LINE_CHARS = 48  # a 24 px title line that fits a 700 px figure (plotly's width when a cell renders off screen)
+
+
+def wrap_title(title: str, width: int = TITLE_LINE_CHARS) -> str:
+    """Break a one-line title at spaces into lines of at most `width` characters (plotly clips, never wraps).
+
+    A title that already has line breaks (``<br>``) is the author's layout and is kept as it is.
+    """
+    if "<br>" in title or len(title) <= width:
+        return title
+    lines, line = [], ""
+    for word in re.split(r"(?<![=≤≥→×÷+−]) (?![=≤≥→×÷+−])", title):  # "b = 16" stays on one line
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "<br>".join(lines + [line])
+
+
+AXIS_BAND_PX = 90  # below the plot: tick labels and the x-axis title
+LEGEND_ROW_PX = 28
+NARROW_FIGURE_PX = 700  # plotly's width for a figure drawn while its cell is off screen
+
+
+def legend_rows(names, width_px: float = NARROW_FIGURE_PX - 100) -> int:
+    """Rows a horizontal legend of these entries needs in `width_px` (about 9 px a character at 16 px)."""
+    rows, used = 1, 0.0
+    for name in names:
+        item = 50 + 9 * len(str(name))
+        if used and used + item > width_px:
+            rows, used = rows + 1, 0.0
+        used += item
+    return rows
+
+
+def _margin(fig: go.Figure, side: str) -> float:
+    value = getattr(fig.layout.margin, side)
+    return value if value is not None else getattr(TEMPLATE.layout.margin, side)
+
+
 def styled(fig: go.Figure, title: str, height: int = HEIGHT, **layout) -> go.Figure:
-    """Apply the course template, a title and a height: every figure function ends here."""
-    fig.update_layout(template=TEMPLATE, title=dict(text=title), height=height, **layout)
+    """Apply the course template, a title and a height: every figure function ends here.
+
+    Two rules keep text from colliding at any width from 700 px up: a long title is wrapped
+    (`wrap_title`) and the top margin grows with its lines; a horizontal legend below the plot is
+    pinned to the figure's foot, under the x-axis title, with the bottom margin grown to hold it.
+    """
+    text = wrap_title(title)
+    fig.update_layout(template=TEMPLATE, title=dict(text=text), height=height, **layout)
+    legend = fig.layout.legend
+    names = [t.name for t in fig.data if t.name and t.showlegend is not False]
+    lines = text.count("<br>") + 1
+    above = LEGEND_ROW_PX * legend_rows(names) if legend.y is not None and legend.y >= 1 else 0
+    if lines > 1 or above:  # plotly centres the title in the top margin: add room for its lines and the legend
+        fig.update_layout(margin_t=_margin(fig, "t") + 30 * (lines - 1) + above)
+    if legend.orientation == "h" and legend.y is not None and legend.y < 0 and legend.yref != "container":
+        fig.update_layout(legend=dict(yref="container", y=0.0, yanchor="bottom"),
+                          margin_b=max(_margin(fig, "b"), AXIS_BAND_PX + LEGEND_ROW_PX * legend_rows(names) + 10))
     return fig
 
 
 # --- panels ---------------------------------------------------------------------------------------
 
+SLIDER_TRACK_PX = 240  # every slider's track: above the 200 px a hand needs, on a laptop or a projector
+# Controls keep their size and wrap onto another row when the notebook is narrow (a laptop with
+# JupyterLab's file browser open leaves about 850 px): a squeezed slider is one nobody can drag.
 _PANEL_CSS = (f"<style>.lab-panel .widget-label, .lab-panel .widget-readout, .lab-panel select, "
-              f".lab-panel .widget-html-content {{ font-size: {FONT_SIZE}px; }}</style>")
+              f".lab-panel .widget-html-content {{ font-size: {FONT_SIZE}px; }}"
+              f".lab-controls > * {{ flex: 0 0 auto; margin: 4px 28px 4px 0; }}"
+              f".lab-controls .widget-hslider {{ width: auto; }}"
+              f".lab-controls .widget-hslider .slider-container {{ flex: 0 0 {SLIDER_TRACK_PX}px; "
+              f"min-width: {SLIDER_TRACK_PX}px; }}"
+              f".lab-controls .widget-readout {{ min-width: 4em; text-align: left; }}</style>")
+
+
+def panel_header(title: str = ""):
+    """The panel's title line (bold), carrying the shared style of every lab panel."""
+    import ipywidgets as widgets
+
+    return widgets.HTML(_PANEL_CSS + (f"<b>{html.escape(title)}</b>" if title else ""))
+
+
+def controls_row(controls) -> "widgets.HBox":
+    """Controls side by side at their natural size, wrapping onto a second row rather than shrinking."""
+    import ipywidgets as widgets
+
+    row = widgets.HBox(list(controls), layout=widgets.Layout(flex_flow="row wrap", align_items="center"))
+    row.add_class("lab-controls")
+    return row
 
 
 class Panel:
@@ -118,8 +200,8 @@ class Panel:
         self.readout.value = self._readout_html()
         for control in self.controls.values():
             control.observe(self._on_change, names="value")
-        header = widgets.HTML(_PANEL_CSS + (f"<b>{html.escape(title)}</b>" if title else ""))
-        self.widget = widgets.VBox([header, widgets.HBox(list(self.controls.values())), self.figure, self.readout])
+        self.widget = widgets.VBox([panel_header(title), controls_row(self.controls.values()), self.figure,
+                                    self.readout])
         self.widget.add_class("lab-panel")
 
     @property
@@ -193,12 +275,26 @@ def dropdown(options, value, description: str):
 
 
 def selection_slider(options, value, description: str, continuous_update: bool = True):
-    """A slider over discrete options (e.g. powers of two); `continuous_update=False` for slow panels."""
+    """A slider over discrete options (e.g. powers of two); `continuous_update=False` for slow panels.
+
+    `description` names the quantity and its unit, e.g. "S_max (tokens)".
+    """
     import ipywidgets as widgets
 
     return widgets.SelectionSlider(options=options, value=value, description=description,
                                    continuous_update=continuous_update, style={"description_width": "initial"},
-                                   layout=widgets.Layout(width="420px"))
+                                   layout=widgets.Layout(width="auto"))
+
+
+def number_slider(description: str, value: float, lo: float, hi: float, step: float, continuous: bool = True,
+                  integer: bool = False, readout_format: str | None = None):
+    """An int or float slider laid out like every other lab slider; `description` carries the unit."""
+    import ipywidgets as widgets
+
+    cls = widgets.IntSlider if integer else widgets.FloatSlider
+    kw = {} if integer or readout_format is None else {"readout_format": readout_format}
+    return cls(value=value, min=lo, max=hi, step=step, description=description, continuous_update=continuous,
+               style={"description_width": "initial"}, layout=widgets.Layout(width="auto"), **kw)
 
 
 def model_options() -> list[tuple[str, str]]:
@@ -210,6 +306,24 @@ def gpu_options() -> list[tuple[str, str]]:
 
 
 S_MAX_OPTIONS = [(f"{2**k:,}", 2**k) for k in range(9, 18)]  # 512 … 131,072 tokens
+
+
+# --- front ends ------------------------------------------------------------------------------
+
+def enable_colab_widgets() -> bool:
+    """On Google Colab, turn on its custom widget manager: the sliders and plotly's FigureWidget (an
+    anywidget) are third-party widgets there.  Elsewhere nothing happens.  True when it was turned on."""
+    if "google.colab" not in sys.modules:
+        return False
+    try:
+        from google.colab import output
+    except ImportError:
+        return False
+    output.enable_custom_widget_manager()
+    return True
+
+
+enable_colab_widgets()
 
 
 # --- errata -------------------------------------------------------------------------------------

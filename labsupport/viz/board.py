@@ -296,29 +296,32 @@ def map_rows(numbers: dict) -> list[MapRow]:
     ]
 
 
-def map_table_html(rows: Sequence[MapRow], links: bool = True) -> str:
-    head = ["still broken after today", "the quantity", "its value here", "where it goes", "computed in"]
-    style = f"font-size:{FONT_SIZE - 2}px;padding:6px 12px;text-align:left;vertical-align:top"
+MAP_COLUMNS = ("still broken after today", "the quantity", "its value here", "where it goes", "computed in")
+BOARD_COLUMNS = ("the quantity", "its value here", "where it goes")  # the projector's three
+
+
+def map_table_html(rows: Sequence[MapRow], links: bool = True, columns: Sequence[str] = MAP_COLUMNS,
+                   font_px: int = FONT_SIZE - 2) -> str:
+    """§10.7's table as HTML (it renders in every front end; a plotly Table in a widget drew blank cells)."""
+    unknown = [c for c in columns if c not in MAP_COLUMNS]
+    if unknown:
+        raise ValueError(f"unknown map columns {unknown}; choose from {MAP_COLUMNS}")
+    style = f"font-size:{font_px}px;padding:6px 12px;text-align:left;vertical-align:top"
     out = ['<table style="border-collapse:collapse">',
-           "<tr>" + "".join(f'<th style="{style}">{h}</th>' for h in head) + "</tr>"]
+           "<tr>" + "".join(f'<th style="{style}">{h}</th>' for h in columns) + "</tr>"]
     for r in rows:
-        cells = [html.escape(r.broken), f"<b>{html.escape(r.quantity)}</b>", html.escape(r.value),
-                 html.escape(r.where), r.lab_link if links else f"lab {r.lab}"]
-        out.append("<tr>" + "".join(f'<td style="{style}">{c}</td>' for c in cells) + "</tr>")
+        cells = dict(zip(MAP_COLUMNS, (html.escape(r.broken), f"<b>{html.escape(r.quantity)}</b>",
+                                       html.escape(r.value), html.escape(r.where),
+                                       r.lab_link if links else f"lab {r.lab}")))
+        out.append("<tr>" + "".join(f'<td style="{style}">{cells[c]}</td>' for c in columns) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
 
 
-def map_figure(rows: Sequence[MapRow], height: int = 760) -> go.Figure:
-    """§10.7 for the projector: the quantity, its value, and the date that attacks it."""
-    fig = go.Figure(go.Table(
-        columnwidth=[2.2, 3.6, 2.0],
-        header=dict(values=["<b>the quantity still wrong</b>", "<b>its value (computed)</b>", "<b>where it goes</b>"],
-                    fill_color=PALETTE["limit"], font=dict(color="white", size=FONT_SIZE), align="left", height=40),
-        cells=dict(values=[[r.quantity for r in rows], [r.value for r in rows], [r.where for r in rows]],
-                   fill_color=[["#F4F4F4", "white"] * len(rows)], font=dict(size=FONT_SIZE - 3), align="left",
-                   height=62)))
-    return styled(fig, "What paging did not fix: the map of Part II", height=height, margin=dict(l=20, r=20, t=80, b=20))
+def map_board_html(rows: Sequence[MapRow]) -> str:
+    """§10.7 for the projector: the quantity, its value and the date that attacks it, in large type."""
+    title = f'<div style="font-size:{TITLE_SIZE}px;margin:8px 0">What paging did not fix: the map of Part II</div>'
+    return title + map_table_html(rows, links=False, columns=BOARD_COLUMNS, font_px=FONT_SIZE + 2)
 
 
 # --- board data: computed once, shipped, checked by a test ------------------------------------------
@@ -505,7 +508,9 @@ def _board_picture(index: int, data: dict):
         return [viz_slo.FigureView(viz_slo.ttft_bars_figure(splits, title="TTFT on a loaded card (62 chat requests/s)"),
                                    "TTFT split: queueing biggest"), viz_slo.goodput_table_panel()]
     if index == 6:
-        return [viz_slo.FigureView(map_figure(map_rows(data["map"])), "the map of Part II")]
+        import ipywidgets as widgets
+
+        return [widgets.HTML(map_board_html(map_rows(data["map"])))]
     raise IndexError(f"segment index must be 0..{len(SEGMENTS) - 1}, got {index}")
 
 
@@ -557,7 +562,7 @@ class SegmentView:
         self.pictures = _board_picture(index, data if data is not None else load_board_data())
         parts = [widgets.HTML(segment_header_html(self.segment))]
         for p in self.pictures:
-            parts.append(p.widget if hasattr(p, "widget") else p.figure)
+            parts.append(p if isinstance(p, widgets.Widget) else p.widget if hasattr(p, "widget") else p.figure)
         parts.append(widgets.HTML(segment_ask_html(self.segment)))
         self.widget = widgets.VBox(parts)
 

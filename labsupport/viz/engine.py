@@ -33,7 +33,7 @@ from labsupport import ledger
 from labsupport.checks import positive_int as _positive_int
 from labsupport.specs import GB, LECTURE_MFU, GPUSpec, MiB, ModelSpec, get_gpu, get_model
 from labsupport.units import fmt_int
-from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, gpu_options, selection_slider, styled
+from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, gpu_options, number_slider, selection_slider, styled
 
 PHASES = ("not here", "waiting", "prefill", "decode", "preempted", "done")
 PHASE_COLOURS = {"not here": "#FFFFFF", "waiting": "#F6D7A7", "prefill": PALETTE["compute"],
@@ -261,8 +261,7 @@ def stream_panel(log: StreamLog, decode: Callable | None = None, upto: int | Non
     import ipywidgets as widgets
 
     last = len(log.steps)
-    slider = widgets.IntSlider(value=last if upto is None else upto, min=1, max=last, step=1, description="step",
-                               style={"description_width": "initial"}, layout=widgets.Layout(width="520px"))
+    slider = number_slider("engine step (of the run)", last if upto is None else upto, 1, last, 1, integer=True)
     panel = Panel(lambda upto: stream_figure(log, upto, decode), {"upto": slider},
                   lambda upto: stream_readout(log, upto, decode), title="The loop, one step at a time")
     play = widgets.Play(value=slider.value, min=1, max=last, step=1, interval=250, description="play")
@@ -382,15 +381,17 @@ def watermark_figure(runs: Sequence[OverloadRun], watermark: float, title: str |
     if cur.watermark_blocks:
         fig.add_hline(y=cur.num_blocks - cur.watermark_blocks, line=dict(color=PALETTE["memory"], dash="dash", width=2),
                       row=1, col=2)
-    fig.update_xaxes(title_text="watermark (% of the pool kept free)", row=1, col=1)
+    # Short axis titles: side by side at 700 px, longer ones ran into each other.
+    fig.update_xaxes(title_text="watermark (% of pool)", row=1, col=1)
     fig.update_yaxes(title_text="requests refused", color=PALETTE["memory"], row=1, col=1, secondary_y=False,
                      tickformat=",d")
     top = max([r.total_preemptions for r in runs] + [1])
     step = next(k * 10 ** e for e in range(0, 9) for k in (1, 2, 5) if k * 10 ** e * 5 >= top)
     fig.update_yaxes(title_text="preemptions", color=PALETTE["recompute"], row=1, col=1, secondary_y=True,
                      range=[0, step * 5.4], dtick=step, showgrid=False, tickformat=",d", title_standoff=4)
-    fig.update_xaxes(title_text="time (s, cost-model clock)", row=1, col=2)
-    fig.update_yaxes(title_text="blocks", row=1, col=2, range=[0, cur.num_blocks * 1.08])
+    fig.update_xaxes(title_text="time (s, cost model)", row=1, col=2)
+    # No y title on the right: the subplot's title names it, and one here sat on "preemptions".
+    fig.update_yaxes(row=1, col=2, range=[0, cur.num_blocks * 1.08])
     return styled(fig, title or f"Overload: {cur.requests:,} requests into {cur.num_blocks:,} blocks", height=540,
                   legend=dict(orientation="h", yanchor="top", y=-0.28, x=0.0), margin=dict(l=90, r=40, t=110, b=150))
 
@@ -409,7 +410,7 @@ def watermark_panel(runs: Sequence[OverloadRun], watermark: float | None = None)
     """A slider over the watermarks the sweep ran (precomputed, so moving it is instant)."""
     options = [(f"{100 * r.watermark:g}%", r.watermark) for r in sorted(runs, key=lambda r: r.watermark)]
     value = options[0][1] if watermark is None else _pick(runs, watermark).watermark
-    controls = {"watermark": selection_slider(options, value, "watermark")}
+    controls = {"watermark": selection_slider(options, value, "watermark (free blocks)")}
     return Panel(lambda watermark: watermark_figure(runs, watermark), controls,
                  lambda watermark: watermark_readout(runs, watermark),
                  title="Refuse new arrivals, or preempt the resident?")
@@ -465,8 +466,8 @@ def swap_recompute_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, link_
         fig.add_annotation(x=math.log10(cross), y=1, yref="paper", yanchor="bottom", showarrow=False,
                            text=f"crossover {cross:,.0f} tokens", font=dict(size=FONT_SIZE - 2))
     winner = "swap" if d["choice"] == "swap" else "recompute"
-    return styled(fig, title or f"{model.name} on {gpu.name}, link {link_bandwidth / GB:g} GB/s: {winner} wins at "
-                                f"{seq_tokens:,}",
+    return styled(fig, title or f"At S = {seq_tokens:,}, {winner} wins<br><sup>{model.name} on {gpu.name}, link "
+                                f"{link_bandwidth / GB:g} GB/s</sup>",
                   xaxis=dict(title="tokens of the preempted sequence, S (log)", type="log"),
                   yaxis=dict(title="stall (ms, log)", type="log"),
                   **_LEGEND_BELOW)
@@ -492,7 +493,7 @@ def swap_recompute_panel(seq_tokens: int = 4096, link_gbs: float = 64, model: st
     """§10.5 / Exercise 4: sliders over S, the link, the model (MHA/GQA) and the GPU."""
     controls = {
         "seq_tokens": selection_slider(S_OPTIONS, seq_tokens, "S (tokens)"),
-        "link_gbs": selection_slider(LINK_OPTIONS, link_gbs, "link"),
+        "link_gbs": selection_slider(LINK_OPTIONS, link_gbs, "host link (GB/s)"),
         "model": dropdown(list(SWAP_MODELS), model, "model"),
         "gpu": dropdown(gpu_options(), gpu, "GPU"),
     }
@@ -524,7 +525,7 @@ def breakeven_figure(models: Sequence[ModelSpec], gpu: GPUSpec, link_bandwidth: 
                        text=f"link {link / GB:g} GB/s: swap wins above the curve", font=dict(color=PALETTE["link"]))
     return styled(fig, title or f"Break-even link bandwidth on {gpu.name} at {100 * mfu:g}% of peak",
                   xaxis=dict(title="tokens of the preempted sequence, S (log)", type="log"),
-                  yaxis=dict(title="break-even W* (GB/s, log)", type="log"),
+                  yaxis=dict(title="break-even W* (GB/s, log)", type="log", dtick="D2"),  # 2 and 5 only: legible
                   **_LEGEND_BELOW)
 
 
@@ -693,7 +694,8 @@ def _fmt_time(value: float, unit: str) -> str:
 def stall_figure(rows: Sequence[dict], unit: str = "ms", title: str | None = None) -> go.Figure:
     """Extra time each preemption mode cost over the run that never preempted."""
     scale = {"s": 1.0, "ms": 1e3, "µs": 1e6}[unit]
-    labels = [f"{r['label']}<br>{r['swap']} swap, {r['recompute']} recompute" for r in rows]
+    # three short lines per bar, so the labels stay horizontal and inside the figure at 700 px
+    labels = [f"{r['label'].replace(', ', '<br>')}<br>{r['swap']} swap, {r['recompute']} rec." for r in rows]
     values = [scale * r["stall_s"] for r in rows]
     fig = go.Figure(go.Bar(
         x=labels, y=values,
@@ -702,8 +704,8 @@ def stall_figure(rows: Sequence[dict], unit: str = "ms", title: str | None = Non
         text=[_fmt_time(v, unit) + (" ✓ same tokens" if r.get("same_tokens") else "") for v, r in zip(values, rows)],
         textposition="outside", cliponaxis=False, textfont=dict(size=FONT_SIZE), width=0.6))
     top = max(values + [0])
-    return styled(fig, title or "The stall each preemption mode cost", showlegend=False,
-                  xaxis=dict(tickfont=dict(size=FONT_SIZE - 4)),
+    return styled(fig, title or "The stall each preemption mode cost", showlegend=False, margin=dict(b=120),
+                  xaxis=dict(tickfont=dict(size=FONT_SIZE - 4), tickangle=0),
                   yaxis=dict(title=f"extra time ({unit})", range=[0, top * 1.25 if top > 0 else 1]))
 
 

@@ -207,10 +207,11 @@ def address_map_figure(amap: AddressMap, history: str = "") -> go.Figure:
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=colour, width=5), showlegend=False,
                                  legendgroup=str(seq), connectgaps=False,
                                  hovertemplate="token %{x}: %{y:,.3f} MiB<extra></extra>"), row=1, col=2)
-    fig.update_xaxes(title_text="token position in the sequence")
+    # Short axis titles, and the legend a row below them: two long titles side by side touched.
+    fig.update_xaxes(title_text="token position")
     fig.update_yaxes(title_text="byte address of its K row (MiB)", row=1, col=1)
-    return styled(fig, "Where the kernel reads each token's keys", height=480,
-                  legend=dict(orientation="h", y=-0.25, x=0))
+    return styled(fig, "Where the kernel reads each token's keys", height=500,
+                  legend=dict(orientation="h", y=-0.3, x=0), margin=dict(b=120))
 
 
 def address_readout(amap: AddressMap) -> str:
@@ -302,13 +303,11 @@ def step_bytes_panel(batch: int = 64, seq_len: int = 4096, model: str = "lecture
                      gpu: str = "h100-sxm-80gb", block_size: int = 16) -> Panel:
     """Lab 04: B, S, block size and model -> the bytes a decode step's attention moves (time floor on `gpu`)."""
     controls = {
-        "batch": selection_slider([1, 8, 16, 32, 64, 128, 256], batch, "B"),
-        "seq_len": selection_slider([2**k for k in range(9, 16)], seq_len, "S"),
-        "block_size": selection_slider(list(BLOCK_SIZES), block_size, "block"),
+        "batch": selection_slider([1, 8, 16, 32, 64, 128, 256], batch, "B (sequences)"),
+        "seq_len": selection_slider([2**k for k in range(9, 16)], seq_len, "S (tokens)"),
+        "block_size": selection_slider(list(BLOCK_SIZES), block_size, "block size (tokens)"),
         "model": dropdown(model_options(), model, "model"),
     }
-    for name in ("batch", "seq_len", "block_size"):  # four controls must fit one notebook row
-        controls[name].layout.width = "250px"
     card = get_gpu(gpu)
 
     def args(batch, seq_len, block_size, model):
@@ -322,6 +321,7 @@ def step_bytes_panel(batch: int = 64, seq_len: int = 4096, model: str = "lecture
 
 GPU_RESULTS = "data/gpu_results.json"  # written by `python -m labsupport bench gpu`, relative to the repo root
 METRICS = ("% of copy bandwidth", "GB/s")
+COPY_SHARE_TITLE = METRICS[0]  # the y title: short, a long one ran up into the two-line title
 
 
 @dataclass(frozen=True)
@@ -374,7 +374,7 @@ def _metric_value(metric: str, bytes_moved: float, ms: float | None, copy_bandwi
 
 def _log2_axis(block_sizes) -> dict:
     ticks = sorted(set(block_sizes))
-    return dict(type="log", tickvals=ticks, ticktext=[str(b) for b in ticks], title="block size (tokens, log scale)")
+    return dict(type="log", tickvals=ticks, ticktext=[str(b) for b in ticks], title="block size (tokens, log)")
 
 
 def bandwidth_figure(results: BenchResults, metric: str = METRICS[0]) -> go.Figure:
@@ -413,7 +413,7 @@ def bandwidth_figure(results: BenchResults, metric: str = METRICS[0]) -> go.Figu
                        showarrow=False, text=f"measured copy: {cb / GB:,.1f} GB/s", font=dict(size=FONT_SIZE - 2))
     sizes = [r["block_size"] for r in gather + decode] or list(BLOCK_SIZES)
     fig.update_xaxes(**_log2_axis(sizes))
-    ytitle = "% of measured copy bandwidth" if metric == METRICS[0] else "effective GB/s (1 GB = 10⁹ B)"
+    ytitle = COPY_SHARE_TITLE if metric == METRICS[0] else "effective GB/s (10⁹ B/s)"
     values = [y for trace in fig.data for y in trace.y if y is not None]
     top = max(values + [ceiling]) * 1.15
     fig.update_yaxes(title_text=ytitle, row=1, col=1, range=[0, top])
@@ -443,14 +443,13 @@ def bandwidth_placeholder_figure(block_sizes=BLOCK_SIZES, metric: str = METRICS[
         for col in (1, 2):
             fig.add_hline(y=100, line=dict(color=PALETTE["limit"], dash="dash", width=2), row=1, col=col)
         fig.update_yaxes(range=[0, 115])
-    fig.update_yaxes(title_text="% of measured copy bandwidth" if metric == METRICS[0]
-                     else "effective GB/s (1 GB = 10⁹ B)", row=1, col=1)
-    fig.add_annotation(xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
-                       text="<b>No GPU results shipped yet</b><br>run  python -m labsupport bench gpu  on a CUDA GPU:"
-                            "<br>it writes data/gpu_results.json, which this chart plots",
-                       font=dict(size=FONT_SIZE), bgcolor="rgba(255,255,255,0.85)")
-    return styled(fig, "Bandwidth against block size: waiting for a GPU run", height=520,
-                  legend=dict(orientation="h", y=-0.25, x=0))
+    fig.update_yaxes(title_text=COPY_SHARE_TITLE if metric == METRICS[0] else "effective GB/s (10⁹ B/s)",
+                     row=1, col=1)
+    # The message sits on the title's second line, not over the axes (an overlay hid the right
+    # subplot's axis).
+    return styled(fig, "Bandwidth against block size: waiting for a GPU run<br><sup>no GPU results shipped yet: "
+                       "run <b>python -m labsupport bench gpu</b> on a CUDA GPU</sup>",
+                  height=520, legend=dict(orientation="h", y=-0.25, x=0), margin=dict(t=110))
 
 
 def bandwidth_readout(results: BenchResults | None) -> str:

@@ -42,10 +42,12 @@ from labsupport.viz import (
     S_MAX_OPTIONS,
     Panel,
     bytes_axis_title,
+    controls_row,
     dropdown,
     gpu_options,
     in_unit,
     model_options,
+    panel_header,
     selection_slider,
     styled,
 )
@@ -90,10 +92,10 @@ def slot_figure(s_max: int = 4096, prompt: int = 512, output: int = 128) -> go.F
     fig.add_annotation(x=used + empty / 2, y=0.42, yref="y", showarrow=False,
                        text=f"<b>{empty:,}</b> reserved and empty ({fmt_pct(empty / s_max, 1)})",
                        font=dict(size=FONT_SIZE + 2, color=PALETTE["waste"]))
-    return styled(fig, f"One reserve-to-max slot: {s_max:,} tokens reserved, {used:,} used", height=300,
+    return styled(fig, f"One reserve-to-max slot: {s_max:,} tokens reserved, {used:,} used", height=360,
                   barmode="overlay", xaxis=dict(title="token positions in the slot", range=[0, s_max]),
                   yaxis=dict(showticklabels=False, range=[-0.5, 0.8]),
-                  legend=dict(orientation="h", y=1.0, x=1, xanchor="right", yanchor="bottom"))
+                  legend=dict(orientation="h", y=-0.5, x=0))  # below: at 700 px a legend above wrapped onto the bar
 
 
 def fill_reserve_to_max(budget_bytes: float, s_max: int, seq_tokens: int, kv_per_token: int) -> ReserveToMaxAllocator:
@@ -158,17 +160,17 @@ def slot_stack_figure(alloc: ReserveToMaxAllocator, budget_bytes: float, max_row
                          marker_color=PALETTE["waste"],
                          hovertemplate="%{y}: %{x:,.3f} " + unit + " reserved and empty<extra></extra>"))
     left = m["leftover_bytes"]
+    # The leftover sits on the title's second line, the legend on the plot's top edge: at any width
+    # the two never meet (a note beside the legend ran under it in a 700 px figure).
     title = (f"{m['concurrency']:,} slots × {fmt_gb(slot)}: {fmt_gb(m['occupied_bytes'], 2)} of "
-             f"{fmt_gb(budget_bytes, 2)} hold tokens ({fmt_pct(m['utilization'])})")
-    fig.add_annotation(x=0, y=1.0, xref="paper", yref="paper", xanchor="left", yanchor="bottom",
-                       showarrow=False, font=dict(size=FONT_SIZE - 2, color="#555555"),
-                       text=f"+ {fmt_gb(left)} of the budget too small for another slot")
-    height = max(320, min(900, 120 + 22 * len(labels)))
+             f"{fmt_gb(budget_bytes, 2)} hold tokens ({fmt_pct(m['utilization'])})"
+             f"<br><sup>+ {fmt_gb(left)} of the budget too small for another slot</sup>")
+    height = max(340, min(920, 150 + 22 * len(labels)))
     return styled(fig, title, height=height, barmode="stack",
                   xaxis=dict(title=bytes_axis_title("KV memory per slot", unit), range=[0, in_unit(slot, unit)]),
                   yaxis=dict(autorange="reversed", tickfont=dict(size=max(10, FONT_SIZE - len(labels) // 4))),
                   legend=dict(orientation="h", y=1.0, x=1, xanchor="right", yanchor="bottom", traceorder="normal"),
-                  bargap=0.15)
+                  bargap=0.15, margin=dict(t=130))
 
 
 PROMPT_OPTIONS = [(f"{n:,}", n) for n in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16_384, 32_768)]
@@ -199,8 +201,8 @@ def naive_panel(s_max: int = 4096, prompt: int = 512, output: int = 128, model: 
     """Lab 02: S_max, prompt, output, model and GPU -> the real allocator's slots and utilization."""
     controls = {
         "s_max": selection_slider(S_MAX_OPTIONS, s_max, "S_max (tokens)"),
-        "prompt": selection_slider(PROMPT_OPTIONS, prompt, "prompt"),
-        "output": selection_slider(OUTPUT_OPTIONS, output, "output"),
+        "prompt": selection_slider(PROMPT_OPTIONS, prompt, "prompt (tokens)"),
+        "output": selection_slider(OUTPUT_OPTIONS, output, "output (tokens)"),
         "model": dropdown(model_options(), model, "model"),
         "gpu": dropdown(gpu_options(), gpu, "GPU"),
     }
@@ -276,6 +278,19 @@ def run_until_fragmented(capacity_tokens: int, mix: Sequence[tuple[int, float]] 
     return FragmentationRun(alloc, None, max_arrivals, retired, refused, fragmented)
 
 
+# Slot sizes, small to large: light to dark blue, far enough apart in lightness to tell apart in
+# colour or in grey (three opacities of one blue were not).
+SIZE_BLUES = ("#9ECAE1", "#4292C6", "#08306B")
+
+
+def _size_colours(n: int) -> list[str]:
+    if n <= len(SIZE_BLUES):
+        return list(SIZE_BLUES[len(SIZE_BLUES) - n:])
+    import plotly.colors
+
+    return plotly.colors.sample_colorscale([[0, SIZE_BLUES[0]], [1, SIZE_BLUES[-1]]], [i / (n - 1) for i in range(n)])
+
+
 def address_space_figure(alloc: ContiguousAllocator, refusal: Refusal | None = None, unit: str = "GB") -> go.Figure:
     """The variable-slot address space: slots by declared size, holes between them, and the refused request."""
     kv = alloc.kv_bytes_per_token or 1
@@ -284,13 +299,12 @@ def address_space_figure(alloc: ContiguousAllocator, refusal: Refusal | None = N
     layout = alloc.layout()
     fig = go.Figure()
     classes = sorted({s.size for s in alloc.slots.values()})
-    shades = {size: 0.45 + 0.55 * i / max(1, len(classes) - 1) for i, size in enumerate(classes)}
-    for size in classes:
+    for size, colour in zip(classes, _size_colours(len(classes))):
         parts = [(o, s) for o, s, sid in layout if sid is not None and s == size]
         fig.add_trace(go.Bar(
             y=["address space"] * len(parts), x=[to_unit(s) for _, s in parts], base=[to_unit(o) for o, _ in parts],
-            orientation="h", name=f"slot, S_max = {size:,}", marker_color=PALETTE["compute"],
-            marker_opacity=shades[size], marker_line=dict(color="white", width=1),
+            orientation="h", name=f"slot, S_max = {size:,}", marker_color=colour,
+            marker_line=dict(color="white", width=1),
             hovertemplate=f"slot of {size:,} tokens<extra></extra>"))
     holes = [(o, s) for o, s, sid in layout if sid is None]
     too_small = [h for h in holes if refusal is not None and h[1] < refusal.requested_tokens]
@@ -316,11 +330,11 @@ def address_space_figure(alloc: ContiguousAllocator, refusal: Refusal | None = N
                   f"<b>{to_unit(refusal.largest_hole_tokens):,.2f} {axis_unit}</b>, request "
                   f"<b>{to_unit(refusal.requested_tokens):,.2f} {axis_unit}</b>: refused"))
     title = "Per-request S_max: first-fit slots and the holes between them"
-    return styled(fig, title, height=430, barmode="overlay",
+    return styled(fig, title, height=470, barmode="overlay",
                   xaxis=dict(title=bytes_axis_title("address", unit) if alloc.kv_bytes_per_token else "token slot",
                              range=[0, to_unit(alloc.capacity_tokens)]),
-                  yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.5, x=0),
-                  margin=dict(t=120, l=190, b=130))
+                  yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.62, x=0),
+                  margin=dict(t=120, l=190, b=170))
 
 
 # =============================================================================================
@@ -353,6 +367,8 @@ def fig2_figure(breakdowns: Mapping[str, Breakdown], paper: Mapping[str, float] 
         fig.add_trace(go.Bar(
             x=bar_labels, y=vals, name=name, marker_color=colour, marker_line=dict(color="#444444", width=0.5),
             text=[f"{v:.1f}%" if v >= 4 else "" for v in vals], textposition="inside",
+            # token states read at the foot of their bar, clear of the paper's marker near the top
+            insidetextanchor="start" if key == "token_states" else "end",
             hovertemplate="%{x}: " + name + " %{y:.1f}%<extra></extra>"))
     if paper:
         xs = [names.get(p, p) for p in policies if p in paper]
@@ -452,7 +468,7 @@ def block_table_figure(allocator: BlockAllocator, seq_ids: Sequence[Hashable] | 
     tables = "   ".join(f"{_seq_label(s, names)}: {allocator.seq_lens[s]} tokens → "
                         f"[{', '.join(map(str, allocator.block_tables[s]))}]" for s in seqs)
     notes = [dict(x=0, y=1.0, xref="paper", yref="paper", yanchor="bottom", xanchor="left", showarrow=False,
-                  text=html.escape(tables) or "no sequences", font=dict(size=FONT_SIZE - 1)),
+                  yshift=12, text=html.escape(tables) or "no sequences", font=dict(size=FONT_SIZE - 1)),
              dict(x=0.5, y=-0.95, text="logical blocks", showarrow=False, font=dict(size=FONT_SIZE)),
              dict(x=pool_x + 0.5, y=-0.95, text=f"physical pool ({allocator.num_free_blocks} free)",
                   showarrow=False, font=dict(size=FONT_SIZE))]
@@ -461,7 +477,7 @@ def block_table_figure(allocator: BlockAllocator, seq_ids: Sequence[Hashable] | 
                   height=max(380, 60 + 34 * top), annotations=notes + arrows, showlegend=False, barmode="overlay",
                   xaxis=dict(visible=False, range=[-0.8, pool_x + 1.6]),
                   yaxis=dict(visible=False, range=[top - 0.3, -1.3]),
-                  margin=dict(l=30, r=30, t=110, b=20))
+                  margin=dict(l=30, r=30, t=120, b=20))
 
 
 class BlockTableExplorer:
@@ -495,8 +511,8 @@ class BlockTableExplorer:
         self.figure = go.FigureWidget(self._figure())
         self.readout = widgets.HTML()
         self.readout.value = self._readout_html()
-        header = widgets.HTML("<b>Two sequences, one pool: the block table</b>")
-        self.widget = widgets.VBox([header, widgets.HBox([self.controls["block_size"], *self.buttons.values()]),
+        self.widget = widgets.VBox([panel_header("Two sequences, one pool: the block table"),
+                                    controls_row([self.controls["block_size"], *self.buttons.values()]),
                                     self.figure, self.readout])
         self.widget.add_class("lab-panel")
 
@@ -869,7 +885,7 @@ def block_size_panel(measured: Mapping[str, Mapping[int, BlockSizeMeasurement]],
         raise ValueError("block_size_panel needs at least one measured workload")
     names = list(measured)
     sizes = sorted(set(ledger_sizes) | {b for per in measured.values() for b in per})
-    controls = {"block_size": selection_slider(sizes, block_size, "block size b"),
+    controls = {"block_size": selection_slider(sizes, block_size, "block size b (tokens)"),
                 "workload": dropdown(names, names[0], "workload")}
 
     def figure(block_size, workload):

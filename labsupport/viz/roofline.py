@@ -15,6 +15,7 @@ from labsupport.specs import GB, GPUSpec, KiB, ModelSpec, get_gpu, get_model
 from labsupport.units import fmt_bytes, fmt_gb, fmt_int
 from labsupport.viz import (
     FONT_SIZE,
+    HEIGHT,
     PALETTE,
     S_MAX_OPTIONS,
     Panel,
@@ -103,9 +104,11 @@ def intensity_figure(model: ModelSpec, gpu: GPUSpec, seq_lengths=(0, 87, 640, 40
     fig.add_annotation(x=0, y=math.log10(ridge), xanchor="left", yanchor="bottom", showarrow=False,
                        text=f" ridge: {ridge:,.0f} FLOP/byte", font=dict(color=PALETTE["compute"]))
     top = max(ridge, ledger.decode_intensity(model, max_batch, 0)) * 2
-    return styled(fig, f"Decode intensity with KV reads: {model.name} on {gpu.name}",
+    # A legend of five below the plot takes height from it: give it back, so the y-axis title fits beside
+    # the plot instead of running up into the title.
+    return styled(fig, f"Decode intensity with KV reads<br><sup>{model.name} on {gpu.name}</sup>", height=HEIGHT + 120,
                   xaxis=dict(title="decode batch B (log scale)", type="log", range=[0, math.log10(max_batch)]),
-                  yaxis=dict(title="FLOP per HBM byte (log scale)", type="log", range=[0, math.log10(top)]),
+                  yaxis=dict(title="FLOP per HBM byte (log)", type="log", range=[0, math.log10(top)]),
                   legend=dict(orientation="h", y=-0.25, x=0))
 
 
@@ -165,6 +168,6 @@ def kv_heads_readout(num_kv_heads: int) -> str:
 
 def kv_heads_panel(num_kv_heads: int = 32) -> Panel:
     """Lab 00: a first slider (and a check that widgets render): KV heads against KV bytes per token."""
-    controls = {"num_kv_heads": selection_slider([1, 2, 4, 8, 16, 32], num_kv_heads, "KV heads")}
+    controls = {"num_kv_heads": selection_slider([1, 2, 4, 8, 16, 32], num_kv_heads, "n_kv (KV heads of 32)")}
     return Panel(lambda num_kv_heads: kv_heads_figure(num_kv_heads), controls, kv_heads_readout,
                  title="Fewer KV heads, smaller cache (GQA)")

@@ -17,6 +17,7 @@ equal to it), never re-typed:
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass
 from typing import Hashable, Iterable, Mapping, Sequence
 
@@ -29,7 +30,8 @@ from labsupport.checks import as_count as _count
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import LECTURE_GPU, get_model
 from labsupport.units import fmt_int
-from labsupport.viz import FONT_SIZE, PALETTE, Panel, bytes_axis_title, dropdown, in_unit, selection_slider, styled
+from labsupport.viz import (FONT_SIZE, PALETTE, Panel, bytes_axis_title, dropdown, in_unit, number_slider,
+                            selection_slider, styled)
 
 SEQ_COLOURS = ("#0072B2", "#882255", "#56B4E9", "#CC79A7", "#009E73", "#D55E00", "#E69F00", "#444444")
 FANOUT_MODELS = (("lecture-7b (MHA, 512 KiB/token)", "lecture-7b"), ("lecture-7b-gqa8 (128 KiB/token)", "lecture-7b-gqa8"))
@@ -103,7 +105,11 @@ def refcount_board_figure(allocator: BlockAllocator, seq_ids: Sequence[Hashable]
                                           (private_xy, "names a private block", PALETTE["used"], 3)):
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, line=dict(color=colour, width=width),
                                  hoverinfo="skip"))
-    label = (lambda s: str(names.get(s, s))) if names else (lambda s: f"branch {s}")
+    def label(s) -> str:  # a named sequence keeps its name ("branch 3" is not "branch branch 3")
+        if names:
+            return str(names.get(s, s))
+        return s if isinstance(s, str) else f"branch {s}"
+
     fig.add_trace(go.Scatter(
         x=[0.0] * len(seq_ids), y=[seq_y[s] for s in seq_ids], mode="markers+text", name="sequences",
         marker=dict(size=22, color=[SEQ_COLOURS[k % len(SEQ_COLOURS)] for k in range(len(seq_ids))]),
@@ -124,8 +130,9 @@ def refcount_board_figure(allocator: BlockAllocator, seq_ids: Sequence[Hashable]
     default = (f"{len(seq_ids)} sequences name {len(blocks)} physical blocks"
                + (f"; {len(shared)} shared (refcount {', '.join(str(r) for r in sorted({b.ref_count for b in shared}, reverse=True))})"
                   if shared else "; none shared"))
-    fig.add_annotation(x=0.0, y=-0.9, text="block tables", showarrow=False, font=dict(size=FONT_SIZE))
-    fig.add_annotation(x=1.0, y=-0.9, text=f"physical blocks ({allocator.num_used_blocks} in use)",
+    # the column headers sit a full row above the first row (closer, they touched its labels)
+    fig.add_annotation(x=0.0, y=-1.1, text="block tables", showarrow=False, font=dict(size=FONT_SIZE))
+    fig.add_annotation(x=1.0, y=-1.1, text=f"physical blocks ({allocator.num_used_blocks} in use)",
                        showarrow=False, font=dict(size=FONT_SIZE))
     return styled(fig, title or default, height=max(420, 120 + 44 * (height_units + 1)),
                   xaxis=dict(visible=False, range=[-0.75, 2.0]),
@@ -269,7 +276,7 @@ def fanout_figure(n: int, prompt: int, output: int, block_size: int, kv_bytes_pe
                           xanchor="right", font=dict(color=PALETTE["limit"])))
     fig = go.Figure(data=traces, layout=dict(annotations=notes, shapes=shapes))
     return styled(fig, title or f"n = {n} off a {prompt:,}-token prompt, {output:,} tokens each, b = {block_size}",
-                  barmode="stack", yaxis=dict(title=bytes_axis_title("KV held", unit), range=[0, top * 1.4]),
+                  barmode="stack", yaxis=dict(title=bytes_axis_title("KV held", unit, note=False), range=[0, top * 1.4]),
                   legend=dict(orientation="h", yanchor="top", y=-0.12, x=0.0), bargap=0.35, height=520,
                   margin=dict(l=90, r=40, t=90, b=130))
 
@@ -293,14 +300,11 @@ def fanout_readout(n: int, prompt: int, output: int, block_size: int, model: str
 def fanout_panel(n: int = 8, prompt: int = 4096, output: int = 256, block_size: int = 16,
                  model: str = "lecture-7b") -> Panel:
     """§10.4 / lab 05: sliders over n, prompt, output, block size and model; bars against the H100's KV budget."""
-    import ipywidgets as widgets
-
     controls = {
-        "n": widgets.IntSlider(value=n, min=1, max=64, step=1, description="n (branches)",
-                               style={"description_width": "initial"}, layout=widgets.Layout(width="360px")),
+        "n": number_slider("n (branches)", n, 1, 64, 1, integer=True),
         "prompt": selection_slider(PROMPT_OPTIONS, prompt, "prompt (tokens)"),
         "output": selection_slider(OUTPUT_OPTIONS, output, "output (tokens)"),
-        "block_size": selection_slider(BLOCK_OPTIONS, block_size, "block size"),
+        "block_size": selection_slider(BLOCK_OPTIONS, block_size, "block size (tokens)"),
         "model": dropdown(list(FANOUT_MODELS), model, "model"),
     }
 
@@ -496,7 +500,8 @@ def prefix_capacity_figure(replays: Sequence[PrefixReplay], unbounded: PrefixRep
     rs = sorted(replays, key=lambda r: r.num_blocks)
     fig = go.Figure(go.Scatter(
         x=[r.num_blocks for r in rs], y=[100 * r.hit_rate for r in rs], mode="lines+markers+text",
-        text=[f"{100 * r.hit_rate:.1f}%" for r in rs], textposition="top left", name="bounded index",
+        # labels below their points: clear of the axis at the left end and of the ceiling line at the right
+        text=[f"{100 * r.hit_rate:.1f}%" for r in rs], textposition="bottom center", name="bounded index",
         line=dict(color=PALETTE["shared"], width=4), marker=dict(size=12),
         hovertemplate="%{x:,} blocks: %{y:.2f}% hit<extra></extra>"))
     if unbounded is not None:
@@ -505,6 +510,9 @@ def prefix_capacity_figure(replays: Sequence[PrefixReplay], unbounded: PrefixRep
                            showarrow=False, text=f"unbounded: {100 * unbounded.hit_rate:.1f}%",
                            font=dict(color=PALETTE["limit"]))
     top = max([100 * r.hit_rate for r in rs] + ([100 * unbounded.hit_rate] if unbounded else []))
+    low, high = math.log10(rs[0].num_blocks), math.log10(rs[-1].num_blocks)
+    pad = max(0.15, 0.08 * (high - low))  # room for the end points' labels inside the axes
     return styled(fig, title or f"Hit rate against index capacity ({rs[0].name})", showlegend=False,
-                  xaxis=dict(title=f"index capacity ({rs[0].block_tokens}-token blocks, log scale)", type="log"),
+                  xaxis=dict(title=f"index capacity ({rs[0].block_tokens}-token blocks, log scale)", type="log",
+                             range=[low - pad, high + pad]),
                   yaxis=dict(title="served by the index (%)", range=[0, top * 1.25]))

@@ -21,20 +21,10 @@ import plotly.graph_objects as go
 
 from labsupport import ledger
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec, ModelSpec, get_gpu, get_model
-from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, gpu_options, model_options, styled
+from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, gpu_options, model_options, number_slider, styled
 
 TTFT_PARTS = ("queueing", "prefill", "scheduling delay")
 TTFT_COLOURS = {"queueing": PALETTE["memory"], "prefill": PALETTE["compute"], "scheduling delay": PALETTE["neutral"]}
-
-
-def _slider(description: str, value: float, lo: float, hi: float, step: float, continuous: bool = True,
-            integer: bool = False, readout_format: str | None = None):
-    import ipywidgets as widgets
-
-    cls = widgets.IntSlider if integer else widgets.FloatSlider
-    kw = {} if integer or readout_format is None else {"readout_format": readout_format}
-    return cls(value=value, min=lo, max=hi, step=step, description=description, continuous_update=continuous,
-               style={"description_width": "initial"}, layout=widgets.Layout(width="420px"), **kw)
 
 
 # --- TTFT: three stacked bars (§10.6) -------------------------------------------------------------
@@ -167,7 +157,7 @@ def tpot_vs_batch_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch:
     y_top = max(slo_ms, 1e3 * ledger.tpot_s(model, b_max, seq_tokens, gpu.hbm_bandwidth)) * 1.08
     return styled(fig, f"Your neighbours set your cadence<br><sup>{seq_tokens:,}-token sequences, {model.name} on {gpu.name}</sup>",
                   height=height, xaxis=dict(title="decode batch B (sequences in the step)", range=[0, b_max]),
-                  yaxis=dict(title="TPOT, time per output token (ms)", range=[0, y_top]),
+                  yaxis=dict(title="TPOT (ms per token)", range=[0, y_top]),
                   legend=dict(orientation="h", y=-0.3, x=0), margin=dict(b=130))
 
 
@@ -191,9 +181,9 @@ def tpot_panel(batch: int = 186, seq_tokens: int = 640, tpot_slo_ms: float = 20.
                gpu: str = "h100-sxm-80gb", measured: Mapping[int, float] | None = None) -> Panel:
     """§10.6: slide B (and the sequence length, the SLO, the card) and watch your own TPOT move."""
     controls = {
-        "batch": _slider("B (sequences)", batch, 1, 400, 1, integer=True),
-        "seq_tokens": _slider("tokens per sequence", seq_tokens, 128, 8192, 64, integer=True),
-        "tpot_slo_ms": _slider("TPOT SLO (ms)", tpot_slo_ms, 5, 60, 0.5, readout_format=".1f"),
+        "batch": number_slider("B (sequences)", batch, 1, 400, 1, integer=True),
+        "seq_tokens": number_slider("sequence length (tokens)", seq_tokens, 128, 8192, 64, integer=True),
+        "tpot_slo_ms": number_slider("TPOT SLO (ms)", tpot_slo_ms, 5, 60, 0.5, readout_format=".1f"),
         "model": dropdown(model_options(), model, "model"),
         "gpu": dropdown(gpu_options(), gpu, "GPU"),
     }
@@ -259,6 +249,16 @@ def three_columns(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seq
     return cols
 
 
+def _ticks_from_zero(top: float, count: int = 5) -> list[float]:
+    """Round tick values 0, step, 2 step, ... up to `top` (step 1, 2 or 5 times a power of ten)."""
+    if top <= 0:
+        return [0.0]
+    raw = top / count
+    power = 10 ** math.floor(math.log10(raw))
+    step = min((k * power for k in (1, 2, 5, 10)), key=lambda c: abs(c - raw))
+    return [round(i * step, 12) for i in range(int(top // step) + 1)]
+
+
 def goodput_table_figure(columns: Sequence[Column], height: int = 500) -> go.Figure:
     """The board: throughput and goodput per column; a column that misses the SLO has its throughput
     struck through and 'goodput 0' written beside it."""
@@ -279,15 +279,17 @@ def goodput_table_figure(columns: Sequence[Column], height: int = 500) -> go.Fig
                          hovertemplate="%{x}: goodput %{y:,.0f} tok/s<extra></extra>"))
     top = max([c.throughput_tok_s for c in columns] + [1.0])
     for i, c in enumerate(columns):
-        fig.add_annotation(x=names[i], y=-0.14 * top, yref="y", showarrow=False,
-                           text=f"B = {c.batch}, TPOT {1e3 * c.tpot_s:.2f} ms" if c.batch else "B = 0: nothing fits",
+        fig.add_annotation(x=names[i], y=-0.15 * top, yref="y", showarrow=False,
+                           # two short lines: three one-line labels ran into each other at 700 px
+                           text=f"B = {c.batch}<br>TPOT {1e3 * c.tpot_s:.2f} ms" if c.batch else "B = 0:<br>nothing fits",
                            font=dict(size=FONT_SIZE, color=PALETTE["limit"] if c.meets_slo else PALETTE["memory"]))
         if c.batch and not c.meets_slo:  # the strike across the bar itself, as on the board
             fig.add_shape(type="line", xref="x", yref="y", x0=i - 0.36, x1=i - 0.02, y0=0.05 * top,
                           y1=0.95 * c.throughput_tok_s, line=dict(color=PALETTE["memory"], width=6))
     slo = columns[0].tpot_slo_s if columns else 0
     return styled(fig, f"Throughput is not goodput: TPOT SLO {1e3 * slo:g} ms", height=height, barmode="group",
-                  yaxis=dict(title="tokens per second (whole card)", range=[-0.2 * top, 1.22 * top]),
+                  yaxis=dict(title="tokens/s (whole card)", range=[-0.26 * top, 1.22 * top],
+                             tickvals=_ticks_from_zero(1.22 * top)),  # no negative ticks beside the labels
                   legend=dict(orientation="h", y=1.08, x=0.4), bargap=0.25)
 
 
@@ -333,8 +335,8 @@ def goodput_table_panel(tpot_slo_ms: float = 20.0, seq_tokens: int = 640, model:
                         gpu: str = "h100-sxm-80gb") -> Panel:
     """§10.6: move the SLO and watch which column's throughput survives as goodput."""
     controls = {
-        "tpot_slo_ms": _slider("TPOT SLO (ms)", tpot_slo_ms, 5, 60, 0.5, readout_format=".1f"),
-        "seq_tokens": _slider("tokens per sequence", seq_tokens, 128, 4096, 64, integer=True),
+        "tpot_slo_ms": number_slider("TPOT SLO (ms)", tpot_slo_ms, 5, 60, 0.5, readout_format=".1f"),
+        "seq_tokens": number_slider("sequence length (tokens)", seq_tokens, 128, 4096, 64, integer=True),
         "model": dropdown(model_options(), model, "model"),
         "gpu": dropdown(gpu_options(), gpu, "GPU"),
     }
@@ -447,8 +449,8 @@ def ttft_readout(run: ProbeRun) -> str:
 def ttft_panel(rate_per_s: float = 62.0, probe_prompt: int = 4096) -> Panel:
     """§10.6: raise the offered load and watch queueing take over the TTFT (engine runs, cost-model clock)."""
     controls = {
-        "rate_per_s": _slider("offered load (chat requests/s)", rate_per_s, 2, 90, 2, continuous=False),
-        "probe_prompt": _slider("your prompt (tokens)", probe_prompt, 256, 8192, 256, continuous=False, integer=True),
+        "rate_per_s": number_slider("offered load (chat requests/s)", rate_per_s, 2, 90, 2, continuous=False),
+        "probe_prompt": number_slider("your prompt (tokens)", probe_prompt, 256, 8192, 256, continuous=False, integer=True),
     }
     cache: dict = {}
 
@@ -611,7 +613,7 @@ def goodput_vs_slo_figure(replays: Sequence[Replay], tpot_slo_ms: float, ttft_sl
                        text=f"TPOT SLO {tpot_slo_ms:g} ms, TTFT SLO {ttft_slo_s:g} s", font=dict(size=FONT_SIZE))
     return styled(fig, "Goodput against the SLO (dotted: throughput)", height=height,
                   xaxis=dict(title="TPOT SLO (ms per output token)", range=[lo, hi]),
-                  yaxis=dict(title="goodput (output tokens/s meeting both SLOs)", range=[0, top * 1.12 or 1]),
+                  yaxis=dict(title="goodput (tokens/s)", range=[0, top * 1.12 or 1]),
                   legend=dict(orientation="h", y=-0.3, x=0), margin=dict(b=130))
 
 
@@ -628,8 +630,8 @@ def goodput_slo_panel(replays: Sequence[Replay], tpot_slo_ms: float = 20.0, ttft
     """Slide the SLOs over finished replays: goodput is re-counted, nothing is re-run."""
     replays = list(replays)
     controls = {
-        "tpot_slo_ms": _slider("TPOT SLO (ms)", tpot_slo_ms, 5, 60, 0.5, readout_format=".1f"),
-        "ttft_slo_s": _slider("TTFT SLO (s)", ttft_slo_s, 0.1, 10, 0.1, readout_format=".1f"),
+        "tpot_slo_ms": number_slider("TPOT SLO (ms)", tpot_slo_ms, 5, 60, 0.5, readout_format=".1f"),
+        "ttft_slo_s": number_slider("TTFT SLO (s)", ttft_slo_s, 0.1, 10, 0.1, readout_format=".1f"),
     }
     return Panel(lambda **v: goodput_vs_slo_figure(replays, **v), controls,
                  lambda **v: goodput_slo_readout(replays, **v), title="Goodput is throughput that met its SLO")
@@ -723,7 +725,7 @@ def utilization_figure(rates: Sequence[float], sweep: Mapping[str, Sequence[Util
         fig.add_trace(go.Scatter(x=list(rates), y=[100 * r.utilization for r in runs], mode="lines+markers",
                                  showlegend=False, line=dict(color=colour, width=4), marker=dict(size=10),
                                  hovertemplate=f"{label}<br>%{{x}} req/s: %{{y:.1f}}%<extra></extra>"), 1, 2)
-    fig.update_xaxes(title_text="offered load (chat requests/s)")
+    fig.update_xaxes(title_text="load (requests/s)")  # two long titles side by side touched
     fig.update_yaxes(range=[0, 105], row=1, col=2, title_text="%")
     return styled(fig, "Utilization 14% → 99%, and throughput does not move — until the naive slots run out",
                   height=height, legend=dict(orientation="h", y=-0.25, x=0))

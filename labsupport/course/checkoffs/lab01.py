@@ -4,14 +4,61 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function
+from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function, value
 from labsupport.course.checkoffs._hidden import random_pair
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 JOBS = ("admit", "allocate", "batch", "run", "stream")
+# What each job hands out, in the lecture's words (§10.1): KV space; FLOPs and bandwidth; places in the
+# next forward pass; the per-step time the user sees.
+RESOURCES = ("memory", "arithmetic", "batch slots", "latency")
+_RESOURCE_OF = {"admit": "memory", "allocate": "memory", "batch": "batch slots", "run": "arithmetic",
+                "stream": "latency"}
+_RESOURCE_REMARKS = {
+    ("batch", "memory"): "Batching is limited by memory (§2.15), but what it hands out is a place in the next "
+                         "forward pass: it is re-chosen every iteration.",
+    ("admit", "batch slots"): "Admission is a promise of KV space for the request's whole life, not a place in "
+                              "one step.",
+    ("admit", "arithmetic"): "The lecture is explicit: admission's resource is memory, not compute.",
+    ("run", "memory"): "The kernels read memory, but what running them spends is the GPU's arithmetic "
+                       "(and bandwidth): it is the one job about compute.",
+    ("stream", "memory"): "Streaming only forwards tokens already made; what the user feels is each step's time.",
+    ("allocate", "batch slots"): "Allocation finds KV space for the prefill and for the growth.",
+}
 
 _FP32 = replace(LECTURE_7B, name="lecture-7b-fp32-weights", dtype_bytes=4)
 _FP8 = replace(LECTURE_7B, name="lecture-7b-fp8-weights", dtype_bytes=1)
+
+
+def _grade_resources(answer, want) -> None:
+    if not isinstance(answer, dict):
+        raise Mismatch(f"answer with a dict from each of the five jobs to its resource, e.g. "
+                       f"{{'admit': '...', ...}}; you gave a {type(answer).__name__}.")
+    keys = {}
+    for key, resource in answer.items():
+        if not isinstance(key, str) or key.strip().lower() not in JOBS:
+            raise Mismatch(f"{key!r} is not one of the five jobs: {', '.join(JOBS)}.")
+        if not isinstance(resource, str) or resource.strip().lower() not in RESOURCES:
+            raise Mismatch(f"the resource of {key!r}, {resource!r}, is not one of: {', '.join(RESOURCES)}.")
+        keys[key.strip().lower()] = resource.strip().lower()
+    missing = [job for job in JOBS if job not in keys]
+    if missing:
+        raise Mismatch(f"{len(missing)} of the five jobs {'is' if len(missing) == 1 else 'are'} missing: "
+                       f"{', '.join(missing)}.")
+    wrong = [job for job in JOBS if keys[job] != want[job]]
+    if wrong:
+        remarks = " ".join(_RESOURCE_REMARKS[(job, keys[job])] for job in wrong if (job, keys[job]) in _RESOURCE_REMARKS)
+        raise Mismatch(f"{len(wrong)} of the five {'is' if len(wrong) == 1 else 'are'} not right"
+                       f" ({', '.join(wrong)})." + (f" {remarks}" if remarks else ""))
+
+
+value(
+    "1.1", "The resource each of the five jobs contends for",
+    expected=lambda: dict(_RESOURCE_OF), judge=_grade_resources,
+    hint="For each verb ask what the engine hands out when it does this job, and what runs out first if it "
+         "hands out too much: a promise or a grant of KV space, arithmetic, a place in the next forward pass, "
+         "or time the user waits for. The lecture counts two jobs about memory and one about arithmetic.",
+)
 
 
 def _ridge_cases(rng):
@@ -23,7 +70,7 @@ def _ridge_cases(rng):
 
 
 @function(
-    "1.1", "The ridge-point batch",
+    "1.2", "The ridge-point batch",
     hint="In one decode step every weight is read once from HBM (num_params × dtype_bytes bytes) and each of "
          "the B sequences does 2 FLOP per weight (a multiply and an add). Write the step's FLOP per byte as a "
          "function of B, and find the B at which it equals the ratio the GPU can sustain: peak FLOP/s over HBM "
@@ -60,7 +107,7 @@ def _memory_cases(rng):
 
 
 @function(
-    "1.2", "The memory-limited batch",
+    "1.3", "The memory-limited batch",
     hint="Start from the card's HBM and take away the weights (num_params × dtype_bytes) and the 4 GB reserve: "
          "that is the KV budget. A reserve-to-max slot holds S_max tokens at the model's KV bytes per token, "
          "however short the sequence really is. The batch is the number of whole slots that fit in the budget — "
@@ -82,18 +129,6 @@ def _memory_batch(fn, case):
                        "not a negative number.")
     expect_close(got, want, what)
 
-
-choice(
-    "1.3", "The two jobs that are about memory",
-    answer={"admit", "allocate"}, options=JOBS,
-    hint="For each verb ask: what does the engine hand out when it does this job, and what runs out first if "
-         "it does it too often? Two of the five are promises or grants of KV space; one is arithmetic; the "
-         "others are about when and to whom.",
-    mistakes={"run": "Running the kernels contends for arithmetic and bandwidth — the one job about compute.",
-              "stream": "Streaming is about per-step latency the user sees.",
-              "batch": "Batching picks who runs next; it is limited by memory, but what it hands out is a "
-                       "place in the next forward pass."},
-)
 
 choice(
     "1.4", "The job the engine cannot take back",

@@ -1,11 +1,11 @@
 """Lab 02 checkoffs: the naive allocator and where 86% of the cache goes (§10.2, Exercises 1 and 2).
 
-2.1  slot bytes at S_max = 4,096                 2.7  Exercise 1: what the brochure cost (paged / naive)
-2.2  reserve-to-max concurrency                   2.8  Exercise 2: mean declared slot, bytes
-2.3  utilization measured over a live allocator   2.9  Exercise 2: mean concurrency
-2.4  decode throughput of the naive batch         2.10 the fragmentation paging eliminates
-2.5  utilization at S_max = 32,768                2.11 the fragmentation paging only bounds
-2.6  Exercise 1: GQA-8 utilization at 128K
+2.1  slot bytes at S_max = 4,096                 2.7  Exercise 1: GQA-8 utilization at 128K
+2.2  reserve-to-max concurrency                   2.8  Exercise 1: what the brochure cost (paged / naive)
+2.3  utilization measured over a live allocator   2.9  Exercise 2: mean declared slot, bytes
+2.4  utilization averaged over a sequence's life  2.10 Exercise 2: mean concurrency
+2.5  decode throughput of the naive batch         2.11 the fragmentation paging eliminates
+2.6  utilization at S_max = 32,768                2.12 the fragmentation paging only bounds
 
 Expected values are the lecture's inputs multiplied out here with Python integers (80 GB card,
 6.74e9 bf16 parameters, 4 GB reserve, 2 x L x n_kv x d_head x 2 B per token), never read from
@@ -132,15 +132,39 @@ def _utilization(fn, case):
         raise Mismatch(f"{what} returned {got:.6f}: that is the share of the budget *reserved* by slots; "
                        "utilization counts only the tokens stored in them.")
     if slot_share is not None and math.isclose(got, slot_share, rel_tol=1e-9):
-        raise Mismatch(f"{what} returned {got:.6f}: that divides by the reserved slots; the lecture's "
+        raise Mismatch(f"{what} returned {got:.6f}: that is the share of the reserved slots that holds tokens, "
+                       "a fair reading (lab 08's seed 4 uses it) but not this one: here, as in §10.2's 15.2%, "
                        "utilization is over the whole KV budget.")
     if math.isclose(got, 100 * want, rel_tol=1e-9):
         raise Mismatch(f"{what} returned {got:.6f}: return a fraction (0.1556), not a percentage.")
     raise Mismatch(f"{what} returned {got:.6g}, which is too {'high' if got > want else 'low'}.")
 
 
+# Over a life the sequence holds 512, 513, ... 639 tokens while its 128 decode steps run (the KV the
+# step reads); the 640th arrives with the last step.  Mean 575.5 tokens, in every one of the slots.
+_LIFE_MEAN = sum(range(512, 640)) / 128
+
+
 value(
-    "2.4", "Decode throughput of the naive batch",
+    "2.4", "Utilization averaged over a sequence's life",
+    expected=lambda: _slots(4096, KV_MHA) * _LIFE_MEAN * KV_MHA / BUDGET,
+    rel_tol=2e-3,  # counting the tokens after each step (513 ... 640) instead is the same reading, 0.17% apart
+    hint="Step the allocator through the 128 decode steps and read the utilization (tokens held over the whole "
+         "budget) at every step, then average the 128 readings. Every slot stays busy: when a sequence "
+         "finishes, the next one takes its slot with a fresh 512-token prompt, so at a random moment a slot's "
+         "sequence is anywhere in its life. Give a fraction.",
+    mistakes=[(_util(4096, KV_MHA), "That is the end of life, every sequence at 640 tokens: 2.3's reading. Average "
+               "over the steps instead."),
+              (_LIFE_MEAN / 4096, "That is one slot's mean occupancy; utilization is over the whole budget, which "
+               "29 slots do not quite fill."),
+              (_slots(4096, KV_MHA) * 512 * KV_MHA / BUDGET, "That is the start of life, the prompt alone.")],
+    forbid=(*_NAIVE_SHORTCUTS, "labsupport.ledger.naive_utilization_time_avg", "labsupport.ledger.life_lengths"),
+    derive="step the allocator's sequences through their decode steps and average the utilization you read",
+)
+
+
+value(
+    "2.5", "Decode throughput of the naive batch",
     expected=lambda: _slots(4096, KV_MHA) / ((WEIGHTS + _slots(4096, KV_MHA) * SEQ * KV_MHA) / HBM_BW),
     rel_tol=1e-3,
     hint="A memory-bound decode step reads every weight once plus every resident sequence's KV; its time is those "
@@ -156,7 +180,7 @@ value(
 )
 
 value(
-    "2.5", "Utilization at S_max = 32,768",
+    "2.6", "Utilization at S_max = 32,768",
     expected=lambda: _util(32_768, KV_MHA),
     rel_tol=1e-4,
     hint="Redo 2.2 and 2.3's arithmetic with the bigger slot: first how many 32,768-token slots fit in the budget, then "
@@ -171,7 +195,7 @@ value(
 )
 
 value(
-    "2.6", "Exercise 1: GQA-8 utilization at S_max = 131,072",
+    "2.7", "Exercise 1: GQA-8 utilization at S_max = 131,072",
     expected=lambda: _util(131_072, KV_GQA8),
     rel_tol=1e-4,
     hint="Under MHA a 128K slot is larger than the budget, so zero requests fit. With 8 KV heads each token costs a "
@@ -185,17 +209,21 @@ value(
 )
 
 value(
-    "2.7", "Exercise 1: what the brochure cost",
+    "2.8", "Exercise 1: what the brochure cost",
     expected=lambda: _paged(KV_GQA8) / _slots(131_072, KV_GQA8),
-    rel_tol=2e-3,
+    rel_tol=5e-5,  # 745 / 3 = 248.33 exactly; 248.0 is the lecture's rounded 744 / 3, not this answer
     hint="Compare two concurrencies of the same GQA-8 model and the same 640-token sequences: paged at b = 16 (whole "
          "blocks per sequence, whole blocks in the budget) against reserve-to-max at S_max = 131,072. The cost is "
          "their ratio.",
-    mistakes=[(744 / 3, "744 is the lecture's rounded paged count; recount the blocks exactly (2 MiB each).")],
+    mistakes=[(744 / 3, "744 is the lecture's rounded paged count; recount the blocks exactly (2 MiB each)."),
+              (_paged(KV_MHA) / _slots(4096, KV_MHA), "That is the MHA model at S_max = 4,096; this part is "
+               "GQA-8 against a 128K reservation.")],
+    forbid=(*_NAIVE_SHORTCUTS, "labsupport.ledger.paged_concurrency"),
+    derive="count the GQA-8 paged sequences and the 128K slots in the budget yourself, then take the ratio",
 )
 
 value(
-    "2.8", "Exercise 2: mean declared slot",
+    "2.9", "Exercise 2: mean declared slot",
     expected=lambda: 0.70 * 512 * KV_MHA + 0.25 * 4096 * KV_MHA + 0.05 * 32_768 * KV_MHA,
     rel_tol=5e-4,
     hint="Each request reserves S_max x KV bytes per token for its own declared S_max. Weight each of the three slot "
@@ -208,7 +236,7 @@ value(
 )
 
 value(
-    "2.9", "Exercise 2: mean concurrency",
+    "2.10", "Exercise 2: mean concurrency",
     expected=lambda: BUDGET / (0.70 * 512 * KV_MHA + 0.25 * 4096 * KV_MHA + 0.05 * 32_768 * KV_MHA),
     abs_tol=0.5,
     hint="On average each resident request holds one mean slot, so the budget holds about budget / mean slot of them. "
@@ -219,7 +247,7 @@ value(
 FRAGMENTATION = ("internal", "external")
 
 choice(
-    "2.10", "What paging eliminates",
+    "2.11", "What paging eliminates",
     answer="external", options=FRAGMENTATION,
     hint="External fragmentation is free space between allocations, too small for the next request; internal is "
          "reserved space inside an allocation that its owner never fills. With fixed-size blocks, can a free block "
@@ -228,7 +256,7 @@ choice(
 )
 
 choice(
-    "2.11", "What paging only bounds",
+    "2.12", "What paging only bounds",
     answer="internal", options=FRAGMENTATION,
     hint="Which waste survives in a paged cache, and what is its worst case per sequence? Think about the unfilled "
          "tail of a sequence's final block.",

@@ -7,11 +7,12 @@
 3.3  tail waste of one sequence (against the blocks the real allocator hands out)
 3.4  mean tail waste at b = 16 for lengths uniform modulo b
 3.5  paged concurrency of the 640-token workload at b = 16
-3.6  block-table bytes of a 4,096-token sequence at b = 16 with int32 entries
-3.7  the entry width that gives the lecture's 2 KB
-3.8  Exercise 3: the lognormal's sigma
-3.9  Exercise 3: one row of the block-size table
-3.10 Exercise 3: the two measurements that decide
+3.6  paged utilization averaged over a sequence's life (the lecture's 98.7%)
+3.7  block-table bytes of a 4,096-token sequence at b = 16 with int32 entries
+3.8  the entry width that gives the lecture's 2 KB
+3.9  Exercise 3: the lognormal's sigma
+3.10 Exercise 3: one row of the block-size table
+3.11 Exercise 3: the two measurements that decide
 
 Expected numbers are written out here from the lecture's inputs with Python integers; the function
 checkoffs compare with `labsupport`'s real allocator and cache, never with the student's code.
@@ -251,8 +252,35 @@ value(
     derive="count the whole blocks in the budget and divide by the blocks one 640-token sequence holds",
 )
 
+def _paged_over_life() -> float:
+    # While its 128 steps run a sequence holds n = 512 ... 639 tokens in ceil(n / 16) blocks; the pool is
+    # floor(budget / block bytes) whole blocks, so its blocks cover a little less than the budget.
+    tokens = sum(range(512, 640))
+    slots = sum(-(-n // 16) * 16 for n in range(512, 640))
+    pool_share = (BUDGET // (16 * KV_MHA)) * 16 * KV_MHA / BUDGET
+    return tokens / slots * pool_share
+
+
 value(
-    "3.6", "Block-table bytes of a 4,096-token sequence",
+    "3.6", "Paged utilization averaged over a sequence's life",
+    expected=_paged_over_life,
+    rel_tol=3e-4,  # the pool's whole-block share (99.99%) may be left out: 98.71% is as fair a reading
+    hint="Step one sequence from its 512-token prompt through its 128 decode steps on a BlockAllocator and read, "
+         "while each step runs, the tokens its blocks hold over the slots they reserve; average the 128 "
+         "readings. That is how full a sequence's blocks are over its life; the pool (whole blocks) covers "
+         "very nearly the whole budget. Give a fraction.",
+    mistakes=[((BUDGET // (16 * KV_MHA)) // math.ceil(SEQ / 16) * SEQ * KV_MHA / BUDGET,
+               "That is the end of life, every sequence at 640 tokens in 40 full blocks: 3.5's reading. "
+               "Average over the steps instead."),
+              (SEQ / (math.ceil(SEQ / 16) * 16), "That is one 640-token sequence's blocks, full at the end of its "
+               "life; average over the steps instead.")],
+    forbid=("labsupport.ledger.paged_utilization_time_avg", "labsupport.ledger.paged_utilization",
+            "labsupport.ledger.life_lengths"),
+    derive="step one sequence through its life on a BlockAllocator and average how full its blocks are",
+)
+
+value(
+    "3.7", "Block-table bytes of a 4,096-token sequence",
     expected=lambda: math.ceil(4096 / 16) * 4,
     hint="One table entry per logical block; each entry is one physical block id. The real cache stores ids as int32 "
          "(look at `block_table_tensor`'s dtype). Entries times bytes per entry.",
@@ -264,7 +292,7 @@ value(
 )
 
 value(
-    "3.7", "The entry width behind the lecture's 2 KB",
+    "3.8", "The entry width behind the lecture's 2 KB",
     expected=lambda: 2048 // math.ceil(4096 / 16),
     hint="2 KB = 2,048 B spread over the 256 entries of a 4,096-token table at b = 16. How many bytes per entry is "
          "that, and which integer type has that width?",
@@ -276,7 +304,7 @@ _Z95 = NormalDist().inv_cdf(0.95)  # one-sided: 5% of lengths lie above the 95th
 _SIGMA = math.log(20_000 / 800) / _Z95
 
 value(
-    "3.8", "Exercise 3: the lognormal's sigma",
+    "3.9", "Exercise 3: the lognormal's sigma",
     expected=lambda: _SIGMA,
     rel_tol=1e-3,
     hint="For a lognormal, ln(length) is normal with mean mu = ln(median). '5% of sequences over 20,000' puts 20,000 at "
@@ -300,7 +328,7 @@ def _row_cases(rng):
 
 
 @function(
-    "3.9", "Exercise 3: one row of the block-size table",
+    "3.10", "Exercise 3: one row of the block-size table",
     hint="Return four numbers for a block size b: the mean tail waste per sequence in bytes (MHA; use 3.4's mean, "
          "not b/2), that waste for 199 sequences as a fraction of the 62.52 GB budget, and the table entries for the "
          "median (800) and p95 (20,000) sequences — whole blocks.",
@@ -331,7 +359,7 @@ def _exercise3_row(fn, case):
 MEASUREMENTS = ("kernel_bandwidth", "fork_rate", "tail_waste", "table_size", "hbm_size")
 
 choice(
-    "3.10", "Exercise 3: the two measurements that decide",
+    "3.11", "Exercise 3: the two measurements that decide",
     answer={"kernel_bandwidth", "fork_rate"}, options=MEASUREMENTS,
     hint="You have already computed the memory column, and it points at small blocks. Which costs of a small or a "
          "large block does the memory column not see? One lives in the attention kernel; one appears only when "

@@ -1,4 +1,5 @@
-"""Lab 07 checkoffs: §10.6's SLO ledger — TPOT at B, the largest B under an SLO, goodput, Exercise 5."""
+"""Lab 07 checkoffs: §10.6's SLO ledger — TPOT at B, the largest B under an SLO, goodput, why a mean is a
+lie, Exercise 5."""
 from __future__ import annotations
 
 import math
@@ -170,7 +171,61 @@ def _goodput(fn, case):
                  rel_tol=1e-9)
 
 
-# --- 7.4 / 7.5: Exercise 5, the 20-step agent session ---------------------------------------------
+# --- 7.4: why a mean is a lie ----------------------------------------------------------------------
+
+def _ttft_tail_hand(requests, ttft_slo: float) -> dict:
+    """Mean and p99 TTFT of the finished requests, and the share of them that missed the SLO."""
+    ttfts = sorted(r.first_token_time - r.arrival_time for r in requests if r.status == "finished")
+    pos = (len(ttfts) - 1) * 0.99  # numpy's default: linear between the two closest ranks
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ttfts) - 1)
+    return {"mean_s": sum(ttfts) / len(ttfts), "p99_s": ttfts[lo] + (ttfts[hi] - ttfts[lo]) * (pos - lo),
+            "miss_share": sum(t > ttft_slo for t in ttfts) / len(ttfts)}
+
+
+def _ttft_cases(rng):
+    cases = []
+    for i, result in enumerate(_engine_runs(rng)):
+        requests = list(result.requests.values())
+        for slo in (0.5, 0.2, 2.0, rng.uniform(0.02, 5)):
+            ttfts = sorted(r.first_token_time - r.arrival_time for r in requests if r.status == "finished")
+            nearest = ttfts[max(0, math.ceil(0.99 * len(ttfts)) - 1)]  # the nearest-rank p99, a known variant
+            cases.append((i, requests, slo, _ttft_tail_hand(requests, slo), nearest, len(requests)))
+    return cases
+
+
+@function(
+    "7.4", "Why a mean is a lie: TTFT's mean, its p99, and who missed",
+    hint="An SLO is a promise to each request, so look at the distribution, not its centre. Use the finished "
+         "requests only (a rejected request has no first token). TTFT is first_token_time - arrival_time; the "
+         "p99 is the value 99% of them are at or under, interpolated between the two closest ranks as "
+         "numpy.percentile does by default; the miss share is the fraction whose TTFT is over the SLO.",
+    cases=_ttft_cases,
+    forbid=("labsupport.slo.slo_report", "labsupport.slo._pct", "labsupport.viz.slo.Replay.goodput_frac",
+            "labsupport.viz.slo.Replay.good"),
+    derive="collect the finished requests' TTFTs, sort them, and read the mean, the p99 and the share over the SLO",
+    formative={"rel_tol": 1e-6},
+)
+def _ttft_tail(fn, case):
+    i, requests, slo, want, nearest, total = case
+    what = f"ttft_tail(run {i + 1}'s requests, ttft_slo_s={slo:.6g})"
+    got = call(fn, requests, slo)
+    if not isinstance(got, dict) or set(got) != set(want):
+        raise Mismatch(f"{what} returned {got!r}"[:200] + f"; return a dict with exactly the keys {sorted(want)}.")
+    p99 = as_number(got["p99_s"], f"{what}['p99_s']")
+    if not math.isclose(p99, want["p99_s"], rel_tol=1e-6) and math.isclose(p99, nearest, rel_tol=1e-9):
+        raise Mismatch(f"{what}['p99_s'] is the nearest-rank p99; interpolate between the two closest ranks "
+                       "(numpy.percentile's default), as the engine's own ledger does.")
+    share = as_number(got["miss_share"], f"{what}['miss_share']")
+    finished = sum(r.status == "finished" for r in requests)
+    if math.isclose(share, want["miss_share"] * finished / total, rel_tol=1e-9) and want["miss_share"]:
+        raise Mismatch(f"{what}['miss_share'] divides by every request, rejected ones included; a rejected "
+                       "request has no TTFT, so the share is over the finished ones.")
+    for key, value in want.items():
+        expect_close(got[key], value, f"{what}[{key!r}]", rel_tol=1e-6)
+
+
+# --- 7.5 / 7.6: Exercise 5, the 20-step agent session ---------------------------------------------
 
 def _session_cases(rng):
     cases = [(model, GPUS[name], ctx, submitted, bs) for model, name, ctx, submitted, bs in (
@@ -189,7 +244,7 @@ def _session_cases(rng):
 
 
 @function(
-    "7.4", "Exercise 5: the agent session's peak KV, sessions per card and prefill cost",
+    "7.5", "Exercise 5: the agent session's peak KV, sessions per card and prefill cost",
     hint="Three separate quantities. Peak KV: the context the session grows to, times the KV bytes per token "
          "(GQA shrinks that). Sessions per card: the paged pool's blocks divided by the blocks one session's "
          "peak context needs (whole blocks, whole sessions; none when the weights leave no KV budget). Prefill: every submitted prompt token costs 2 × N "
@@ -211,7 +266,7 @@ def _exercise5(fn, case):
 
 
 choice(
-    "7.5", "Exercise 5: which of the three numbers did paging improve?",
+    "7.6", "Exercise 5: which of the three numbers did paging improve?",
     answer="sessions", options=("peak_kv_bytes", "sessions", "prefill_s"),
     hint="Ask of each number: does it depend on how the allocator lays out memory, or only on the model and "
          "the tokens? Paging changes what is reserved but never used; it changes neither the bytes a token "

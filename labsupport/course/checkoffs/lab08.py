@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import random
 
-from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function
+from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function, value
 from labsupport.course.checkoffs._hidden import random_pair
 from labsupport.course.open_answers import utilization_workload_verdict
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
@@ -15,6 +15,48 @@ _KNOB_SHORTCUTS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_
                    "labsupport.ledger.paged_concurrency", "labsupport.ledger.max_batch_for_tpot",
                    "labsupport.ledger.tpot_s", "labsupport.viz.slo.memory_ceiling", "labsupport.viz.slo.lecture_pool",
                    "labsupport.costmodel.CostModel")
+
+
+# §10.7's table as the lecture prints it: each row's "still broken after today", then "the quantity".
+LECTURE_MAP = (
+    ("The gather kernel paging created, and attention's 1 FLOP/byte", "achieved bandwidth on an indirect access"),
+    ("The batch is re-chosen per request, wasting every batch's tail", "effective B over time"),
+    ("One 129 ms prefill wrecks 199 decodes' cadence", "§2.16's 6.7× TPOT spike"),
+    ("A cache hit on the wrong replica is a cache miss", "which card a request lands on"),
+    ("512 KiB per token, paid in full for every position", "KV bytes per token"),
+    ("Identical prefixes across requests are prefilled twice", "the 92% re-send of Lecture 5"),
+    ("13.5 GB of weights re-read every step, b = 2", "bytes per weight and per cached value"),
+    ("One forward pass yields one token", "tokens per pass over the weights"),
+    ("The engine sees finished strings, not the agent's structure", "the dependence between requests"),
+)
+QUANTITIES = tuple(sorted(q for _, q in LECTURE_MAP))  # what the lab offers, in no telling order
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split()).lower() if isinstance(text, str) else text
+
+
+def _grade_map(answer, want) -> None:
+    if not isinstance(answer, (list, tuple)) or len(answer) != len(want):
+        raise Mismatch(f"answer with a list of {len(want)} quantities, one per row of the table in its order; "
+                       f"you gave {answer!r}"[:200] + ".")
+    options = {_normal(q) for q in QUANTITIES}
+    for i, got in enumerate(answer, start=1):
+        if _normal(got) not in options:
+            raise Mismatch(f"row {i}: {got!r} is not one of the nine quantities listed above the exercise.")
+    wrong = [i for i, (got, w) in enumerate(zip(answer, want), start=1) if _normal(got) != _normal(w)]
+    if wrong:
+        raise Mismatch(f"{len(wrong)} of the nine {'row is' if len(wrong) == 1 else 'rows are'} matched to the "
+                       f"wrong quantity (row{'s' if len(wrong) > 1 else ''} {', '.join(map(str, wrong))}).")
+
+
+value(
+    "8.1", "§10.7: the quantity each of the nine rows tracks",
+    expected=lambda: [q for _, q in LECTURE_MAP], judge=_grade_map,
+    hint="Each row names something paging left broken; its quantity is the number you would measure to see "
+         "it get better. Ask what each failure costs, and in which unit: bytes, a bandwidth, a batch, a "
+         "latency ratio, a share of tokens, a count per pass, or which machine.",
+)
 
 
 def _kv_per_token(m) -> int:
@@ -51,7 +93,7 @@ def _block_cases(rng):
 
 
 @function(
-    "8.1", "gpu_memory_utilization → the KV pool",
+    "8.3", "gpu_memory_utilization → the KV pool",
     hint="vLLM lets the engine use gpu_memory_utilization × the card's memory in all. Out of that come the "
          "weights (num_params × dtype_bytes) and the activations (activation_bytes); what is left is the KV "
          "cache, cut into blocks of block_size tokens at the model's KV bytes per token. Whole blocks only, "
@@ -92,7 +134,7 @@ def _seqs_cases(rng):
 
 
 @function(
-    "8.2", "max_num_seqs → the B of §10.6",
+    "8.4", "max_num_seqs → the B of §10.6",
     hint="max_num_seqs caps the decode batch. Set it to the largest B the card can actually serve within the "
          "TPOT SLO: it must fit the block pool (8.1's blocks ÷ the blocks one sequence of seq_tokens needs) and "
          "its memory-bound step must clear the SLO (lab 07's TPOT(B) solved for B). The smaller of the two "
@@ -120,7 +162,7 @@ def _tokens_cases(rng):
 
 
 @function(
-    "8.3", "max_num_batched_tokens → the tokens one step may carry",
+    "8.5", "max_num_batched_tokens → the tokens one step may carry",
     hint="Every token a step processes — a decode token or a prompt token of a prefill — costs about 2 × N "
          "FLOP for the weights. At mfu × peak FLOP/s, how many tokens fit in one TPOT SLO? A step that carries "
          "more is compute-bound past the SLO however small its batch. Neglect the attention FLOPs and round "
@@ -157,7 +199,7 @@ def _waste_cases(rng):
 
 
 @function(
-    "8.4", "block_size → §10.3's tail waste, on a length distribution",
+    "8.6", "block_size → §10.3's tail waste, on a length distribution",
     hint="Each sequence holds ceil(length / block_size) whole blocks; only its last block can be partly empty. "
          "Over the whole set of sequences, the waste fraction is the unfilled slots divided by all the slots "
          "the blocks hold. Lengths that are exact multiples of the block size waste nothing.",
@@ -179,7 +221,7 @@ def _tail_waste(fn, case):
 # with the student release (labsupport.course.open_answers).
 
 @function(
-    "8.5", "Discussion seed 4: utilization 15% → 99%, throughput unmoved",
+    "8.7", "Discussion seed 4: utilization 15% → 99%, throughput unmoved",
     hint="Utilization is the share of reserved KV that holds tokens; throughput is tokens per second. Paging "
          "raises the first by reserving only what a sequence uses. It raises the second only if the naive "
          "engine was turning requests away for lack of slots. So: keep every sequence far shorter than S_max "
@@ -192,14 +234,16 @@ def _utilization_workload(fn):
 
 
 choice(
-    "8.6", "Which Part II topic attacks §2.16's 6.7× TPOT spike?",
+    "8.2", "Which Part II topic attacks §2.16's 6.7× TPOT spike?",
     answer="disaggregation",
     options=("kernels", "batching", "disaggregation", "routing", "kv compression", "prefix cache",
              "quantization", "speculative decoding", "agent serving"),
-    hint="The spike is one long prefill sharing a step with hundreds of decodes. Which lecture separates the "
-         "two kinds of work so that neither waits for the other?",
-    mistakes={"batching": "Iteration-level batching re-chooses the batch every step, but a prefill that joins a "
-                          "step still stalls everyone in it; the fix is to stop mixing the two kinds of work.",
+    hint="The spike is one long prefill sharing a step with hundreds of decodes. Two remedies tame it: bound "
+         "the prefill tokens one step may carry (chunked prefill; section 2 runs it on the engine), or give "
+         "prefill and decode machines of their own. The lecture's map dates both to one lecture: which?",
+    mistakes={"batching": "Iteration-level batching (Oct 7) re-chooses the batch every step, but a 4K prefill that "
+                          "joins a step still stalls everyone in it. What bounds the stall is a cap on the "
+                          "prefill tokens per step, or separate prefill machines, and a later lecture covers both.",
               "kernels": "A faster kernel shortens the prefill, but it still lands inside the decoders' step.",
               "prefix cache": "A prefix cache skips prefill for re-sent prefixes only; a fresh 4K prompt still "
                               "lands in the decode steps."},

@@ -1,0 +1,56 @@
+"""labsupport.course.scoreboard: the last cell of every lab, read from this kernel's check() results."""
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from labsupport.course import checkoff as C
+from labsupport.course.scoreboard import scoreboard
+
+
+@pytest.fixture(autouse=True)
+def _fresh_results():
+    C.reset_results()
+    yield
+    C.reset_results()
+
+
+def _quietly(checkoff_id, answer) -> None:
+    with contextlib.redirect_stdout(io.StringIO()):
+        C.check(checkoff_id, answer)
+
+
+def test_scoreboard_counts_what_this_kernel_checked():
+    _quietly("0.1", 512 * 1024)  # right
+    board = scoreboard("00_setup")
+    assert [(r.id, r.status) for r in board.rows] == [("0.1", "passed"), ("0.2", "not attempted")]  # 0.2 never ran
+    _quietly("0.2", lambda layers, heads, dim, nbytes: 1)  # wrong
+    board = scoreboard("00_setup")
+    assert [(r.id, r.status) for r in board.rows] == [("0.1", "passed"), ("0.2", "failed")]
+    assert board.summary == "1 of 2 passed, 1 failed, 0 not attempted in this kernel"
+    text = repr(board)
+    assert text.splitlines()[1] == "  ✅ 0.1   passed         512 KiB in bytes"
+    assert "❌ 0.2   failed" in text
+    assert "python -m labsupport grade notebooks/00_setup.ipynb" in text and "feedback" in text
+    page = board._repr_html_()
+    assert page.count("<tr>") == 3 and "python -m labsupport grade notebooks/00_setup.ipynb" in page
+
+
+def test_the_placeholder_and_unfinished_functions_count_as_not_attempted():
+    _quietly("0.1", ...)
+    _quietly("0.2", lambda *a: (_ for _ in ()).throw(NotImplementedError("not yet")))
+    board = scoreboard("00_setup")
+    assert board.count("not attempted") == 2 and board.count("passed") == 0
+
+
+def test_titles_are_escaped_and_names_checked():
+    try:
+        C.value("97.1", "a <b>bold</b> & odd title", expected=1, hint="one")
+        page = scoreboard("97_test")._repr_html_()
+        assert "a &lt;b&gt;bold&lt;/b&gt; &amp; odd title" in page and "<b>bold</b>" not in page
+    finally:
+        C.REGISTRY.pop("97.1", None)
+    with pytest.raises(ValueError, match="like '02_naive_allocator'"):
+        scoreboard("lab two")
