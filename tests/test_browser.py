@@ -18,8 +18,8 @@ Cells* with every exercise unfinished, and waits for the kernel to go idle.  The
 Lab 01 also checks the numbers: S_max 4,096 -> 8,192 redraws the bars at 295.2 and the ledger's 14.
 Screenshots: one of the window per notebook in the test's tmp dir, or, with $LABSUPPORT_SCREENSHOTS
 set to a folder, one per chart, panel and table there.
-The notebooks run in one browser, the next one's Run All overlapping this one's checks (two kernels
-at most); the whole pass prints its time.
+The notebooks run in one browser, the next two notebooks' Run All overlapping this one's checks (three
+kernels at most, `LABSUPPORT_BROWSER_AHEAD` to change); the whole pass prints its time.
 """
 from __future__ import annotations
 
@@ -146,9 +146,12 @@ def browser(jupyterlab):
             chromium.close()
 
 
+AHEAD = int(os.environ.get("LABSUPPORT_BROWSER_AHEAD", "2"))  # notebooks started before this one is checked
+
+
 class Runs:
-    """Notebooks under Run All, each in its own page: the next notebook's kernel runs while this one's
-    page is checked, so at most two kernels share the machine."""
+    """Notebooks under Run All, each in its own page: the next notebooks' kernels run while this one's
+    page is checked (AHEAD of them: the checks are the browser's work, the kernels' is Python's)."""
 
     def __init__(self, browser, base: str):
         self.browser, self.base, self.open = browser, base, {}
@@ -344,9 +347,8 @@ def _move_first_slider(page, index: int) -> str | None:
 def test_run_all_in_chromium(jupyterlab, runs, name):
     _, shots = jupyterlab
     runs.start(name)
-    following = STUDENT_NOTEBOOKS.index(name) + 1
-    if following < len(STUDENT_NOTEBOOKS):
-        runs.start(STUDENT_NOTEBOOKS[following])  # its kernel works while this page is checked
+    for following in STUDENT_NOTEBOOKS[STUDENT_NOTEBOOKS.index(name) + 1:][:AHEAD]:
+        runs.start(following)  # their kernels work while this page is checked
     page, errors, seconds = runs.finish(name)
     checked = time.perf_counter()
     try:
