@@ -334,9 +334,19 @@ def _move_first_slider(page, index: int) -> str | None:
     handle = page.locator(".jp-Notebook .lab-panel").nth(index).locator(".widget-hslider .noUi-handle").first
     handle.scroll_into_view_if_needed()
     before = page.evaluate(_PANEL_FIGURE, index)
-    at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
-    handle.focus()
-    page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")
+    start = handle.get_attribute("aria-valuenow")
+    key = "ArrowLeft" if start == handle.get_attribute("aria-valuemax") else "ArrowRight"
+    for _ in range(3):  # a key press can land before the handle has focus on a loaded machine: the slider
+        handle.focus()  # itself must move first; only then is a figure that stays put the panel's fault
+        page.keyboard.press(key)
+        try:
+            page.wait_for_function("([h, old]) => h.getAttribute('aria-valuenow') !== old",
+                                   arg=[handle.element_handle(), start], timeout=5_000)
+            break
+        except Exception:  # playwright's TimeoutError: press again
+            continue
+    else:
+        return "the slider did not move on three arrow-key presses"
     try:
         page.wait_for_function(f"(old) => ({_PANEL_FIGURE})({index}) !== old", arg=before,
                                timeout=SLIDER_REDRAW_TIMEOUT_MS)
