@@ -9,7 +9,8 @@ import math
 from labsupport.specs import GB, GiB, KiB, MiB
 
 __all__ = ["GB", "GiB", "KiB", "MiB", "fmt_bytes", "fmt_gb", "fmt_gib", "fmt_pct", "fmt_seconds", "fmt_int", "log_ticks",
-           "fmt_tick", "fmt_number"]
+           "fmt_tick", "fmt_number",
+           "log_axis_ticks"]
 
 
 def fmt_gb(n_bytes: float, digits: int = 3) -> str:
@@ -59,6 +60,12 @@ def log_ticks(lo: float, hi: float, max_ticks: int = 8) -> list[float]:
     if len(inside) < 2:
         inside = [10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
     return [int(v) if v >= 1 and float(v).is_integer() else float(f"{v:.12g}") for v in inside]
+
+
+def log_axis_ticks(lo: float, hi: float) -> dict:
+    """`tickvals` and `ticktext` for a chart's log axis over [lo, hi]: each label reads as its value."""
+    ticks = log_ticks(lo, hi)
+    return {"tickvals": ticks, "ticktext": [fmt_tick(v) for v in ticks]}
 
 
 def fmt_tick(v: float) -> str:
