@@ -355,3 +355,4 @@ def test_watermark_refusals_axis_starts_at_zero():
     low, high = fig.layout.yaxis.range
     assert low == 0 and max(refused) <= high <= 1.1 * max(refused)
     assert fig.layout.yaxis2.range[0] == 0  # preemptions, as before
+    assert fig.layout.yaxis3.tickformat == ",d"  # blocks in use: 7,452, not 7452

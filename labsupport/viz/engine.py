@@ -397,7 +397,7 @@ def watermark_figure(runs: Sequence[OverloadRun], watermark: float, title: str |
                      range=[0, step * 5.4], dtick=step, showgrid=False, tickformat=",d", title_standoff=4)
     fig.update_xaxes(title_text="time (s, cost model)", row=1, col=2)
     # No y title on the right: the subplot's title names it, and one here sat on "preemptions".
-    fig.update_yaxes(row=1, col=2, range=[0, cur.num_blocks * 1.08])
+    fig.update_yaxes(row=1, col=2, range=[0, cur.num_blocks * 1.08], tickformat=",d")
     return styled(fig, title or f"Overload: {cur.requests:,} requests into {cur.num_blocks:,} blocks", height=540,
                   legend=dict(orientation="h", yanchor="top", y=-0.28, x=0.0), margin=dict(l=90, r=40, t=110, b=150))
 
