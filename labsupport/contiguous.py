@@ -19,7 +19,8 @@ from typing import Hashable
 
 from labsupport.checks import as_count as _as_count
 from labsupport.checks import as_id, shown
-from labsupport.memory_stats import InvariantError, MemoryStats, OutOfBlocks, ReservationExceeded, UnknownSequence
+from labsupport.memory_stats import (InvariantError, MemoryStats, OutOfBlocks, Refusal, ReservationExceeded,
+                                     UnknownSequence)
 
 __all__ = ["Slot", "Refusal", "ContiguousAllocator", "ReserveToMaxAllocator", "OrcaAllocator",
            "orca_reservation", "next_pow2", "ORCA_POLICIES"]
@@ -33,34 +34,6 @@ class Slot:
     size: int
     length: int  # tokens stored so far
     final: int | None = None  # the length it will reach, when the caller knows it (for stats)
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why a contiguous request was refused: compare `free_tokens` with `largest_hole_tokens`."""
-
-    seq_id: Hashable
-    requested_tokens: int
-    free_tokens: int
-    largest_hole_tokens: int
-    kv_bytes_per_token: int | None = None
-
-    @property
-    def fragmented(self) -> bool:
-        """True when enough memory is free in total but no single hole is large enough."""
-        return self.free_tokens >= self.requested_tokens > self.largest_hole_tokens
-
-    def _fmt(self, tokens: int) -> str:
-        if self.kv_bytes_per_token is None:
-            return f"{tokens:,} tokens"
-        return f"{tokens:,} tokens = {tokens * self.kv_bytes_per_token:,} B"
-
-    def __str__(self) -> str:
-        why = ("external fragmentation: enough is free in total, but not in one piece"
-               if self.fragmented else "not enough free memory")
-        return (f"refused sequence {self.seq_id!r}: needs {self._fmt(self.requested_tokens)} contiguous; "
-                f"free {self._fmt(self.free_tokens)} in total, largest hole "
-                f"{self._fmt(self.largest_hole_tokens)} ({why})")
 
 
 class ContiguousAllocator:

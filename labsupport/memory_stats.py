@@ -6,26 +6,53 @@ never fill) and external fragmentation (free space in holes too small for the ne
 contiguous allocators of §10.2 (`labsupport.contiguous`) and the block allocator of §10.3
 (`labsupport.block_allocator`) both report it, so a lab can put them side by side.
 
-The errors are shared too: every allocator refuses with `OutOfBlocks` and leaves its state unchanged.
+The errors are shared too: every allocator refuses with `OutOfBlocks` and leaves its state unchanged;
+a contiguous allocator's refusal carries a `Refusal` saying why (free in total against the largest hole).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Hashable
 
 from labsupport.checks import shown
 
-if TYPE_CHECKING:
-    from labsupport.contiguous import Refusal
+__all__ = ["Refusal", "OutOfBlocks", "ReservationExceeded", "UnknownSequence", "SwappedOut", "InvariantError",
+           "MemoryStats"]
 
-__all__ = ["OutOfBlocks", "ReservationExceeded", "UnknownSequence", "SwappedOut", "InvariantError", "MemoryStats"]
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a contiguous request was refused: compare `free_tokens` with `largest_hole_tokens`."""
+
+    seq_id: Hashable
+    requested_tokens: int
+    free_tokens: int
+    largest_hole_tokens: int
+    kv_bytes_per_token: int | None = None
+
+    @property
+    def fragmented(self) -> bool:
+        """True when enough memory is free in total but no single hole is large enough."""
+        return self.free_tokens >= self.requested_tokens > self.largest_hole_tokens
+
+    def _fmt(self, tokens: int) -> str:
+        if self.kv_bytes_per_token is None:
+            return f"{tokens:,} tokens"
+        return f"{tokens:,} tokens = {tokens * self.kv_bytes_per_token:,} B"
+
+    def __str__(self) -> str:
+        why = ("external fragmentation: enough is free in total, but not in one piece"
+               if self.fragmented else "not enough free memory")
+        return (f"refused sequence {self.seq_id!r}: needs {self._fmt(self.requested_tokens)} contiguous; "
+                f"free {self._fmt(self.free_tokens)} in total, largest hole "
+                f"{self._fmt(self.largest_hole_tokens)} ({why})")
 
 
 class OutOfBlocks(RuntimeError):
     """The pool cannot satisfy the request right now.  The allocator's state is unchanged."""
 
     def __init__(self, message: str, *, needed: int | None = None, free: int | None = None,
-                 refusal: "Refusal | None" = None):
+                 refusal: Refusal | None = None):
         super().__init__(message)
         self.needed = needed
         self.free = free

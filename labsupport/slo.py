@@ -8,12 +8,18 @@ a second token, a rate over no time) is None, and `SLOReport.notes` says why: ne
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Mapping, Protocol
 
 from labsupport.checks import as_real
 
-if TYPE_CHECKING:
-    from labsupport.engine import EngineResult
+
+class EngineRun(Protocol):
+    """What the ledger reads of a run: `labsupport.engine.EngineResult` is one.  The engine reports its
+    runs through this module (`EngineResult.slo`), so the ledger names only the fields it reads."""
+
+    requests: Mapping[int, Any]  # request id -> RequestResult (status, timeline, tokens)
+    counters: Any  # preemptions, swapped bytes, recomputed tokens, peak and leaked blocks, steps
+    num_blocks: int
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -62,7 +68,7 @@ class SLOReport:
         return asdict(self)
 
 
-def slo_report(result: EngineResult, ttft_slo_s: float, tpot_slo_s: float) -> SLOReport:
+def slo_report(result: EngineRun, ttft_slo_s: float, tpot_slo_s: float) -> SLOReport:
     """Goodput counts a request (and its tokens) only if TTFT <= ttft_slo_s and TPOT <= tpot_slo_s.
 
     Rejected requests count against goodput (their requested tokens are in the token denominator).

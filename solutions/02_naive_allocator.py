@@ -16,7 +16,7 @@
 # * **Objective 3** — distinguish internal from external fragmentation in a KV cache, and say which
 #   one paging eliminates and which one it merely bounds.
 #
-# Timing in the lecture: minutes 6–16 (*protected*). Here: about 45 minutes. Eleven checkoffs.
+# Timing in the lecture: minutes 6–16 (*protected*). Here: about 45 minutes; the scoreboard at the end lists its checkoffs.
 
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter

@@ -71,6 +71,27 @@ def test_the_release_holds_what_students_need(release):
         assert (release / "notebooks" / name).read_bytes() == (ROOT / "notebooks" / name).read_bytes()
     assert (release / "labsupport" / "workloads.py").is_file()  # the data loaders
     assert "Student release" in (release / "README.md").read_text()
+    # the README's guides for students come with it; the instructors' guide stays behind, and so does its link
+    assert (release / "LEDGER.md").read_bytes() == (ROOT / "LEDGER.md").read_bytes()
+    assert (release / "GRADING.md").is_file() and not (release / "INSTRUCTORS.md").exists()
+    readme = (release / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    assert "LEDGER.md" in targets and "notebooks/02_naive_allocator.ipynb" in targets
+    missing = [t for t in targets if "://" not in t and not (release / t).exists()]
+    assert not missing, missing
+
+
+def test_the_student_readme_drops_only_what_links_nowhere(tmp_path):
+    from labsupport.course.release import without_missing_links
+
+    (tmp_path / "LEDGER.md").write_text("")
+    text = ("# Labs\n\n| Lab | What |\n|---|---|\n| [00](LEDGER.md) | kept |\n| [99](board.ipynb) | dropped |\n\n"
+            "- [LEDGER.md](LEDGER.md): kept,\n  over two lines.\n- [INSTRUCTORS.md](INSTRUCTORS.md): dropped,\n"
+            "  with its second line.\n- [a site](https://example.org/x.md) stays\n\nProse naming [a file](gone.md) stays.\n")
+    assert without_missing_links(text, tmp_path) == (
+        "# Labs\n\n| Lab | What |\n|---|---|\n| [00](LEDGER.md) | kept |\n\n"
+        "- [LEDGER.md](LEDGER.md): kept,\n  over two lines.\n- [a site](https://example.org/x.md) stays\n\n"
+        "Prose naming [a file](gone.md) stays.\n")
 
 
 def _mechanism_text() -> str:

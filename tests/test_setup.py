@@ -61,14 +61,40 @@ def _run(*args, **kw):
                           cwd=ROOT, timeout=120, **kw)
 
 
-def test_readme_numbers_match_the_ledger():
-    readme = (ROOT / "README.md").read_text()
-    m = re.search(r"<!-- ledger:begin -->\n(.*?)\n<!-- ledger:end -->", readme, re.S)
-    assert m, "README lacks the generated ledger section"
+def test_ledger_md_numbers_match_the_ledger():
+    ledger = (ROOT / "LEDGER.md").read_text()
+    m = re.search(r"<!-- ledger:begin -->\n(.*?)\n<!-- ledger:end -->", ledger, re.S)
+    assert m, "LEDGER.md lacks the generated ledger section"
     out = _run("ledger", "--markdown")
     assert out.returncode == 0, out.stderr
     assert m.group(1).strip() == out.stdout.strip(), (
-        "README's numbers are stale: regenerate with `python -m labsupport ledger --markdown`")
+        "LEDGER.md's numbers are stale: regenerate with `python -m labsupport ledger --markdown`")
+
+
+GUIDES = ("README.md", "LEDGER.md", "GRADING.md", "INSTRUCTORS.md", "labsupport/README.md")
+
+
+def test_every_link_in_the_guides_leads_somewhere():
+    """A relative link in any guide names a file or folder of the repository."""
+    for guide in GUIDES:
+        path = ROOT / guide
+        targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text())
+        assert targets, guide
+        for target in targets:
+            if "://" not in target:
+                assert (path.parent / target).exists(), f"{guide} links to {target}, which does not exist"
+
+
+def test_the_readme_reads_in_five_minutes_and_points_at_the_guides():
+    readme = (ROOT / "README.md").read_text()
+    # reading prose at about 250 words a minute; the lab table is scanned, not read, so it is left out
+    prose = [line for line in readme.splitlines() if not line.startswith("|")]
+    assert len(" ".join(prose).split()) <= 1300
+    for guide in ("LEDGER.md", "GRADING.md", "INSTRUCTORS.md"):
+        assert f"]({guide})" in readme, guide
+    assert "<!-- ledger:begin -->" not in readme  # the tables live in LEDGER.md
+    for section in ("## Set-up", "## The labs", "## CPU-only mode, GPUs and Colab", "## Where to go next"):
+        assert section in readme, section
 
 
 def test_ledger_cli_json_keys_and_values():

@@ -292,3 +292,67 @@ def test_checkoff_6_3(capsys, fails):
         check("6.3", dict(answer, recompute_ms=0.7312))  # seconds, not ms
     with fails("exactly the keys"):
         check("6.3", {"recompute_ms": 731.2})
+
+
+# --- axes that tell the truth (issue 21) ---------------------------------------------------------------
+
+def test_log_ticks_read_as_numbers():
+    from labsupport.units import fmt_tick, log_ticks
+
+    assert log_ticks(3, 70) == [5, 10, 20, 50]
+    assert log_ticks(1.58, 64) == [2, 5, 10, 20, 50]
+    assert log_ticks(128, 131_072) == [1_000, 10_000, 100_000]  # 1-2-5 would be nine ticks
+    assert log_ticks(0.04, 0.6) == [0.05, 0.1, 0.2, 0.5]
+    assert [fmt_tick(v) for v in (0.05, 2, 20_000)] == ["0.05", "2", "20,000"]
+    with pytest.raises(ValueError):
+        log_ticks(0, 10)
+
+
+def _assert_ticks_read_as_their_values(axis):
+    assert axis.type == "log" and axis.tickvals and len(axis.tickvals) == len(axis.ticktext)
+    for value, text in zip(axis.tickvals, axis.ticktext):
+        assert float(text.replace(",", "")) == pytest.approx(value), (value, text)  # "2" is 2, never 20 or 200
+
+
+def test_breakeven_axis_labels_every_tick_with_its_value():
+    # W*(S) = 2 x 524,288 x 494.5e12 / (2 x 6.74e9 + 4 x 32 x 32 x 128 x S) B/s: 38.3 GB/s at S = 128 down
+    # to 6.3 at 131,072; GQA-8 a quarter of that (1.58 at 131,072); the H100's link is drawn at 64 GB/s.
+    fig = VE.breakeven_figure([LECTURE_7B, LECTURE_7B_GQA8], H100)
+    assert list(fig.layout.yaxis.tickvals) == [2, 5, 10, 20, 50]
+    assert list(fig.layout.xaxis.tickvals) == [1_000, 10_000, 100_000]
+    assert list(fig.layout.xaxis.ticktext) == ["1,000", "10,000", "100,000"]
+    _assert_ticks_read_as_their_values(fig.layout.yaxis)
+    # the old axis (dtick "D2") labelled 2 and 5 of each decade alone: "5, 2, 10, 5, 2"
+    assert fig.layout.yaxis.dtick is None
+
+
+def test_swap_recompute_axes_label_every_tick_with_its_value():
+    fig = VE.swap_recompute_figure(LECTURE_7B, H100, 4096, 64e9)
+    for axis in (fig.layout.xaxis, fig.layout.yaxis):
+        _assert_ticks_read_as_their_values(axis)
+    # 64 to 262,144 tokens: 1-2-5 would be eleven ticks, so decades
+    assert list(fig.layout.xaxis.ticktext) == ["100", "1,000", "10,000", "100,000"]
+
+
+def test_stream_figure_names_every_request():
+    from labsupport.engine import Engine
+
+    eng = Engine(cost_model=CostModel(), num_blocks=64, block_size=16, max_num_seqs=2)
+    log = VE.stream_engine(eng, [(k, dict(prompt_len=16, max_new_tokens=2)) for k in range(6)])
+    fig = VE.stream_figure(log, upto=len(log.steps))
+    assert list(fig.layout.yaxis.ticktext) == ["r0", "r1", "r2", "r3", "r4", "r5"]
+    assert list(fig.layout.yaxis.tickvals) == list(fig.data[0].y)
+
+
+def test_watermark_refusals_axis_starts_at_zero():
+    # 40 requests of 6 blocks each into 24 blocks: hundreds of refusals that a watermark barely changes;
+    # an axis fitted to them would make a change of a few look like a cliff
+    requests = [Request(i, 0.0, 64, 33) for i in range(40)]
+    runs = VE.watermark_sweep(requests, [0.0, 0.1, 0.2], num_blocks=24)
+    refused = [r.waited for r in runs]
+    assert min(refused) > 0
+    fig = VE.watermark_figure(runs, 0.1)
+    low, high = fig.layout.yaxis.range
+    assert low == 0 and max(refused) <= high <= 1.1 * max(refused)
+    assert fig.layout.yaxis2.range[0] == 0  # preemptions, as before
+    assert fig.layout.yaxis3.tickformat == ",d"  # blocks in use: 7,452, not 7452

@@ -33,7 +33,7 @@ TOKENS_OR_ZERO = int_flag(0, MAX_TOKENS)
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m labsupport ledger", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="one flat JSON object, base units (strict JSON)")
-    p.add_argument("--markdown", action="store_true", help="the table as Markdown (the README's section)")
+    p.add_argument("--markdown", action="store_true", help="the table as Markdown (LEDGER.md's generated section)")
     p.add_argument("--model", default="lecture-7b", help=f"preset: {', '.join(sorted(MODELS))}")
     p.add_argument("--gpu", default="h100-sxm-80gb", help=f"preset: {', '.join(sorted(GPUS))}")
     for flag, (_, kind) in MODEL_FLAGS.items():

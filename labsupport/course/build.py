@@ -63,7 +63,7 @@ from pathlib import Path
 import nbformat
 
 from labsupport.cli.parser import OneLineParser, UsageError
-from labsupport.course.checkoff import NOT_ATTEMPTED_LINE, PASS_LINE, PROMPT_WORD, load_lab
+from labsupport.course.checkoff import NOT_ATTEMPTED_LINE, PASS_LINE, PROMPT_WORD, load_lab, plain
 
 BEGIN_MARK = "### BEGIN SOLUTION"
 END_MARK = "### END SOLUTION"
@@ -634,7 +634,7 @@ def validate_student_run(parsed: Parsed, executed: nbformat.NotebookNode) -> Non
         text, other = _output_text(cell)
         lines = text.splitlines()
         ok = not other and len(lines) == len(ids) and all(
-            line in {NOT_ATTEMPTED_LINE.format(id=i, prompt=p) for p in prompts[i]} for i, line in zip(ids, lines))
+            line in {plain(NOT_ATTEMPTED_LINE.format(id=i, prompt=p)) for p in prompts[i]} for i, line in zip(ids, lines))
         if not ok:
             want = " and ".join(NOT_ATTEMPTED_LINE.format(id=i, prompt="<its prompt>") for i in ids)
             raise ExecutionFailure(f"{parsed.lab.student_path.name}, cell {index}: with the exercise unfinished "

@@ -29,7 +29,8 @@ import zlib
 from pathlib import Path
 
 from labsupport.course import codec
-from labsupport.course.checkoff import (Mismatch, RemoteError, call, call_with, choice, describe_call, function,
+from labsupport.units import fmt_number
+from labsupport.course.registry import (Mismatch, RemoteError, call, call_with, choice, describe_call, function,
                                         units_slip, value)
 
 FOLDER = Path(__file__).resolve().parent / "formative"
@@ -112,11 +113,11 @@ def same(got, want, rel_tol: float, abs_tol: float, where: str = "") -> str:
             if isinstance(got, bool) or not isinstance(got, numbers.Real):
                 return f"{_show(got)}{at}, which is not a number"
         if isinstance(want, int) and isinstance(got, float) and not got.is_integer():
-            return f"{got:,.6g}{at}, which is not a whole number"
+            return f"{fmt_number(got)}{at}, which is not a whole number"
         if math.isclose(float(got), float(want), rel_tol=rel_tol, abs_tol=abs_tol):
             return ""
         slip = units_slip(float(got), float(want))
-        return f"{float(got):,.6g}{at}, which is too {'high' if got > want else 'low'}" + (f" ({slip})" if slip else "")
+        return f"{fmt_number(got)}{at}, which is too {'high' if got > want else 'low'}" + (f" ({slip})" if slip else "")
     if isinstance(want, str):
         if isinstance(got, str) and got.strip().lower() == want.strip().lower():
             return ""

@@ -1,7 +1,8 @@
 """`python -m labsupport release OUT`: what an instructor hands students (every lab).
 
 The release holds the package, the student notebooks (notebooks/NN_topic.ipynb, solution regions
-already cut), the README, pyproject/environment files and the data the loaders need (the tiny
+already cut), the README with the guides it links to that concern students (the ledger, grading),
+pyproject/environment files and the data the loaders need (the tiny
 model; traces are fetched or replaced by a labelled synthetic stand-in, as in the repository).
 It leaves out everything that answers an exercise or grades one:
 
@@ -37,6 +38,9 @@ STAFF_ONLY = ("course/checkoffs", "course/build.py", "course/grade.py", "course/
               "course/sandbox.py", "course/release.py", "course/autograder.py", "bench/notebooks.py")
 STAFF_COMMANDS = ("build", "grade", "release", "autograder")
 TOP_FILES = ("pyproject.toml", "environment.yml", "Makefile", ".gitignore")
+# the README's companions students read; INSTRUCTORS.md (the board, solutions/) stays with the staff
+STUDENT_GUIDES = ("LEDGER.md", "GRADING.md")
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 TRACE_SUFFIXES = (".csv", ".jsonl", ".json.gz", ".csv.gz")
 
 
@@ -260,8 +264,11 @@ def write_release(out: Path, progress: bool = True) -> dict:
         for name in TOP_FILES:
             if (ROOT / name).is_file():
                 shutil.copyfile(ROOT / name, staging / name)
+        for name in STUDENT_GUIDES:
+            if (ROOT / name).is_file():
+                shutil.copyfile(ROOT / name, staging / name)
         readme = (ROOT / "README.md").read_text(encoding="utf-8") if (ROOT / "README.md").is_file() else ""
-        (staging / "README.md").write_text(RELEASE_NOTE + readme, encoding="utf-8")
+        (staging / "README.md").write_text(RELEASE_NOTE + without_missing_links(readme, staging), encoding="utf-8")
         (staging / "tests").mkdir()
         (staging / "tests" / "test_release.py").write_text(RELEASE_TEST, encoding="utf-8")
         if out.exists():
@@ -271,6 +278,27 @@ def write_release(out: Path, progress: bool = True) -> dict:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return {"notebooks": [p.name for p in notebooks], "labs": labs}
+
+
+def without_missing_links(markdown: str, folder: Path) -> str:
+    """The README as the release can show it: a list item or table row that links to a file the release
+    leaves out (the board, INSTRUCTORS.md) is dropped, so no link in the student's copy leads nowhere."""
+    blocks: list[list[str]] = []
+    for line in markdown.splitlines(keepends=True):
+        continues = blocks and blocks[-1][0].startswith("- ") and line.startswith("  ") and line.strip()
+        if continues:
+            blocks[-1].append(line)
+        else:
+            blocks.append([line])
+
+    def dangling(block: list[str]) -> bool:
+        first = block[0]
+        if not (first.startswith("- ") or first.startswith("|")):
+            return False
+        targets = _LINK.findall("".join(block))
+        return any("://" not in t and not (folder / t).exists() for t in targets)
+
+    return "".join("".join(block) for block in blocks if not dangling(block))
 
 
 def main(argv: list[str] | None = None) -> int:

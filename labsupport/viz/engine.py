@@ -32,7 +32,7 @@ from plotly.subplots import make_subplots
 from labsupport import ledger
 from labsupport.checks import positive_int as _positive_int
 from labsupport.specs import GB, LECTURE_MFU, GPUSpec, MiB, ModelSpec, get_gpu, get_model
-from labsupport.units import fmt_int
+from labsupport.units import fmt_int, log_axis_ticks
 from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, gpu_options, number_slider, selection_slider, styled
 
 PHASES = ("not here", "waiting", "prefill", "decode", "preempted", "done")
@@ -221,8 +221,11 @@ def stream_figure(log: StreamLog, upto: int, decode: Callable | None = None, tit
     default = (f"step {rec.step}: batch of {batch}, {rec.blocks_in_use} of {log.num_blocks} blocks in use, "
                f"{rec.waiting} waiting")
     return styled(fig, title or default, height=max(360, 110 + 38 * len(seqs)),
-                  xaxis=dict(title="engine step", range=[0.5, len(xs) + 0.5], dtick=5, showgrid=False),
-                  yaxis=dict(autorange="reversed", showgrid=False, type="category"),
+                  xaxis=dict(title="engine step", range=[0.5, len(xs) + 0.5], dtick=1 if len(xs) <= 15 else 5,
+                             showgrid=False),
+                  # every row named: left to itself Plotly thins category labels to r0, r2, r4
+                  yaxis=dict(autorange="reversed", showgrid=False, type="category", tickmode="array",
+                             tickvals=labels, ticktext=labels),
                   legend=dict(orientation="h", yanchor="top", y=-0.18, x=0.0),
                   margin=dict(l=80, r=20, t=80, b=90))
 
@@ -383,15 +386,18 @@ def watermark_figure(runs: Sequence[OverloadRun], watermark: float, title: str |
                       row=1, col=2)
     # Short axis titles: side by side at 700 px, longer ones ran into each other.
     fig.update_xaxes(title_text="watermark (% of pool)", row=1, col=1)
+    # From zero, like the preemptions: an axis fitted to the data (425-455) made a change of a few
+    # refusals in hundreds look steep, while the lab's point is that they barely move.
+    refused = max([r.waited for r in runs] + [1])
     fig.update_yaxes(title_text="requests refused", color=PALETTE["memory"], row=1, col=1, secondary_y=False,
-                     tickformat=",d")
+                     tickformat=",d", range=[0, refused * 1.08], rangemode="tozero")
     top = max([r.total_preemptions for r in runs] + [1])
     step = next(k * 10 ** e for e in range(0, 9) for k in (1, 2, 5) if k * 10 ** e * 5 >= top)
     fig.update_yaxes(title_text="preemptions", color=PALETTE["recompute"], row=1, col=1, secondary_y=True,
                      range=[0, step * 5.4], dtick=step, showgrid=False, tickformat=",d", title_standoff=4)
     fig.update_xaxes(title_text="time (s, cost model)", row=1, col=2)
     # No y title on the right: the subplot's title names it, and one here sat on "preemptions".
-    fig.update_yaxes(row=1, col=2, range=[0, cur.num_blocks * 1.08])
+    fig.update_yaxes(row=1, col=2, range=[0, cur.num_blocks * 1.08], tickformat=",d")
     return styled(fig, title or f"Overload: {cur.requests:,} requests into {cur.num_blocks:,} blocks", height=540,
                   legend=dict(orientation="h", yanchor="top", y=-0.28, x=0.0), margin=dict(l=90, r=40, t=110, b=150))
 
@@ -441,6 +447,12 @@ def _s_grid(lo: int = 64, hi: int = 262_144, per_octave: int = 8) -> list[int]:
     return sorted({int(round(2 ** (k0 + i / per_octave))) for i in range(int((k1 - k0) * per_octave) + 1)})
 
 
+def _log_axis(title: str, values: Sequence[float]) -> dict:
+    """A log axis over `values` whose every tick is a readable number (1, 2, 5, 10, ... or 1, 10, 100)."""
+    shown = [v for v in values if v is not None and v > 0]
+    return dict(title=title, type="log", **log_axis_ticks(min(shown), max(shown)))
+
+
 def swap_recompute_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, link_bandwidth: float,
                           mfu: float = LECTURE_MFU, title: str | None = None) -> go.Figure:
     """The two stalls against S (log-log): the swap round trip is linear in S, the recompute has an
@@ -468,8 +480,8 @@ def swap_recompute_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, link_
     winner = "swap" if d["choice"] == "swap" else "recompute"
     return styled(fig, title or f"At S = {seq_tokens:,}, {winner} wins<br><sup>{model.name} on {gpu.name}, link "
                                 f"{link_bandwidth / GB:g} GB/s</sup>",
-                  xaxis=dict(title="tokens of the preempted sequence, S (log)", type="log"),
-                  yaxis=dict(title="stall (ms, log)", type="log"),
+                  xaxis=_log_axis("tokens of the preempted sequence, S (log)", grid),
+                  yaxis=_log_axis("stall (ms, log)", swap_ms + rec_ms),
                   **_LEGEND_BELOW)
 
 
@@ -510,8 +522,10 @@ def breakeven_figure(models: Sequence[ModelSpec], gpu: GPUSpec, link_bandwidth: 
     grid = _s_grid(128, 131_072)
     colours = (PALETTE["memory"], PALETTE["compute"], PALETTE["recompute"], PALETTE["neutral"])
     fig = go.Figure()
+    drawn = []
     for m, colour in zip(models, colours):
         w = [ledger.breakeven_link_bandwidth(m, s, gpu.peak_flops, mfu) / GB for s in grid]
+        drawn += w
         fig.add_trace(go.Scatter(x=grid, y=w, name=m.name, line=dict(color=colour, width=4),
                                  hovertemplate=f"{m.name}, S = %{{x:,}}: W* = %{{y:,.2f}} GB/s<extra></extra>"))
         for s in marks:
@@ -524,8 +538,8 @@ def breakeven_figure(models: Sequence[ModelSpec], gpu: GPUSpec, link_bandwidth: 
     fig.add_annotation(x=1, xref="paper", y=math.log10(link / GB), yanchor="bottom", xanchor="right", showarrow=False,
                        text=f"link {link / GB:g} GB/s: swap wins above the curve", font=dict(color=PALETTE["link"]))
     return styled(fig, title or f"Break-even link bandwidth on {gpu.name} at {100 * mfu:g}% of peak",
-                  xaxis=dict(title="tokens of the preempted sequence, S (log)", type="log"),
-                  yaxis=dict(title="break-even W* (GB/s, log)", type="log", dtick="D2"),  # 2 and 5 only: legible
+                  xaxis=_log_axis("tokens of the preempted sequence, S (log)", grid),
+                  yaxis=_log_axis("break-even W* (GB/s, log)", drawn + [link / GB]),
                   **_LEGEND_BELOW)
 
 
@@ -647,8 +661,8 @@ def personal_breakeven_figure(rate: PrefillRate, bandwidth: Bandwidth, title: st
                                                  f"({'measured link' if bandwidth.is_link else 'memcpy stand-in'})",
                              mode="lines+markers", line=dict(color=PALETTE["link"], width=4), marker=dict(size=10)))
     return styled(fig, title or "Your machine: swap or recompute the tiny model's cache?",
-                  xaxis=dict(title="tokens of the preempted sequence, S (log)", type="log"),
-                  yaxis=dict(title="stall (ms, log)", type="log"),
+                  xaxis=_log_axis("tokens of the preempted sequence, S (log)", xs),
+                  yaxis=_log_axis("stall (ms, log)", [1e3 * s for s in rate.seconds] + swap_ms),
                   **_LEGEND_BELOW)
 
 

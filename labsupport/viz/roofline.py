@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from labsupport import ledger
 from labsupport.specs import GB, GPUSpec, KiB, ModelSpec, get_gpu, get_model
-from labsupport.units import fmt_bytes, fmt_gb, fmt_int
+from labsupport.units import fmt_bytes, fmt_gb, fmt_int, log_axis_ticks
 from labsupport.viz import (
     FONT_SIZE,
     HEIGHT,
@@ -78,9 +78,11 @@ def decode_roofline_figure(model: ModelSpec, gpu: GPUSpec, s_max: int, max_batch
         fig.add_annotation(x=math.log10(g["memory"]), y=math.log10(top), yanchor="top", xanchor="right",
                            showarrow=False, text=f"memory wall B = {g['memory']:,} ", font=dict(color=PALETTE["memory"]))
     return styled(fig, f"Decode roofline: {model.name} on {gpu.name}, S_max = {s_max:,}",
-                  xaxis=dict(title="decode batch B (log scale)", type="log", range=[0, math.log10(max_batch)]),
+                  xaxis=dict(title="decode batch B (log scale)", type="log", range=[0, math.log10(max_batch)],
+                             **log_axis_ticks(1, max_batch)),
                   yaxis=dict(title="attainable TFLOP/s (log scale)", type="log",
-                             range=[math.log10(attainable[0]) - 0.1, math.log10(top)]),
+                             range=[math.log10(attainable[0]) - 0.1, math.log10(top)],
+                             **log_axis_ticks(attainable[0] / 10 ** 0.1, top)),
                   showlegend=False)
 
 
@@ -107,8 +109,10 @@ def intensity_figure(model: ModelSpec, gpu: GPUSpec, seq_lengths=(0, 87, 640, 40
     # A legend of five below the plot takes height from it: give it back, so the y-axis title fits beside
     # the plot instead of running up into the title.
     return styled(fig, f"Decode intensity with KV reads<br><sup>{model.name} on {gpu.name}</sup>", height=HEIGHT + 120,
-                  xaxis=dict(title="decode batch B (log scale)", type="log", range=[0, math.log10(max_batch)]),
-                  yaxis=dict(title="FLOP per HBM byte (log)", type="log", range=[0, math.log10(top)]),
+                  xaxis=dict(title="decode batch B (log scale)", type="log", range=[0, math.log10(max_batch)],
+                             **log_axis_ticks(1, max_batch)),
+                  yaxis=dict(title="FLOP per HBM byte (log)", type="log", range=[0, math.log10(top)],
+                             **log_axis_ticks(1, top)),
                   legend=dict(orientation="h", y=-0.25, x=0))
 
 

@@ -29,7 +29,7 @@ from labsupport.block_allocator import BlockAllocator
 from labsupport.checks import as_count as _count
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import LECTURE_GPU, get_model
-from labsupport.units import fmt_int
+from labsupport.units import fmt_int, log_axis_ticks
 from labsupport.viz import (FONT_SIZE, PALETTE, Panel, bytes_axis_title, dropdown, in_unit, number_slider,
                             selection_slider, styled)
 
@@ -514,5 +514,5 @@ def prefix_capacity_figure(replays: Sequence[PrefixReplay], unbounded: PrefixRep
     pad = max(0.15, 0.08 * (high - low))  # room for the end points' labels inside the axes
     return styled(fig, title or f"Hit rate against index capacity ({rs[0].name})", showlegend=False,
                   xaxis=dict(title=f"index capacity ({rs[0].block_tokens}-token blocks, log scale)", type="log",
-                             range=[low - pad, high + pad]),
+                             range=[low - pad, high + pad], **log_axis_ticks(rs[0].num_blocks, rs[-1].num_blocks)),
                   yaxis=dict(title="served by the index (%)", range=[0, top * 1.25]))

@@ -7,6 +7,7 @@ from dataclasses import replace
 from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function, value
 from labsupport.course.checkoffs._hidden import random_pair
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
+from labsupport.units import fmt_number
 
 JOBS = ("admit", "allocate", "batch", "run", "stream")
 # What each job hands out, in the lecture's words (§10.1): KV space; FLOPs and bandwidth; places in the
@@ -125,7 +126,7 @@ def _memory_batch(fn, case):
         raise Mismatch(f"{what} returned {got:,.4g}: a batch counts whole slots, and a fraction of a slot holds "
                        "no sequence.")
     if got < 0:
-        raise Mismatch(f"{what} returned {got:g}: when the weights leave no KV budget, zero sequences fit, "
+        raise Mismatch(f"{what} returned {fmt_number(got)}: when the weights leave no KV budget, zero sequences fit, "
                        "not a negative number.")
     expect_close(got, want, what)
 

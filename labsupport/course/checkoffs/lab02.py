@@ -19,6 +19,7 @@ import random
 
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
 from labsupport.course.checkoff import Mismatch, as_number, call, choice, function, value
+from labsupport.units import fmt_number
 
 KV_MHA = 2 * 32 * 32 * 128 * 2  # 524,288 B: the lecture's 7B, every layer and head, K and V, bf16
 KV_GQA8 = 2 * 32 * 8 * 128 * 2  # 131,072 B: the same model with 8 KV heads
@@ -137,7 +138,7 @@ def _utilization(fn, case):
                        "utilization is over the whole KV budget.")
     if math.isclose(got, 100 * want, rel_tol=1e-9):
         raise Mismatch(f"{what} returned {got:.6f}: return a fraction (0.1556), not a percentage.")
-    raise Mismatch(f"{what} returned {got:.6g}, which is too {'high' if got > want else 'low'}.")
+    raise Mismatch(f"{what} returned {fmt_number(got)}, which is too {'high' if got > want else 'low'}.")
 
 
 # Over a life the sequence holds 512, 513, ... 639 tokens while its 128 decode steps run (the KV the

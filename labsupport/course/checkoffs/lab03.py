@@ -28,6 +28,7 @@ import torch
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function, value
 from labsupport.kvcache import PagedKVCache
+from labsupport.units import fmt_number
 
 KV_MHA = 2 * 32 * 32 * 128 * 2  # 524,288 B per token
 BUDGET = 80 * 10**9 - 2 * 6_740_000_000 - 4 * 10**9  # 62,520,000,000 B
@@ -219,10 +220,10 @@ def _tail_waste(fn, case):
     got = as_number(call(fn, n, block_size), f"tail_waste({n}, {block_size}) returned a value that")
     if got != want:
         extra = " (a full last block wastes nothing)" if n % block_size == 0 else ""
-        raise Mismatch(f"tail_waste({n}, {block_size}) returned {got:g}, which is not what the real "
+        raise Mismatch(f"tail_waste({n}, {block_size}) returned {fmt_number(got)}, which is not what the real "
                        f"allocator leaves empty{extra}.")
     if not 0 <= got <= block_size - 1:
-        raise Mismatch(f"tail_waste({n}, {block_size}) returned {got:g}, outside 0..b-1.")
+        raise Mismatch(f"tail_waste({n}, {block_size}) returned {fmt_number(got)}, outside 0..b-1.")
 
 
 value(

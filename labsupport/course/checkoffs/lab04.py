@@ -18,6 +18,7 @@ import torch
 
 from labsupport.course.checkoff import (Mismatch, RemoteError, as_number, call, call_with, choice, expect_close,
                                         function, is_triton_function, raise_if_unfinished, value)
+from labsupport.units import fmt_number
 
 TRADEOFFS = ("tail waste", "fork copies", "short contiguous runs", "table lookups")
 
@@ -255,7 +256,7 @@ def _triton_offset(fn, case):
             else float("inf")
         raise Mismatch(f"paged_decode_attention with your {name} (block_size={block_size}, "
                        f"Hq={q.shape[1]}, Hkv={k.shape[2]}, seq_lens={seq_lens.tolist()}) differs from the reference "
-                       f"by up to {worst:.3g}." + (
+                       f"by up to {fmt_number(float(format(worst, '.3g')))}." + (
                            " It produced NaN: it read pool slots no sequence owns (they hold NaN)." if nan else ""))
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from labsupport.course.checkoff import Mismatch, as_number, call, function, units_slip, value
 from labsupport.course.checkoffs._hidden import random_pair
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B, ModelSpec
+from labsupport.units import fmt_number
 
 MFU = 0.5
 # The ledger's and the cost model's one-call answers to §10.5's questions.
@@ -93,7 +94,7 @@ def _breakeven_check(fn, case):
             remark = " Attention FLOPs count query heads: GQA shares K and V, every query head still attends."
     if not remark:
         remark = " " + (units_slip(got, want) or "")
-    raise Mismatch(f"{what} returned {got:,.6g} B/s, which is too {'high' if got > want else 'low'}.{remark}".rstrip())
+    raise Mismatch(f"{what} returned {fmt_number(got)} B/s, which is too {'high' if got > want else 'low'}.{remark}".rstrip())
 
 
 # --- 6.2: the preemption decision ----------------------------------------------------------------
@@ -214,7 +215,7 @@ def _grade_exercise4(answer, want) -> None:
         else:
             slip = units_slip(got, want[key])
             remark = f" {slip}" if slip else ""
-        raise Mismatch(f"'{key}' ({_EX4_HINTS[key]}) is {got:,.6g}, which is too {'high' if got > want[key] else 'low'}."
+        raise Mismatch(f"'{key}' ({_EX4_HINTS[key]}) is {fmt_number(got)}, which is too {'high' if got > want[key] else 'low'}."
                        + remark)
 
 

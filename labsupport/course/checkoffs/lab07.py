@@ -8,6 +8,7 @@ import random
 from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function
 from labsupport.course.checkoffs._hidden import random_pair
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
+from labsupport.units import fmt_number
 
 _RESERVE = 4 * GB  # activations and workspace, as in the lecture's 80 - 13.48 - 4 = 62.52 GB
 # One-call answers to §10.6's questions in the ledger and the lab's chart helpers.
@@ -100,7 +101,7 @@ def _max_batch(fn, case):
     if not got.is_integer():
         raise Mismatch(f"{what} returned {got:,.4g}: a batch counts whole sequences.")
     if got < 0:
-        raise Mismatch(f"{what} returned {got:g}: when nothing meets the SLO the answer is zero sequences.")
+        raise Mismatch(f"{what} returned {fmt_number(got)}: when nothing meets the SLO the answer is zero sequences.")
     expect_close(got, want, what)
 
 

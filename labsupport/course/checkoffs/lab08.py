@@ -8,6 +8,7 @@ from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect
 from labsupport.course.checkoffs._hidden import random_pair
 from labsupport.course.open_answers import utilization_workload_verdict
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
+from labsupport.units import fmt_number
 
 _ACTIVATIONS = 4 * GB  # the lecture's reserve for activations and workspace
 # One-call answers in the ledger and the lab's helpers to "what does this knob become".
@@ -73,7 +74,7 @@ def _whole(got, what: str) -> float:
     if not x.is_integer():
         raise Mismatch(f"{what} returned {x:,.4g}: the knob takes a whole number.")
     if x < 0:
-        raise Mismatch(f"{what} returned {x:g}: when nothing fits the answer is 0, not a negative number.")
+        raise Mismatch(f"{what} returned {fmt_number(x)}: when nothing fits the answer is 0, not a negative number.")
     return x
 
 

@@ -1,0 +1,93 @@
+"""Feedback is plain text with exact, readable numbers, and no lab types a count it could be wrong about."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from labsupport.course import checkoff as C
+from labsupport.course.checkoff import FAIL_LINE, NOT_ATTEMPTED_LINE, check, load_lab, plain
+from labsupport.units import fmt_number
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("x, text", [
+    (335_544_320, "335,544,320"),  # 320 MiB, which printed as 3.35544e+08
+    (335_544_320.0, "335,544,320"),
+    (2**40, "1,099,511,627,776"),
+    (-7, "-7"),
+    (0, "0"),
+    (0.155634, "0.155634"),
+    (1234.5678, "1,234.57"),
+    (123456.78, "123,456.8"),
+    (0.0000123456789, "0.0000123457"),
+    (0.5, "0.5"),
+])
+def test_fmt_number_writes_numbers_as_a_sentence_would(x, text):
+    assert fmt_number(x) == text
+
+
+def test_fmt_number_never_writes_e_notation():
+    for exponent in range(-12, 19):
+        for mantissa in (1, 1.5, 3.35544, 9.99999):
+            assert "e" not in fmt_number(mantissa * 10.0 ** exponent).lower(), (mantissa, exponent)
+
+
+def test_a_wrong_byte_count_is_printed_exactly(capsys):
+    C.reset_results()
+    check("0.1", 320 * 2**20)  # 335,544,320 B, far from 524,288
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("❌ Checkoff 0.1: you gave 335,544,320 B,"), line
+    assert "e+" not in line
+
+
+@pytest.mark.parametrize("markdown, text", [
+    ("the allocator's slots (`alloc.slots`, a dict of `Slot`s)", "the allocator's slots (alloc.slots, a dict of Slots)"),
+    ("costs of *reading* the cache and of **holding** it", "costs of reading the cache and of holding it"),
+    ("``@triton.jit``", "@triton.jit"),
+    ("block ids just below 2**31, and a * b", "block ids just below 2**31, and a * b"),  # not emphasis
+    ("(*case, expected)", "(*case, expected)"),
+])
+def test_plain_drops_markdown_marks_only(markdown, text):
+    assert plain(markdown) == text
+
+
+def _emphasis_or_code(text: str) -> list[str]:
+    return re.findall(r"`[^`]+`|(?<![\w*])\*[^\s*][^*]*\*(?![\w*])", text)
+
+
+def test_no_feedback_line_shows_markdown():
+    """Every checkoff's failure line (with its hint) and not-attempted line (with its title), every lab."""
+    lines = []
+    for lab in range(9):
+        for ck in load_lab(lab):
+            lines.append(plain(FAIL_LINE.format(id=ck.id, problem="x.", hint=ck.hint)))
+            lines.append(plain(NOT_ATTEMPTED_LINE.format(id=ck.id, prompt=ck.title)))
+    assert len(lines) > 2 * 40
+    marked = [m for line in lines for m in _emphasis_or_code(line)]
+    assert not marked, marked[:5]
+    # and the hints did carry some: the stripping is what keeps them out
+    raw = [m for lab in range(9) for ck in load_lab(lab) for m in _emphasis_or_code(ck.hint)]
+    assert raw
+
+
+def test_a_printed_hint_carries_no_markdown(capsys):
+    hinted = next(ck for lab in range(9) for ck in load_lab(lab) if _emphasis_or_code(ck.hint) and ck.kind == "choice")
+    C.reset_results()
+    check(hinted.id, "certainly not an option")
+    out = capsys.readouterr().out
+    assert out.startswith(f"❌ Checkoff {hinted.id}:") and not _emphasis_or_code(out), out
+
+
+_COUNT_WORDS = ("two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+                "seventeen eighteen nineteen twenty").split()
+
+
+def test_no_lab_types_how_many_checkoffs_it_has():
+    """A typed count goes stale (lab 02 said eleven while its scoreboard listed 12): the scoreboard counts."""
+    count = re.compile(rf"\b(\d+|{'|'.join(_COUNT_WORDS)})\s+(checkoffs|exercises)\b", re.I)
+    for source in sorted((ROOT / "solutions").glob("[0-9][0-9]_*.py")):
+        found = count.findall(source.read_text(encoding="utf-8"))
+        assert not found, (source.name, found)

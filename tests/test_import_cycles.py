@@ -1,0 +1,101 @@
+"""No import circles in labsupport: every import counts, at the top of a module, inside a function, or
+under `if TYPE_CHECKING:` (a circle hidden in a function is still a circle for the reader)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "labsupport"
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    """Dotted name -> file, for every module and package of the tree rooted at `root`."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of the package that `name` imports anywhere in its file."""
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if is_package else name.split(".")[:-1]
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from a.b import c` imports a.b.c when c is a module, else a name of a.b
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `import a.b.c` of a name: the nearest module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    names = module_names(root)
+    return {name: imports_of(name, path, set(names)) for name, path in names.items()}
+
+
+def test_the_checker_finds_circles_of_every_kind(tmp_path):
+    """A function-level import, a TYPE_CHECKING one and a relative one each close a circle here."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg.a import thing\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub import d\n")
+    (pkg / "sub" / "d.py").write_text("from .. import c\n")
+    (pkg / "sub" / "e.py").write_text("from . import d\nimport pkg.a\n")
+    assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.sub.d"]]
+
+
+def test_labsupport_has_no_import_circle():
+    graph = import_graph(PACKAGE)
+    assert len(graph) > 40 and "labsupport.course.checkoff" in graph["labsupport.course.grade"]
+    found = cycles(graph)
+    assert not found, "import circles: " + "; ".join(" <-> ".join(group) for group in found)
