@@ -151,3 +151,80 @@ def test_block_table_explorer_redraws_like_a_fresh_figure():
     for action in ("grow A", "grow B", "free A", "grow B", "reset"):
         board.step(action)
         assert_shows(board, board._figure(), sent)
+
+
+# --- the static copy beside each panel (item 7) ------------------------------------------------------
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+@pytest.fixture
+def published(monkeypatch):
+    """Every output a panel publishes, as (bundle, display id, is an update), in order."""
+    out = []
+    monkeypatch.setattr(reopen, "_publish", lambda bundle, display_id=None, update=False:
+                        out.append((copy.deepcopy(bundle), display_id, update)))
+    return out
+
+
+def test_a_panel_leaves_a_static_copy_that_follows_its_slider(published):
+    panel = memory.naive_panel()
+    panel._ipython_display_()
+    (widget, _, _), (note, note_id, _), (fig, fig_id, _) = published
+    assert WIDGET_VIEW in widget and "s_max=4,096" in widget["text/plain"]
+    assert reopen.RUN_LINE in note["text/html"] and "s_max=4,096" in note["text/plain"]
+    assert WIDGET_VIEW not in note and WIDGET_VIEW not in fig
+    assert note_id and fig_id and note_id != fig_id
+    assert _plain(fig[reopen.PLOTLY_MIME]["data"]) == _plain(_lab02_figure(4096).to_plotly_json())["data"]
+    assert "uid" not in json.dumps(fig[reopen.PLOTLY_MIME])  # random per run: strict nbval would differ
+    del published[:]
+    panel.controls["s_max"].value = 512
+    updates = {display_id: bundle for bundle, display_id, update in published if update}
+    assert set(updates) == {note_id, fig_id}
+    want = _plain(_lab02_figure(512).to_plotly_json())
+    got = updates[fig_id][reopen.PLOTLY_MIME]
+    assert _plain(got["layout"]) == want["layout"] and _plain(got["data"]) == want["data"]
+    assert "s_max=512," in updates[note_id]["text/plain"]
+    assert f"{232:,} slots" in got["layout"]["title"]["text"]  # 62.52e9 // (512 x 524,288 B) = 232
+    assert not any("no slot fits" in a.get("text", "") for a in got["layout"].get("annotations", []))
+
+
+def test_a_copy_is_the_same_on_every_run():
+    a, b = reopen.figure_bundle(_lab02_figure(512)), reopen.figure_bundle(_lab02_figure(512))
+    assert a == b  # strict nbval of the executed solutions compares these outputs
+    assert a != reopen.figure_bundle(_lab02_figure(4096))
+    assert reopen.PLOTLY_CDN in a["text/html"] and len(a["text/html"]) < 20_000  # plotly.js itself is not embedded
+
+
+def test_a_rejected_setting_leaves_the_copy_as_it_was(published):
+    panel = sharing.fanout_panel()
+    panel._ipython_display_()
+    before = published[-1][0]
+    del published[:]
+    control = next(c for c in panel.controls.values() if hasattr(c, "max"))
+    panel._make_figure = lambda **_: (_ for _ in ()).throw(ValueError("no"))
+    control.value = control.max
+    assert panel.error and not published
+    assert panel.copy.bundle == before
+
+
+def test_a_figure_view_is_plain_plotly_output():
+    view = slo.FigureView(_lab02_figure(512), "232 slots")
+    bundle = view._repr_mimebundle_()
+    assert WIDGET_VIEW not in bundle and bundle["text/plain"] == "232 slots"
+    assert _plain(bundle[reopen.PLOTLY_MIME]["layout"]) == _plain(_lab02_figure(512).to_plotly_json())["layout"]
+
+
+def test_a_board_segment_leaves_its_header_pictures_and_question(published):
+    view = segment_view(1)
+    view._ipython_display_()
+    kinds = [(WIDGET_VIEW in b, reopen.PLOTLY_MIME in b) for b, _, _ in published]
+    # the segment, the note, its header, the slot figure, the S_max panel's figure, the question
+    assert kinds == [(True, False), (False, False), (False, False), (False, True), (False, True), (False, False)]
+    assert f"{reopen.NOTE_CLASS}-4" in published[1][0]["text/html"]  # it hides the four copies after it when live
+    assert "6–16 min" in published[2][0]["text/plain"] and "Ask the room" in published[5][0]["text/plain"]
+    panel_copy_id = published[4][1]
+    del published[:]
+    view.pictures[1].controls["s_max"].value = 512
+    (bundle,) = [b for b, display_id, update in published if update and display_id == panel_copy_id]
+    assert _plain(bundle[reopen.PLOTLY_MIME]["data"]) == _plain(_lab02_figure(512).to_plotly_json())["data"]
