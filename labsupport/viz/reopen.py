@@ -61,7 +61,7 @@ def note_bundle(text: str, following: int = 1) -> dict:
 
 def plain_title(fig: go.Figure) -> str:
     text = fig.layout.title.text or ""
-    return re.sub(r"<[^>]+>", " ", text.replace("<br>", " ")).replace("  ", " ").strip() or "figure"
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", text)).strip() or "figure"
 
 
 def figure_bundle(fig: go.Figure) -> dict:
