@@ -200,9 +200,11 @@ _ALL_CELLS_RAN = """() => {
 
 # A chart has rendered when plotly has laid it out and drawn its SVG (a drawing may be all shapes).
 _RENDERED = "p => !!(p._fullLayout && p.querySelector('.main-svg') && p.data)"
-_ALL_RENDERED = f"() => [...document.querySelectorAll('.jp-Notebook .js-plotly-plot')].every({_RENDERED})"
+# Charts on screen: a panel's static copy (labsupport.viz.reopen) is hidden while its panel is live.
+_ALL_RENDERED = (f"() => [...document.querySelectorAll('.jp-Notebook .js-plotly-plot')].filter(p => p.checkVisibility())"
+                 f".every({_RENDERED})")
 
-_FIGURES = f"""() => [...document.querySelectorAll('.jp-Notebook .js-plotly-plot')].map(p => {{
+_FIGURES = f"""() => [...document.querySelectorAll('.jp-Notebook .js-plotly-plot')].filter(p => p.checkVisibility()).map(p => {{
     const r = p.getBoundingClientRect();
     return {{rendered: ({_RENDERED})(p), width: r.width, height: r.height, panel: !!p.closest('.lab-panel'),
              title: ((p.layout || {{}}).title || {{}}).text || ''}};

@@ -5,7 +5,9 @@ way of writing bytes (labsupport.units: GB is 1e9 bytes, GiB is 2**30, and axis 
 
 Figure functions are pure: parameters in, a ``plotly`` Figure out, testable without a browser.
 `Panel` wires ipywidgets controls to a ``go.FigureWidget``: every change of a control re-runs the
-figure function and patches the widget in place, and a readout line states the exact numbers.
+figure function and redraws the widget to equal the fresh figure (`redraw`), and a readout line
+states the exact numbers; beside the widget it leaves a static copy of that figure, kept current,
+for a notebook reopened without a kernel (`reopen`).
 Tests set ``panel.controls[name].value`` and read ``panel.figure``; ``python -m labsupport bench viz``
 times an update (target: at most 50 ms of Python for a closed-form panel).
 
@@ -30,6 +32,8 @@ import plotly.graph_objects as go
 
 from labsupport import ledger
 from labsupport.specs import GB, GPUS, MODELS, GiB, KiB, MiB
+from labsupport.viz import reopen
+from labsupport.viz.redraw import patch_figure  # noqa: F401  (the one way a shown figure is redrawn)
 
 # Okabe–Ito colours (colour-blind safe).  The meaning is fixed across labs.
 PALETTE = {
@@ -194,10 +198,13 @@ class Panel:
         self._readout = readout
         self.updates = 0
         self.error: str | None = None
-        self.figure = go.FigureWidget(make_figure(**self.values))
+        first = make_figure(**self.values)
+        self.figure = go.FigureWidget(first)
         self.readout = widgets.HTML()
         self._text = self._readout(**self.values) if self._readout else ""
         self.readout.value = self._readout_html()
+        self.copy = reopen.FigureCopy(first)  # what a reopened notebook shows in its place
+        self.note = reopen.NoteCopy(self._note_text())
         for control in self.controls.values():
             control.observe(self._on_change, names="value")
         self.widget = widgets.VBox([panel_header(title), controls_row(self.controls.values()), self.figure,
@@ -228,6 +235,8 @@ class Panel:
             self.error = None
             self._text = text
             patch_figure(self.figure, new)
+            self.copy.update(new)
+            self.note.update(self._note_text())
             self.updates += 1
         self.readout.value = self._readout_html()
 
@@ -238,32 +247,22 @@ class Panel:
         lines += (self.error or self._text).splitlines()
         return "\n".join(lines)
 
+    def _note_text(self) -> str:
+        return f"Below, this panel's figure as last drawn: {self.text().splitlines()[0]}."
+
     def _repr_mimebundle_(self, **kwargs):
         bundle = self.widget._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = self.text()  # the widget's own repr embeds random trace uids
         return bundle
 
+    def _ipython_display_(self):
+        """The widget, then the note and the static copy that stand in for it once the kernel is gone."""
+        reopen.show_live(self._repr_mimebundle_(), self.note, [self.copy])
+
 
 def _label(control) -> str:
     label = getattr(control, "label", None)
     return str(label if label is not None else control.value)
-
-
-def patch_figure(target: go.FigureWidget, new: go.Figure) -> None:
-    """Make `target` show `new`, editing traces in place when their kinds match (cheap to send)."""
-    with target.batch_update():
-        same_shape = len(target.data) == len(new.data) and all(
-            a.type == b.type for a, b in zip(target.data, new.data))
-        if same_shape:
-            for old, fresh in zip(target.data, new.data):
-                spec = fresh.to_plotly_json()
-                spec.pop("type", None)
-                spec.pop("uid", None)
-                old.update(spec, overwrite=True)
-        else:
-            target.data = ()
-            target.add_traces(list(new.data))
-        target.update_layout(new.layout.to_plotly_json(), overwrite=True)
 
 
 def dropdown(options, value, description: str):

@@ -575,6 +575,25 @@ class SegmentView:
         bundle["text/plain"] = self.text()
         return bundle
 
+    def copies(self) -> list:
+        """What stands in for the segment after a reopen: its header, each picture as last drawn, the ask."""
+        from labsupport.viz import reopen
+
+        s = self.segment
+        parts = [reopen.Copy({"text/html": segment_header_html(s), "text/plain": f"{s.start}–{s.end} min: {s.title}"})]
+        for p in self.pictures:
+            parts.append(p.copy if hasattr(p, "copy") else reopen.Copy({"text/html": p.value, "text/plain": s.title}))
+        parts.append(reopen.Copy({"text/html": segment_ask_html(s), "text/plain": f"Ask the room: {s.ask}"}))
+        return parts
+
+    def _ipython_display_(self):
+        from labsupport.viz import reopen
+
+        parts = self.copies()
+        note = reopen.NoteCopy(f"Below, this segment of the board as last drawn ({self.segment.start}–"
+                               f"{self.segment.end} min).", following=len(parts))
+        reopen.show_live(self._repr_mimebundle_(), note, parts)
+
 
 def segment_view(index: int, data: dict | None = None) -> SegmentView:
     return SegmentView(index, data)

@@ -36,6 +36,7 @@ from labsupport.fig2 import Breakdown
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import MiB, get_gpu, get_model
 from labsupport.units import fmt_gb, fmt_pct
+from labsupport.viz import reopen
 from labsupport.viz import (
     FONT_SIZE,
     PALETTE,
@@ -508,7 +509,10 @@ class BlockTableExplorer:
             button.on_click(lambda _b, action=action: self.step(action))
         self.controls["block_size"].observe(lambda _c: self.reset(), names="value")
         self._build_cache()
-        self.figure = go.FigureWidget(self._figure())
+        first = self._figure()
+        self.figure = go.FigureWidget(first)
+        self.copy = reopen.FigureCopy(first)  # what a reopened notebook shows in its place
+        self.note = reopen.NoteCopy(self._note_text())
         self.readout = widgets.HTML()
         self.readout.value = self._readout_html()
         self.widget = widgets.VBox([panel_header("Two sequences, one pool: the block table"),
@@ -592,7 +596,10 @@ class BlockTableExplorer:
     def _redraw(self) -> None:
         from labsupport.viz import patch_figure
 
-        patch_figure(self.figure, self._figure())
+        fresh = self._figure()
+        patch_figure(self.figure, fresh)
+        self.copy.update(fresh)
+        self.note.update(self._note_text())
         self.readout.value = self._readout_html()
 
     def summary(self) -> str:
@@ -608,10 +615,16 @@ class BlockTableExplorer:
     def text(self) -> str:
         return f"Block-table explorer [block size {self.block_size}, {self.num_blocks} blocks]\n{self.message}"
 
+    def _note_text(self) -> str:
+        return f"Below, the block table as last drawn: {self.text().splitlines()[0]}, {self.summary()}."
+
     def _repr_mimebundle_(self, **kwargs):
         bundle = self.widget._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = self.text()
         return bundle
+
+    def _ipython_display_(self):
+        reopen.show_live(self._repr_mimebundle_(), self.note, [self.copy])
 
 
 def board_script(a_tokens: int = 8, b_tokens: int = 5, a_prompt: int = 3, b_prompt: int = 2) -> list[str]:

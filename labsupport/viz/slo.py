@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 
 from labsupport import ledger
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec, ModelSpec, get_gpu, get_model
+from labsupport.viz import reopen
 from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, gpu_options, model_options, number_slider, styled
 
 TTFT_PARTS = ("queueing", "prefill", "scheduling delay")
@@ -638,15 +639,20 @@ def goodput_slo_panel(replays: Sequence[Replay], tpot_slo_ms: float = 20.0, ttft
 
 
 class FigureView:
-    """A static figure for a notebook: shown as a plotly FigureWidget, with a deterministic plain-text
-    summary (the widget's own repr carries random ids, which would make executed notebooks differ)."""
+    """A static figure for a notebook, with a deterministic plain-text summary.
+
+    On its own it is shown as plotly's JSON output (no widget: it draws in a notebook reopened
+    without a kernel); inside a widget layout (the board) it is `figure`, a FigureWidget, and
+    `copy` is the static output that stands in for it after a reopen.
+    """
 
     def __init__(self, figure: go.Figure, text: str = ""):
         self.figure = go.FigureWidget(figure)
+        self.copy = reopen.FigureCopy(figure)
         self.text = text or (figure.layout.title.text or "figure")
 
     def _repr_mimebundle_(self, **kwargs):
-        bundle = self.figure._repr_mimebundle_(**kwargs)
+        bundle = dict(self.copy.bundle)
         bundle["text/plain"] = self.text
         return bundle
 
