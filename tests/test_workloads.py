@@ -21,7 +21,8 @@ import pytest
 from labsupport import workloads as W
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
-needs_traces = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces/ is absent (real trace files)")
+needs_traces = pytest.mark.skipif(not SHARED.is_dir() or W.traces_hidden(),
+                                  reason="../shared/traces/ is absent or hidden ($LABSUPPORT_HIDE_TRACES)")
 
 
 # ---------------------------------------------------------------------------------------------
