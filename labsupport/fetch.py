@@ -88,7 +88,7 @@ def fetch(url: str, dest: str | os.PathLike, sha256: str, size: int, *, timeout:
             part.unlink()
             have = 0
             resp = _open(url, 0, timeout)
-    with tqdm(total=size, initial=have, unit="B", unit_scale=True, unit_divisor=1024, desc=label or dest.name,
+    with tqdm(total=size, initial=have, unit="B", unit_scale=True, unit_divisor=1000, desc=label or dest.name,
               file=sys.stderr, disable=None if progress is None else not progress, leave=False) as bar:
         if resp is not None:
             with resp:

@@ -247,3 +247,13 @@ def test_the_registry_points_at_the_published_files():
 def test_help_names_the_command(capsys):
     assert main(["--help"]) == 0
     assert re.search(r"^  traces +fetch the real traces", capsys.readouterr().out, re.M)
+
+
+def test_fetch_shows_a_progress_bar_and_leaves_only_the_final_file(served, capsys):
+    from labsupport.fetch import fetch
+
+    info = W.TRACES["fixture-azure"]
+    path = fetch(info.url, served.data / "x.csv", info.sha256, info.size_bytes, progress=True, label="x")
+    err = capsys.readouterr().err
+    assert re.search(rf"x: +0%\|.*\| 0\.00/{len(CSV) / 1000:.1f}k \[", err), err  # its size in kB (1e3 B)
+    assert path.read_bytes() == CSV and [p.name for p in served.data.iterdir()] == ["x.csv"]
