@@ -37,7 +37,7 @@ STAFF_ONLY = ("course/checkoffs", "course/build.py", "course/grade.py", "course/
               "course/sandbox.py", "course/release.py", "course/autograder.py", "bench/notebooks.py")
 STAFF_COMMANDS = ("build", "grade", "release", "autograder")
 TOP_FILES = ("pyproject.toml", "environment.yml", "Makefile", ".gitignore")
-TRACE_SUFFIXES = (".csv", ".jsonl", ".json.gz", ".csv.gz")
+TRACE_SUFFIXES = (".csv", ".jsonl", ".json.gz", ".csv.gz", ".part")  # .part: a trace download not finished
 
 
 class ReleaseError(Exception):
