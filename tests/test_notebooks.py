@@ -39,7 +39,7 @@ WORD = "TO" + "DO"
 PROMPT_RE = re.compile(rf"^[ \t]*# {WORD} (\d+\.\d+): (.+)$", re.M)
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 STUDENTS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-NEEDS_TRACES = "needs-traces"
+NEEDS_TRACES = B.TAG_NEEDS_TRACES
 MISSING_TRACES = [name for name in workloads.TRACES if workloads.find_trace(name) is None]
 
 
