@@ -33,6 +33,7 @@ class Server:
         self.files: dict[str, bytes] = {}
         self.cut_after: dict[str, int] = {}  # name -> close the connection after this many body bytes
         self.ranges: list[str | None] = []
+        self.honour_range = True
 
     def handler(self):
         server = self
@@ -48,7 +49,7 @@ class Server:
                     self.send_error(404)
                     return
                 body, start = server.files[name], 0
-                m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
+                m = server.honour_range and re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
                 if m:
                     start = int(m.group(1))
                     if start >= len(body):
@@ -170,6 +171,15 @@ def test_interrupted_download_resumes_with_a_range_request(served, capsys):
     assert code == 0 and err == "" and "(sha256 verified)" in out
     assert served.ranges == [None, f"bytes={half}-"]  # the second request asked only for the rest
     assert (served.data / "fixture_azure.csv").read_bytes() == CSV and not part.exists()
+
+
+def test_a_server_that_ignores_range_sends_the_whole_file_again(served, capsys):
+    served.cut_after["b.jsonl"] = 1000
+    assert run(capsys, "fixture-mooncake")[0] == 2
+    served.honour_range = False  # 200 and the whole body, whatever the Range header asked
+    code, out, err = run(capsys, "fixture-mooncake")
+    assert code == 0 and err == "" and served.ranges == [None, "bytes=1000-"]
+    assert (served.data / "fixture_mooncake.jsonl").read_bytes() == JSONL  # not 1,000 bytes twice
 
 
 def test_a_kept_partial_file_that_is_not_a_prefix_is_deleted_not_kept(served, capsys):
