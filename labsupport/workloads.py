@@ -396,8 +396,8 @@ FETCH_COMMAND = "python -m labsupport traces"
 
 
 def _how_to_get(info: TraceInfo) -> str:
-    return (f"run `{FETCH_COMMAND} {info.name}` to fetch it (sha256-verified) into "
-            f"{data_dir()}, or point $LABSUPPORT_DATA at a folder holding {info.filename}")
+    return (f"run `{FETCH_COMMAND} {info.name}` (in a terminal, or after a ! in a cell) to fetch it, "
+            f"sha256-verified, into {data_dir()}, or point $LABSUPPORT_DATA at a folder holding {info.filename}")
 
 
 def data_dir() -> Path:
