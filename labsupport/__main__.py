@@ -17,6 +17,7 @@ COMMANDS = {
     "build": ("labsupport.course.build", "generate student and solution notebooks from the lab sources"),
     "grade": ("labsupport.course.grade", "grade notebooks: answers from a fresh kernel, verdicts decided outside it"),
     "simulate": ("labsupport.cli.simulate", "replay a serving trace through the engine's cost-model clock"),
+    "traces": ("labsupport.cli.traces", "fetch the real traces the labs use into data/ (--list: which are here)"),
     "bench": ("labsupport.bench", "benchmarks: allocator, kernel, gpu, engine, notebooks"),
     "release": ("labsupport.course.release", "write the student release: package, notebooks, no answers"),
     "autograder": ("labsupport.course.autograder", "build the Gradescope autograder bundle (a .zip)"),

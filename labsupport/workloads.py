@@ -15,24 +15,22 @@ Real traces (`load_trace`):
       repository; cite Qin et al., "Mooncake: Trading More Storage for Less Computation", FAST 2025.
 
 A trace file is looked up in this order: an explicit path, $LABSUPPORT_DATA, the repository's
-data/, then ../shared/traces/ beside the repository.  If none holds it, `download(name)` fetches
-the public file into data/ and checks its sha256; with no network, `load_trace` says how to get
-the file and falls back to a synthetic workload fitted to the trace's statistics, labelled as such
-(`Workload.synthetic`).  Set LABSUPPORT_OFFLINE=1 to skip the download attempt.
+data/, then ../shared/traces/ beside the repository ($LABSUPPORT_HIDE_TRACES=1 hides them all, to
+run as a fresh clone would).  If none holds it, `load_trace` says how to get the file and falls
+back to a synthetic workload fitted to the trace's statistics, labelled as such
+(`Workload.synthetic`); it does not reach the network by itself.  `python -m labsupport traces`
+(or `download(name)`) fetches the public files into data/ (or $LABSUPPORT_DATA), sha256-verified
+and resumable; LABSUPPORT_OFFLINE=1 refuses any download.
 """
 from __future__ import annotations
 
 import codecs
 import csv
-import hashlib
 import json
 import math
 import os
 import re
-import shutil
-import tempfile
-import urllib.error
-import urllib.request
+import sys
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -48,12 +46,14 @@ from labsupport.checks import as_count as _count
 __all__ = [
     "Request", "Workload", "TraceInfo", "TraceStats", "TRACES", "TraceFormatError", "TraceUnavailable",
     "TraceNotice", "chat_workload", "lognormal_params", "lognormal_workload", "agent_session",
-    "fanout_request", "fanout_workload", "find_trace", "trace_search_dirs", "download", "load_trace",
+    "fanout_request", "fanout_workload", "find_trace", "trace_search_dirs", "traces_hidden", "data_dir", "download",
+    "load_trace",
     "load_azure", "load_mooncake", "read_azure_csv", "read_mooncake_jsonl", "synthetic_trace",
     "prefix_hit_rate", "mooncake_token_ids", "MOONCAKE_BLOCK_TOKENS", "REPO_ROOT",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+_PACKAGE_DIR = str(Path(__file__).resolve().parent) + os.sep
 MOONCAKE_BLOCK_TOKENS = 512
 MAX_REQUESTS = 10**7  # a generated workload's size (a request costs about 200 B here and more in the engine)
 
@@ -347,8 +347,18 @@ def _info(name: str) -> TraceInfo:
     return TRACES[name]
 
 
+HIDE_TRACES_ENV = "LABSUPPORT_HIDE_TRACES"
+
+
+def traces_hidden() -> bool:
+    """True when $LABSUPPORT_HIDE_TRACES is set: the lookup then finds no trace (an explicit path still
+    works), so a machine that has them runs the labs as a fresh clone without them would."""
+    return bool(os.environ.get(HIDE_TRACES_ENV))
+
+
 def trace_search_dirs() -> list[tuple[str, Path]]:
-    """Where traces are looked for, in order (after an explicit path)."""
+    """Where traces are looked for, in order (after an explicit path); `find_trace` skips them all
+    while `traces_hidden()`."""
     dirs = []
     env = os.environ.get("LABSUPPORT_DATA")
     if env:
@@ -373,6 +383,8 @@ def find_trace(name: str, path: str | os.PathLike | None = None) -> Path | None:
         if not p.is_file():  # a FIFO or a device would block or never end
             raise FileNotFoundError(f"trace file {p} is not a regular file")
         return p
+    if traces_hidden():
+        return None
     for _, d in trace_search_dirs():
         for fname in (info.filename, info.upstream_name):
             if (d / fname).is_file():
@@ -380,38 +392,39 @@ def find_trace(name: str, path: str | os.PathLike | None = None) -> Path | None:
     return None
 
 
+FETCH_COMMAND = "python -m labsupport traces"
+
+
 def _how_to_get(info: TraceInfo) -> str:
-    return (f"to use the real {info.name} trace, download {info.url} "
-            f"(sha256 {info.sha256}) and save it as {REPO_ROOT / 'data' / info.filename}, "
-            f"or point $LABSUPPORT_DATA at a folder holding it")
+    return (f"run `{FETCH_COMMAND} {info.name}` (in a terminal, or after a ! in a cell) to fetch it, "
+            f"sha256-verified, into {data_dir()}, or point $LABSUPPORT_DATA at a folder holding {info.filename}")
 
 
-def download(name: str, dest_dir: str | os.PathLike | None = None, timeout: float = 20.0) -> Path:
-    """Fetch a public trace into `dest_dir` (default: the repository's data/) and verify its sha256."""
+def data_dir() -> Path:
+    """Where `download` (and `python -m labsupport traces`) puts a trace: $LABSUPPORT_DATA, else data/."""
+    env = os.environ.get("LABSUPPORT_DATA")
+    return Path(env).expanduser() if env else REPO_ROOT / "data"
+
+
+def download(name: str, dest_dir: str | os.PathLike | None = None, timeout: float = 30.0,
+             progress: bool | None = None) -> Path:
+    """Fetch a public trace from its published address into `dest_dir` (default `data_dir()`).
+
+    Resumable and verified (`labsupport.fetch`): the file appears under its name only once its
+    sha256 matches `TRACES[name].sha256`.  Refused while $LABSUPPORT_OFFLINE is set.
+    """
+    from labsupport.fetch import FetchError, fetch
+
     info = _info(name)
-    dest_dir = Path(dest_dir) if dest_dir is not None else REPO_ROOT / "data"
-    dest = dest_dir / info.filename
+    dest = Path(dest_dir).expanduser() if dest_dir is not None else data_dir()
     if os.environ.get("LABSUPPORT_OFFLINE"):
-        raise TraceUnavailable(f"LABSUPPORT_OFFLINE is set, not downloading; {_how_to_get(info)}")
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=f".{info.filename}.", suffix=".part")
+        raise TraceUnavailable(f"LABSUPPORT_OFFLINE is set, so the {name} trace is not downloaded "
+                               f"(unset it to fetch {info.url})")
     try:
-        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(info.url, timeout=timeout) as resp:
-            while chunk := resp.read(1 << 16):
-                digest.update(chunk)
-                f.write(chunk)
-        if digest.hexdigest() != info.sha256:
-            raise ValueError(f"downloaded {info.url} but its sha256 is {digest.hexdigest()}, expected "
-                             f"{info.sha256}; the upstream file changed, so it was not kept")
-        shutil.move(tmp, dest)
-    except (urllib.error.URLError, OSError, TimeoutError) as e:
-        raise TraceUnavailable(f"could not download {info.url} ({e}); {_how_to_get(info)}") from e
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    print(f"downloaded the {info.name} trace from {info.url} to {dest} (sha256 verified)")
-    return dest
+        return fetch(info.url, dest / info.filename, info.sha256, info.size_bytes, timeout=timeout,
+                     progress=progress, label=name)
+    except FetchError as e:
+        raise TraceUnavailable(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -704,26 +717,38 @@ def synthetic_trace(name: str, num_requests: int | None = None, seed: int = 0) -
                     True, info.citation, [_how_to_get(info)])
 
 
+def _notice(message: str) -> None:
+    """Warn `TraceNotice` at the first caller outside labsupport: a notebook shows the notice under
+    the line that loaded the trace, once per such line (`load_azure` and friends are wrappers)."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, TraceNotice, stacklevel=level)
+
+
 def load_trace(name: str, path: str | os.PathLike | None = None, *, limit: int | None = None,
-               download_missing: bool = True, fallback: bool = True, skip_malformed: bool = False) -> Workload:
-    """Load a real trace by name (see the module docstring for the lookup order and fallback)."""
+               download_missing: bool = False, fallback: bool = True, skip_malformed: bool = False) -> Workload:
+    """Load a real trace by name (see the module docstring for the lookup order and fallback).
+
+    A missing trace is fetched only when asked (`download_missing=True`): a notebook never reaches
+    the network on its own; the notice names the command that does.
+    """
     info = _info(name)
     p = find_trace(name, path)
-    why = f"not found in {', '.join(str(d) for _, d in trace_search_dirs())}"
+    where = ", ".join(str(d) for _, d in trace_search_dirs())
+    why = (f"hidden (${HIDE_TRACES_ENV} is set)" if traces_hidden() and path is None else f"not found in {where}")
     if p is None and download_missing and not os.environ.get("LABSUPPORT_OFFLINE"):
         try:
             p = download(name)
-        except (TraceUnavailable, ValueError) as e:
+        except TraceUnavailable as e:
             if not fallback:
                 raise
             why += f"; the download failed: {e}"
     if p is None:
         if not fallback:
-            raise TraceUnavailable(f"trace {name} {why}; {_how_to_get(info)}")
-        if "download failed" not in why:
-            why += f"; {_how_to_get(info)}"
-        warnings.warn(f"trace {name} is unavailable, using a SYNTHETIC stand-in fitted to its statistics. "
-                      f"The {name} trace was {why}", TraceNotice, stacklevel=2)
+            raise TraceUnavailable(f"trace {name} is {why}; {_how_to_get(info)}")
+        _notice(f"trace {name} is {why}, so this is a SYNTHETIC stand-in fitted to its statistics; "
+                f"{_how_to_get(info)}")
         return synthetic_trace(name, limit)
     reader = read_azure_csv if info.format == "azure-csv" else read_mooncake_jsonl
     return reader(p, limit=limit, skip_malformed=skip_malformed, name=name)

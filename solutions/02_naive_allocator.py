@@ -508,7 +508,7 @@ check("2.12", bounded)
 # samples taken while memory is the bottleneck). Max is run at two context windows: 8,192 (the
 # smallest power of two holding these 1,000 requests) and 16,384 (what the whole trace needs).
 
-# %%
+# %% tags=["needs-traces"]
 trace = workloads.load_azure("conv")
 stats = trace.summary()
 print(f"{trace.name} ({'SYNTHETIC stand-in' if trace.synthetic else 'real trace'}): {stats['count']:,} requests; "
@@ -522,13 +522,13 @@ for b in breakdowns.values():
     print(b.row())
 print(max16k.row().replace("max    ", "max 16K"))
 
-# %%
+# %% tags=["needs-traces"]
 shown = {"max": breakdowns["max"], "max 16K": max16k, **{k: breakdowns[k] for k in ("pow2", "oracle", "paged")}}
 fig = viz_memory.fig2_figure(shown, labels={"max 16K": "Orca (Max), 16K"},
                              title="Azure conversation trace, lecture's H100 pool")
 fig.show()
 
-# %%
+# %% tags=["needs-traces"]
 prompt_total = sum(p for p, _ in pairs)
 output_total = sum(o for _, o in pairs)
 print(f"first 1,000 requests: mean prompt {prompt_total / len(pairs):,.0f}, mean output {output_total / len(pairs):,.0f} "

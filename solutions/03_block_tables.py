@@ -348,7 +348,7 @@ viz.errata_note("Tail waste at B = 199")
 #   per sequence per step, retire; sequences over 32K left out), and the resident sequences' tables
 #   split into runs of physically consecutive blocks, sampled every 20 steps after a warm-up.
 
-# %%
+# %% tags=["needs-traces"]
 def sample(workload, n, seed=0):
     pairs = workload.as_pairs()
     return random.Random(seed).sample(pairs, min(n, len(pairs)))
@@ -365,7 +365,7 @@ BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
 # %% tags=["nbval-ignore-output"]
 measured = viz_memory.measure_workloads(measured_workloads, BLOCK_SIZES, KV, BUDGET, batch=199)
 
-# %%
+# %% tags=["needs-traces"]
 print(f"{'workload':>18} {'b':>4} | {'mean tail':>9} | {'waste B=199':>11} | {'median → entries':>17} | "
       f"{'p95 → entries':>16} | {'mean run':>9} | resident")
 for name, per_b in measured.items():
@@ -388,14 +388,14 @@ for name, per_b in measured.items():
 #
 # The trade-off, both sides, ledger lines and measured markers:
 
-# %%
+# %% tags=["needs-traces"]
 viz_memory.block_size_tradeoff_figure([1, 2, 4, 8, 16, 32, 64, 128, 256], BUDGET, KV, 199,
                                       measured=measured, highlight=16).show()
 
 # %% [markdown]
 # Pick a block size and a workload; the readout states the ledger row and the measured one.
 
-# %%
+# %% tags=["needs-traces"]
 viz_memory.block_size_panel(measured, BUDGET, KV, batch=199, block_size=16)
 
 # %% [markdown]

@@ -400,7 +400,7 @@ for b in range(3):
 # through a prefix-caching `BlockAllocator` (one allocator block per 512-token trace block, the hash
 # id as its content), with a pool large enough that nothing is ever evicted:
 
-# %%
+# %% tags=["needs-traces"]
 trace = load_mooncake("conversation")
 summary = trace.summary()
 print(f"{trace.name} ({'SYNTHETIC stand-in: the real file is missing' if trace.synthetic else 'real trace'}): "
@@ -426,7 +426,7 @@ viz_sharing.prefix_sharing_figure(replay, title="Mooncake conversation trace: bl
 # and of an SSD (a hundred times), and watch the hit rate (first 3,000 requests, to keep this quick).
 # That is the trade in Mooncake's title — *more storage for less computation* — and the Nov 9 lecture.
 
-# %%
+# %% tags=["needs-traces"]
 block_bytes_7b = 512 * LECTURE_7B.kv_bytes_per_token
 h100_blocks = int(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU) // block_bytes_7b)
 head = trace.head(3000)
@@ -471,7 +471,7 @@ def prefix_hit_blocks(requests):
 
 check("5.4", prefix_hit_blocks)
 
-# %%
+# %% tags=["needs-traces"]
 if unlocked("5.4"):
     mine = prefix_hit_blocks([list(r.hash_ids) for r in trace])
     print(f"your count on the whole trace: {mine:,} of {replay.requested_blocks:,} blocks = "

@@ -134,7 +134,7 @@ viz_engine.stream_panel(log, tok.decode, upto=12)
 # recorded. The engine runs on its **cost-model clock** (each step priced by the roofline at H100
 # scale), so this replay takes a fraction of a second per setting and is exactly reproducible.
 
-# %%
+# %% tags=["needs-traces"]
 azure = load_azure("conv")
 summary = azure.summary()
 print(f"{azure.name} ({'SYNTHETIC stand-in: the real file is missing' if azure.synthetic else 'real trace'}): "
@@ -152,7 +152,7 @@ for r in sweep:
 # %% [markdown]
 # Read the table from its own numbers:
 
-# %%
+# %% tags=["needs-traces"]
 by_w = {r.watermark: r for r in sweep}
 none, vllm, five, big = by_w[0.0], by_w[0.01], by_w[0.05], by_w[0.2]
 print(f"preemptions: {none.total_preemptions} with no watermark, {vllm.total_preemptions} at vLLM's 1%, "
@@ -173,7 +173,7 @@ print(f"p99 TPOT: {1e3 * none.p99_tpot_s:.1f} ms -> {1e3 * vllm.p99_tpot_s:.1f} 
 # which is TTFT (lab 07). Move the slider; the right panel shows the pool filling, with the watermark
 # line.
 
-# %%
+# %% tags=["needs-traces"]
 viz_engine.watermark_panel(sweep, watermark=0.01)
 
 # %% [markdown]

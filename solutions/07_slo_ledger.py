@@ -260,7 +260,7 @@ for model in (MHA, LECTURE_7B_GQA8):
 # same: `python -m labsupport simulate --trace azure-conv --rate-scale 2 --ttft-slo-ms 1000
 # --tpot-slo-ms 20`.)
 
-# %%
+# %% tags=["needs-traces"]
 azure = workloads.load_azure("conv")
 print(f"{azure.name} ({'SYNTHETIC stand-in' if azure.synthetic else 'real trace'}): {len(azure):,} requests over "
       f"{azure.summary()['duration_s'] / 60:.0f} minutes")
@@ -271,7 +271,7 @@ long = sum(q.prompt_tokens + q.output_tokens > 4096 for q in window)
 print(f"first 600 s: {len(window):,} requests, mean sequence {mean_len:,.0f} tokens -> SLO-limited B = {b_slo}")
 print(f"{long} of them ({100 * long / len(window):.1f}%) are longer than S_max = 4,096 tokens")
 
-# %%
+# %% tags=["needs-traces"]
 configs = [viz_slo.ReplayConfig("reserve-to-max (29 slots)", s_max=4096),
            viz_slo.ReplayConfig("paged, b = 16"),
            viz_slo.ReplayConfig(f"paged, max_num_seqs = {b_slo}", max_num_seqs=b_slo)]
@@ -285,7 +285,7 @@ print(f"reserve-to-max: {replays[0].note.split('; ')[-1]}")
 # %% [markdown]
 # And the whole trace, once, paged (a few seconds):
 
-# %%
+# %% tags=["needs-traces"]
 whole = viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16, whole trace"), speedup=2.0)
 c = whole.counters
 print(f"{whole.note}: {c['finished']:,}/{c['requests']:,} finished, {c['steps']:,} steps, peak batch "
@@ -308,7 +308,7 @@ viz_slo.FigureView(viz_slo.ttft_bars_figure([rp.mean_split() for rp in replays],
 # recorded TTFT and TPOT. Dotted lines are each configuration's throughput; the gap between a dotted
 # line and its curve is throughput that bought nobody their SLO.
 
-# %%
+# %% tags=["needs-traces"]
 viz_slo.goodput_slo_panel(replays, tpot_slo_ms=20, ttft_slo_s=1.0)
 
 # %% [markdown]
@@ -330,7 +330,7 @@ viz_slo.goodput_slo_panel(replays, tpot_slo_ms=20, ttft_slo_s=1.0)
 # a step that mixes a prefill into decodes. Lecture 2 §2.16 adds them instead, which is where its
 # 6.7× spike comes from. Replay the paged column on the additive clock:
 
-# %%
+# %% tags=["needs-traces"]
 additive = viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16, additive clock", overlap=False),
                                 speedup=2.0, window_s=600)
 for rp in (replays[1], additive):

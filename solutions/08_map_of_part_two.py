@@ -15,7 +15,7 @@
 #
 # Timing in the lecture: minutes 68–75 (the table itself is reading-only). Here: about 45 minutes.
 
-# %%
+# %% tags=["needs-traces"]
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
 import math
 
@@ -46,7 +46,7 @@ for w in (azure, azure_code, mooncake):
 # al., FAST 2025), the engine (cost-model clock, the lecture's 7B on an H100) and the ledger. The last
 # column links the lab where you first computed it.
 
-# %%
+# %% tags=["needs-traces"]
 numbers = viz_board.trace_numbers(azure, mooncake)
 rows = viz_board.map_rows(numbers)
 HTML(viz_board.map_table_html(rows, columns=("still broken after today", "its value here", "computed in")))
@@ -71,7 +71,7 @@ for m in (MHA, LECTURE_7B_GQA8):
 # what an engine that re-chooses the batch only per request does. The tokens produced divided by the
 # steps run is the batch you actually got:
 
-# %%
+# %% tags=["needs-traces"]
 rb = numbers["request_batching"]
 print(f"{rb['batches']} batches of {rb['batch']}: effective B mean {rb['mean_effective_b']:.1f}, median "
       f"{rb['median_effective_b']:.1f} — {100 * rb['mean_effective_b'] / rb['batch']:.0f}% of the slots paging "
@@ -98,7 +98,7 @@ print(f"{'the lecture, by hand':>34}: {numbers['spike']['lecture_additive_ratio'
 # prompt blocks. With one card and an unbounded prefix cache, 36.6% of requested blocks were already
 # seen. Spread the same requests round-robin over more cards, each with its own cache:
 
-# %%
+# %% tags=["needs-traces"]
 for k, rate in numbers["routing"].items():
     print(f"{int(k):2d} card(s), round-robin: {100 * rate:5.1f}% of prompt blocks hit a prefix cache")
 
@@ -147,7 +147,7 @@ check("8.2", spike_topic)
 # The whole table — with the quantity once 8.1 passes, and the date of Part II that attacks each
 # row once 8.2 passes too:
 
-# %%
+# %% tags=["needs-traces"]
 shown = ["still broken after today", "the quantity", "its value here", "where it goes", "computed in"]
 if not revealed("8.1"):
     shown.remove("the quantity")
@@ -269,7 +269,7 @@ if unlocked("8.3", "8.4", "8.5"):
 # stalling 150 decoders behind a pile of prompts. The same knob on lab 07's Azure replay (first 10
 # minutes at twice the real rate):
 
-# %%
+# %% tags=["needs-traces"]
 if unlocked("8.5"):
     budget_tokens = max_num_batched_tokens_for(MHA, H100, 0.020)
     azure_runs = [viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16"), speedup=2.0, window_s=600),
@@ -305,7 +305,7 @@ check("8.6", tail_waste_fraction)
 # function) and block-table length on three real length distributions, and what one copy-on-write
 # divergence of 8 branches copies (lab 05's measurement on the real allocator).
 
-# %%
+# %% tags=["needs-traces"]
 traces = {"Azure conversation": azure.total_lengths(), "Azure code": azure_code.total_lengths(),
           "Mooncake conversation": mooncake.total_lengths()}
 sizes = (8, 16, 32, 64, 128, 256)
@@ -333,7 +333,7 @@ print(f"{'CoW copy per divergence':>26} " + " ".join(f"{fork[b].copied_bytes(MHA
 # length at admission and never preempt — at the price of holding the not-yet-generated tokens idle.
 # First the baseline: how often the watermark policy preempts on an overloaded replay.
 
-# %%
+# %% tags=["needs-traces"]
 overload = viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16"), speedup=3.0, window_s=600)
 print(f"watermark policy, 3x rate: preemptions {overload.counters['preemptions']}, "
       f"{overload.counters['finished']:,} requests served")
@@ -345,7 +345,7 @@ print(f"watermark policy, 3x rate: preemptions {overload.counters['preemptions']
 # prompt and tokens so far recomputed); **over**-predicted, the unfilled reservation sits idle all its
 # life. A safety margin trades the first for the second:
 
-# %%
+# %% tags=["needs-traces"]
 print(f"{'sigma':>5} {'margin':>6} | {'preempted':>9} | {'recomputed / prompt tokens':>26} | idle share of reserved KV")
 for sigma, margin in ((0.0, 1.0), (0.25, 1.0), (0.5, 1.0), (0.5, 2.0), (0.5, 3.0), (1.0, 1.0), (1.0, 3.0)):
     cost = viz_board.length_prediction_cost(azure, sigma, margin)
@@ -378,7 +378,7 @@ print(f"one 640-token sequence swapped in over 64 GB/s: {1e3 * tlb['swap_in_one_
 # Azure trace at twice the recorded rate, where every decode step reads each resident block's
 # translation once per layer.
 
-# %%
+# %% tags=["needs-traces"]
 loaded = [type(r)(r.request_id, r.arrival_s / 2, r.prompt_tokens, r.output_tokens) for r in azure
           if r.arrival_s < 600]
 sizes_tlb = (256, 1024, 2048, 4096, 7452)

@@ -24,3 +24,25 @@ def fails():
         assert re.search(match, text), f"{match!r} not in {text!r}"
 
     return expect
+
+
+def _traces_line() -> str:
+    """One line: whether the real traces are here, and what the tests compare without them."""
+    from labsupport import workloads
+
+    missing = [name for name in workloads.TRACES if workloads.find_trace(name) is None]
+    if not missing:
+        return "traces: the real traces are present; every stored notebook output is compared"
+    why = (f"hidden by ${workloads.HIDE_TRACES_ENV}" if workloads.traces_hidden()
+           else "not in $LABSUPPORT_DATA, data/ or ../shared/traces/")
+    return (f"traces: {len(missing)} of {len(workloads.TRACES)} {why}, so the labs run on labelled stand-ins and the "
+            f"outputs of cells tagged needs-traces are not compared (`{workloads.FETCH_COMMAND}` fetches them)")
+
+
+def pytest_report_header(config):
+    return _traces_line()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if "traces are present" not in (line := _traces_line()):
+        terminalreporter.write_line(line)

@@ -24,6 +24,7 @@ from labsupport.contiguous import (
 )
 from labsupport.fig2 import fig2_breakdown
 from labsupport.memory_stats import InvariantError, OutOfBlocks, ReservationExceeded, SwappedOut, UnknownSequence
+from labsupport.workloads import traces_hidden
 
 KV_MHA = 2 * 32 * 32 * 128 * 2  # 524,288 B = 512 KiB per token (7B MHA, bf16)
 BUDGET = 80e9 - 2 * 6.74e9 - 4e9  # 62.52 GB of KV on an 80 GB card
@@ -605,7 +606,7 @@ def test_paged_stats_split_the_tail_into_reservation_and_internal_with_final_len
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not (TRACES / "AzureLLMInferenceTrace_2023_conv.csv").exists(),
+@pytest.mark.skipif(not (TRACES / "AzureLLMInferenceTrace_2023_conv.csv").exists() or traces_hidden(),
                     reason="../shared/traces/ is absent: the Azure conversation trace is needed")
 def test_fig2_shape_on_azure_conversation_trace(capsys):
     from labsupport.workloads import read_azure_csv

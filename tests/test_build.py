@@ -392,3 +392,25 @@ def test_the_colab_cell_does_nothing_elsewhere_and_explains_its_url_on_colab(tmp
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n\n[project.urls]\n'
                                              'Repository = "https://example.org/course/labs.git"\n')
     assert 'LABS_REPO = "https://example.org/course/labs.git"' in B.parse(lab).solution.cells[1].source
+
+
+def test_building_a_lab_on_stand_in_traces_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    """The tag needs-traces is kept in both copies; building such a lab without the traces warns."""
+    lab = make_lab(tmp_path, DEMO.replace('# %% tags=["keep-me"]', '# %% tags=["keep-me", "needs-traces"]'))
+    parsed = B.parse(lab)
+    for nb in (parsed.solution, parsed.student):
+        assert [c.metadata["tags"] for c in nb.cells if "needs-traces" in c.metadata.get("tags", [])] == \
+            [["keep-me", "needs-traces", "checkoff", "nbval-check-output"]]
+    monkeypatch.delenv("LABSUPPORT_HIDE_TRACES", raising=False)
+    monkeypatch.setenv("LABSUPPORT_DATA", str(tmp_path))
+    B._say_if_on_stand_ins(lab, parsed.solution)
+    present = capsys.readouterr().err
+    monkeypatch.setenv("LABSUPPORT_HIDE_TRACES", "1")
+    B._say_if_on_stand_ins(lab, parsed.solution)
+    hidden = capsys.readouterr().err
+    assert hidden == ("build: 00_demo: 4 of 4 real traces are missing, so the outputs of its 1 cell(s) tagged "
+                      "needs-traces come from synthetic stand-ins: do not commit them (`python -m labsupport "
+                      "traces` fetches the traces)\n")
+    from labsupport.workloads import TRACES, find_trace
+    if all(find_trace(name) for name in TRACES):  # ../shared/traces here: nothing to say
+        assert present == ""

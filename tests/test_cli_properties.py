@@ -27,6 +27,7 @@ import labsupport  # noqa: F401  (TRITON_INTERPRET before triton)
 from labsupport.__main__ import main as labsupport_main
 from labsupport.cli import train_tiny
 from labsupport.specs import GPUS, MODELS
+from labsupport.workloads import TRACES
 
 # --- values ---------------------------------------------------------------------------------------
 
@@ -154,6 +155,8 @@ BENCH = st.one_of(
     st.tuples(st.just("bench"), st.one_of(HOSTILE, st.just(""))).map(list),
 )
 DOCTOR = flags({}, switches=("--json",), positional=st.sampled_from(["--bogus", "x"])).map(lambda a: ["doctor", *a])
+TRACES_ARGV = flags({}, switches=("--list", "--list", "--help"), max_flags=3,
+                    positional=st.one_of(st.sampled_from(sorted(TRACES)), HOSTILE)).map(lambda a: ["traces", *a])
 NOT_A_COMMAND = st.one_of(HOSTILE, st.sampled_from(["-h", "--help", "LEDGER", " ledger"])).map(lambda c: [c])
 
 
@@ -181,6 +184,7 @@ COMMANDS = [
     Command("simulate", SIMULATE.map(lambda a: ["simulate", *a]), 60),
     Command("bench", BENCH, 30),
     Command("doctor", DOCTOR, 8),
+    Command("traces", TRACES_ARGV, 30),  # offline (see run): a fetch is refused in one line, never attempted
     Command("not-a-command", NOT_A_COMMAND.map(lambda a: a), 40),
     Command("train_tiny", _train_tiny_argv(), 6, main=train_tiny.main),
 ]
@@ -236,6 +240,7 @@ def test_the_strategies_reach_both_outcomes():
                             ["simulate", "--watermark", "1"]),
                "bench": (["bench", "engine", "--limit", "5", "--profile-requests", "0"], ["bench", "viz", "--repeats", "x"]),
                "doctor": (["doctor", "--json"], ["doctor", "--bogus"]),
+               "traces": (["traces", "--list"], ["traces", "azure"]),
                "not-a-command": (["--help"], ["nope"]),
                "train_tiny": (["--steps", "1", "--seq-len", "8", "--corpus", str(Path(_TMP) / "corpus.txt"), "--out",
                                str(Path(_TMP) / "tiny.pt")], ["--lr", "nan"])}

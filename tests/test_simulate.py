@@ -11,11 +11,12 @@ import labsupport  # noqa: F401
 from labsupport.bench import engine as bench_engine
 from labsupport.cli import simulate
 from labsupport.workloads import REPO_ROOT
+from labsupport.workloads import traces_hidden
 
 TRACES = REPO_ROOT.parent / "shared" / "traces"
 AZURE_CONV = TRACES / "AzureLLMInferenceTrace_2023_conv.csv"
 MOONCAKE_CONV = TRACES / "mooncake_fast25_conversation_trace.jsonl"
-needs_azure = pytest.mark.skipif(not AZURE_CONV.exists(), reason="../shared/traces not present")
+needs_azure = pytest.mark.skipif(not AZURE_CONV.exists() or traces_hidden(), reason="../shared/traces not present or hidden")
 
 
 def run_json(capsys, *args) -> dict:
@@ -167,7 +168,7 @@ def test_rate_scale_compresses_arrivals():
     assert rp.report.finished == 3 and rp.report.output_tokens == 8
 
 
-@pytest.mark.skipif(not MOONCAKE_CONV.exists(), reason="../shared/traces not present")
+@pytest.mark.skipif(not MOONCAKE_CONV.exists() or traces_hidden(), reason="../shared/traces not present or hidden")
 def test_mooncake_conversation_overload_with_both_preemption_modes(capsys):
     # long Mooncake prompts on a 10 GB pool, arrivals 20x faster: the pool runs dry
     for mode in ("swap", "recompute"):

@@ -10,6 +10,8 @@ import hashlib
 import io
 import json
 import math
+import urllib.error
+import urllib.request
 import warnings
 from pathlib import Path
 
@@ -19,7 +21,8 @@ import pytest
 from labsupport import workloads as W
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
-needs_traces = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces/ is absent (real trace files)")
+needs_traces = pytest.mark.skipif(not SHARED.is_dir() or W.traces_hidden(),
+                                  reason="../shared/traces/ is absent or hidden ($LABSUPPORT_HIDE_TRACES)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,54 +201,57 @@ def test_default_search_reaches_shared_traces_from_any_cwd(tmp_path, monkeypatch
     assert dirs[-1] == Path(W.__file__).resolve().parent.parent.parent / "shared" / "traces"
 
 
-class _FakeResponse(io.BytesIO):
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        self.close()
-
-
-def test_download_verifies_the_checksum(tmp_path, monkeypatch):
-    monkeypatch.delenv("LABSUPPORT_OFFLINE", raising=False)
-    body = b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
-    good = W.TraceInfo(**{**W.TRACES["azure-conv"].__dict__, "sha256": hashlib.sha256(body).hexdigest()})
-    monkeypatch.setitem(W.TRACES, "azure-conv", good)
-    seen = []
-    monkeypatch.setattr(W.urllib.request, "urlopen", lambda url, timeout: seen.append(url) or _FakeResponse(body))
-    path = W.download("azure-conv", tmp_path)
-    assert seen == [good.url] and path.read_bytes() == body
-    bad = W.TraceInfo(**{**good.__dict__, "sha256": "0" * 64})
-    monkeypatch.setitem(W.TRACES, "azure-conv", bad)
-    with pytest.raises(ValueError, match="sha256"):
-        W.download("azure-conv", tmp_path / "other")
-    assert not any((tmp_path / "other").iterdir())  # nothing half-written is kept
-
-
-def test_no_file_no_network_falls_back_to_a_labelled_synthetic_workload(tmp_path, monkeypatch):
+def test_no_file_falls_back_to_a_labelled_synthetic_workload_without_touching_the_network(tmp_path, monkeypatch):
     monkeypatch.setattr(W, "REPO_ROOT", tmp_path / "repo")
     monkeypatch.delenv("LABSUPPORT_DATA", raising=False)
     monkeypatch.delenv("LABSUPPORT_OFFLINE", raising=False)
+    monkeypatch.delenv(W.HIDE_TRACES_ENV, raising=False)
+    reached = []
 
-    def offline(url, timeout):
-        raise W.urllib.error.URLError("network is unreachable")
+    def offline(request, timeout):
+        reached.append(request.full_url)
+        raise urllib.error.URLError("network is unreachable")
 
-    monkeypatch.setattr(W.urllib.request, "urlopen", offline)
-    with pytest.warns(W.TraceNotice, match="SYNTHETIC stand-in"):
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.warns(W.TraceNotice, match="SYNTHETIC stand-in") as caught:
         w = W.load_trace("azure-conv", limit=4000)
+    assert reached == []  # a lab never downloads by itself
+    (notice,) = [str(c.message) for c in caught if c.category is W.TraceNotice]
+    assert "run `python -m labsupport traces azure-conv`" in notice and str(tmp_path / "repo" / "data") in notice
+    assert caught[0].filename == __file__  # shown under the line that loaded the trace, not inside labsupport
     assert w.synthetic and "SYNTHETIC" in w.name and "unavailable" in w.source
-    assert any("download https://" in n for n in w.notes)
+    assert any("python -m labsupport traces" in n for n in w.notes)
     s = w.summary()
     assert s["prompt_median"] == pytest.approx(1020, rel=0.1)
     assert s["output_median"] == pytest.approx(129, rel=0.1)
-    with pytest.raises(W.TraceUnavailable, match="could not download"):
+    with pytest.raises(W.TraceUnavailable, match="not found in"):
         W.load_trace("azure-conv", fallback=False)
+    with pytest.raises(W.TraceUnavailable, match="could not reach https://raw.githubusercontent.com/Azure/"):
+        W.load_trace("azure-conv", fallback=False, download_missing=True)  # asked: it tries, and says why not
+    assert reached == [W.TRACES["azure-conv"].url]
     monkeypatch.setenv("LABSUPPORT_OFFLINE", "1")
     with pytest.raises(W.TraceUnavailable, match="not found"):
-        W.load_trace("mooncake-conversation", fallback=False)
+        W.load_trace("mooncake-conversation", fallback=False, download_missing=True)
+    assert len(reached) == 1
     with pytest.warns(W.TraceNotice):
         m = W.load_trace("mooncake-conversation", limit=100)
     assert m.synthetic and all(len(r.hash_ids) == math.ceil(r.prompt_tokens / 512) for r in m)
+
+
+def test_hidden_traces_are_not_found_but_an_explicit_path_still_is(tmp_path, monkeypatch):
+    info = W.TRACES["azure-conv"]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / info.filename).write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,44\n")
+    monkeypatch.setenv("LABSUPPORT_DATA", str(data))
+    monkeypatch.delenv(W.HIDE_TRACES_ENV, raising=False)
+    assert W.find_trace("azure-conv") == data / info.filename
+    monkeypatch.setenv(W.HIDE_TRACES_ENV, "1")
+    assert W.traces_hidden() and W.find_trace("azure-conv") is None
+    assert W.find_trace("azure-conv", data) == data / info.filename
+    with pytest.warns(W.TraceNotice, match=r"azure-conv is hidden \(\$LABSUPPORT_HIDE_TRACES is set\)"):
+        assert W.load_trace("azure-conv", limit=10).synthetic
+    assert len(W.load_trace("azure-conv", data / info.filename)) == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Replay a serving trace through the engine on the cost-model clock and print "
                             "the SLO ledger (§10.6).")
     p.add_argument("--trace", choices=TRACE_CHOICES, default="azure-conv",
-                   help="a real trace from ../shared/traces (or data/), or 'synthetic' (§10.2's chat workload)")
+                   help="a real trace from $LABSUPPORT_DATA, data/ or ../shared/traces (`python -m labsupport "
+                        "traces` fetches them), or 'synthetic' (§10.2's chat workload)")
     p.add_argument("--trace-file", help="read the trace from this file instead of looking it up")
     p.add_argument("--limit", type=int_flag(1, MAX_REQUESTS), help="replay only the first N requests")
     p.add_argument("--bad-rows", choices=("reject", "skip"), default="reject",

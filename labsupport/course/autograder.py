@@ -75,7 +75,7 @@ def _data_files(traces: bool) -> list[tuple[Path, str]]:
     data = ROOT / "data"
     if data.is_dir():
         files += [(p, "data/" + p.relative_to(data).as_posix()) for p in sorted(data.rglob("*")) if p.is_file()
-                  and p.stat().st_size < 64 * 2**20]
+                  and p.stat().st_size < 64 * 2**20 and p.suffix != ".part"]  # .part: an unfinished trace download
     if traces:
         from labsupport.workloads import TRACES, find_trace
 

@@ -20,6 +20,10 @@ In the source:
     ``nbval-check-output``; in the student copy it keeps one output, the line it prints when passed
     (with an execution count: nbval will not compare an "unrun" cell), so ``pytest --nbval-lax
     notebooks/NN_topic.ipynb`` compares it.  Checkoff cells must print nothing else.
+  * a cell tagged ``needs-traces`` prints or draws numbers that come from a real trace: without the
+    traces (a fresh clone) strict nbval runs it but does not compare its outputs.  Building a lab
+    with such cells while a trace is missing says so in one line: its outputs come from the
+    synthetic stand-ins and are not the ones to commit (``python -m labsupport traces``).
   * code after an exercise must not need the student's answer: it recomputes what it needs with
     labsupport, or, when it runs the student's own function, waits behind ``if unlocked("N.M"):``.
 
@@ -73,6 +77,7 @@ TAG_NBVAL_CHECK = "nbval-check-output"
 TAG_RAISES = "raises-exception"
 TAG_SCOREBOARD = "scoreboard"
 TAG_FRONT_END = "front-end"
+TAG_NEEDS_TRACES = "needs-traces"
 SOURCE_PATTERN = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.py$")
 BEGIN_RE = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION(?:[ \t]+(?P<id>\d+\.\d+))?[ \t]*:?[ \t]*(?P<prompt>.*?)[ \t]*$")
 END_RE = re.compile(r"^[ \t]*### END SOLUTION[ \t]*$")
@@ -718,6 +723,17 @@ def check_labs(labs: list[Lab], root: Path) -> list[str]:
     return diffs
 
 
+def _say_if_on_stand_ins(lab: Lab, solution: nbformat.NotebookNode) -> None:
+    from labsupport.workloads import FETCH_COMMAND, TRACES, find_trace
+
+    tagged = sum(TAG_NEEDS_TRACES in c.metadata.get("tags", []) for c in solution.cells)
+    missing = [name for name in TRACES if find_trace(name) is None]
+    if tagged and missing:
+        print(f"build: {lab.name}: {len(missing)} of {len(TRACES)} real traces are missing, so the outputs of its "
+              f"{tagged} cell(s) tagged {TAG_NEEDS_TRACES} come from synthetic stand-ins: do not commit them "
+              f"(`{FETCH_COMMAND}` fetches the traces)", file=sys.stderr, flush=True)
+
+
 def build_lab(lab: Lab, run: bool = True, progress: bool = True) -> tuple[float, float]:
     """Write both notebooks of one lab; returns the seconds spent running the solution and the student copy.
 
@@ -728,6 +744,7 @@ def build_lab(lab: Lab, run: bool = True, progress: bool = True) -> tuple[float,
     parsed = parse(lab)
     seconds = (0.0, 0.0)
     if run:
+        _say_if_on_stand_ins(lab, parsed.solution)
         start = time.perf_counter()
         executed = execute(parsed.solution, lab.solution_path.parent, progress=progress, label=lab.name)
         middle = time.perf_counter()

@@ -41,7 +41,7 @@ TOP_FILES = ("pyproject.toml", "environment.yml", "Makefile", ".gitignore")
 # the README's companions students read; INSTRUCTORS.md (the board, solutions/) stays with the staff
 STUDENT_GUIDES = ("LEDGER.md", "GRADING.md")
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
-TRACE_SUFFIXES = (".csv", ".jsonl", ".json.gz", ".csv.gz")
+TRACE_SUFFIXES = (".csv", ".jsonl", ".json.gz", ".csv.gz", ".part")  # .part: a trace download not finished
 
 
 class ReleaseError(Exception):
