@@ -182,6 +182,7 @@ def _write_report(name: str, result: dict) -> None:
     low = [t for t in result["texts"] if t["ratio"] < t["need"]]
     report[name[:-6]] = {
         "axe, outputs": _counts(result["ours"]), "axe, JupyterLab": _counts(result["chrome"]),
+        "axe, outputs, where": {v["id"]: [n["target"] for n in v["nodes"][:3]] for v in result["ours"]},
         "chart texts": len(result["texts"]), "chart texts below WCAG": len(low),
         "lowest": sorted(({k: t[k] for k in ("chart", "text", "fg", "bg", "ratio")} for t in low),
                          key=lambda t: t["ratio"])[:8],

@@ -29,6 +29,7 @@ from typing import Callable
 import plotly.graph_objects as go
 
 from labsupport import ledger
+from labsupport.viz import a11y
 from labsupport.specs import GB, GPUS, MODELS, GiB, KiB, MiB
 
 # Okabe–Ito colours (colour-blind safe).  The meaning is fixed across labs.
@@ -142,7 +143,7 @@ def styled(fig: go.Figure, title: str, height: int = HEIGHT, **layout) -> go.Fig
     if legend.orientation == "h" and legend.y is not None and legend.y < 0 and legend.yref != "container":
         fig.update_layout(legend=dict(yref="container", y=0.0, yanchor="bottom"),
                           margin_b=max(_margin(fig, "b"), AXIS_BAND_PX + LEGEND_ROW_PX * legend_rows(names) + 10))
-    return fig
+    return a11y.alternative(a11y.legible(fig))  # WCAG text contrast; a one-sentence text alternative
 
 
 # --- panels ---------------------------------------------------------------------------------------
@@ -201,7 +202,7 @@ class Panel:
         for control in self.controls.values():
             control.observe(self._on_change, names="value")
         self.widget = widgets.VBox([panel_header(title), controls_row(self.controls.values()), self.figure,
-                                    self.readout])
+                                    self.readout, a11y.namer()])  # names its slider handles and chart
         self.widget.add_class("lab-panel")
 
     @property
@@ -210,7 +211,7 @@ class Panel:
 
     def _readout_html(self) -> str:
         text = html.escape(self.error or self._text).replace("\n", "<br>")
-        colour = PALETTE["memory"] if self.error else "#222222"
+        colour = a11y.ink(PALETTE["memory"]) if self.error else "#222222"
         return f'<div style="font-size:{FONT_SIZE}px;color:{colour};line-height:1.5">{text}</div>'
 
     def _on_change(self, change=None) -> None:
