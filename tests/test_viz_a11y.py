@@ -100,3 +100,11 @@ def test_text_on_a_shaded_band_reads_on_the_band():
     assert band == "#FAECE0"
     assert a11y.contrast(PALETTE["compute"], band) < 4.5  # 4.47:1, as Chromium measured it
     assert a11y.contrast(fig.layout.annotations[0].font.color, band) >= 4.5
+
+
+def test_a_static_figure_view_carries_the_namer_too():
+    from labsupport.viz import slo
+
+    view = slo.FigureView(viz.styled(go.Figure(go.Bar(x=[1], y=[2])), "One bar"), "one bar")
+    assert any(type(w).__name__ == "Namer" for w in view.widget.children)
+    assert view.figure.layout.meta["alt"].startswith("One bar.")
