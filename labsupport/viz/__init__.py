@@ -325,6 +325,7 @@ def enable_colab_widgets() -> bool:
 
 
 enable_colab_widgets()
+a11y.start_early()
 
 
 # --- errata -------------------------------------------------------------------------------------

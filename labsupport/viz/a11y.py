@@ -292,3 +292,17 @@ def namer():
 
         _namer = Namer(layout=widgets.Layout(display="none"))
     return _namer
+
+
+def start_early() -> bool:
+    """In a kernel, create the Namer now (at ``import labsupport.viz``), before any chart: anywidget gives
+    a model 2 s to start in the page, and a page busy drawing a panel's first FigureWidget can take longer.
+    Elsewhere (tests, the command line) nothing happens.  True when it was created."""
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if getattr(shell, "kernel", None) is None:
+        return False
+    namer()
+    return True
