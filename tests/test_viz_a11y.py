@@ -108,3 +108,12 @@ def test_a_static_figure_view_carries_the_namer_too():
     view = slo.FigureView(viz.styled(go.Figure(go.Bar(x=[1], y=[2])), "One bar"), "one bar")
     assert any(type(w).__name__ == "Namer" for w in view.widget.children)
     assert view.figure.layout.meta["alt"].startswith("One bar.")
+
+
+def test_text_on_a_stacked_area_reads_on_its_default_half_opacity_fill():
+    fig = go.Figure(go.Scatter(x=[0, 10], y=[5, 5], stackgroup="t", line=dict(color=PALETTE["compute"], width=0)))
+    fig.add_annotation(x=5, y=0.02, yref="paper", text="memory ceiling 186", font=dict(color=PALETTE["memory"]))
+    fig = viz.styled(fig, "An area")
+    area = a11y.over(PALETTE["compute"], 0.5, "white")  # #80B9D9: half of #0072B2 over white, by hand
+    assert area == "#80B9D9"
+    assert a11y.contrast(fig.layout.annotations[0].font.color, area) >= 4.5

@@ -51,7 +51,7 @@ def over(colour, alpha: float, ground: str) -> str:
     """`colour` painted at `alpha` over the opaque `ground`, as #RRGGBB."""
     top, under = rgba(colour), rgb(ground)
     a = alpha * top[3]
-    return "#" + "".join(f"{round(t * a + u * (1 - a)):02X}" for t, u in zip(top[:3], under))
+    return "#" + "".join(f"{int(t * a + u * (1 - a) + 0.5):02X}" for t, u in zip(top[:3], under))  # half up, as browsers blend
 
 
 def luminance(colour: str) -> float:
@@ -112,8 +112,13 @@ def _grounds(fig: go.Figure, paper: str) -> list[str]:
     """What free text in the plot may sit on: its background and each light fill over it (a shaded
     band, a filled area); text is inked against all of them."""
     fills = [(s.fillcolor, 1 if s.opacity is None else s.opacity) for s in fig.layout.shapes or () if s.fillcolor]
-    fills += [(t.fillcolor, 1 if t.opacity is None else t.opacity) for t in fig.data
-              if getattr(t, "fill", None) not in (None, "none") and getattr(t, "fillcolor", None)]
+    for t in fig.data:
+        if getattr(t, "fill", None) in (None, "none") and not getattr(t, "stackgroup", None):
+            continue
+        # plotly's default fill: the line's (or marker's) colour at half opacity
+        colour = t.fillcolor or t.line.color or t.marker.color
+        if isinstance(colour, str):
+            fills.append((colour, (1 if t.opacity is None else t.opacity) * (1 if t.fillcolor else 0.5)))
     grounds = [paper] + [over(c, a, paper) for c, a in fills if rgba(c) is not None]
     return [g for g in dict.fromkeys(grounds) if luminance(g) >= 0.18]  # text is not put on dark fills
 

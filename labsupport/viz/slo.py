@@ -310,15 +310,17 @@ def goodput_table_html(columns: Sequence[Column]) -> str:
     """HTML for the notebook: struck throughput where the SLO is missed, printed figures beside."""
     head = ["configuration", "B (exact)", "B (printed)", "TPOT", "throughput", "throughput (printed)", "goodput"]
     style = f"font-size:{FONT_SIZE}px;padding:4px 14px;text-align:right"
-    out = ['<table style="border-collapse:collapse">',
-           "<tr>" + "".join(f'<th style="{style}">{h}</th>' for h in head) + "</tr>"]
+    # Wider than a laptop's output area: it scrolls inside a region a keyboard can reach (WCAG 2.1.1)
+    out = ['<div role="region" aria-label="naive against paged: throughput and goodput" tabindex="0" '
+           'style="overflow-x:auto"><table style="border-collapse:collapse">',
+           "<tr>" + "".join(f'<th scope="col" style="{style}">{h}</th>' for h in head) + "</tr>"]
     for c in columns:
         tput = f"{c.throughput_tok_s:,.0f} tok/s"
         cells = [c.name, f"{c.batch}", c.printed_batch or "", f"{1e3 * c.tpot_s:.2f} ms" if c.batch else "—",
                  tput if c.meets_slo else f"<s>{tput}</s>", c.printed_throughput or "",
                  f"<b>{c.goodput_tok_s:,.0f} tok/s</b>"]
         out.append("<tr>" + "".join(f'<td style="{style}">{v}</td>' for v in cells) + "</tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     return "\n".join(out)
 
 
