@@ -149,6 +149,9 @@ def browser(jupyterlab):
 # Notebooks started while this one is checked. Two ahead cut the pass from 244 s to 214 s on an idle
 # 2-core machine, but under CI's load three kernels starved lab 07's slider replay past 180 s: one.
 AHEAD = int(os.environ.get("LABSUPPORT_BROWSER_AHEAD", "1"))
+# Callables (page, name) run on each notebook's page after its checks, before it closes: other browser
+# tests' audits share this Run All (test_browser_a11y.py adds its own at import).
+AFTER_CHECKS: list = []
 
 
 class Runs:
@@ -396,6 +399,8 @@ def test_run_all_in_chromium(jupyterlab, runs, name):
                     problems.append(f"panel {panel['title']!r}: moving its first slider: {why}")
         if name.startswith("01_"):
             _check_lab01_numbers(page)
+        for check in AFTER_CHECKS:
+            check(page, name)
         shown = "\n".join(page.locator(".jp-Notebook .jp-OutputArea").all_inner_texts())  # not the prose
         problems += [f"{needle!r} in an output" for needle in WIDGET_ERRORS if needle in shown]
         if not name.startswith("99_"):

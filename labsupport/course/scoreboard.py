@@ -51,14 +51,14 @@ class Scoreboard:
     def _repr_html_(self) -> str:
         cell = "padding:2px 10px;text-align:left"
         body = "".join(
-            f'<tr><td style="{cell}">{SYMBOLS[r.status]}</td><td style="{cell}">{html.escape(r.id)}</td>'
-            f'<td style="{cell}">{html.escape(r.status)}</td><td style="{cell}">{html.escape(r.title)}</td></tr>'
+            f'<tr><td style="{cell}">{html.escape(r.id)}</td><td style="{cell}">{SYMBOLS[r.status]} {html.escape(r.status)}</td>'
+            f'<td style="{cell}">{html.escape(r.title)}</td></tr>'
             for r in self.rows)
         return (f'<div class="lab-scoreboard" style="font-size:16px;line-height:1.5">'
                 f"<b>Checkoffs of {html.escape(self.notebook)}</b>: {html.escape(self.summary)}"
                 f'<table style="border-collapse:collapse;margin:6px 0">'
-                f'<thead><tr><th style="{cell}"></th><th style="{cell}">checkoff</th><th style="{cell}">status</th>'
-                f'<th style="{cell}">exercise</th></tr></thead><tbody>{body}</tbody></table>'
+                f'<thead><tr><th scope="col" style="{cell}">checkoff</th><th scope="col" style="{cell}">status</th>'
+                f'<th scope="col" style="{cell}">exercise</th></tr></thead><tbody>{body}</tbody></table>'
                 f"This table is feedback from this kernel (run this cell again to refresh it). The grade: save "
                 f"the notebook, then run <code>{html.escape(self.grade_command)}</code> from the repository root."
                 f"</div>")

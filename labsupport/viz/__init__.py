@@ -31,6 +31,7 @@ from typing import Callable
 import plotly.graph_objects as go
 
 from labsupport import ledger
+from labsupport.viz import a11y
 from labsupport.specs import GB, GPUS, MODELS, GiB, KiB, MiB
 from labsupport.viz import reopen
 from labsupport.viz.redraw import patch_figure  # noqa: F401  (the one way a shown figure is redrawn)
@@ -146,7 +147,7 @@ def styled(fig: go.Figure, title: str, height: int = HEIGHT, **layout) -> go.Fig
     if legend.orientation == "h" and legend.y is not None and legend.y < 0 and legend.yref != "container":
         fig.update_layout(legend=dict(yref="container", y=0.0, yanchor="bottom"),
                           margin_b=max(_margin(fig, "b"), AXIS_BAND_PX + LEGEND_ROW_PX * legend_rows(names) + 10))
-    return fig
+    return a11y.alternative(a11y.legible(fig))  # WCAG text contrast; a one-sentence text alternative
 
 
 # --- panels ---------------------------------------------------------------------------------------
@@ -208,7 +209,7 @@ class Panel:
         for control in self.controls.values():
             control.observe(self._on_change, names="value")
         self.widget = widgets.VBox([panel_header(title), controls_row(self.controls.values()), self.figure,
-                                    self.readout])
+                                    self.readout, a11y.namer()])  # names its slider handles and chart
         self.widget.add_class("lab-panel")
 
     @property
@@ -217,7 +218,7 @@ class Panel:
 
     def _readout_html(self) -> str:
         text = html.escape(self.error or self._text).replace("\n", "<br>")
-        colour = PALETTE["memory"] if self.error else "#222222"
+        colour = a11y.ink(PALETTE["memory"]) if self.error else "#222222"
         return f'<div style="font-size:{FONT_SIZE}px;color:{colour};line-height:1.5">{text}</div>'
 
     def _on_change(self, change=None) -> None:
@@ -323,6 +324,7 @@ def enable_colab_widgets() -> bool:
 
 
 enable_colab_widgets()
+a11y.start_early()
 
 
 # --- errata -------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ Times are seconds in the data; axes say their unit.
 """
 from __future__ import annotations
 
+import html
 import math
 import statistics
 import time
@@ -33,11 +34,16 @@ from labsupport import ledger
 from labsupport.checks import positive_int as _positive_int
 from labsupport.specs import GB, LECTURE_MFU, GPUSpec, MiB, ModelSpec, get_gpu, get_model
 from labsupport.units import fmt_int, log_axis_ticks
-from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, gpu_options, number_slider, selection_slider, styled
+from labsupport.viz import FONT_SIZE, PALETTE, Panel, a11y, dropdown, gpu_options, number_slider, selection_slider, styled
 
 PHASES = ("not here", "waiting", "prefill", "decode", "preempted", "done")
 PHASE_COLOURS = {"not here": "#FFFFFF", "waiting": "#F6D7A7", "prefill": PALETTE["compute"],
-                 "decode": PALETTE["used"], "preempted": PALETTE["recompute"], "done": "#F2F2F2"}
+                 "decode": PALETTE["used"], "preempted": PALETTE["recompute"], "done": "#949494"}  # 3:1 on white
+# What a cell shows besides its colour, so no state is told by colour alone: prefill and decode cells
+# show the token (a prefill's in bold), waiting and preempted ones a mark, done ones are grey.
+PHASE_MARKS = {"not here": "", "waiting": "·", "preempted": "×", "done": ""}
+PHASE_NAMES = {"waiting": "waiting ·", "prefill": "prefill (token in bold)", "decode": "decode",
+               "preempted": "preempted ×", "done": "done"}
 # a horizontal legend under the x-axis title, with room for both (projector fonts are large)
 _LEGEND_BELOW = dict(legend=dict(orientation="h", yanchor="top", y=-0.3, x=0.0), margin=dict(l=90, r=40, t=90, b=150),
                      height=520)
@@ -180,6 +186,14 @@ def _seq_label(seq: tuple[int, int], log: StreamLog) -> str:
     return f"r{seq[0]}" if log.n[seq[0]] == 1 else f"r{seq[0]}.{seq[1]}"
 
 
+DARK_PHASES = ("prefill", "preempted")  # cells white text reads on
+
+
+def _cell_text(shown_text: str, phase: str, shown: bool) -> str:
+    text = html.escape(shown_text) if shown else ""
+    return f"<b>{text}</b>" if text and phase == "prefill" else text
+
+
 def stream_figure(log: StreamLog, upto: int, decode: Callable | None = None, title: str | None = None) -> go.Figure:
     """The loop as a grid: one row per sequence, one column per step, the token it streamed in the cell.
 
@@ -200,7 +214,7 @@ def stream_figure(log: StreamLog, upto: int, decode: Callable | None = None, tit
             tok = next(toks) if ph in ("prefill", "decode") else None
             shown = k < upto
             row_z.append(code[ph] if shown else 0)
-            row_t.append(_char(tok, decode) if shown and ph in ("prefill", "decode") else "")
+            row_t.append("" if not shown else _char(tok, decode) if ph in ("prefill", "decode") else PHASE_MARKS[ph])
         z.append(row_z)
         text.append(row_t)
     n = len(PHASES)
@@ -210,12 +224,22 @@ def stream_figure(log: StreamLog, upto: int, decode: Callable | None = None, tit
     xs = [rec.step for rec in log.steps]
     labels = [_seq_label(s, log) for s in seqs]
     fig = go.Figure(go.Heatmap(
-        z=z, x=xs, y=labels, text=text, texttemplate="%{text}", textfont=dict(size=FONT_SIZE - 2, color="white"),
-        colorscale=colorscale, zmin=0, zmax=n, showscale=False, xgap=2, ygap=2,
+        z=z, x=xs, y=labels, text=text, colorscale=colorscale, zmin=0, zmax=n, showscale=False, xgap=2, ygap=2,
         hovertemplate="step %{x}, %{y}: %{text}<extra></extra>"))
-    for p in PHASES[1:5]:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=p,
-                                 marker=dict(symbol="square", size=16, color=PHASE_COLOURS[p])))
+    # The cells' text, drawn over them in two layers: white where the cell is dark, near-black elsewhere
+    # (white on the decode green is 3.4:1, under WCAG's 4.5:1).
+    for on_dark in (True, False):
+        layer = [[_cell_text(text[i][k], phases[seq][k], k < upto) if (phases[seq][k] in DARK_PHASES) == on_dark
+                  else "" for k in range(len(xs))] for i, seq in enumerate(seqs)]
+        fig.add_trace(go.Heatmap(
+            z=[[0] * len(xs) for _ in seqs], x=xs, y=labels, text=layer, texttemplate="%{text}",
+            textfont=dict(size=FONT_SIZE - 2, color=a11y.WHITE if on_dark else a11y.DARK),
+            colorscale=[[0, "rgba(0,0,0,0)"], [1, "rgba(0,0,0,0)"]], showscale=False, xgap=2, ygap=2,
+            hoverinfo="skip"))
+    for p in PHASES[1:]:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=PHASE_NAMES[p],
+                                 marker=dict(symbol="square", size=16, color=PHASE_COLOURS[p],
+                                             line=dict(color="#444444", width=1))))
     rec = log.steps[upto - 1]
     batch = len(rec.emitted)
     default = (f"step {rec.step}: batch of {batch}, {rec.blocks_in_use} of {log.num_blocks} blocks in use, "

@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 from labsupport import ledger
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec, ModelSpec, get_gpu, get_model
 from labsupport.viz import reopen
-from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, gpu_options, model_options, number_slider, styled
+from labsupport.viz import FONT_SIZE, PALETTE, Panel, a11y, dropdown, gpu_options, model_options, number_slider, styled
 
 TTFT_PARTS = ("queueing", "prefill", "scheduling delay")
 TTFT_COLOURS = {"queueing": PALETTE["memory"], "prefill": PALETTE["compute"], "scheduling delay": PALETTE["neutral"]}
@@ -311,15 +311,17 @@ def goodput_table_html(columns: Sequence[Column]) -> str:
     """HTML for the notebook: struck throughput where the SLO is missed, printed figures beside."""
     head = ["configuration", "B (exact)", "B (printed)", "TPOT", "throughput", "throughput (printed)", "goodput"]
     style = f"font-size:{FONT_SIZE}px;padding:4px 14px;text-align:right"
-    out = ['<table style="border-collapse:collapse">',
-           "<tr>" + "".join(f'<th style="{style}">{h}</th>' for h in head) + "</tr>"]
+    # Wider than a laptop's output area: it scrolls inside a region a keyboard can reach (WCAG 2.1.1)
+    out = ['<div role="region" aria-label="naive against paged: throughput and goodput" tabindex="0" '
+           'style="overflow-x:auto"><table style="border-collapse:collapse">',
+           "<tr>" + "".join(f'<th scope="col" style="{style}">{h}</th>' for h in head) + "</tr>"]
     for c in columns:
         tput = f"{c.throughput_tok_s:,.0f} tok/s"
         cells = [c.name, f"{c.batch}", c.printed_batch or "", f"{1e3 * c.tpot_s:.2f} ms" if c.batch else "—",
                  tput if c.meets_slo else f"<s>{tput}</s>", c.printed_throughput or "",
                  f"<b>{c.goodput_tok_s:,.0f} tok/s</b>"]
         out.append("<tr>" + "".join(f'<td style="{style}">{v}</td>' for v in cells) + "</tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     return "\n".join(out)
 
 
@@ -655,6 +657,16 @@ class FigureView:
         bundle = dict(self.copy.bundle)
         bundle["text/plain"] = self.text
         return bundle
+
+    def _ipython_display_(self):
+        """Shown on its own: the page's hidden Namer first (plotly's static output has no role or name
+        in the page; the Namer gives it both, as it does for every panel), then the figure."""
+        from IPython.display import display
+
+        namer = a11y.namer()._repr_mimebundle_()
+        namer["text/plain"] = ""  # nothing to read where the widget is not drawn
+        display(namer, raw=True)
+        display(self._repr_mimebundle_(), raw=True)
 
 
 # --- discussion seed 4 (lab 08): utilization is not throughput -------------------------------------------
