@@ -105,9 +105,17 @@ def test_text_on_a_shaded_band_reads_on_the_band():
 def test_a_static_figure_view_carries_the_namer_too():
     from labsupport.viz import slo
 
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
     view = slo.FigureView(viz.styled(go.Figure(go.Bar(x=[1], y=[2])), "One bar"), "one bar")
-    assert any(type(w).__name__ == "Namer" for w in view.widget.children)
-    assert view.figure.layout.meta["alt"].startswith("One bar.")
+    InteractiveShell.instance()
+    with capture_output() as shown:
+        view._ipython_display_()
+    namer, figure = (o.data for o in shown.outputs)
+    assert namer["application/vnd.jupyter.widget-view+json"]["model_id"] == a11y.namer().model_id
+    assert figure["application/vnd.plotly.v1+json"]["layout"]["meta"]["alt"].startswith("One bar.")
+    assert figure["text/plain"] == "one bar"
 
 
 def test_text_on_a_stacked_area_reads_on_its_default_half_opacity_fill():

@@ -664,6 +664,7 @@ class FigureView:
         from IPython.display import display
 
         namer = a11y.namer()._repr_mimebundle_()
+        namer = dict(namer[0] if isinstance(namer, tuple) else namer)  # anywidget's is (data, metadata)
         namer["text/plain"] = ""  # nothing to read where the widget is not drawn
         display(namer, raw=True)
         display(self._repr_mimebundle_(), raw=True)
