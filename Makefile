@@ -16,7 +16,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # The browser test drives Debian's Chromium; as root with apt-get, `make test` installs it when missing.
 CHROMIUM := $(firstword $(LABSUPPORT_CHROMIUM) $(shell command -v chromium chromium-browser google-chrome 2>/dev/null))
 
-.PHONY: lab board test install chromium clean-venv
+.PHONY: lab board present test install chromium clean-venv
 
 install: $(STAMP)
 
@@ -31,11 +31,20 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
+# The page each target lands on.  JupyterLab takes its landing page from LabApp.default_url and ignores
+# ServerApp.default_url; tests/test_browser_present.py starts JupyterLab with these very flags
+# (`make -s print-LAB_FLAGS`) and checks where the browser lands.
+LAB_FLAGS := --notebook-dir=. --LabApp.default_url=/lab/tree/notebooks
+BOARD_FLAGS := --notebook-dir=. --LabApp.default_url=/lab/tree/notebooks/99_board.ipynb
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --notebook-dir=. --ServerApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) $(LAB_FLAGS) $(LAB_ARGS)
 
 board: $(STAMP)
-	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --notebook-dir=. --ServerApp.default_url=/lab/tree/notebooks/99_board.ipynb $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) $(BOARD_FLAGS) $(LAB_ARGS)
+
+print-%:
+	@echo '$($*)'
 
 chromium:
 ifeq ($(CHROMIUM),)

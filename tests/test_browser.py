@@ -80,8 +80,9 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, seconds: float = 90)
 
 
 @contextlib.contextmanager
-def serve_lab(tmp: Path):
-    """A JupyterLab on a copy of notebooks/ and solutions/ under `tmp`; yields its base URL."""
+def serve_lab(tmp: Path, args: tuple[str, ...] = (), app: tuple[str, ...] = ("jupyter", "lab")):
+    """A JupyterLab (or, with `app`, another Jupyter server app) on a copy of notebooks/ and
+    solutions/ under `tmp`, with `args` after the test's own flags; yields its base URL."""
     served = tmp / "root"
     for folder in ("notebooks", "solutions"):
         shutil.copytree(ROOT / folder, served / folder, ignore=shutil.ignore_patterns("*.py", ".ipynb_checkpoints"))
@@ -101,10 +102,12 @@ def serve_lab(tmp: Path):
     log = tmp / "jupyterlab.log"
     with open(log, "w") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+            [sys.executable, "-m", *app, "--no-browser", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.token=",
-             "--ServerApp.password=", "--ServerApp.allow_root=True", f"--ServerApp.root_dir={served}",
-             "--ServerApp.disable_check_xsrf=True"],
+             "--ServerApp.password=", "--ServerApp.allow_root=True", "--ServerApp.disable_check_xsrf=True",
+             # the served folder, unless `args` name one (the Makefile's `--notebook-dir=.`, run from it)
+             *([] if any(a.startswith("--notebook-dir") for a in args) else [f"--ServerApp.root_dir={served}"]),
+             *args],
             cwd=served, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     try:
         _wait_http(f"http://127.0.0.1:{port}/api/status", proc, log)

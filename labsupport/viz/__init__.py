@@ -175,6 +175,75 @@ def controls_row(controls) -> "widgets.HBox":
     return row
 
 
+# --- sizing: every live chart fills its output area and follows it ---------------------------------
+
+# plotly's FigureWidget (an anywidget) draws once, before its element is on the page, so it gets
+# plotly's default 700 px whatever the room, and it never hears of a resize.  The zero-height widget
+# `fit_width()` sits beside the charts of a panel and watches the width of the box they share (when
+# the chart appears, when the file browser opens or closes, when a projector changes the window):
+# each chart is laid out at that width, kept between DESIGN_PX's bounds, where wrap_title and
+# legend_rows hold, and scaled to fill the box exactly.  So a 592 px output area (1024 x 768 with the
+# file browser open) shows a 700 px layout at 0.85, and a 1,473 px one (1920 x 1080) a 1,000 px
+# layout at 1.47: chart text grows with the room (18 px ticks read 26 px), no chart is clipped.
+# Charts are `responsive` (plotly re-lays them out on the window's resize event, which the helper
+# raises once per change).
+DESIGN_PX = (NARROW_FIGURE_PX, 1000)
+_FIT_WIDTH_ESM = """
+const [NARROWEST, WIDEST] = %s;
+let pending = 0;
+function relayoutCharts() {  // one resize event for every chart that moved in this frame
+  if (!pending) pending = requestAnimationFrame(() => { pending = 0; window.dispatchEvent(new Event("resize")); });
+}
+function render({ el }) {
+  el.classList.add("lab-fit-width");
+  el.style.cssText = "display:block;width:100%%;height:0;margin:0;padding:0;border:0";
+  let width = 0, frame = 0;
+  const charts = () => [...(el.parentElement ? el.parentElement.children : [])]
+    .filter(c => c.classList.contains("js-plotly-plot"));
+  const fit = () => {
+    frame = 0;
+    const box = el.offsetWidth;
+    if (!box) return;
+    const scale = box < NARROWEST ? box / NARROWEST : box > WIDEST ? box / WIDEST : 1;
+    for (const chart of charts()) {
+      chart.style.width = `${box / scale}px`;
+      chart.style.transformOrigin = "0 0";
+      chart.style.transform = scale === 1 ? "" : `scale(${scale})`;
+      chart.style.marginBottom = `${chart.offsetHeight * (scale - 1)}px`;  // the scaled height, in the flow
+      observer.observe(chart);  // a redraw that changes its height moves what follows
+    }
+    if (box !== width) { width = box; relayoutCharts(); }
+  };
+  const later = () => { if (!frame) frame = requestAnimationFrame(fit); };
+  const observer = new ResizeObserver(later);
+  const drawn = () => { width = 0; later(); };  // a chart finished its first drawing
+  observer.observe(el);
+  document.addEventListener("plotlywidget-after-render", drawn);
+  return () => { observer.disconnect(); document.removeEventListener("plotlywidget-after-render", drawn);
+                 cancelAnimationFrame(frame); };
+}
+export default { render };
+""" % list(DESIGN_PX)
+_FIT_WIDTH_CLASS = None
+
+
+def fit_width():
+    """The zero-height widget that fits the charts beside it to the width of their box (see above)."""
+    global _FIT_WIDTH_CLASS
+    if _FIT_WIDTH_CLASS is None:
+        import anywidget
+
+        _FIT_WIDTH_CLASS = type("FitWidth", (anywidget.AnyWidget,), {"_esm": _FIT_WIDTH_ESM, "__module__": __name__})
+    return _FIT_WIDTH_CLASS()
+
+
+def live_figure(figure: go.Figure) -> go.FigureWidget:
+    """`figure` as a FigureWidget with no fixed width that re-lays itself out on resize (see `fit_width`)."""
+    widget = go.FigureWidget(figure)
+    widget._config = {**widget._config, "responsive": True}
+    return widget
+
+
 class Panel:
     """Controls wired to a FigureWidget and a readout line; display it as the last line of a cell.
 
@@ -194,14 +263,14 @@ class Panel:
         self._readout = readout
         self.updates = 0
         self.error: str | None = None
-        self.figure = go.FigureWidget(make_figure(**self.values))
+        self.figure = live_figure(make_figure(**self.values))
         self.readout = widgets.HTML()
         self._text = self._readout(**self.values) if self._readout else ""
         self.readout.value = self._readout_html()
         for control in self.controls.values():
             control.observe(self._on_change, names="value")
         self.widget = widgets.VBox([panel_header(title), controls_row(self.controls.values()), self.figure,
-                                    self.readout])
+                                    self.readout, fit_width()])
         self.widget.add_class("lab-panel")
 
     @property

@@ -21,7 +21,8 @@ import plotly.graph_objects as go
 
 from labsupport import ledger
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec, ModelSpec, get_gpu, get_model
-from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, gpu_options, model_options, number_slider, styled
+from labsupport.viz import (FONT_SIZE, PALETTE, Panel, dropdown, fit_width, gpu_options, live_figure, model_options,
+                            number_slider, styled)
 
 TTFT_PARTS = ("queueing", "prefill", "scheduling delay")
 TTFT_COLOURS = {"queueing": PALETTE["memory"], "prefill": PALETTE["compute"], "scheduling delay": PALETTE["neutral"]}
@@ -642,11 +643,14 @@ class FigureView:
     summary (the widget's own repr carries random ids, which would make executed notebooks differ)."""
 
     def __init__(self, figure: go.Figure, text: str = ""):
-        self.figure = go.FigureWidget(figure)
+        import ipywidgets as widgets
+
+        self.figure = live_figure(figure)
+        self.widget = widgets.VBox([self.figure, fit_width()])
         self.text = text or (figure.layout.title.text or "figure")
 
     def _repr_mimebundle_(self, **kwargs):
-        bundle = self.figure._repr_mimebundle_(**kwargs)
+        bundle = self.widget._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = self.text
         return bundle
 
