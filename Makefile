@@ -2,8 +2,9 @@
 #   make lab   - create .venv if missing, install, and open JupyterLab at the repository root, in notebooks/
 #                (instructors reach solutions/ and the board from the same file browser)
 #   make test  - the same install, then the whole test suite (unit tests, notebooks, a real browser)
-# and one for instructors:
-#   make board - JupyterLab on the board (notebooks/99_board.ipynb); its executed copy is solutions/99_board.ipynb
+# and two for instructors:
+#   make board   - JupyterLab on the board (notebooks/99_board.ipynb); its executed copy is solutions/99_board.ipynb
+#   make present - the board with no code on screen (Voila), live; NB=notebooks/06_engine_loop.ipynb for a lab
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -42,6 +43,16 @@ lab: $(STAMP)
 
 board: $(STAMP)
 	$(VENV)/bin/jupyter lab $(ROOT_FLAG) $(BOARD_FLAGS) $(LAB_ARGS)
+
+# Present mode: the board (or NB=notebooks/06_engine_loop.ipynb, any lab) through Voila: every cell
+# runs at load, the page shows the prose and the outputs, never the code; the sliders are live.
+# Jupytext's JupyterLab extension is left out: it needs JupyterLab's document manager, which the
+# JupyterLab 4.2 core that Voila bundles does not share (it fails to load there, with an error).
+NB ?= notebooks/99_board.ipynb
+PRESENT_FLAGS := --strip_sources=True --VoilaConfiguration.extension_denylist=jupyterlab-jupytext
+
+present: $(STAMP)
+	$(VENV)/bin/voila $(PRESENT_FLAGS) $(NB) $(LAB_ARGS)
 
 print-%:
 	@echo '$($*)'

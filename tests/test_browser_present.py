@@ -16,9 +16,14 @@ Screenshots go to the test's tmp dir, or to $LABSUPPORT_SCREENSHOTS.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +36,9 @@ from test_browser import (  # noqa: F401  (browser is a fixture)
     ROOT,
     WIDGET_ERRORS,
     _click_run_all,
+    _free_port,
     _move_first_slider,
+    _wait_http,
     browser,
     serve_lab,
 )
@@ -59,9 +66,6 @@ def _default_url(flags: list[str]) -> str:
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
     """JupyterLab as `make board` starts it (its flags from the Makefile), and the screenshot folder."""
-    import os
-    from pathlib import Path
-
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium package or set LABSUPPORT_CHROMIUM")
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
@@ -209,3 +213,83 @@ def test_the_board_fits_xga_and_reads_from_the_back_at_full_hd(board):
     print("\n".join(problems))
     assert not problems, "\n".join(problems[:40])
     assert not errors, "\n".join(errors[:20])
+
+
+# --- present mode -------------------------------------------------------------------------------------
+
+PRESENTED = ["notebooks/99_board.ipynb", "notebooks/06_engine_loop.ipynb"]
+# Voila's page template asks a CDN for Font Awesome; this machine has no network (a room does).
+OFFLINE_ONLY = ("https://cdn.jsdelivr.net/",)
+
+
+@contextlib.contextmanager
+def serve_present(tmp: Path, notebook: str):
+    """Voila as `make present NB=<notebook>` starts it (the Makefile's flags), on a loopback port."""
+    served = tmp / "root"
+    shutil.copytree(ROOT / "notebooks", served / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    port = _free_port()
+    log = tmp / "voila.log"
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp / "config"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime")}
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "voila", *make_flags("PRESENT_FLAGS"), notebook, "--no-browser",
+                                 f"--port={port}", "--Voila.ip=127.0.0.1"],
+                                cwd=served, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/voila/static/voila.js", proc, log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+_CHARTS_SETTLED = """() => {
+    const plots = [...document.querySelectorAll('.js-plotly-plot')];
+    const now = plots.length + ':' + plots.every(p => !!(p._fullLayout && p.querySelector('.main-svg') && p.data));
+    const settled = now === window.__labCharts && plots.length > 0 && now.endsWith('true');
+    window.__labCharts = now;
+    return settled;
+}"""
+_CODE_SHOWN = "() => document.querySelectorAll('.jp-CodeCell .jp-InputArea, .cm-editor, .jp-InputArea-editor').length"
+
+
+@pytest.mark.parametrize("notebook", PRESENTED, ids=lambda n: Path(n).stem)
+def test_present_mode(jupyterlab, browser, tmp_path, notebook):
+    _, shots = jupyterlab
+    started = time.perf_counter()
+    with serve_present(tmp_path, notebook) as base:
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+        page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}")
+                if (msg.type == "error" or any(n in msg.text for n in WIDGET_ERRORS))
+                and not (msg.location or {}).get("url", "").startswith(OFFLINE_ONLY) else None)
+        try:
+            page.goto(f"{base}/", wait_until="domcontentloaded", timeout=300_000)
+            # every chart drawn: their number stops growing (polled 3 s apart) and each has its SVG
+            page.wait_for_function(_CHARTS_SETTLED, timeout=300_000, polling=3_000)
+            loaded = time.perf_counter() - started
+            panels = page.evaluate(_PANELS.replace(".jp-Notebook ", ""))
+            problems = [f"panel {p['title']!r} has {p['plots']} plotly charts" for p in panels if p["plots"] != 1]
+            if not panels:
+                problems.append("no panel on the page")
+            if page.evaluate(_CODE_SHOWN):
+                problems.append(f"{page.evaluate(_CODE_SHOWN)} code cells on screen")
+            shown = page.inner_text("body")
+            problems += [f"{needle!r} on the page" for needle in WIDGET_ERRORS if needle in shown]
+            page.screenshot(path=str(shots / f"present_{Path(notebook).stem}.png"))
+            for index, panel in enumerate(panels):
+                if panel["sliders"]:
+                    why = _move_first_slider(page, index, scope="body")
+                    if why:
+                        problems.append(f"panel {panel['title']!r}: moving its first slider: {why}")
+            charts = page.locator(".js-plotly-plot").count()
+            print(f"present {notebook}: drawn {loaded:.0f} s after start, {len(panels)} panels, {charts} charts, "
+                  f"done {time.perf_counter() - started:.0f} s")
+        finally:
+            page.close()
+    assert not problems, f"{notebook}:\n" + "\n".join(problems)
+    assert not errors, f"{notebook}: JavaScript errors:\n" + "\n".join(errors[:20])

@@ -237,9 +237,82 @@ def fit_width():
     return _FIT_WIDTH_CLASS()
 
 
+# plotly's FigureWidget ships its 5 MB bundle as each widget's own module; anywidget evaluates every
+# copy separately and gives each widget 2 s to be ready, after which it ignores every message the
+# kernel sends that widget.  A page that creates a dozen charts at once (Voila; the board) misses
+# that deadline for most of them, and those charts never redraw when a slider moves (their readouts,
+# plain ipywidgets, still do).  So a LiveFigure carries only a small module and a reference to one
+# widget per kernel holding plotly's bundle: the page evaluates the bundle once, every chart waits
+# for it at most 1.5 s before telling anywidget it is ready, and draws as soon as it is there.
+_SHARED_PLOTLY_ESM = """
+const CACHE = Symbol.for("labsupport.plotly-widget-bundle");
+async function plotlyModule(model) {  // one evaluation of plotly's widget bundle per page and version
+  const id = model.get("_plotly_code").replace(/^IPY_MODEL_/, "");
+  let carrier;
+  for (let tries = 0; !carrier; tries++) {  // the carrier's model may be registered just after ours
+    try { carrier = await model.widget_manager.get_model(id); }
+    catch (error) { if (tries > 100) throw error; await new Promise(r => setTimeout(r, 100)); }
+  }
+  const cache = (globalThis[CACHE] ??= new Map());
+  const version = carrier.get("version");
+  if (!cache.has(version)) {
+    const url = URL.createObjectURL(new Blob([carrier.get("code")], { type: "text/javascript" }));
+    cache.set(version, import(url).finally(() => URL.revokeObjectURL(url)));
+  }
+  return cache.get(version);
+}
+export default () => {
+  let widget, loaded;  // plotly's own widget for this model
+  return {
+    initialize(context) {
+      loaded = plotlyModule(context.model).then(mod => { widget = mod.default(); return widget.initialize(context); });
+      // The kernel sends a chart nothing before it is drawn (only a moved control does), so
+      // telling anywidget "ready" after 1.5 s, before plotly is in, loses no message.
+      return Promise.race([loaded, new Promise(resolve => setTimeout(resolve, 1500))]);
+    },
+    async render(context) {
+      await loaded;
+      return widget.render(context);
+    },
+  };
+};
+"""
+_LIVE_FIGURE_CLASS = None
+_PLOTLY_CODE = None
+
+
+def _plotly_code():
+    """The kernel's one widget holding plotly's widget bundle (see above), made when first needed."""
+    global _PLOTLY_CODE
+    if _PLOTLY_CODE is None or _PLOTLY_CODE.comm is None:  # none yet, or closed
+        from pathlib import Path
+
+        import ipywidgets as widgets
+        import plotly
+        import traitlets
+
+        carrier = type("PlotlyCode", (widgets.Widget,), {
+            "__module__": __name__, "code": traitlets.Unicode().tag(sync=True),
+            "version": traitlets.Unicode().tag(sync=True),
+            "__repr__": lambda self: f"PlotlyCode(plotly {self.version}, {len(self.code):,} characters)"})
+        bundle = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
+        _PLOTLY_CODE = carrier(code=bundle.read_text(encoding="utf-8"), version=plotly.__version__)
+    return _PLOTLY_CODE
+
+
 def live_figure(figure: go.Figure) -> go.FigureWidget:
-    """`figure` as a FigureWidget with no fixed width that re-lays itself out on resize (see `fit_width`)."""
-    widget = go.FigureWidget(figure)
+    """`figure` as a FigureWidget with no fixed width that re-lays itself out on resize (see
+    `fit_width`), sharing one copy of plotly's widget code with every other chart on the page."""
+    global _LIVE_FIGURE_CLASS
+    if _LIVE_FIGURE_CLASS is None:
+        import ipywidgets as widgets
+        import traitlets
+
+        _LIVE_FIGURE_CLASS = type("LiveFigure", (go.FigureWidget,), {
+            "__module__": __name__, "_esm": _SHARED_PLOTLY_ESM,
+            "_plotly_code": traitlets.Instance(widgets.Widget).tag(sync=True, **widgets.widget_serialization),
+            "_default_plotly_code": traitlets.default("_plotly_code")(lambda self: _plotly_code())})
+    widget = _LIVE_FIGURE_CLASS(figure)
     widget._config = {**widget._config, "responsive": True}
     return widget
 
