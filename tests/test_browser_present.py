@@ -222,6 +222,13 @@ PRESENTED = ["notebooks/99_board.ipynb", "notebooks/06_engine_loop.ipynb"]
 OFFLINE_ONLY = ("https://cdn.jsdelivr.net/",)
 
 
+def _known_voila_error(exc) -> bool:
+    """plotly's JupyterLab renderer, having drawn a static figure (`fig.show()`), stores a PNG of it
+    in the notebook through `model.setData`, which Voila's read-only output models lack: the figure
+    is drawn (the test checks it), only its PNG copy for a saved notebook is not kept."""
+    return "setData is not a function" in str(exc) and "/labextensions/jupyterlab-plotly/" in (exc.stack or "")
+
+
 @contextlib.contextmanager
 def serve_present(tmp: Path, notebook: str):
     """Voila as `make present NB=<notebook>` starts it (the Makefile's flags), on a loopback port."""
@@ -263,7 +270,7 @@ def test_present_mode(jupyterlab, browser, tmp_path, notebook):
     with serve_present(tmp_path, notebook) as base:
         page = browser.new_page(viewport={"width": 1280, "height": 800})
         errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+        page.on("pageerror", lambda exc: None if _known_voila_error(exc) else errors.append(f"page error: {exc}"))
         page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}")
                 if (msg.type == "error" or any(n in msg.text for n in WIDGET_ERRORS))
                 and not (msg.location or {}).get("url", "").startswith(OFFLINE_ONLY) else None)
