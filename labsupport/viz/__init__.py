@@ -242,8 +242,8 @@ def fit_width():
 # kernel sends that widget.  A page that creates a dozen charts at once (Voila; the board) misses
 # that deadline for most of them, and those charts never redraw when a slider moves (their readouts,
 # plain ipywidgets, still do).  So a LiveFigure carries only a small module and a reference to one
-# widget per kernel holding plotly's bundle: the page evaluates the bundle once, every chart waits
-# for it at most 1.5 s before telling anywidget it is ready, and draws as soon as it is there.
+# widget per kernel holding plotly's bundle: the page evaluates the bundle once, and every chart
+# is ready as soon as that one evaluation is done.
 _SHARED_PLOTLY_ESM = """
 const CACHE = Symbol.for("labsupport.plotly-widget-bundle");
 async function plotlyModule(model) {  // one evaluation of plotly's widget bundle per page and version
@@ -266,9 +266,7 @@ export default () => {
   return {
     initialize(context) {
       loaded = plotlyModule(context.model).then(mod => { widget = mod.default(); return widget.initialize(context); });
-      // The kernel sends a chart nothing before it is drawn (only a moved control does), so
-      // telling anywidget "ready" after 1.5 s, before plotly is in, loses no message.
-      return Promise.race([loaded, new Promise(resolve => setTimeout(resolve, 1500))]);
+      return loaded;
     },
     async render(context) {
       await loaded;
