@@ -287,7 +287,9 @@ def test_present_mode(jupyterlab, browser, tmp_path, notebook):
                 problems.append(f"{page.evaluate(_CODE_SHOWN)} code cells on screen")
             shown = page.inner_text("body")
             problems += [f"{needle!r} on the page" for needle in WIDGET_ERRORS if needle in shown]
-            page.screenshot(path=str(shots / f"present_{Path(notebook).stem}.png"))
+            page.locator(".lab-panel").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+            page.wait_for_timeout(300)
+            page.screenshot(path=str(shots / f"present_{Path(notebook).stem}.png"))  # its first panel
             for index, panel in enumerate(panels):
                 if panel["sliders"]:
                     why = _move_first_slider(page, index, scope="body")
