@@ -2,8 +2,9 @@
 #   make lab   - create .venv if missing, install, and open JupyterLab at the repository root, in notebooks/
 #                (instructors reach solutions/ and the board from the same file browser)
 #   make test  - the same install, then the whole test suite (unit tests, notebooks, a real browser)
-# and one for instructors:
-#   make board - JupyterLab on the board (notebooks/99_board.ipynb); its executed copy is solutions/99_board.ipynb
+# and two for instructors:
+#   make board   - JupyterLab on the board (notebooks/99_board.ipynb); its executed copy is solutions/99_board.ipynb
+#   make present - the board with no code on screen (Voila), live; NB=notebooks/06_engine_loop.ipynb for a lab
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,7 +17,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # The browser test drives Debian's Chromium; as root with apt-get, `make test` installs it when missing.
 CHROMIUM := $(firstword $(LABSUPPORT_CHROMIUM) $(shell command -v chromium chromium-browser google-chrome 2>/dev/null))
 
-.PHONY: lab board test install chromium clean-venv
+.PHONY: lab board present test install chromium clean-venv
 
 install: $(STAMP)
 
@@ -31,11 +32,30 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
+# The page each target lands on.  JupyterLab takes its landing page from LabApp.default_url and ignores
+# ServerApp.default_url; tests/test_browser_present.py starts JupyterLab with these very flags
+# (`make -s print-LAB_FLAGS`) and checks where the browser lands.
+LAB_FLAGS := --notebook-dir=. --LabApp.default_url=/lab/tree/notebooks
+BOARD_FLAGS := --notebook-dir=. --LabApp.default_url=/lab/tree/notebooks/99_board.ipynb
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --notebook-dir=. --ServerApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) $(LAB_FLAGS) $(LAB_ARGS)
 
 board: $(STAMP)
-	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --notebook-dir=. --ServerApp.default_url=/lab/tree/notebooks/99_board.ipynb $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) $(BOARD_FLAGS) $(LAB_ARGS)
+
+# Present mode: the board (or NB=notebooks/06_engine_loop.ipynb, any lab) through Voila: every cell
+# runs at load, the page shows the prose and the outputs, never the code; the sliders are live.
+# Jupytext's JupyterLab extension is left out: it needs JupyterLab's document manager, which the
+# JupyterLab 4.2 core that Voila bundles does not share (it fails to load there, with an error).
+NB ?= notebooks/99_board.ipynb
+PRESENT_FLAGS := --strip_sources=True --VoilaConfiguration.extension_denylist=jupyterlab-jupytext
+
+present: $(STAMP)
+	$(VENV)/bin/voila $(PRESENT_FLAGS) $(NB) $(LAB_ARGS)
+
+print-%:
+	@echo '$($*)'
 
 chromium:
 ifeq ($(CHROMIUM),)

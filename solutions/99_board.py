@@ -10,8 +10,10 @@
 #
 # **Live use.** *Run → Run All Cells* before class: the kernel's part takes seconds, but drawing a
 # dozen interactive charts takes a laptop's browser about half a minute, so start it before the room
-# fills (`make board` opens this notebook). In class, scroll segment by segment;
-# *View → Simple Interface* and the browser's zoom make it projector-sized. The sliders work live. Every
+# fills (`make board` opens this notebook). In class, scroll segment by segment; the charts follow the
+# window's width (at 1920 × 1080 their text reads 26 px), and *View → Appearance → Simple Interface*
+# hides the rest. Or present it with no code at all: `make present` serves this board through Voilà
+# (every cell runs on load, about twenty seconds; then only prose and live panels). The sliders work live. Every
 # number on the board is the exact figure, with the lecture's printed figure beside it where they differ
 # (`python -m labsupport ledger` prints the errata).
 #

@@ -80,8 +80,9 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, seconds: float = 90)
 
 
 @contextlib.contextmanager
-def serve_lab(tmp: Path):
-    """A JupyterLab on a copy of notebooks/ and solutions/ under `tmp`; yields its base URL."""
+def serve_lab(tmp: Path, args: tuple[str, ...] = ()):
+    """A JupyterLab on a copy of notebooks/ and solutions/ under `tmp`, with `args` after the test's
+    own flags; yields its base URL."""
     served = tmp / "root"
     for folder in ("notebooks", "solutions"):
         shutil.copytree(ROOT / folder, served / folder, ignore=shutil.ignore_patterns("*.py", ".ipynb_checkpoints"))
@@ -103,8 +104,10 @@ def serve_lab(tmp: Path):
         proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.token=",
-             "--ServerApp.password=", "--ServerApp.allow_root=True", f"--ServerApp.root_dir={served}",
-             "--ServerApp.disable_check_xsrf=True"],
+             "--ServerApp.password=", "--ServerApp.allow_root=True", "--ServerApp.disable_check_xsrf=True",
+             # the served folder, unless `args` name one (the Makefile's `--notebook-dir=.`, run from it)
+             *([] if any(a.startswith("--notebook-dir") for a in args) else [f"--ServerApp.root_dir={served}"]),
+             *args],
             cwd=served, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     try:
         _wait_http(f"http://127.0.0.1:{port}/api/status", proc, log)
@@ -334,11 +337,13 @@ def _shut_down_kernel(base: str, name: str) -> None:
             urllib.request.urlopen(request, timeout=30).close()
 
 
-def _move_first_slider(page, index: int) -> str | None:
-    """Press an arrow key on the first slider of panel `index`; None when the figure redrew."""
-    handle = page.locator(".jp-Notebook .lab-panel").nth(index).locator(".widget-hslider .noUi-handle").first
+def _move_first_slider(page, index: int, scope: str = ".jp-Notebook") -> str | None:
+    """Press an arrow key on the first slider of panel `index` (of the panels inside `scope`); None
+    when the figure redrew."""
+    figure = _PANEL_FIGURE.replace(".jp-Notebook ", f"{scope} ")
+    handle = page.locator(f"{scope} .lab-panel").nth(index).locator(".widget-hslider .noUi-handle").first
     handle.scroll_into_view_if_needed()
-    before = page.evaluate(_PANEL_FIGURE, index)
+    before = page.evaluate(figure, index)
     start = handle.get_attribute("aria-valuenow")
     key = "ArrowLeft" if start == handle.get_attribute("aria-valuemax") else "ArrowRight"
     for _ in range(3):  # a key press can land before the handle has focus on a loaded machine: the slider
@@ -353,7 +358,7 @@ def _move_first_slider(page, index: int) -> str | None:
     else:
         return "the slider did not move on three arrow-key presses"
     try:
-        page.wait_for_function(f"(old) => ({_PANEL_FIGURE})({index}) !== old", arg=before,
+        page.wait_for_function(f"(old) => ({figure})({index}) !== old", arg=before,
                                timeout=SLIDER_REDRAW_TIMEOUT_MS)
     except Exception:  # playwright's TimeoutError: report which panel did not redraw
         return f"its figure did not change within {SLIDER_REDRAW_TIMEOUT_MS // 1000} s"

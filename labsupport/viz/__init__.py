@@ -180,6 +180,146 @@ def controls_row(controls) -> "widgets.HBox":
     return row
 
 
+# --- sizing: every live chart fills its output area and follows it ---------------------------------
+
+# plotly's FigureWidget (an anywidget) draws once, before its element is on the page, so it gets
+# plotly's default 700 px whatever the room, and it never hears of a resize.  The zero-height widget
+# `fit_width()` sits beside the charts of a panel and watches the width of the box they share (when
+# the chart appears, when the file browser opens or closes, when a projector changes the window):
+# each chart is laid out at that width, kept between DESIGN_PX's bounds, where wrap_title and
+# legend_rows hold, and scaled to fill the box exactly.  So a 592 px output area (1024 x 768 with the
+# file browser open) shows a 700 px layout at 0.85, and a 1,473 px one (1920 x 1080) a 1,000 px
+# layout at 1.47: chart text grows with the room (18 px ticks read 26 px), no chart is clipped.
+# Charts are `responsive` (plotly re-lays them out on the window's resize event, which the helper
+# raises once per change).
+DESIGN_PX = (NARROW_FIGURE_PX, 1000)
+_FIT_WIDTH_ESM = """
+const [NARROWEST, WIDEST] = %s;
+let pending = 0;
+function relayoutCharts() {  // one resize event for every chart that moved in this frame
+  if (!pending) pending = requestAnimationFrame(() => { pending = 0; window.dispatchEvent(new Event("resize")); });
+}
+function render({ el }) {
+  el.classList.add("lab-fit-width");
+  el.style.cssText = "display:block;width:100%%;height:0;margin:0;padding:0;border:0";
+  let width = 0, frame = 0;
+  const charts = () => [...(el.parentElement ? el.parentElement.children : [])]
+    .filter(c => c.classList.contains("js-plotly-plot"));
+  const fit = () => {
+    frame = 0;
+    const box = el.offsetWidth;
+    if (!box) return;
+    const scale = box < NARROWEST ? box / NARROWEST : box > WIDEST ? box / WIDEST : 1;
+    for (const chart of charts()) {
+      chart.style.width = `${box / scale}px`;
+      chart.style.transformOrigin = "0 0";
+      chart.style.transform = scale === 1 ? "" : `scale(${scale})`;
+      chart.style.marginBottom = `${chart.offsetHeight * (scale - 1)}px`;  // the scaled height, in the flow
+      observer.observe(chart);  // a redraw that changes its height moves what follows
+    }
+    if (box !== width) { width = box; relayoutCharts(); }
+  };
+  const later = () => { if (!frame) frame = requestAnimationFrame(fit); };
+  const observer = new ResizeObserver(later);
+  const drawn = () => { width = 0; later(); };  // a chart finished its first drawing
+  observer.observe(el);
+  document.addEventListener("plotlywidget-after-render", drawn);
+  return () => { observer.disconnect(); document.removeEventListener("plotlywidget-after-render", drawn);
+                 cancelAnimationFrame(frame); };
+}
+export default { render };
+""" % list(DESIGN_PX)
+_FIT_WIDTH_CLASS = None
+
+
+def fit_width():
+    """The zero-height widget that fits the charts beside it to the width of their box (see above)."""
+    global _FIT_WIDTH_CLASS
+    if _FIT_WIDTH_CLASS is None:
+        import anywidget
+
+        _FIT_WIDTH_CLASS = type("FitWidth", (anywidget.AnyWidget,), {"_esm": _FIT_WIDTH_ESM, "__module__": __name__})
+    return _FIT_WIDTH_CLASS()
+
+
+# plotly's FigureWidget ships its 5 MB bundle as each widget's own module; anywidget evaluates every
+# copy separately and gives each widget 2 s to be ready, after which it ignores every message the
+# kernel sends that widget.  A page that creates a dozen charts at once (Voila; the board) misses
+# that deadline for most of them, and those charts never redraw when a slider moves (their readouts,
+# plain ipywidgets, still do).  So a LiveFigure carries only a small module and a reference to one
+# widget per kernel holding plotly's bundle: the page evaluates the bundle once, and every chart
+# is ready as soon as that one evaluation is done.
+_SHARED_PLOTLY_ESM = """
+const CACHE = Symbol.for("labsupport.plotly-widget-bundle");
+async function plotlyModule(model) {  // one evaluation of plotly's widget bundle per page and version
+  const id = model.get("_plotly_code").replace(/^IPY_MODEL_/, "");
+  let carrier;
+  for (let tries = 0; !carrier; tries++) {  // the carrier's model may be registered just after ours
+    try { carrier = await model.widget_manager.get_model(id); }
+    catch (error) { if (tries > 100) throw error; await new Promise(r => setTimeout(r, 100)); }
+  }
+  const cache = (globalThis[CACHE] ??= new Map());
+  const version = carrier.get("version");
+  if (!cache.has(version)) {
+    const url = URL.createObjectURL(new Blob([carrier.get("code")], { type: "text/javascript" }));
+    cache.set(version, import(url).finally(() => URL.revokeObjectURL(url)));
+  }
+  return cache.get(version);
+}
+export default () => {
+  let widget, loaded;  // plotly's own widget for this model
+  return {
+    initialize(context) {
+      loaded = plotlyModule(context.model).then(mod => { widget = mod.default(); return widget.initialize(context); });
+      return loaded;
+    },
+    async render(context) {
+      await loaded;
+      return widget.render(context);
+    },
+  };
+};
+"""
+_LIVE_FIGURE_CLASS = None
+_PLOTLY_CODE = None
+
+
+def _plotly_code():
+    """The kernel's one widget holding plotly's widget bundle (see above), made when first needed."""
+    global _PLOTLY_CODE
+    if _PLOTLY_CODE is None or _PLOTLY_CODE.comm is None:  # none yet, or closed
+        from pathlib import Path
+
+        import ipywidgets as widgets
+        import plotly
+        import traitlets
+
+        carrier = type("PlotlyCode", (widgets.Widget,), {
+            "__module__": __name__, "code": traitlets.Unicode().tag(sync=True),
+            "version": traitlets.Unicode().tag(sync=True),
+            "__repr__": lambda self: f"PlotlyCode(plotly {self.version}, {len(self.code):,} characters)"})
+        bundle = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
+        _PLOTLY_CODE = carrier(code=bundle.read_text(encoding="utf-8"), version=plotly.__version__)
+    return _PLOTLY_CODE
+
+
+def live_figure(figure: go.Figure) -> go.FigureWidget:
+    """`figure` as a FigureWidget with no fixed width that re-lays itself out on resize (see
+    `fit_width`), sharing one copy of plotly's widget code with every other chart on the page."""
+    global _LIVE_FIGURE_CLASS
+    if _LIVE_FIGURE_CLASS is None:
+        import ipywidgets as widgets
+        import traitlets
+
+        _LIVE_FIGURE_CLASS = type("LiveFigure", (go.FigureWidget,), {
+            "__module__": __name__, "_esm": _SHARED_PLOTLY_ESM,
+            "_plotly_code": traitlets.Instance(widgets.Widget).tag(sync=True, **widgets.widget_serialization),
+            "_default_plotly_code": traitlets.default("_plotly_code")(lambda self: _plotly_code())})
+    widget = _LIVE_FIGURE_CLASS(figure)
+    widget._config = {**widget._config, "responsive": True}
+    return widget
+
+
 class Panel:
     """Controls wired to a FigureWidget and a readout line; display it as the last line of a cell.
 
@@ -200,7 +340,7 @@ class Panel:
         self.updates = 0
         self.error: str | None = None
         first = make_figure(**self.values)
-        self.figure = go.FigureWidget(first)
+        self.figure = live_figure(first)
         self.readout = widgets.HTML()
         self._text = self._readout(**self.values) if self._readout else ""
         self.readout.value = self._readout_html()
@@ -209,7 +349,7 @@ class Panel:
         for control in self.controls.values():
             control.observe(self._on_change, names="value")
         self.widget = widgets.VBox([panel_header(title), controls_row(self.controls.values()), self.figure,
-                                    self.readout, a11y.namer()])  # names its slider handles and chart
+                                    self.readout, fit_width(), a11y.namer()])  # the namer names its slider handles and chart
         self.widget.add_class("lab-panel")
 
     @property

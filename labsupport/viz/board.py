@@ -460,7 +460,8 @@ def _segments() -> tuple[Segment, ...]:
                 f"The allocator was: {r['naive_concurrency']} → {r['paged_concurrency']} takes the batch to "
                 f"{r['paged_concurrency'] / r['ridge_batch']:.0%} of the way to {r['ridge_batch']:.0f}, closing "
                 f"{(r['paged_concurrency'] - r['naive_concurrency']) / (r['ridge_batch'] - r['naive_concurrency']):.0%} "
-                "of the gap (the lecture's 199 closes 64%: its 'two thirds'). After paging the SLO binds first ({r['max_batch_for_slo']} < "
+                "of the gap (the lecture's 199 closes 64%: its 'two thirds'). "
+                f"After paging the SLO binds first ({r['max_batch_for_slo']} < "
                 f"{r['paged_concurrency']}): the next eight weeks are scheduling, kernels and bytes. Ask that question "
                 "of every ceiling you are shown.",
                 "Reading-only, not scheduled: §10.7's table in full. If running long, compress §10.6 to the TTFT "

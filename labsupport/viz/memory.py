@@ -44,6 +44,8 @@ from labsupport.viz import (
     Panel,
     bytes_axis_title,
     controls_row,
+    fit_width,
+    live_figure,
     dropdown,
     gpu_options,
     in_unit,
@@ -169,7 +171,7 @@ def slot_stack_figure(alloc: ReserveToMaxAllocator, budget_bytes: float, max_row
     height = max(340, min(920, 150 + 22 * len(labels)))
     return styled(fig, title, height=height, barmode="stack",
                   xaxis=dict(title=bytes_axis_title("KV memory per slot", unit), range=[0, in_unit(slot, unit)]),
-                  yaxis=dict(autorange="reversed", tickfont=dict(size=max(10, FONT_SIZE - len(labels) // 4))),
+                  yaxis=dict(autorange="reversed", tickfont=dict(size=max(14, FONT_SIZE - len(labels) // 4))),
                   legend=dict(orientation="h", y=1.0, x=1, xanchor="right", yanchor="bottom", traceorder="normal"),
                   bargap=0.15, margin=dict(t=130))
 
@@ -510,14 +512,14 @@ class BlockTableExplorer:
         self.controls["block_size"].observe(lambda _c: self.reset(), names="value")
         self._build_cache()
         first = self._figure()
-        self.figure = go.FigureWidget(first)
+        self.figure = live_figure(first)
         self.copy = reopen.FigureCopy(first)  # what a reopened notebook shows in its place
         self.note = reopen.NoteCopy(self._note_text())
         self.readout = widgets.HTML()
         self.readout.value = self._readout_html()
         self.widget = widgets.VBox([panel_header("Two sequences, one pool: the block table"),
                                     controls_row([self.controls["block_size"], *self.buttons.values()]),
-                                    self.figure, self.readout])
+                                    self.figure, self.readout, fit_width()])
         self.widget.add_class("lab-panel")
 
     @property

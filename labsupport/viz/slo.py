@@ -22,7 +22,8 @@ import plotly.graph_objects as go
 from labsupport import ledger
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec, ModelSpec, get_gpu, get_model
 from labsupport.viz import reopen
-from labsupport.viz import FONT_SIZE, PALETTE, Panel, a11y, dropdown, gpu_options, model_options, number_slider, styled
+from labsupport.viz import (FONT_SIZE, PALETTE, Panel, a11y, dropdown, fit_width, gpu_options, live_figure,
+                            model_options, number_slider, styled)
 
 TTFT_PARTS = ("queueing", "prefill", "scheduling delay")
 TTFT_COLOURS = {"queueing": PALETTE["memory"], "prefill": PALETTE["compute"], "scheduling delay": PALETTE["neutral"]}
@@ -649,7 +650,10 @@ class FigureView:
     """
 
     def __init__(self, figure: go.Figure, text: str = ""):
-        self.figure = go.FigureWidget(figure)
+        import ipywidgets as widgets
+
+        self.figure = live_figure(figure)
+        self.widget = widgets.VBox([self.figure, fit_width()])  # inside a layout (the board)
         self.copy = reopen.FigureCopy(figure)
         self.text = text or (figure.layout.title.text or "figure")
 
