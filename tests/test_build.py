@@ -317,8 +317,11 @@ def test_build_executes_the_solution_in_its_folder(tmp_path, capsys):
     assert cells[4].outputs[0].text == "✅ Checkoff 0.2 passed\n"
     assert all(c.execution_count for c in cells)
     assert set(nb.metadata) == {"kernelspec", "language_info"} and "widgets" not in nb.metadata
-    (panel,) = cells[5].outputs  # a widget keeps its plain text, not a view of a model nobody stored
+    # a widget keeps its plain text, not a view of a model nobody stored; then its note and static copy
+    panel, note, copy_ = cells[5].outputs
     assert set(panel.data) == {"text/plain"} and panel.data["text/plain"].startswith("Fewer KV heads")
+    assert "Run the cell to make it live" in note.data["text/plain"]
+    assert "application/vnd.plotly.v1+json" in copy_.data and "transient" not in copy_
     (board,) = cells[6].outputs
     assert board.data["text/plain"].startswith("Checkoffs of 00_demo: 2 of 2 passed, 0 failed, 0 not attempted")
     assert "python -m labsupport grade notebooks/00_demo.ipynb" in board.data["text/html"]
