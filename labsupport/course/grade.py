@@ -32,8 +32,10 @@ private folder and renamed into place.  A notebook's cells get --timeout seconds
 however many there are (starting its kernel, and each checkoff's function tests, get as much again).
 Notebooks or folders may be given (a folder is one student, or a class of student folders).  One
 notebook per student and lab is graded: the newest by modification time (ties: the last path in
-name order), never the best one; the others are listed as not graded.  Exit code: 0 when everything passed or was not attempted, 1 when a checkoff failed or a
-notebook could not be run to the end, 2 for a bad argument or a file that is not a notebook.
+name order), never the best one; the others are listed as not graded.  Exit code: 0 when
+everything passed or was not attempted, 1 when a checkoff failed or a notebook could not be run to
+the end, 2 for a bad argument, a file that is not a notebook, or an output file that could not be
+written.
 """
 from __future__ import annotations
 

@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 2 and argv[1] == "--kill-all":
         drop_to(int(argv[0]))
+        if os.getuid() == 0 or os.geteuid() == 0:  # kill(-1) as root would reach every process there is
+            return 2
         _kill_everything_i_may()
         return 0
     read_all = len(argv) > 1 and argv[1] == "--read-all"
