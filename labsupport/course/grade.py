@@ -240,10 +240,14 @@ def _collecting_client():
             return max(1, int(self.deadline - time.monotonic()) + 1)
 
         async def async_execute_cell(self, cell, cell_index, *args, **kwargs):
+            from nbclient.exceptions import CellTimeoutError
+
             if self.deadline is None:
                 self.deadline = time.monotonic() + self.budget
                 self.timeout_func = self._time_left
             self.running = cell_index
+            if time.monotonic() >= self.deadline:
+                raise CellTimeoutError("the notebook's time is up")
             return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
 
         def process_message(self, msg, cell, cell_index):

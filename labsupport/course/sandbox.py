@@ -1,20 +1,21 @@
 """Where student code runs when `grade` runs as root (Gradescope's containers): as a user of its own.
 
-Run as root, the grader gives every notebook it is grading a fresh user id of its own (61000 and up,
-one per concurrent job) and starts that notebook's kernel and worker through this module's
-launcher, which drops to that id before it runs them.  The student's code then cannot write
+Run as root, the grader gives every notebook it is grading a user id of its own (from UIDS, one
+per notebook being graded on the machine) and starts that notebook's kernel and worker through
+this module's launcher, which drops to that id before it runs them.  The student's code then cannot write
 labsupport's or anyone's files, cannot signal or read the grader (a different user, no ptrace),
 cannot write another notebook's kernel or scratch folder, and cannot fork without bound or write a
 file without end (LIMITS); when the notebook is done, every process of its user id is killed, so
-nothing it started lives on into the next one.
+nothing it started lives on into the next one.  Where the interpreter and its libraries live where
+only root may read (a pyenv under /root, say), the launcher keeps one capability,
+CAP_DAC_READ_SEARCH (read any file, write none); it is not used where it is not needed.
 
 A user id is lent machine-wide, not per grader: each one has a lock file in a folder only root may
 enter (LOCKS), and a slot holds an flock on it for as long as it lives, so two `grade` runs at once
 on one machine never share a user id; a holder that crashes lets go of its lock with its last file
-descriptor.  Killing is done *as* the slot's user (kill(-1) from a process of that user), so it can
-reach that user's processes and no one else's, whatever /proc says or however pids are reused.  Where the interpreter and its libraries live where
-only root may read (a pyenv under /root, say), the launcher keeps one capability,
-CAP_DAC_READ_SEARCH (read any file, write none); it is not used where it is not needed.
+descriptor, and the next holder first kills whatever that id left running.  Killing is done *as*
+the slot's user (kill(-1) from a process of that user), so it reaches that user's processes and no
+one else's, however pids are reused.
 
 Not root, there is no second user to run as: the grader then relies on its other defences (a
 private copy of labsupport per notebook, answers as plain data, verdicts outside), and a notebook
@@ -26,6 +27,7 @@ Gradescope does.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
@@ -88,11 +90,12 @@ class SandboxError(OSError):
 
 def _lock_folder(folder: Path) -> int:
     """A descriptor of `folder`, made if missing; refused unless it is this user's own and no one else's."""
-    try:
+    with contextlib.suppress(FileExistsError):
         os.mkdir(folder, 0o700)
-    except FileExistsError:
-        pass
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:  # never through a symlink planted at its name
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SandboxError(f"{folder}: cannot open the user-id lock folder ({exc.strerror}); remove it") from None
     info = os.fstat(fd)
     if info.st_uid != os.geteuid() or info.st_mode & 0o077:
         os.close(fd)
@@ -104,8 +107,8 @@ def _lock_folder(folder: Path) -> int:
 def kill_all_of(uid: int) -> None:
     """SIGKILL every process of `uid`, from a process of `uid`: kill(-1) reaches only what it may signal.
 
-    One kill(-1) is enough even for a fork bomb: the kernel walks every process under the lock fork
-    takes, and a process with SIGKILL pending cannot fork; the second is for good measure.
+    It returns once /proc lists none of them (not even as a zombie, which still counts against the
+    next holder's process limit), or after a few seconds.
     """
     subprocess.run([sys.executable, "-I", str(Path(__file__).resolve()), str(uid), "--kill-all"],
                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
@@ -113,12 +116,24 @@ def kill_all_of(uid: int) -> None:
 
 
 def _kill_everything_i_may() -> None:
-    for _ in range(2):
-        try:
+    me = os.getpid()
+    for _ in range(150):
+        with contextlib.suppress(ProcessLookupError):
             os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
+        if not [pid for pid in _processes_of(os.getuid()) if pid != me]:
             return
-        time.sleep(0.01)
+        time.sleep(0.02)
+
+
+def _processes_of(uid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and entry.stat().st_uid == uid:
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
 
 
 class Slot:
