@@ -409,6 +409,7 @@ def _kill_kernel(km) -> None:
         os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
     with contextlib.suppress(Exception):
         proc.kill()
+        proc.wait(10)  # reaped here: a zombie would still count as a process of the slot's user
 
 
 def _student_env(site: Path, home: Path) -> dict[str, str]:
