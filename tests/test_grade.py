@@ -86,6 +86,19 @@ FORGERIES = {
                           "        pid = os.fork()\n    except OSError:\n        break\n    if pid == 0:\n"
                           "        time.sleep(600)\n        os._exit(0)\n    kids += 1\nprint(kids)", GOOD_02]}
        if SANDBOXED else {}),
+    # after a correct 0.1, writes its own lines into the answers file through the collector's descriptor: a
+    # 0.1 record holding a 5,000-digit integer (Python will not parse it; the last record counts), then garbage;
+    # the honest 0.2 after it must still count
+    "00_hostile_record": [IMPORTS, GOOD_01, 'import builtins, os\n'
+                          'collect = next(v for k, v in vars(builtins).items() if k.startswith("__labsupport_answer_"))\n'
+                          'fd = next(c.cell_contents for c in collect.__closure__ if type(c.cell_contents) is int)\n'
+                          'os.write(fd, b\'{"id":"0.1","index":0,"callable":false,"value":\' + b"9" * 5000 + b"}\\n")\n'
+                          'os.write(fd, b"\\x00garbage\\n" * 1000)', GOOD_02],
+    # answers 0.1 with a list nested 5,000 deep, then with text of ten million digits (the last counts)
+    "00_huge_answer": [IMPORTS, 'x = []\nfor _ in range(5000):\n    x = [x]\ncheck("0.1", x)',
+                       'check("0.1", "5" * 10_000_000)', GOOD_02],
+    # a thousand cells that each sleep a little: together far past the timeout, each well within it
+    "00_many_cells": [IMPORTS, GOOD_01, *["import time\ntime.sleep(0.05)"] * 1000, GOOD_02],
     # stored outputs claiming passes (never read) on an untouched notebook
     "00_stale_outputs": ([IMPORTS, UNDONE_01, UNDONE_02], {"0.1": "not attempted", "0.2": "not attempted"}),
     # the cell with 0.2's check is deleted
@@ -101,6 +114,7 @@ EXPECTED = {
     "00_forbidden": {"0.1": "passed", "0.2": "failed"},
     "00_lookup_table": {"0.1": "passed", "0.2": "failed"},
     "00_runaway": {"0.1": "passed", "0.2": "not attempted"},
+    "00_many_cells": {"0.1": "passed", "0.2": "not attempted"},
     "00_daemon": {"0.1": "passed", "0.2": "passed"},
     "00_fork_bomb": {"0.1": "passed", "0.2": "passed"},
 }
@@ -189,8 +203,13 @@ def test_failures_explain_themselves(batch):
     assert detail["00_untouched"]["0.2"] == f"{WORD} 0.2: return it"
     assert "placeholder" in detail["00_untouched"]["0.1"]
     assert "never ran" in detail["00_deleted_cell"]["0.2"] or "no cell" in detail["00_deleted_cell"]["0.2"]
-    assert "died" in by["00_os_exit"]["error"]
-    assert "longer than 15 s" in by["00_runaway"]["error"]
+    # cell 1 is the markdown title: the os._exit cell is cell 4, the sleeping one cell 4 too
+    assert "the kernel died at cell 4" in by["00_os_exit"]["error"]
+    assert detail["00_os_exit"]["0.2"].startswith("the kernel died at cell 4") and "before this cell" in detail["00_os_exit"]["0.2"]
+    assert "longer than 15 s at cell 4" in by["00_runaway"]["error"]
+    assert "longer than 15 s at cell" in by["00_many_cells"]["error"] and "before this cell" in detail["00_many_cells"]["0.2"]
+    assert "plain data" in detail["00_hostile_record"]["0.1"] and "digits" in detail["00_hostile_record"]["0.1"]
+    assert len(detail["00_huge_answer"]["0.1"]) < G.MAX_TEXT_CHARS + 100
     assert by["00_patched_json"]["error"]
 
 

@@ -280,6 +280,8 @@ def parse(text: str | bytes):
         raise DecodeError("nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise DecodeError(f"not JSON: {exc.msg} at character {exc.pos}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise DecodeError(str(exc).split(";")[0][:200]) from None
 
 
 def from_plain(data, *, objects: bool = False, tensors: bool = True, callback=None, _depth: int = 0,

@@ -26,10 +26,16 @@ never runs a line of student code:
                      student copy's placeholder (NotImplementedError, ``...``).
 
 Every notebook gets a row, whatever it does (a kernel that dies, ``os._exit``, a timeout, a patched
-stdlib, a file that is not a notebook); the batch goes on, and the JSON/CSV/Gradescope files are
-always written.  Notebooks or folders may be given (a folder is one student, or a class of student
-folders).  Exit code: 0 when everything passed or was not attempted, 1 when a checkoff failed or a
-notebook could not be run to the end, 2 for a bad argument or a file that is not a notebook.
+stdlib, a file that is not a notebook, a garbled or enormous answer: that fails its own checkoff);
+the batch goes on, and the JSON/CSV/Gradescope files are always written, each through a fresh
+private folder and renamed into place.  A notebook's cells get --timeout seconds all together,
+however many there are (starting its kernel, and each checkoff's function tests, get as much again).
+Notebooks or folders may be given (a folder is one student, or a class of student folders).  One
+notebook per student and lab is graded: the newest by modification time (ties: the last path in
+name order), never the best one; the others are listed as not graded.  Exit code: 0 when
+everything passed or was not attempted, 1 when a checkoff failed or a notebook could not be run to
+the end, 2 for a bad argument, a file that is not a notebook, or an output file that could not be
+written.
 """
 from __future__ import annotations
 
@@ -40,9 +46,11 @@ import hashlib
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -60,9 +68,13 @@ SYMBOLS = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⬜"}
 LABS = range(100)
 GRADER_ONLY = ("course/checkoffs",)  # never copied where student code runs: the graders and their answers
 ANSWERS_FILE = "answers.jsonl"
-MAX_ANSWER_BYTES = 64 * 2**20
+MAX_RECORD_BYTES = 16 * 2**20  # one answer; a longer one fails its own checkoff
+MAX_ANSWER_BYTES = 2**30  # the whole answers file read
 MAX_FOLDER_BYTES = 256 * 2**20
+MAX_TEXT_CHARS = 4000  # of anything the student's code wrote that a report keeps (an error, a detail)
 DEFAULT_TIMEOUT_S = 300
+# how the collector starts each line (codec.collector): enough to say whose answer a garbled line was
+RECORD_HEAD = re.compile(rb'\{"id":"([0-9.]{1,12})","index":(\d{1,9}),"callable":(?:true|false),"value":')
 
 
 @dataclass
@@ -71,6 +83,15 @@ class CheckoffResult:
     title: str
     status: str
     detail: str = ""
+
+    def __post_init__(self):
+        self.detail = cut(self.detail)
+
+
+def cut(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """`text` up to `limit` characters, and a note of how much was cut."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}… [cut: {len(text) - limit:,} more characters]"
 
 
 @dataclass
@@ -81,6 +102,7 @@ class NotebookGrade:
     seconds: float = 0.0
     error: str = ""
     invalid: bool = False  # the file is not a notebook that can be graded
+    not_graded: str = ""  # why this notebook was not graded (another one of the student's counts for the lab)
     notes: list[str] = field(default_factory=list)
     checkoffs: list[CheckoffResult] = field(default_factory=list)
 
@@ -204,7 +226,29 @@ def _collecting_client():
     import nbformat
 
     class Collecting(NotebookClient):
-        """Keeps each cell's error name and message and drops every other output the kernel sends."""
+        """Keeps each cell's error name and message and drops every other output the kernel sends.
+
+        All cells together get `budget` seconds (each cell is given what is left of it), and the
+        client remembers which cell it is running, so that a stop can say where it happened.
+        """
+
+        budget: float = DEFAULT_TIMEOUT_S
+        deadline: float | None = None
+        running: int | None = None  # index of the cell being run
+
+        def _time_left(self, cell) -> int:
+            return max(1, int(self.deadline - time.monotonic()) + 1)
+
+        async def async_execute_cell(self, cell, cell_index, *args, **kwargs):
+            from nbclient.exceptions import CellTimeoutError
+
+            if self.deadline is None:
+                self.deadline = time.monotonic() + self.budget
+                self.timeout_func = self._time_left
+            self.running = cell_index
+            if time.monotonic() >= self.deadline:
+                raise CellTimeoutError("the notebook's time is up")
+            return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
 
         def process_message(self, msg, cell, cell_index):
             msg_type = msg.get("msg_type")
@@ -215,8 +259,8 @@ def _collecting_client():
                     cell["execution_count"] = content["execution_count"]
                 return None
             if msg_type == "error":
-                out = nbformat.v4.new_output("error", ename=str(content.get("ename"))[:200],
-                                             evalue=str(content.get("evalue"))[:2000], traceback=[])
+                out = nbformat.v4.new_output("error", ename=cut(content.get("ename"), 200),
+                                             evalue=cut(content.get("evalue"), 2000), traceback=[])
                 cell.outputs.append(out)
                 return out
             return super().process_message(msg, cell, cell_index)
@@ -227,6 +271,8 @@ def _collecting_client():
 @dataclass
 class Run:
     error: str = ""
+    stop: str = ""  # why the cells stopped before the end ("the kernel died at cell 7"), if they did
+    stopped_at: int | None = None  # the notebook cell number running when they stopped
     ran: set[int] = field(default_factory=set)  # notebook cell numbers that executed
     errors: dict[int, tuple[str, str]] = field(default_factory=dict)  # cell number -> (ename, evalue)
     records: dict[str, dict] = field(default_factory=dict)  # checkoff id -> its last answer record
@@ -302,21 +348,24 @@ def run_notebook(nb: A.Notebook, job: Path, snapshot: Snapshot, timeout: int, sl
     client = _collecting_client()(runnable, km=km, timeout=timeout, allow_errors=True,
                                   resources={"metadata": {"path": str(work)}}, record_timing=False,
                                   store_widget_state=False, startup_timeout=max(60, timeout))
-    watchdog = _Watchdog(km, limit=timeout * max(4, 1 + len(nb.cells) // 10))
-    log = open(job / "kernel.log", "ab")  # the kernel's own stdout/stderr: never the grader's
+    client.budget = timeout  # all the cells together, however many there are
+    watchdog = _Watchdog(km, limit=max(60, timeout) + timeout + 10)  # starting, then every cell
     try:
-        with watchdog:
-            client.execute(env=env, stdout=log, stderr=log)
-    except CellTimeoutError:
-        run.error = f"a cell ran longer than {timeout} s; the cells after it never ran"
-    except DeadKernelError:
-        run.error = ("the notebook ran longer than the grader allows; the cells after that never ran"
-                     if watchdog.fired else "the kernel died (os._exit, a crash, or out of memory); the cells after it never ran")
-    except Exception as exc:  # noqa: BLE001 - a kernel whose messages are garbage (a patched json, say)
-        run.error = f"the kernel stopped answering the grader properly ({type(exc).__name__}: {str(exc)[:200]})"
+        with watchdog:  # the kernel's own stdout/stderr go nowhere: the grader never reads them
+            client.execute(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except Exception as exc:  # noqa: BLE001 - any stop: a timeout, a dead kernel, garbage messages (a patched json)
+        too_long = (f"the notebook ran longer than {timeout} s", "--timeout, all its cells together")
+        what, why = (too_long if isinstance(exc, CellTimeoutError) or watchdog.fired else
+                     ("the kernel died", "os._exit, a crash, or out of memory") if isinstance(exc, DeadKernelError) else
+                     ("the kernel stopped answering the grader properly", f"{type(exc).__name__}: {cut(exc, 200)}"))
+        index = client.running
+        where = ("before its first cell" if index is None else "in the grader's setup cell" if index == 0
+                 else f"at cell {numbers[index]}")
+        run.stopped_at = None if index is None else numbers[index]
+        run.stop = f"{what} {where} ({why})"
+        run.error = f"{run.stop}; the cells after it never ran"
     finally:
         _kill_kernel(km)
-        log.close()
     setup = runnable.cells[0]
     if setup.get("outputs") and not run.error:
         e = setup.outputs[0]
@@ -332,7 +381,7 @@ def run_notebook(nb: A.Notebook, job: Path, snapshot: Snapshot, timeout: int, sl
 
 
 class _Watchdog:
-    """Kills the kernel if the whole notebook outlives its budget (each cell has its own timeout too)."""
+    """Kills the kernel if it outlives starting plus the cells' budget (a net: the client's own timeouts come first)."""
 
     def __init__(self, km, limit: float):
         self.km, self.limit, self.fired = km, limit, False
@@ -360,12 +409,7 @@ def _kill_kernel(km) -> None:
         os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
     with contextlib.suppress(Exception):
         proc.kill()
-
-
-def _kill_all(slot) -> None:
-    from labsupport.course.sandbox import kill_all
-
-    kill_all(slot.uid)
+        proc.wait(10)  # reaped here: a zombie would still count as a process of the slot's user
 
 
 def _student_env(site: Path, home: Path) -> dict[str, str]:
@@ -377,22 +421,47 @@ def _student_env(site: Path, home: Path) -> dict[str, str]:
 
 
 def _read_records(path: Path) -> dict[str, dict]:
-    """The last well-formed answer record per checkoff id (anything else in the file is ignored)."""
+    """The last answer record per checkoff id, one line each.
+
+    A line that is not plain data in the collector's shape (garbled, over MAX_RECORD_BYTES, an
+    integer of thousands of digits, nested past the limit) counts, when its start still says
+    whose answer it was, as that checkoff's unreadable answer; it touches no other checkoff.
+    """
     records: dict[str, dict] = {}
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_ANSWER_BYTES)
+        fh = open(path, "rb")
     except OSError:
         return records
-    for line in data.splitlines():
+    with fh:
+        while fh.tell() < MAX_ANSWER_BYTES:
+            line = fh.readline(MAX_RECORD_BYTES + 1)
+            if not line:
+                break
+            whole = line.endswith(b"\n") or len(line) <= MAX_RECORD_BYTES
+            if not whole:  # skip the rest of a line too long to be one answer
+                while (more := fh.readline(1 << 20)) and not more.endswith(b"\n"):
+                    pass
+            record = _record(line, whole)
+            if record is not None:
+                records[record["id"]] = record
+    return records
+
+
+def _record(line: bytes, whole: bool) -> dict | None:
+    reason = f"it is over the {MAX_RECORD_BYTES:,}-byte limit for one answer"
+    if whole:
         try:
             record = codec.parse(line)
-        except codec.DecodeError:
-            continue
-        if (isinstance(record, dict) and isinstance(record.get("id"), str) and type(record.get("index")) is int
-                and type(record.get("callable")) is bool and "value" in record):
-            records[record["id"]] = record
-    return records
+            if (isinstance(record, dict) and isinstance(record.get("id"), str) and type(record.get("index")) is int
+                    and type(record.get("callable")) is bool and "value" in record):
+                return record
+            reason = "it is not an answer record"
+        except codec.DecodeError as exc:
+            reason = str(exc)
+    head = RECORD_HEAD.match(line)
+    if head is None:
+        return None
+    return {"id": head[1].decode(), "index": int(head[2]), "callable": False, "unreadable": cut(reason, 300)}
 
 
 # --- deciding --------------------------------------------------------------------------------------------
@@ -444,7 +513,7 @@ class Grader:
         try:
             run = run_notebook(nb, job, self.snapshot, self.timeout, slot)
             if slot is not None:
-                _kill_all(slot)  # nothing the notebook started outlives its run
+                slot.kill_all()  # nothing the notebook started outlives its run
             grade.error = run.error
             self._check_installation(grade)
             worker = None
@@ -490,6 +559,8 @@ class Grader:
             return _without_answer(calls, run)
         index = record["index"]
         call = calls[index] if 0 <= index < len(calls) else calls[-1]
+        if "unreadable" in record:
+            return FAILED, f"the answer handed to check() could not be read as plain data ({record['unreadable']})"
         try:
             answer = codec.from_plain(record["value"])
         except codec.DecodeError as exc:
@@ -530,7 +601,10 @@ def _without_answer(calls: list[A.CheckCall], run: Run) -> tuple[str, str]:
             if ename == "NotImplementedError":
                 return NOT_ATTEMPTED, evalue
             return FAILED, f"its cell raised {ename}: {evalue}"
-    if not any(call.cell.number in run.ran for call in calls):
+    numbers = {call.cell.number for call in calls}
+    if run.stop and (run.stopped_at is None or max(numbers) >= run.stopped_at):
+        return NOT_ATTEMPTED, f"{run.stop}, {'while' if run.stopped_at in numbers else 'before'} this cell ran"
+    if not numbers & run.ran:
         return NOT_ATTEMPTED, "its cell never ran"
     return NOT_ATTEMPTED, "check() never ran (is it in a branch that was not taken?)"
 
@@ -553,6 +627,47 @@ class Submission:
     student: str
 
 
+def choose(submissions: list[Submission], lab: int | None = None) -> list[tuple[str, int | None]]:
+    """Per submission, its lab and "" if it is to be graded, else why not: one notebook per student and lab counts.
+
+    The one that counts is the newest by modification time (ties: the path last in name order),
+    never the best: the others are listed, not graded.  The lab is read from the notebook (its name,
+    else its check() ids).  With `lab`, a notebook of another lab is not graded either.
+    """
+    def lab_of(path: Path) -> int | None:
+        try:
+            return A.read(path).lab()
+        except A.NotebookError:
+            return _lab_from_name(path)
+
+    def age(path: Path) -> tuple[int, str]:
+        try:
+            return path.stat().st_mtime_ns, str(path)
+        except OSError:
+            return -1, str(path)
+
+    labs = [lab_of(s.path) for s in submissions]
+    groups: dict[tuple, list[int]] = {}
+    for i, (s, n) in enumerate(zip(submissions, labs)):
+        groups.setdefault((s.student, n if n is not None else str(s.path)), []).append(i)
+    why = [""] * len(submissions)
+    for (student, n), members in groups.items():
+        if lab is not None and n != lab:
+            for i in members:
+                why[i] = f"a notebook of {_lab_text(n)}; this assignment is lab {lab:02d}"
+            continue
+        newest = max(members, key=lambda i: age(submissions[i].path))
+        for i in members:
+            if i != newest:
+                why[i] = (f"{submissions[newest].path} is {student}'s newer notebook of {_lab_text(n)} and is the one "
+                          "graded (one notebook per lab counts: the newest)")
+    return list(zip(why, labs))
+
+
+def _lab_text(lab) -> str:
+    return f"lab {lab:02d}" if isinstance(lab, int) else "no lab"
+
+
 def collect(paths: list[str]) -> tuple[list[Submission], list[str]]:
     """Notebooks to grade, each with its student; and the arguments that name nothing."""
     found, missing = [], []
@@ -573,17 +688,22 @@ def collect(paths: list[str]) -> tuple[list[Submission], list[str]]:
 
 
 def grade_all(grader: Grader, submissions: list[Submission], jobs: int = 1, progress: bool = True,
-              on_done=None) -> list[NotebookGrade]:
-    """Grade every submission, `jobs` at a time; results in the order given."""
+              on_done=None, lab: int | None = None) -> list[NotebookGrade]:
+    """Grade the submissions `choose` picks, `jobs` at a time; a row for every one, in the order given."""
     results: list[NotebookGrade | None] = [None] * len(submissions)
+    for i, (why, its_lab) in enumerate(choose(submissions, lab)):
+        if why:
+            s = submissions[i]
+            results[i] = NotebookGrade(str(s.path), its_lab, s.student, not_graded=why)
+    todo = [i for i, r in enumerate(results) if r is None]
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(submissions), desc="grading", unit="notebook", file=sys.stderr)
+        bar = tqdm(total=len(todo), desc="grading", unit="notebook", file=sys.stderr)
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = {pool.submit(grader.grade, s.path, s.student): i for i, s in enumerate(submissions)}
+            futures = {pool.submit(grader.grade, submissions[i].path, submissions[i].student): i for i in todo}
             for future in concurrent.futures.as_completed(futures):
                 i = futures[future]
                 try:
@@ -606,6 +726,8 @@ def grade_all(grader: Grader, submissions: list[Submission], jobs: int = 1, prog
 def format_grade(grade: NotebookGrade) -> str:
     lab = f"lab {grade.lab:02d}" if grade.lab is not None else "lab ?"
     who = f"{grade.student}: " if grade.student else ""
+    if grade.not_graded:
+        return f"{who}{grade.path}  ({lab}) not graded: {grade.not_graded}"
     lines = [f"{who}{grade.path}  ({lab}, graded in {grade.seconds:.1f} s)"]
     for c in grade.checkoffs:
         lines.append(f"  {SYMBOLS[c.status]} {c.id:<5} {c.status:<14} {c.title}")
@@ -628,24 +750,18 @@ def report(grades: list[NotebookGrade]) -> dict:
 
 
 def rows(grades: list[NotebookGrade]) -> tuple[list[str], list[dict]]:
-    """One row per student × lab (the best notebook when a student handed in several for one lab)."""
-    best: dict[tuple[str, object], NotebookGrade] = {}
-    others: dict[tuple[str, object], list[NotebookGrade]] = {}
+    """One row per graded notebook (one per student × lab, see `choose`); the others are named in it."""
+    skipped: dict[tuple, list[NotebookGrade]] = {}
     for g in grades:
-        key = (g.student, g.lab if g.lab is not None else g.path)
-        if key not in best:
-            best[key] = g
-            others[key] = []
-        elif (g.passed, -len(g.error)) > (best[key].passed, -len(best[key].error)):
-            others[key].append(best[key])
-            best[key] = g
-        else:
-            others[key].append(g)
+        if g.not_graded:
+            skipped.setdefault((g.student, g.lab), []).append(g)
     ids = sorted({c.id for g in grades for c in g.checkoffs}, key=lambda i: tuple(int(x) for x in i.split(".")))
     header = ["student", "lab", "notebook", "passed", "total", "score", "error", *ids]
     out = []
-    for key, g in best.items():
-        notes = list(g.notes) + [f"also handed in {o.path} ({o.passed}/{o.total})" for o in others[key]]
+    for g in grades:
+        if g.not_graded:
+            continue
+        notes = list(g.notes) + [f"also handed in {o.path} (not graded)" for o in skipped.get((g.student, g.lab), [])]
         row = {"student": g.student, "lab": "" if g.lab is None else f"{g.lab:02d}", "notebook": g.path,
                "passed": g.passed, "total": g.total, "score": f"{g.passed}/{g.total}",
                "error": "; ".join([g.error, *notes] if g.error else notes)}
@@ -660,7 +776,7 @@ def write_csv(path: Path, grades: list[NotebookGrade]) -> None:
     writer = csv.DictWriter(buf, fieldnames=header, restval="", extrasaction="ignore")
     writer.writeheader()
     writer.writerows(table)
-    _atomic_write(path, buf.getvalue())
+    write_into_place(path, buf.getvalue())
 
 
 def gradescope(grades: list[NotebookGrade], visibility: str = "visible") -> dict:
@@ -669,6 +785,9 @@ def gradescope(grades: list[NotebookGrade], visibility: str = "visible") -> dict
     number = 0
     for g in grades:
         where = Path(g.path).name
+        if g.not_graded:
+            notes.append(f"{where}: not graded: {g.not_graded}")
+            continue
         if g.error:
             notes.append(f"{where}: {g.error}")
         notes += [f"{where}: {n}" for n in g.notes]
@@ -686,12 +805,27 @@ def gradescope(grades: list[NotebookGrade], visibility: str = "visible") -> dict
             "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
 
 
-def _atomic_write(path: Path, text: str) -> None:
+@contextlib.contextmanager
+def into_place(path: Path):
+    """A path to write `path`'s new content at, renamed over `path` once written.
+
+    It lies in a folder of its own beside `path`, made by mkdtemp (a fresh name, mode 0700), so
+    nothing planted at a name someone could guess (a folder, a symlink) is ever written through.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        tmp = folder / "new"
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_into_place(path: Path, text: str) -> None:
+    with into_place(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def _dump(data) -> str:
@@ -709,7 +843,8 @@ def _parser() -> OneLineParser:
     p.add_argument("--gradescope", metavar="FILE", help="also write Gradescope's results.json format")
     p.add_argument("--jobs", type=positive_int, default=1, help="notebooks graded at once (default 1)")
     p.add_argument("--timeout", type=positive_int, default=DEFAULT_TIMEOUT_S,
-                   help=f"seconds one cell, or one checkoff's function tests, may run (default {DEFAULT_TIMEOUT_S})")
+                   help=f"seconds a notebook's cells may run, all together; also the limit for starting its kernel "
+                        f"and for one checkoff's function tests (default {DEFAULT_TIMEOUT_S})")
     p.add_argument("--seed", type=int, default=None,
                    help="seed the hidden inputs (default: a fresh secret per run); for regrading identically")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -774,11 +909,18 @@ def main(argv: list[str] | None = None) -> int:
 
     grader = Grader(timeout=args.timeout, secret=secret, sandbox=Sandbox.for_this_machine())
 
-    def write_files(done: list[NotebookGrade]) -> None:
-        if args.csv:
-            write_csv(Path(args.csv), done)
-        if args.gradescope:
-            _atomic_write(Path(args.gradescope), _dump(gradescope(done)))
+    unwritten: dict[str, str] = {}
+
+    def write_files(done: list[NotebookGrade]) -> None:  # a file that cannot be written never stops the batch
+        for flag, value, write in (("--csv", args.csv, lambda p: write_csv(p, done)),
+                                   ("--gradescope", args.gradescope,
+                                    lambda p: write_into_place(p, _dump(gradescope(done))))):
+            if value:
+                try:
+                    write(Path(value))
+                    unwritten.pop(flag, None)
+                except OSError as exc:
+                    unwritten[flag] = f"grade: {flag} {value}: could not write it ({exc.strerror or exc})"
 
     grades: list[NotebookGrade] = []
     try:
@@ -790,6 +932,8 @@ def main(argv: list[str] | None = None) -> int:
     for g in grades:
         if g.invalid:
             print(f"grade: {g.path}: {g.error}", file=sys.stderr)
+    for problem in unwritten.values():
+        print(problem, file=sys.stderr)
     if args.json:
         sys.stdout.write(_dump(report(grades)))
     else:
@@ -798,6 +942,6 @@ def main(argv: list[str] | None = None) -> int:
         totals = report(grades)
         print(f"TOTAL {totals['passed']}/{totals['total']} checkoffs passed, {totals['failed']} failed, "
               f"{totals['not_attempted']} not attempted")
-    if any(g.invalid for g in grades):
+    if any(g.invalid for g in grades) or unwritten:
         return 2
     return 1 if any(g.failed or g.error for g in grades) else 0
