@@ -16,6 +16,7 @@ figure at 512 (232 slots, no "no slot fits" banner).  Their executed solutions a
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 
@@ -115,7 +116,9 @@ def test_a_saved_notebook_reopens_with_its_last_figures(jupyterlab, browser, nam
         assert not duplicated, f"while live, a static copy is on screen beside its panel: {duplicated}"
         assert all(n["widget_live"] and n["widget_shown"] for n in live), "a panel is not drawn live"
         # S_max 4,096 -> 512 on the reserve-to-max panel: its copy must follow
-        panel = page.locator(".jp-Notebook .lab-panel", has_text="Reserve-to-max").first
+        # by its title: another panel's readout may mention reserve-to-max too
+        title = page.locator(".widget-html-content > b", has_text=re.compile(r"^Reserve-to-max:"))
+        panel = page.locator(".jp-Notebook .lab-panel").filter(has=title).first
         handle = panel.locator(".widget-hslider .noUi-handle").first
         handle.scroll_into_view_if_needed()
         for _ in range(12):

@@ -236,7 +236,17 @@ def alternative(fig: go.Figure) -> go.Figure:
 # ipywidgets 8.1 draws a slider's handle as noUiSlider's <div role="slider"> with no name, and the
 # Play widget's buttons as bare icons; plotly draws a chart as SVG with no role.  One observer per page
 # (installed by the first Namer view) names them all, again after every change of the page.
+# anywidget (0.9-0.11) gives every model a fixed 2 s to start, then ignores every message the kernel
+# sends it: a chart whose start-up lost that race under Run All never redraws, and no error reaches
+# the student.  The Namer is the page's first widget (made at import), so its module lengthens that
+# one deadline, for the models made after it, to what a busy laptop or a loaded CI machine needs.
+START_UP_DEADLINE_MS = 30_000
 _ESM = r"""
+if (!AbortSignal.__labsupportPatient) {
+  const timeout = AbortSignal.timeout.bind(AbortSignal);
+  AbortSignal.timeout = ms => timeout(ms === 2000 ? %d : ms);  // 2000: anywidget's start-up deadline
+  AbortSignal.__labsupportPatient = true;
+}
 const ICONS = {"fa-play": "play", "fa-pause": "pause", "fa-stop": "stop", "fa-retweet": "repeat"};
 const set = (e, k, v) => { if (v && e.getAttribute(k) !== v) e.setAttribute(k, v); };
 const words = e => e ? (e.getAttribute("title") || e.textContent || "").trim() : "";
@@ -280,7 +290,7 @@ function install() {
 }
 
 export default { render() { install(); } };
-"""
+""".replace("%d", str(START_UP_DEADLINE_MS))
 
 _namer = None
 
