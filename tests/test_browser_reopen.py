@@ -100,7 +100,10 @@ def _contents(base: str, path: str) -> dict:
         return json.load(response)["content"]
 
 
-@pytest.mark.parametrize("name", [LAB, "99_board.ipynb"])
+# Lab 02 only: the board's copies (a segment's header, pictures and question) are checked by the
+# executed solution opened unrun below, and a second Run All here would put the browser pass over
+# its six minutes.
+@pytest.mark.parametrize("name", [LAB])
 def test_a_saved_notebook_reopens_with_its_last_figures(jupyterlab, browser, name):
     base, shots = jupyterlab
     page, errors = _new_page(browser)
