@@ -298,7 +298,7 @@ replays.append(whole)
 # Where the TTFT went, on average, in each configuration (bars drawn as shares, totals written at the
 # end — the reserve-to-max column's total is in seconds, not milliseconds):
 
-# %%
+# %% tags=["needs-traces"]
 viz_slo.FigureView(viz_slo.ttft_bars_figure([rp.mean_split() for rp in replays], normalize=True,
                                             title="Mean TTFT split, Azure conversation (10 min, 2× rate)"),
                    "mean TTFT split per configuration")
