@@ -109,9 +109,16 @@ def serve_lab(tmp: Path, args: tuple[str, ...] = ()):
              *([] if any(a.startswith("--notebook-dir") for a in args) else [f"--ServerApp.root_dir={served}"]),
              *args],
             cwd=served, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    with serving(proc, f"http://127.0.0.1:{port}", "/api/status", log) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def serving(proc: subprocess.Popen, base: str, ready_path: str, log: Path):
+    """`base` once `proc` answers `ready_path`; the server is stopped (killed if it must be) on the way out."""
     try:
-        _wait_http(f"http://127.0.0.1:{port}/api/status", proc, log)
-        yield f"http://127.0.0.1:{port}"
+        _wait_http(base + ready_path, proc, log)
+        yield base
     finally:
         proc.terminate()
         try:

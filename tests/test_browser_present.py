@@ -38,9 +38,9 @@ from test_browser import (  # noqa: F401  (browser is a fixture)
     _click_run_all,
     _free_port,
     _move_first_slider,
-    _wait_http,
     browser,
     serve_lab,
+    serving,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -242,16 +242,8 @@ def serve_present(tmp: Path, notebook: str):
         proc = subprocess.Popen([sys.executable, "-m", "voila", *make_flags("PRESENT_FLAGS"), notebook, "--no-browser",
                                  f"--port={port}", "--Voila.ip=127.0.0.1"],
                                 cwd=served, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    try:
-        _wait_http(f"http://127.0.0.1:{port}/voila/static/voila.js", proc, log)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    with serving(proc, f"http://127.0.0.1:{port}", "/voila/static/voila.js", log) as base:
+        yield base
 
 
 _CHARTS_SETTLED = """() => {
