@@ -54,6 +54,12 @@ DYNAMIC_MODULES = ("importlib", "imp", "runpy", "inspect", "ctypes", "gc", "pick
                    "os.execl", "os.posix_spawn", "torch.load", "numpy.load", "json.load")
 
 
+# Builtins that never change the objects handed to them (a call to anything else might).
+PURE_BUILTINS = frozenset({"print", "display", "len", "repr", "str", "int", "float", "bool", "abs", "round", "min",
+                           "max", "sum", "sorted", "isinstance", "type", "format", "list", "tuple", "set", "dict",
+                           "range", "enumerate", "zip", "any", "all", "hash", "id"})
+
+
 class NotebookError(ValueError):
     """The file cannot be graded as a notebook; the message is one line saying why."""
 
@@ -64,6 +70,7 @@ class CodeCell:
     source: str  # as written
     python: str  # after IPython's transforms (magics become get_ipython() calls)
     tree: ast.Module | None  # None when the cell does not parse
+    tags: tuple[str, ...] = ()  # the cell's metadata tags ("givens" marks the lab's givens cell)
 
 
 @dataclass
@@ -96,19 +103,30 @@ class Notebook:
 
 @dataclass
 class Program:
-    """What one answer depends on: statements in notebook order, and the answer expression."""
+    """What one answer depends on: statements in notebook order, and the answer expression.
+
+    When the check() call sits inside a compound statement (a loop, ``with``, ``try``, ``if``,
+    ``match``), that whole statement is `holder`: it runs with the call swapped for a capture, and
+    the answer is the value the last capture saw, as the kernel's check() did.
+    """
 
     statements: list[tuple[CodeCell, ast.stmt]]
     expr: ast.expr
     call: CheckCall
     unresolved: set[str]
+    holder: ast.stmt | None = None
 
     def source(self, answer_name: str = "__answer__") -> str:
         parts = []
         for cell, stmt in self.statements:
             parts.append(f"# cell {cell.number}\n{_statement_text(cell, stmt)}")
-        parts.append(f"# cell {self.call.cell.number}: the answer handed to check({self.call.checkoff_id!r}, ...)\n"
-                     f"{answer_name} = {ast.unparse(self.expr)}")
+        head = f"# cell {self.call.cell.number}: the answer handed to check({self.call.checkoff_id!r}, ...)\n"
+        if self.holder is None:
+            parts.append(f"{head}{answer_name} = {ast.unparse(self.expr)}")
+        else:
+            parts.append(f"{head}{CAPTURED} = []\n{ast.unparse(self.holder)}\n"
+                         f"if not {CAPTURED}:\n    raise LookupError('re-run, your code never reached this check() call')\n"
+                         f"{answer_name} = {CAPTURED}[-1]")
         return "\n\n".join(parts) + "\n"
 
     def function_source(self) -> str:
@@ -118,6 +136,30 @@ class Program:
                 if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == self.expr.id:
                     return _statement_text(cell, stmt)
         return ast.unparse(self.expr)
+
+
+CAPTURED = "__labsupport_captured__"
+
+
+def _holding(call: CheckCall) -> ast.stmt | None:
+    """The call's top-level statement with the call capturing its answer, or None if the statement is the call."""
+    stmt = call.cell.tree.body[call.statement]
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
+            (stmt.value.lineno, stmt.value.col_offset) == (call.line, call.column):
+        return None
+
+    class Capture(ast.NodeTransformer):
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            if not _is_check(node):
+                return node
+            if (node.lineno, node.col_offset) == (call.line, call.column):
+                grab = ast.Attribute(ast.Name(CAPTURED, ast.Load()), "append", ast.Load())
+                return ast.copy_location(ast.Call(grab, [_answer_expr(node)], []), node)
+            return ast.copy_location(ast.Constant(None), node)  # another checkoff's hand-in plays no part
+
+    tree = Capture().visit(copy.deepcopy(stmt))
+    return ast.fix_missing_locations(tree)
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -170,7 +212,9 @@ def read(path: str | Path, data: bytes | None = None) -> Notebook:
         source = _text(cell.get("source", ""), f"cell {number}'s source")
         if kind == "code":
             python = _python(source)
-            code.append(CodeCell(number, source, python, _parse(python)))
+            tags = (cell.get("metadata") or {}).get("tags") if isinstance(cell.get("metadata"), dict) else None
+            tags = tuple(t for t in tags if isinstance(t, str)) if isinstance(tags, list) else ()
+            code.append(CodeCell(number, source, python, _parse(python), tags))
     nb = Notebook(path, code)
     for cell in code:
         for call in _check_calls(cell):
@@ -341,10 +385,18 @@ def bindings(stmt: ast.stmt) -> tuple[set[str], set[str], set[str]]:
             bound.add(node.name)
         elif isinstance(node, ast.NamedExpr):
             bound |= _target_names(node.target)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and not _is_check(node.value):
+            call = node.value  # a call made for its effect may change what it is handed, or its object
+            if not (isinstance(call.func, ast.Name) and call.func.id in PURE_BUILTINS):
+                changed |= {a.id for a in [*call.args, *(k.value for k in call.keywords)] if isinstance(a, ast.Name)}
+            if isinstance(call.func, ast.Attribute):
+                changed.add(_base_name(call.func.value))
         elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
             changed.add(_base_name(node))
-        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute):
-            changed.add(_base_name(node.value.func.value))
     return bound, set(), changed - {None}
 
 
@@ -373,8 +425,14 @@ def _table_globals(table) -> set[str]:
     return names
 
 
-def program(nb: Notebook, call: CheckCall) -> Program:
-    """The statements before `call` that its answer depends on, in notebook order."""
+def program(nb: Notebook, call: CheckCall, givens: frozenset[str] = frozenset()) -> Program:
+    """The statements before `call` that its answer depends on, in notebook order.
+
+    `givens` are names the grader binds itself: their assignments in the cell tagged ``givens``
+    are left out (the grader puts the values it grades on in their place).  A statement that calls
+    a function the notebook defines may change whatever that function reads; it is kept when one
+    of those names is needed.
+    """
     statements: list[tuple[CodeCell, ast.stmt]] = []
     for cell in nb.cells:
         if cell.number >= call.cell.number:
@@ -383,18 +441,101 @@ def program(nb: Notebook, call: CheckCall) -> Program:
             statements += [(cell, s) for s in cell.tree.body]
     if call.cell.tree is not None:
         statements += [(call.cell, s) for s in call.cell.tree.body[:call.statement]]
-    needed = free_names(call.expr)
-    chosen = []
+    holder = _holding(call) if call.cell.tree is not None else None
+    if holder is None:
+        needed = free_names(call.expr)
+    else:  # what the statement binds itself needs no earlier cell, unless an earlier cell binds it too
+        earlier = set().union(*(bindings(stmt)[0] for _, stmt in statements))
+        needed = free_names(holder) - {CAPTURED} - (bindings(holder)[0] - earlier)
+    reads_of = {stmt.name: _may_change(stmt) for _, stmt in statements
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    frozen = _immutable_names(statements, givens)
+    chosen, maybe_bound = [], set()
     for cell, stmt in reversed(statements):
         if not needed:
             break
         bound, definite, changed = bindings(stmt)
+        if "givens" in cell.tags and _assigns_only(stmt, givens):
+            needed -= bound
+            continue
+        if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
+            for node in _walk_scope(stmt):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in reads_of:
+                    changed |= reads_of[node.func.id]
+        changed -= frozen
         if _star_import(stmt) or (bound | changed) & needed:
             chosen.append((cell, stmt))
-            reads = free_names(stmt)
+            maybe_bound |= bound
+            reads = free_names(stmt) - _bound_before_read(stmt)
             needed = (needed - (definite - reads)) | reads
     chosen.reverse()
-    return Program(chosen, call.expr, call, {n for n in needed if n not in KNOWN_NAMES})
+    # a name a kept loop, `with`, `try` or `match` may bind is left to the re-run to find bound or not
+    return Program(chosen, call.expr, call, {n for n in needed if n not in KNOWN_NAMES | givens | maybe_bound}, holder)
+
+
+def _may_change(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Module-level names whose objects the function's body may change (stores into them, calls on them)."""
+    changed = set()
+    for stmt in fn.body:
+        changed |= bindings(stmt)[2]
+    return changed & free_names(fn)
+
+
+def _immutable_names(statements, givens: frozenset[str]) -> set[str]:
+    """Names only ever bound to numbers, strings, functions, classes or modules.
+
+    A call handed such a name cannot change the number (it can only rebind a name of its own), and
+    a function, class or module changed through a call is a patch the re-run simply lacks."""
+    frozen, spoiled = set(givens), set()
+
+    def plain(e) -> bool:
+        if isinstance(e, ast.Constant):
+            return isinstance(e.value, (int, float, str)) or e.value is None
+        if isinstance(e, ast.BinOp):
+            return plain(e.left) and plain(e.right)
+        if isinstance(e, ast.UnaryOp):
+            return plain(e.operand)
+        if isinstance(e, ast.Name):
+            return e.id in frozen and e.id not in spoiled
+        return False
+
+    for _, stmt in statements:
+        bound, _, _ = bindings(stmt)
+        if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets) and plain(stmt.value):
+            frozen |= bound
+        elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
+            frozen |= bindings(stmt)[1]
+        else:
+            spoiled |= bound
+    return frozen - spoiled
+
+
+def _bound_before_read(stmt: ast.stmt) -> set[str]:
+    """Names a compound statement binds before its body reads them: loop targets, ``as`` names, match captures."""
+    names = set()
+    for node in [stmt, *_walk_scope(stmt)]:
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            names |= _target_names(node.target)
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            names |= _target_names(node.optional_vars)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            names.add(node.name)
+    return names
+
+
+def _assigns_only(stmt: ast.stmt, names: frozenset[str]) -> bool:
+    """A plain ``NAME = value`` (or ``A, B = ...``) binding nothing but `names`."""
+    if isinstance(stmt, ast.Assign):
+        targets = stmt.targets
+    elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+        targets = [stmt.target]
+    else:
+        return False
+    bound = set().union(*(_target_names(t) for t in targets))
+    plain = all(isinstance(n, ast.Name) for t in targets for n in ast.walk(t) if not isinstance(n, (ast.Tuple, ast.List, ast.expr_context)))
+    return bool(bound) and plain and bound <= names
 
 
 def _statement_text(cell: CodeCell, stmt: ast.stmt) -> str:

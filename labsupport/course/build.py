@@ -518,6 +518,43 @@ def _validate(parsed: Parsed) -> None:
     orphan = sorted(with_regions - used)
     if orphan:
         raise BuildError(f"{lab.name}: solution regions {orphan} serve no check() cell")
+    check_givens(parsed)
+
+
+TAG_GIVENS = "givens"
+
+
+def check_givens(parsed: Parsed) -> None:
+    """A lab with givens has one cell tagged ``givens`` binding each of them, to the lecture's value, and nothing else."""
+    from labsupport.course.registry import GIVENS
+
+    lab = parsed.lab
+    cells = [(i, c) for i, c in enumerate(parsed.solution.cells) if TAG_GIVENS in c.metadata.get("tags", [])]
+    declared = GIVENS.get(lab.number)
+    if declared is None:
+        if cells:
+            raise BuildError(f"{lab.name}: a cell is tagged '{TAG_GIVENS}' but labsupport/course/checkoffs/"
+                             f"lab{lab.number:02d}.py declares no givens()")
+        return
+    if len(cells) != 1:
+        raise BuildError(f"{lab.name}: lab {lab.number:02d} declares givens, so exactly one code cell must be tagged "
+                         f"'{TAG_GIVENS}' (found {len(cells)})")
+    index, cell = cells[0]
+    where = f"{lab.source.name}, the givens cell"
+    bound = {}
+    for stmt in ast.parse(cell.source).body:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            raise BuildError(f"{where}, line {stmt.lineno}: a givens cell holds only 'NAME = value' lines")
+        try:
+            bound[stmt.targets[0].id] = eval(compile(ast.Expression(stmt.value), where, "eval"), {"__builtins__": {}})
+        except Exception as exc:  # noqa: BLE001 - any name or call: not a constant
+            raise BuildError(f"{where}, line {stmt.lineno}: {stmt.targets[0].id} must be a constant "
+                             f"({type(exc).__name__}: {exc})") from None
+    if set(bound) != set(declared.lecture):
+        raise BuildError(f"{where}: binds {sorted(bound)}, but the lab's givens are {sorted(declared.lecture)}")
+    wrong = [n for n in bound if bound[n] != declared.lecture[n]]
+    if wrong:
+        raise BuildError(f"{where}: {', '.join(f'{n} = {bound[n]!r} (the givens say {declared.lecture[n]!r})' for n in wrong)}")
 
 
 # --- executing ---------------------------------------------------------------------------------

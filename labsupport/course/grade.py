@@ -63,6 +63,8 @@ from labsupport.course import answers as A
 from labsupport.course import codec
 from labsupport.course.checkoff import (FAILED, NOT_ATTEMPTED, PASSED, Checkoff, Forbidden, Mismatch, case_rng,
                                         load_lab)
+from labsupport.course.registry import GIVENS, namespace
+from labsupport.units import fmt_number
 
 SYMBOLS = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⬜"}
 LABS = range(100)
@@ -487,6 +489,13 @@ class Grader:
     def prepare(self, checkoffs: list[Checkoff], key: str) -> dict[str, object]:
         return {c.id: c.prepare(case_rng(c.id, self.secret, key)) for c in checkoffs}
 
+    def hidden(self, lab: int, checkoffs: list[Checkoff], key: str) -> list[tuple[dict, dict[str, object]]]:
+        """The lab's hidden givens for this notebook, each with every value checkoff's expected value on them."""
+        if lab not in GIVENS:
+            return []
+        sets = GIVENS[lab].draw(case_rng("givens", self.secret, key))
+        return [(g, {c.id: c.expect(namespace(g)) for c in checkoffs if c.expect is not None}) for g in sets]
+
     def grade(self, path: Path, student: str = "") -> NotebookGrade:
         start = time.perf_counter()
         grade = NotebookGrade(str(path), _lab_from_name(path), student)
@@ -507,7 +516,9 @@ class Grader:
             grade.invalid = True
             grade.error = f"lab {lab:02d} has no checkoffs to grade"
             return
-        prepared = self.prepare(checkoffs, f"{grade.student}/{path.name}")
+        key = f"{grade.student}/{path.name}"
+        prepared = self.prepare(checkoffs, key)
+        hidden = self.hidden(lab, checkoffs, key)
         job = Path(tempfile.mkdtemp(prefix="nb-", dir=self.scratch))
         slot = self.sandbox.acquire() if self.sandbox is not None else None
         try:
@@ -519,9 +530,10 @@ class Grader:
             worker = None
             try:
                 for checkoff in checkoffs:
-                    if checkoff.kind == "function" and checkoff.id in run.records and worker is None:
+                    if (checkoff.kind == "function" or checkoff.expect is not None) and checkoff.id in run.records \
+                            and worker is None:
                         worker = self._worker(job, slot)
-                    status, detail = self._decide(nb, checkoff, prepared[checkoff.id], run, worker)
+                    status, detail = self._decide(nb, checkoff, prepared[checkoff.id], run, worker, hidden)
                     grade.checkoffs.append(CheckoffResult(checkoff.id, checkoff.title, status, detail))
             finally:
                 if worker is not None:
@@ -550,7 +562,8 @@ class Grader:
                 if note not in grade.notes:
                     grade.notes.append(note)
 
-    def _decide(self, nb: A.Notebook, checkoff: Checkoff, prepared, run: Run, worker) -> tuple[str, str]:
+    def _decide(self, nb: A.Notebook, checkoff: Checkoff, prepared, run: Run, worker,
+                hidden: list[tuple[dict, dict]] = ()) -> tuple[str, str]:
         calls = nb.calls.get(checkoff.id, [])
         if not calls:
             return NOT_ATTEMPTED, "no cell of this notebook calls check() for it"
@@ -567,7 +580,8 @@ class Grader:
             return FAILED, f"the answer handed to check() could not be read as plain data ({exc})"
         if codec.contains_unfinished(answer):
             return NOT_ATTEMPTED, "the exercise still holds the student copy's placeholder"
-        program = A.program(nb, call)
+        givens = GIVENS[checkoff.lab] if checkoff.lab in GIVENS else None
+        program = A.program(nb, call, givens.names if givens is not None else frozenset())
         function_answer = checkoff.kind == "function" and record["callable"]
         if checkoff.kind != "choice":
             findings = A.inspect(program, checkoff.forbidden, function_answer=function_answer)
@@ -582,6 +596,8 @@ class Grader:
                 answer = worker.load(checkoff.id, program.source(), checkoff.forbidden, program.function_source(),
                                      self.timeout)
             checkoff.verdict(answer, prepared)
+            if checkoff.expect is not None and not function_answer:
+                self._rederive(checkoff, program, answer, prepared, givens, hidden, worker)
         except Forbidden as exc:
             return FAILED, _derive_text(checkoff, [str(exc)])
         except NotImplementedError as exc:
@@ -591,6 +607,41 @@ class Grader:
         except Exception as exc:  # noqa: BLE001 - an answer of a shape the judge did not expect
             return FAILED, f"your answer could not be checked ({type(exc).__name__}: {exc})\nHint: {checkoff.hint}"
         return PASSED, ""
+
+
+    def _rederive(self, checkoff: Checkoff, program: A.Program, answer, prepared, givens, hidden, worker) -> None:
+        """Re-run the answer's code on the lecture's givens and on the hidden ones; raise Mismatch where it is off."""
+        source = program.source()
+        lecture = worker.value(checkoff.id, _given_lines(givens.lecture) + source, checkoff.forbidden, self.timeout)
+        try:
+            checkoff.verdict(lecture, prepared)
+        except Mismatch:
+            raise Mismatch(f"re-running the code that produced your answer gave {_shown(lecture)}, not the "
+                           f"{_shown(answer)} your notebook handed to check(): the answer must come from the code "
+                           "above the check() call, run top to bottom") from None
+        for values, expected in hidden:
+            got = worker.value(checkoff.id, _given_lines(values) + source, checkoff.forbidden, self.timeout)
+            try:
+                checkoff.verdict(got, expected[checkoff.id])
+            except Mismatch:
+                same = codec.to_plain(got) == codec.to_plain(answer)
+                names = ", ".join(sorted(givens.names))
+                raise Mismatch(
+                    "your answer is right on the lab's givens, but re-run on other values of them it "
+                    + (f"gave the same {_shown(got)} again: a number typed or copied in, not computed. "
+                       if same else f"gave {_shown(got)}, which is not what those givens make it. ")
+                    + f"Compute it from the givens cell's names ({names}), not from numbers written out") from None
+
+
+def _given_lines(values: dict) -> str:
+    """The givens as the assignments a givens cell holds (numbers and strings only: repr is their literal)."""
+    return "".join(f"{name} = {value!r}\n" for name, value in values.items()) + "\n"
+
+
+def _shown(x) -> str:
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return fmt_number(x)
+    return cut(repr(x), 120)
 
 
 def _without_answer(calls: list[A.CheckCall], run: Run) -> tuple[str, str]:

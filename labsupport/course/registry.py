@@ -4,6 +4,8 @@ A lab's graders (``labsupport/course/checkoffs/labNN.py``) and the student relea
 (`labsupport.course.formative`) both register their checkoffs here, into `REGISTRY`, with
 
     value("2.1", "title", expected=lambda: ..., rel_tol=..., abs_tol=..., unit=" B", hint="...")
+    givens(lecture=dict(S_MAX=4096, ...), hidden=lambda rng: dict(S_MAX=rng.choice(...), ...))
+    value("2.1", "title", expected=lambda g: g.S_MAX * ..., ...)   # a function of the lab's givens
     choice("1.4", "title", answer="admit", options=JOBS, hint="...")
     @function("3.2", "title", hint="...", cases=lambda rng: [...])
     def _(student_fn, case): ...   # call it through `call(...)`, raise `Mismatch` on a wrong result
@@ -11,6 +13,12 @@ A lab's graders (``labsupport/course/checkoffs/labNN.py``) and the student relea
 A checkoff is two steps, `prepare(rng)` (the expected value, or the cases) and `verdict(answer,
 prepared)` (compare; raise `Mismatch`), kept apart so that `grade` can prepare before any student
 code runs.  `labsupport.course.checkoff` looks checkoffs up and gives the feedback.
+
+**Givens.** A lab declares the quantities its exercises are posed on (`givens`): the lecture's
+values, which the lab's givens cell binds, and a generator of other values.  A value checkoff whose
+`expected` takes the givens (``lambda g: ...``) is graded by re-running the student's code on the
+lecture's givens and on hidden ones, each compared with `expected` for those givens; one with
+nothing to vary says why in `fixed=`.
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ import os
 import random
 import re
 import traceback
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -55,6 +64,8 @@ class Checkoff:
     forbid: tuple[str, ...] = ()  # dotted names the answer's code must not use
     derive: str = ""  # what to derive instead (the hint for a forbidden call)
     formative: dict = field(default_factory=dict, compare=False)  # how the student release compares
+    expect: Callable[[types.SimpleNamespace], Any] | None = None  # the expected value for a set of givens
+    fixed: str = ""  # why a value checkoff has no givens to vary
 
     @property
     def lab(self) -> int:
@@ -78,6 +89,57 @@ class Checkoff:
 
 
 REGISTRY: dict[str, Checkoff] = {}
+GIVENS: dict[int, "Givens"] = {}
+GIVEN_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Givens:
+    """A lab's givens: the lecture's values (what its givens cell binds) and a source of other ones."""
+
+    lab: int
+    lecture: dict
+    hidden: Callable[[random.Random], dict]
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self.lecture)
+
+    def draw(self, rng: random.Random, n: int = 2) -> list[dict]:
+        """`n` hidden sets, each differing from the lecture's in every given."""
+        sets = []
+        for _ in range(n):
+            for _attempt in range(100):
+                g = self.hidden(rng)
+                if set(g) != set(self.lecture):
+                    raise ValueError(f"lab {self.lab:02d}'s hidden givens have the keys {sorted(g)}, "
+                                     f"not the givens {sorted(self.lecture)}")
+                if all(g[k] != self.lecture[k] for k in g) and g not in sets:
+                    break
+            else:
+                raise ValueError(f"lab {self.lab:02d}'s hidden givens never differ from the lecture's in every given")
+            sets.append(g)
+        return sets
+
+
+def namespace(values: dict) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**values)
+
+
+def givens(*, lecture: dict, hidden: Callable[[random.Random], dict], lab: int | None = None) -> types.SimpleNamespace:
+    """Declare the calling lab's givens; returns the lecture's as a namespace (``G.S_MAX``)."""
+    if lab is None:
+        found = re.search(r"lab(\d+)$", _caller_module())
+        if not found:
+            raise ValueError("givens() is called from a lab's grader module (labNN.py), or with lab=")
+        lab = int(found[1])
+    for name, v in lecture.items():
+        if not GIVEN_NAME.match(name):
+            raise ValueError(f"lab {lab:02d}: a given is named in capitals (S_MAX), not {name!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise ValueError(f"lab {lab:02d}: given {name} is {v!r}; a given is a number or a string")
+    GIVENS[lab] = Givens(lab, dict(lecture), hidden)
+    return namespace(lecture)
 
 
 def case_rng(checkoff_id: str, secret: bytes | None = None, key: str = "") -> random.Random:
@@ -128,16 +190,33 @@ def _names(forbid: Iterable[str]) -> tuple[str, ...]:
 def value(checkoff_id: str, title: str, *, expected: Callable[[], Any] | float, hint: str,
           rel_tol: float = 1e-9, abs_tol: float = 0.0, unit: str = "",
           mistakes: Iterable[tuple[float, str]] = (), judge: Callable[[Any, Any], None] | None = None,
-          forbid: Iterable[str] = (), derive: str = "", formative: dict | None = None) -> Checkoff:
+          forbid: Iterable[str] = (), derive: str = "", formative: dict | None = None, fixed: str = "") -> Checkoff:
     """A number checked against `expected` (a callable, evaluated when prepared) within a tolerance.
+
+    `expected` taking one argument is a function of the lab's givens (``lambda g: g.S_MAX * ...``):
+    the grader re-runs the answer's code on hidden givens and compares with it there too.  A lab
+    with givens states, in `fixed`, why a value checkoff that does not take them has nothing to vary.
 
     `mistakes` pairs a known wrong answer with a targeted remark (matched with the same tolerance).
     A structured answer (a dict of numbers, say) brings its own `judge(answer, expected)`, and
     `formative` tells the student release how to compare it without the judge (see formative.py).
     """
     mistakes = tuple(mistakes)
+    lab = int(validate_id(checkoff_id).split(".")[0])
+    takes_givens = callable(expected) and len(inspect.signature(expected).parameters) == 1
+    if takes_givens and lab not in GIVENS:
+        raise ValueError(f"checkoff {checkoff_id}: expected takes the givens, but lab {lab:02d} declares none")
+    if lab in GIVENS and not takes_givens and not fixed.strip():
+        raise ValueError(f"checkoff {checkoff_id}: lab {lab:02d} has givens; make expected a function of them "
+                         "(lambda g: ...) or say in fixed= why this answer has nothing to vary")
+
+    def expect(g):
+        want = expected(g)
+        return want if judge is not None else float(want)
 
     def prepare(rng):
+        if takes_givens:
+            return expect(namespace(GIVENS[lab].lecture))
         want = expected() if callable(expected) else expected
         return want if judge is not None else float(want)
 
@@ -163,7 +242,7 @@ def value(checkoff_id: str, title: str, *, expected: Callable[[], Any] | float, 
     if judge is None:
         spec.update(rel_tol=rel_tol, abs_tol=abs_tol, unit=unit, mistakes=[list(m) for m in mistakes])
     return register(Checkoff(checkoff_id, title, hint, "value", prepare, verdict, _caller_module(),
-                             _names(forbid), derive, spec))
+                             _names(forbid), derive, spec, expect if takes_givens else None, fixed.strip()))
 
 
 def choice(checkoff_id: str, title: str, *, answer: str | Iterable[str], options: Iterable[str], hint: str,

@@ -230,6 +230,8 @@ class _Worker:
         except BaseException as exc:  # noqa: BLE001 - the student's program, whatever it raises
             return self.raised(exc)
         self.answers[checkoff_id] = fn
+        if not callable(fn):  # a value answer, re-derived here: the value itself goes back
+            return {"ok": True, "callable": False, "value": fn, "forbidden": list(self.calls)}
         is_jit = callable(getattr(fn, "fn", None)) and type(fn).__name__ in ("JITFunction", "InterpretedFunction")
         return {"ok": True, "callable": callable(fn), "triton_jit": is_jit,
                 "name": str(getattr(getattr(fn, "fn", fn), "__name__", "your function")), "forbidden": list(self.calls)}
@@ -417,9 +419,20 @@ class WorkerClient:
             self.close()
             raise WorkerDied(f"sent something that is not plain data ({exc})") from None
 
+    def value(self, checkoff_id: str, program: str, forbidden, budget_s: float):
+        """Run a value answer's program in the worker and return the value it binds (plain data)."""
+        reply = self._load(checkoff_id, program, forbidden, time.monotonic() + budget_s, budget_s)
+        if "value" not in reply:
+            raise Mismatch("re-run, your code handed check() a function where a value was expected")
+        return reply["value"]
+
     def load(self, checkoff_id: str, program: str, forbidden, source: str, budget_s: float) -> "RemoteFunction":
         """Rebuild the answer in the worker; raises NotImplementedError, Forbidden or Mismatch."""
         deadline = time.monotonic() + budget_s
+        reply = self._load(checkoff_id, program, forbidden, deadline, budget_s)
+        return RemoteFunction(self, checkoff_id, reply, source, deadline, budget_s)
+
+    def _load(self, checkoff_id: str, program: str, forbidden, deadline: float, budget_s: float) -> dict:
         if not self.alive:
             self.start()
         try:
@@ -434,7 +447,7 @@ class WorkerClient:
                 raise NotImplementedError(raised.get("message", ""))
             raise Mismatch(f"running your notebook's code for this answer raised {raised.get('type')}: "
                            f"{raised.get('message')}")
-        return RemoteFunction(self, checkoff_id, reply, source, deadline, budget_s)
+        return reply
 
 
 def _died_text(what: str, why: str, budget_s: float) -> str:
