@@ -19,6 +19,8 @@ import pytest
 import labsupport
 from labsupport.course import answers as A
 from labsupport.course.checkoff import case_rng, load_lab
+from labsupport.course.grade import _given_lines
+from labsupport.course.registry import GIVENS, Mismatch, namespace
 from labsupport.course.worker import WorkerClient
 
 pytestmark = pytest.mark.slow
@@ -42,6 +44,80 @@ def test_every_reference_function_passes_on_hidden_inputs_in_the_worker(path, tm
             checkoff.verdict(fn, prepared)  # raises Mismatch, with the reason, if anything is off
     finally:
         worker.close()
+
+
+def _value_checkoffs(lab: int):
+    return [c for c in load_lab(lab) if c.kind == "value"]
+
+
+@pytest.mark.parametrize("lab", range(9))
+def test_every_value_checkoff_varies_with_the_givens_or_says_why_not(lab):
+    for c in _value_checkoffs(lab):
+        assert c.expect is not None or c.fixed, f"{c.id}: neither a function of the givens nor fixed= with a reason"
+        if c.expect is not None:  # each hidden set changes the answer, so a typed number cannot pass on it
+            lecture = c.prepare(case_rng(c.id))
+            for g in GIVENS[lab].draw(case_rng("givens", b"test secret", f"lab{lab}")):
+                with pytest.raises(Mismatch):
+                    c.verdict(lecture, c.expect(namespace(g)))
+
+
+def reference_values(path: Path, tmp_path: Path) -> dict[str, object]:
+    """Each value answer of a solution, re-derived in the worker on the lecture's and two hidden sets of givens;
+    every one checked against the grader's expected value for those givens.  Returns the lecture's values."""
+    nb = A.read(path)
+    lab = nb.lab()
+    checkoffs = [c for c in _value_checkoffs(lab) if c.expect is not None]
+    sets = [GIVENS[lab].lecture, *GIVENS[lab].draw(case_rng("givens", b"test secret", path.name))] if checkoffs else []
+    worker = WorkerClient(tmp_path / "worker", SITE)
+    found = {}
+    try:
+        for checkoff in checkoffs:
+            prog = A.program(nb, nb.calls[checkoff.id][-1], GIVENS[lab].names)
+            for g in sets:
+                got = worker.value(checkoff.id, _given_lines(g) + prog.source(), checkoff.forbidden, 600)
+                checkoff.verdict(got, checkoff.expect(namespace(g)))  # raises Mismatch, with the reason
+                found.setdefault(checkoff.id, got)
+    finally:
+        worker.close()
+    return found
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_every_reference_value_rederives_on_hidden_givens_in_the_worker(path, tmp_path):
+    reference_values(path, tmp_path)
+
+
+def test_a_lab_solved_with_typed_constants_earns_no_value_checkoff_that_has_givens(tmp_path):
+    """Each lab's value answers typed in as the solution's own numbers, under its givens cell: grade fails them all."""
+    import nbformat
+
+    folder = tmp_path / "typist"
+    folder.mkdir()
+    typed = {}
+    for path in SOLUTIONS:
+        values = reference_values(path, tmp_path / path.stem)
+        if not values:
+            continue
+        source = nbformat.read(path, as_version=4)
+        givens_cell = next(c for c in source.cells if "givens" in c.metadata.get("tags", []))
+        nb = nbformat.v4.new_notebook()
+        nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nb.cells = [nbformat.v4.new_code_cell("from labsupport.course.checkoff import check"),
+                    nbformat.v4.new_code_cell(givens_cell.source, metadata={"tags": ["givens"]})]
+        nb.cells += [nbformat.v4.new_code_cell(f"check({cid!r}, {v!r})") for cid, v in values.items()]
+        nbformat.write(nb, folder / path.name)
+        typed[path.name] = set(values)
+    assert typed, "no lab has value checkoffs with givens"
+    proc = subprocess.run([sys.executable, "-m", "labsupport", "grade", str(folder), "--jobs", "2", "--json",
+                           "--no-progress", "--seed", "5"], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    report = json.loads(proc.stdout)
+    for row in report["notebooks"]:
+        ids = typed[Path(row["path"]).name]
+        results = {c["id"]: c for c in row["checkoffs"] if c["id"] in ids}
+        assert set(results) == ids
+        for cid, c in results.items():
+            assert c["status"] == "failed", (cid, c)
+            assert "re-run on other values" in c["detail"], (cid, c["detail"])
 
 
 def test_a_solution_notebook_earns_every_checkoff_through_its_kernel(tmp_path):
