@@ -120,10 +120,10 @@ def test_panel_needs_a_control():
 
 
 def test_errata_note_quotes_printed_and_exact():
-    text = viz.errata_note("Paged concurrency").data
+    text = viz.errata_markdown("Paged concurrency").data
     assert "*199 (6.9x over 29)*" in text and "**186" in text
     with pytest.raises(ValueError, match="no erratum or convention matches"):
-        viz.errata_note("no such quantity")
+        viz.errata_markdown("no such quantity")
 
 
 def test_intensity_figure_flattens_below_the_ridge():

@@ -469,7 +469,14 @@ a11y.start_early()
 
 # --- errata -------------------------------------------------------------------------------------
 
-def errata_note(*quantities: str):
+def errata_note(*quantities: str) -> None:
+    """Show the callout of `errata_markdown` (shown, not returned: a note inside ``if revealed(...):`` appears too)."""
+    from IPython.display import display
+
+    display(errata_markdown(*quantities))
+
+
+def errata_markdown(*quantities: str):
     """A Markdown callout for the ledger's printed-figure rows whose quantity contains any of `quantities`.
 
     An erratum (no convention reproduces the printed figure) says what was tried; a convention (one
