@@ -138,7 +138,7 @@ def test_a_revealed_cell_shows_its_note_once_its_checkoff_passed(path):
     nb = nbformat.read(path, as_version=4)
     silent = []
     for c in nb.cells:
-        if c.cell_type != "code" or not re.search(r"^if revealed\(", c.source, re.M):
+        if c.cell_type != "code" or not re.search(r"^if (?:revealed|unlocked)\(", c.source, re.M):
             continue
         notes = len(re.findall(r"\b(?:errata_note|display)\(", c.source))  # each shows one rich output
         shown = sum(o.get("output_type") in ("display_data", "execute_result") for o in c.outputs)
