@@ -69,6 +69,15 @@ def test_units_slip_is_named():
     assert C.units_slip(-5, 5) == ""
 
 
+def test_a_units_remark_needs_the_exact_factor_and_a_quantity_it_can_happen_to():
+    """Issue 20's two false diagnoses: neither answer is a unit slip, so neither is told it is one."""
+    assert C.units_slip(727 / 3, 745, "") == ""  # 2.8 by the lecture's method: exact bytes plus one tail block
+    assert C.units_slip(159, 155) == ""  # 7.2 forgetting whole blocks at b = 256: 2.6% off, not 2.4%
+    assert "KiB" in C.units_slip(4096 * 512_000, 4096 * 524_288, " B")  # the real slip, in bytes
+    assert C.units_slip(4096 * 512_000, 4096 * 524_288, "") == ""  # a count cannot suffer a byte-prefix slip
+    assert "factor of 2" in C.units_slip(10, 20, "")
+
+
 @pytest.mark.parametrize("answer, words", [("524288", "str"), (None, "None"), (True, "True"),
                                            (lambda: 1, "function"), (math.nan, "finite"),
                                            (np.array([1.0, 2.0]), "several")])

@@ -233,7 +233,7 @@ def value(checkoff_id: str, title: str, *, expected: Callable[[], Any] | float, 
                 problem += " " + remark
                 break
         else:
-            slip = units_slip(got, want)
+            slip = units_slip(got, want, unit)
             if slip:
                 problem += " " + slip
         raise Mismatch(problem)
@@ -350,30 +350,40 @@ def tolerance_text(rel_tol: float, abs_tol: float) -> str:
     return f"which is not within ±{fmt_number(abs_tol)} or {rel_tol:.2%} of the right value"
 
 
+# (factor, what it is, whether only a quantity in bytes can suffer it)
 _SLIPS = (
-    (1e9 / 2**30, "GB read as GiB (or the reverse): 1 GB = 1e9 bytes, 1 GiB = 2**30 bytes"),
-    (1.024, "a decimal kB where the lecture means KiB (or the reverse)"),
-    (1024 / 1e6, "a KiB/MB mix-up"),
-    (2**20, "a factor of 2**20: MiB versus bytes?"),
-    (2**30, "a factor of 2**30: GiB versus bytes?"),
-    (1e3, "a factor of 1,000: a unit prefix (k, M, G, ms) slipped?"),
-    (1e6, "a factor of a million: a unit prefix slipped?"),
-    (1e9, "a factor of 1e9: GB versus bytes?"),
-    (1e12, "a factor of 1e12: TFLOP/s versus FLOP/s?"),
-    (1024, "a factor of 1,024: a binary prefix slipped?"),
-    (2, "a factor of 2: keys and values, bytes per element, or 2 FLOP per multiply-add?"),
-    (8, "a factor of 8: bits versus bytes?"),
+    (1e9 / 2**30, "GB read as GiB (or the reverse): 1 GB = 1e9 bytes, 1 GiB = 2**30 bytes", True),
+    (1.024, "a decimal kB where the lecture means KiB (or the reverse)", True),
+    (1024 / 1e6, "a KiB/MB mix-up", True),
+    (2**20, "a factor of 2**20: MiB versus bytes?", True),
+    (2**30, "a factor of 2**30: GiB versus bytes?", True),
+    (1e3, "a factor of 1,000: a unit prefix (k, M, G, ms) slipped?", False),
+    (1e6, "a factor of a million: a unit prefix slipped?", False),
+    (1e9, "a factor of 1e9: GB versus bytes?", False),
+    (1e12, "a factor of 1e12: TFLOP/s versus FLOP/s?", False),
+    (1024, "a factor of 1,024: a binary prefix slipped?", True),
+    (2, "a factor of 2: keys and values, bytes per element, or 2 FLOP per multiply-add?", False),
+    (8, "a factor of 8: bits versus bytes?", True),
 )
+_BYTE_UNITS = ("B", "bytes", "KiB", "MiB", "GiB", "GB", "MB", "kB", "B/s", "GB/s")
 
 
-def units_slip(got: float, want: float) -> str:
-    """Name the units slip that would explain `got` (a remark, never the right value)."""
+def units_slip(got: float, want: float, unit: str | None = None) -> str:
+    """Name the units slip that explains `got` (a remark, never the right value), or "".
+
+    A slip multiplies the whole answer by its factor, so the ratio must be that factor to within
+    rounding (a count a whole block or a floor off, 2.4% away, is not a kB/KiB slip); and a byte
+    prefix slip is named only for a quantity in bytes (`unit` None: not known, any may apply).
+    """
     if got == 0 or want == 0 or (got < 0) != (want < 0):
         return ""
+    in_bytes = unit is None or unit.strip() in _BYTE_UNITS
     ratio = got / want
-    for factor, name in _SLIPS:
+    for factor, name, bytes_only in _SLIPS:
+        if bytes_only and not in_bytes:
+            continue
         for f in (factor, 1 / factor):
-            if math.isclose(ratio, f, rel_tol=2e-3):
+            if math.isclose(ratio, f, rel_tol=1e-6):
                 return f"Your answer is off by what looks like {name}" + ("" if name.endswith("?") else ".")
     return ""
 
