@@ -14,8 +14,9 @@ the in-notebook check() needs to give the same kind of feedback:
     open      the name of a judge that holds no answer (labsupport.course.open_answers)
 
 "Sealed" means compressed and masked so that no answer can be read off the file or found with a
-search; it is not secret from a student who decodes it, and it need not be: check() is feedback,
-and `grade` decides on inputs nobody outside the grader has seen.
+search; it is not secret from a student who decodes it, and it need not be: it holds the values on
+the lecture's givens and the public cases only, while `grade` re-derives every value answer on
+hidden givens and tries every function on hidden cases, whose generators are not in the release.
 """
 from __future__ import annotations
 
