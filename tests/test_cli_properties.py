@@ -147,10 +147,10 @@ BENCH = st.one_of(
     st.tuples(st.just(["bench", "engine", "--profile-requests", "0"]),
               flags({"--limit": ints(1, 30), "--trace": st.sampled_from(["azure-conv", "azure-code", "x"]),
                      "--profile-requests": ints(0, 20)}, max_flags=3)).map(lambda t: t[0] + t[1] + ["--limit", "20"]),
-    st.tuples(st.sampled_from(["allocator", "viz", "viz_memory", "viz_slo", "kernel", "gpu", "notebooks", "grade"]),
+    st.tuples(st.sampled_from(["allocator", "viz", "viz_memory", "viz_slo", "kernel", "gpu", "notebooks"]),
               flags({"--seconds": HOSTILE, "--block-size": HOSTILE, "--num-blocks": HOSTILE, "--batch": HOSTILE,
                      "--repeats": HOSTILE, "--kv-heads": HOSTILE, "--tile-tokens": HOSTILE, "--budget-s": HOSTILE,
-                     "--workers": HOSTILE, "--students": HOSTILE, "--jobs": HOSTILE}, max_flags=2).filter(bool))
+                     "--workers": HOSTILE}, max_flags=2).filter(bool))
       .map(lambda t: ["bench", t[0], *t[1]]),  # at least one hostile flag: refused fast
     st.tuples(st.just("bench"), st.one_of(HOSTILE, st.just(""))).map(list),
 )
