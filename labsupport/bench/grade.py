@@ -24,6 +24,8 @@ def bench(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=positive_int, default=2)
     parser.add_argument("--lab", default="02")
     args = parser.parse_args(argv or [])
+    if args.students > 1000 or args.jobs > 64:
+        parser.error(f"at most 1000 students and 64 jobs, got --students {args.students} --jobs {args.jobs}")
     (lab,) = discover(REPO_ROOT, [args.lab])
     with tempfile.TemporaryDirectory(prefix="bench-grade-") as tmp:
         submissions = []
