@@ -1012,10 +1012,10 @@ def _errata() -> list[Erratum]:
                 f"tokens x 512 KiB = 64 MiB each) is {tail_256:.2f}% of the budget, not 20.4% ({tail_256_32k:.1f}% "
                 f"at B = {batch_32k}); b = 16 wastes {tail_16:.2f}%. The memory column then hardly separates the "
                 "block sizes, so 'on memory alone, 8 or 16' is weaker than printed and the exercise's two "
-                "measurements (kernel bandwidth, fork rate) decide even more.", fits, 199, 0,
-                (Reading("budget / mean length, every length", fits),
-                 Reading("budget / mean length, lengths over 32K dropped", fits_32k),
-                 Reading("budget / median length (800 tokens)", budget / (800 * kv)),
+                "measurements (kernel bandwidth, fork rate) decide even more.", batch, 199, 0,
+                (Reading("whole mean-length sequences, every length", batch),
+                 Reading("whole mean-length sequences, lengths over 32K dropped", batch_32k),
+                 Reading("whole median-length (800-token) sequences", budget // (800 * kv)),
                  Reading("paged whole blocks at the median length", num_blocks(budget, 16, kv) // blocks_for(800, 16)),
                  Reading("the chat workload's 640-token batch (§10.3)", paged))),
         Erratum("Exercise 5 session KV and sessions per card", "Exercise 5", "0.985 GB, 63 sessions (2.2x)",

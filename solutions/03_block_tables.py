@@ -535,9 +535,10 @@ for row in ledger.exercise3():
 
 # %% [markdown]
 # The sketch's $b = 8$ row does not follow its own rule: the mean tail is "about $b/2$", 4 tokens at
-# $b = 8$, not 2. And its batch is another workload's: B = 199 is the chat workload's 640-token count.
-# This lognormal's mean length is $800\,e^{\sigma^2/2} \approx 5{,}430$ tokens, so the budget holds
-# about 21 such sequences on average, and at that batch even $b = 256$ wastes about 2% of the budget.
+# $b = 8$, not 2. And its batch is another workload's: B = 199 is the lecture's paged count for the
+# 640-token chat workload. This lognormal's mean length is $800\,e^{\sigma^2/2} \approx 5{,}430$ tokens,
+# so the budget holds 21 such sequences (21.97 on average), and at that batch even $b = 256$ wastes
+# about 2% of the budget.
 
 # %%
 viz.errata_note("Exercise 3 at b = 8", "Exercise 3's batch")

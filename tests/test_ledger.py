@@ -210,8 +210,8 @@ ERRATA_BY_HAND = {
     "Exercise 3 at b = 8": (0.3, 1, 100 * 199 * 4 * 0.5e6 / 62.5e9),
     "Unshared fan-out, n = 8 off 4K": (17.9, 1, 34_816 * 524_288 / 1e9),
     # the lognormal's mean, median x exp(sigma^2 / 2) with sigma = ln(25) / 1.6449, in 524,288-B tokens
-    "Exercise 3's batch for the lognormal": (199, 0, 62.52e9 / (800 * math.exp((math.log(25) / 1.6448536269514722) ** 2 / 2)
-                                                               * 524_288)),
+    "Exercise 3's batch for the lognormal": (199, 0, 62.52e9 // (800 * math.exp((math.log(25) / 1.6448536269514722) ** 2 / 2)
+                                                                * 524_288)),
     "Exercise 5 session KV and sessions per card": (0.985, 3, 7700 * 131_072 / 1e9),
     "Exercise 2 mean slot": (1.586, 3, (0.7 * 512 + 0.25 * 4096 + 0.05 * 32_768) * 524_288 / 1e9),
     "Naive column's throughput": (0.33, 2, (29 / ((13.48e9 + 29 * 640 * 524_288) / 3350e9)) / 8470),
