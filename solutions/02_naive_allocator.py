@@ -186,8 +186,10 @@ viz_memory.slot_stack_figure(alloc, BUDGET).show()
 # Those 15.56% are read at the **end** of every sequence's life, when each holds all 640 tokens. A
 # busy card never sees that moment for every slot at once: a sequence is prefilled with 512 tokens
 # and holds one more after each of its 128 decode steps, and when it finishes the next request takes
-# its slot with a fresh prompt. The lecture's other two figures, the timing plan's **14%** and §10.2's
-# title, *86% empty*, are this other reading: utilization **averaged over a sequence's life**.
+# its slot with a fresh prompt. The lecture prints two more figures without deriving them, the timing
+# plan's **14%** and §10.2's title, *86% empty*. A second reading reproduces both: utilization
+# **averaged over a sequence's life**. It is a consistent reading of the cache, not a claim about which
+# one the lecture meant.
 #
 # ### Exercise 2.4 — utilization over the life
 #
@@ -216,10 +218,12 @@ util_over_life = mean_utilization_over(life, OUTPUT)
 check("2.4", util_over_life)
 
 # %% [markdown]
-# So the lecture holds two consistent readings of one cache: at the end of life **15.56% used, 84%
-# internal fragmentation** (printed 15.2% and 84%), and over the life **14.0% used, 86% empty**
-# (printed 14% and 86%). Neither is an error; they answer different questions, and lab 03 finds the
-# same pair for the paged cache (99.83% and 98.7%). Lab 08's seed 4 measures both on the engine.
+# So two consistent readings of one cache cover the lecture's figures: at the end of life **15.56%
+# used, 84% internal fragmentation** (printed 15.2% and 84%, the lecture's own derivation), and over
+# the life **14.0% used, 86% empty** (printed 14% and 86%, which this reading reproduces). Neither is an
+# error; they answer different questions. Lab 03 reads the paged cache both ways, beside the lecture's
+# own derivation of its 98.7% (100% minus its 1.3% internal fragmentation). Lab 08's seed 4 measures
+# both readings on the engine.
 
 # %%
 if revealed("2.4"):
@@ -303,7 +307,9 @@ check("2.6", util_32k)
 
 # %% [markdown]
 # *"…the same chat workload's utilization falls to 1.9%, because the slot grew 8× and the occupancy
-# did not."* The exact figure, from the real allocator and the ledger, once 2.6 passes:
+# did not."* That reasoning is per slot: one slot's occupancy, 640 of its 32,768 positions, is 1.95%,
+# which the lecture writes 1.9%. Utilization over the whole budget, 2.6's quantity, is another reading,
+# and the budget holds only whole slots. Both, from the real allocator and the ledger, once 2.6 passes:
 
 # %%
 if revealed("2.6"):
@@ -385,8 +391,10 @@ if revealed("2.8"):
     viz.errata_note("Exercise 1")
 
 # %% [markdown]
-# The claim cost that factor in concurrency, and it cost it **for every request**, including the 99%
-# that never exceed 1,000 tokens. Under paging the claim is nearly free: $S_{max}$ stops being a
+# The claim cost that factor in concurrency, and it cost it **for every request**: here every request
+# is 640 tokens, under 0.5% of the 131,072 positions its slot reserves. (The lecture adds "including the
+# 99% that never exceeded 1,000 tokens", a picture of real traffic; this workload has no long request at
+# all.) Under paging the claim is nearly free: $S_{max}$ stops being a
 # memory parameter and becomes a policy limit — which is why long-context serving and paged
 # allocation arrived together.
 #

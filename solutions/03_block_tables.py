@@ -239,10 +239,12 @@ if revealed("3.5"):
 
 # %% [markdown]
 # That 99.83% (the count's utilization, printed once 3.5 passes) is read at the **end** of every
-# sequence's life: 640 tokens fill 40 blocks exactly, so no tail is wasted. The lecture's **98.7%** is
-# the same pool read **over** the life, lab 02's second reading. A sequence is prefilled with 512
-# tokens and then holds one more after each decode step, 512 … 639 while its 128 steps run, and for
-# most of those steps its last block is partly empty.
+# sequence's life: 640 tokens fill 40 blocks exactly, so no tail is wasted. The lecture derives its
+# **98.7%** another way: 100% minus its internal fragmentation, a mean tail of $b/2 = 8$ tokens in each of
+# 199 sequences, $199 \times 8 \times 512$ KiB $= 0.83$ GB, 1.3% of the budget. That assumes lengths
+# spread evenly modulo $b$. Lab 02's second reading can be measured instead: the pool **over** each
+# sequence's life. A sequence is prefilled with 512 tokens and then holds one more after each decode
+# step, 512 … 639 while its 128 steps run, and for most of those steps its last block is partly empty.
 #
 # ### Exercise 3.6 — the paged pool, over the life
 #
@@ -278,19 +280,21 @@ if revealed("3.6"):
           f"of the budget (ledger: {fmt_pct(ledger.paged_utilization_time_avg(BUDGET, 512, 128, 16, KV))})")
     print(f"end of life: {fmt_pct(ledger.paged_utilization(BUDGET, 640, 16, KV))}; the naive slot over its life: "
           f"{fmt_pct(ledger.naive_utilization_time_avg(BUDGET, 4096, 512, 128, KV))} of the budget")
-    display(Markdown("""So the lecture holds two consistent readings, and its board pairs one of each:
+    display(Markdown("""The lecture's figures, and the readings that give them:
 
 | reading | reserve-to-max | paged, b = 16 | printed |
 |---|---|---|---|
 | end of life (640 tokens held) | 15.56% used, 84% internal fragmentation | 99.83% | 15.2% / 84% |
-| over the life (512 … 639 held) | 14.00% used, 86% empty | 98.70% | 14% / 86% / 98.7% |
+| 100% minus the mean tail, b/2 = 8 tokens in each of 199 sequences | — | 98.66% | 98.7% (100% − 1.3%) |
+| over the life (512 … 639 held), our measurement | 14.00% used, 86% empty | 98.70% | 14% / 86% |
 
-The board's "15.2% → 98.7%" takes the first figure from one row and the second from the other; like
-for like the jump is 15.56% → 99.83%, or 14.0% → 98.7%. Neither reading is wrong, and each printed
-figure has a reading that reproduces it (15.2% only with 512 KiB taken as 512,000 B, the lecture's
-0.328 GB slip). With real lengths, whatever their life stage, the tails come back — section 4 measures
-them."""))
-    viz.errata_note("utilization over a sequence's life")
+The lecture derives its 98.7% in the middle row; the over-the-life measurement lands on the same figure
+by a second, consistent reading, which is also the one that reproduces the lecture's underived 14% and
+86%. The board's "15.2% → 98.7%" is the lecture's own pair: its end-of-life share, then 100% minus the
+paged tail. Like for like at the end of life the jump is 15.56% → 99.83% (15.2% only with 512 KiB taken
+as 512,000 B, the lecture's 0.328 GB slip). With real lengths, whatever their life stage, the tails
+come back — section 4 measures them."""))
+    viz.errata_note("utilization over a sequence's life", "Paged utilization, b = 16")
 
 
 # %% [markdown]
@@ -531,14 +535,18 @@ for row in ledger.exercise3():
 
 # %% [markdown]
 # The sketch's $b = 8$ row does not follow its own rule: the mean tail is "about $b/2$", 4 tokens at
-# $b = 8$, not 2.
+# $b = 8$, not 2. And its batch is another workload's: B = 199 is the lecture's paged count for the
+# 640-token chat workload. This lognormal's mean length is $800\,e^{\sigma^2/2} \approx 5{,}430$ tokens,
+# so the budget holds 21 such sequences (21.97 on average), and at that batch even $b = 256$ wastes
+# about 2% of the budget.
 
 # %%
-viz.errata_note("Exercise 3 at b = 8")
+viz.errata_note("Exercise 3 at b = 8", "Exercise 3's batch")
 
 # %% [markdown]
-# On memory alone, 8 or 16. But the memory column alone picks the wrong answer — that is the point of
-# the exercise. If 16-token runs cost the kernel 20% of its bandwidth against 64-token runs, the
+# On memory alone, 8 or 16, the sketch says; at the batch this workload fits, the memory column
+# barely separates the block sizes at all. And the memory column alone picks the wrong answer — that
+# is the point of the exercise. If 16-token runs cost the kernel 20% of its bandwidth against 64-token runs, the
 # 3.8 points of extra memory at $b = 64$ buy it back and then some; and if the workload forks,
 # large blocks make every fork copy a large block.
 #

@@ -440,8 +440,9 @@ def utilization_workload():
 check("8.7", utilization_workload)
 
 # %% [markdown]
-# Measured, the two utilizations are **14.0% and 98.7%** — the timing plan's "14%" and §10.3's printed
-# 98.7%, the over-the-life reading of lab 03 — while the throughputs agree to the token until 25 requests/s. What the construction tells you
+# Measured, the two utilizations are **14.0% and 98.7%**, both averaged over the run: the timing plan's
+# "14%", and a match for §10.3's printed 98.7%, which the lecture itself derives as 100% minus its 1.3%
+# internal fragmentation (lab 03) — while the throughputs agree to the token until 25 requests/s. What the construction tells you
 # about when to deploy paging: utilization converts into throughput
 # only when the naive engine was **turning requests away for lack of slots** — when memory, not
 # arrivals and not the SLO, is the binding constraint. On an under-loaded card the win is invisible;

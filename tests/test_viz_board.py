@@ -8,7 +8,6 @@ tokens is 2 x 4,096 x 524,288 / 64e9 = 67.11 ms; their recompute (2 x 6.74e9 x 4
 from __future__ import annotations
 
 import json
-import re
 from html import escape as html_escape
 from pathlib import Path
 
@@ -174,74 +173,5 @@ def test_tlb_replay_counts_lookups_and_new_translations():
     assert rp.hit_rate(4) == 0.0  # 4 entries < the 5 to 8 translations: LRU thrashes on the layer sweeps
 
 
-# a format field left as text; plotly's own %{x} templates are filled in by plotly
-_PLACEHOLDER = re.compile(r"(?<!%)\{[A-Za-z_][\w.]*(\[[^\]{}]*\])*(![rsa])?(:[^{}]*)?\}")
-_STYLE = re.compile(r"<style>.*?</style>", re.S)  # CSS rules are braces by design
-
-
-def _printed_text(obj) -> list[str]:
-    """Every string a board widget shows: HTML and labels, control descriptions and choices, and each
-    chart's titles, annotations, legend names and point labels (walking the widget tree)."""
-    import ipywidgets as widgets
-    import plotly.graph_objects as go
-
-    if isinstance(obj, go.FigureWidget | go.Figure):
-        out: list[str] = []
-
-        def strings(node):
-            if isinstance(node, str):
-                out.append(node)
-            elif isinstance(node, dict):
-                for key, value in node.items():
-                    if key not in ("uid", "template"):
-                        strings(value)
-            elif isinstance(node, list | tuple):
-                for value in node:
-                    strings(value)
-
-        strings(obj.to_plotly_json())
-        return out
-    out = []
-    if isinstance(obj, widgets.Widget):
-        for attr in ("value", "description", "placeholder", "tooltip"):
-            value = getattr(obj, attr, None)
-            if isinstance(value, str):
-                out.append(_STYLE.sub("", value))
-        out += [str(label) for label in getattr(obj, "_options_labels", ())]
-        for child in getattr(obj, "children", ()):
-            out += _printed_text(child)
-    return out
-
-
-def test_the_regex_finds_what_a_missing_f_prefix_leaves():
-    assert _PLACEHOLDER.search("the SLO binds first ({r['max_batch_for_slo']} < 186)")
-    assert _PLACEHOLDER.search("B = {batch:,}") and _PLACEHOLDER.search("{seg.title}")
-    assert not _PLACEHOLDER.search("the SLO binds first (159 < 186): a set {1, 2}")
-    assert not _PLACEHOLDER.search("%{x}: B = %{y:,.1f}<extra></extra>")  # plotly's hover template
-
-
-def test_no_board_panel_prints_an_unformatted_placeholder():
-    """A missing f-prefix shows `{name}` on the projector; every segment's text, before and after each
-    panel's first slider moves, must be formatted."""
-    from labsupport.viz import Panel
-
-    data = viz_board.load_board_data()
-    found, walked = [], 0
-    for i, seg in enumerate(viz_board.SEGMENTS):
-        view = viz_board.segment_view(i, data)
-        texts = _printed_text(view.widget) + [view.text(), seg.board, seg.ask, seg.answer, seg.confusion]
-        for picture in view.pictures:
-            if isinstance(picture, Panel):
-                texts.append(picture.text())
-                slider = next(c for c in picture.controls.values() if "Slider" in type(c).__name__)
-                if hasattr(slider, "index"):  # a SelectionSlider: its last choice, or its first
-                    slider.index = len(slider.options) - 1 if slider.index != len(slider.options) - 1 else 0
-                else:
-                    slider.value = slider.max if slider.value != slider.max else slider.min
-                texts += _printed_text(picture.widget) + [picture.text()]
-        assert any(seg.ask in t for t in texts), texts[:3]  # the walk reached the segment's widgets
-        walked += len(texts)
-        found += [f"{seg.start}–{seg.end} min: {m.group(0)!r} in {t[:80]!r}" for t in texts
-                  for m in [_PLACEHOLDER.search(t)] if m]
-    assert walked > 200, walked  # titles, axis titles, annotations, names and labels of 12 charts too
-    assert not found, "\n".join(found)
+# The placeholder scan of every board panel (and of every lab's printed output) is in
+# tests/test_teaching_consistency.py.

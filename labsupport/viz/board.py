@@ -392,6 +392,8 @@ def _segments() -> tuple[Segment, ...]:
     kv, budget = r["kv_bytes_per_token"], r["kv_budget_bytes"]
     seq_bytes = r["seq_tokens"] * kv
     util_32k = ledger.naive_utilization(budget, 32_768, r["seq_tokens"], kv)
+    slot_32k = ledger.slot_occupancy(32_768, r["seq_tokens"])
+    tail_gb = 199 * (16 / 2) * kv / GB  # §10.3's 1.3%: the lecture's b/2 tail in each of its 199 sequences
     unshared, shared = ledger.fanout_tokens(8, 4096, 256)
     return (
         Segment(0, 6, "Part II opens: 29 against 295 (§10.1)",
@@ -405,18 +407,26 @@ def _segments() -> tuple[Segment, ...]:
         Segment(6, 16, "The naive allocator (§10.2)",
                 f"One 4,096-token slot, the first 640 shaded; then the {r['naive_concurrency']} of them stacked; then "
                 f"'9.5 of 62.5' (exact: {r['naive_concurrency'] * seq_bytes / GB:.2f} of {budget / GB:.2f} GB). Only "
-                f"then say 15% (exact {100 * r['naive_utilization']:.2f}%; the timing plan's 14% and the printed "
-                "15.2% round the same quantity).",
+                f"then say 15% (exact {100 * r['naive_utilization']:.2f}%, every sequence at the end of its life). "
+                "The timing plan's 14% and 86% empty are not that figure rounded: they are a second, consistent "
+                "reading, the same cache averaged over each sequence's life "
+                f"({100 * r['naive_utilization_time_avg']:.2f}% used, {100 - 100 * r['naive_utilization_time_avg']:.0f}% "
+                "empty).",
                 "What is the utilization if we raise S_max to 32K to advertise long context?",
-                f"The lecture prints 1.9%; exact: 3 slots × 640 tokens of {budget / GB:.2f} GB = {100 * util_32k:.2f}% "
-                f"(1.95% is one slot's occupancy, 640/32,768).",
+                f"The lecture's 1.9% is per slot, as its reasoning says (the slot grew 8× and the occupancy did not): "
+                f"one slot's occupancy, 640/32,768 = {100 * slot_32k:.2f}%, written 1.9%. As a share of the budget it "
+                f"is lower still: 3 whole slots × 640 tokens of {budget / GB:.2f} GB = {100 * util_32k:.2f}%.",
                 "\"Just set S_max per request.\" Good instinct, wrong outcome: internal fragmentation traded for "
                 "external (Exercise 2). \"Realloc when it grows\": copying 2 GB mid-decode while 28 others wait.",
                 protected=True, lab="02"),
         Segment(16, 36, "PagedAttention: the block table (§10.3, the paper)",
                 "Two sequences, logical blocks left, one shared physical pool right, arrows crossing. Grow A by one "
-                f"token: a new block, one table entry. Then 15.2% → 98.7% (exact for 640-token sequences: "
-                f"{100 * r['naive_utilization']:.2f}% → {100 * r['paged_utilization']:.2f}%), then 29 → 199 (exact "
+                "token: a new block, one table entry. Then 15.2% → 98.7%: the lecture's 98.7% is 100% minus its "
+                f"internal fragmentation, a mean 8-token tail × 199 sequences × {kv // KiB} KiB = "
+                f"{tail_gb:.2f} GB, {100 * tail_gb * GB / budget:.1f}% of the budget (exact for 640-token sequences: "
+                f"{100 * r['naive_utilization']:.2f}% → {100 * r['paged_utilization']:.2f}% at the end of life; our "
+                f"average over each life gives {100 * r['naive_utilization_time_avg']:.2f}% → "
+                f"{100 * r['paged_utilization_time_avg']:.2f}%), then 29 → 199 (exact "
                 f"{r['naive_concurrency']} → {r['paged_concurrency']}).",
                 "What does the attention kernel now have to do? — and then: so where did the cost go?",
                 f"Gather: read K and V through the block table. The cost moved into the kernel: same FLOPs and bytes "
