@@ -175,17 +175,18 @@ class Slot:
             binds += [("--ro-bind", site, site) for site in sorted(self.job.glob("*_site"))]
         binds += [("--ro-bind", real, seen) for real, seen in self.data]
         system = [Path(p) for p in SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
-        made = list(system)  # folders in view whose insides are real: nothing is made below them
+        bound = list(system)  # folders in view whose insides are real: nothing is made below them
+        made = {Path("/tmp")}  # empty folders of the sandbox's own
         args: list[str] = []
         for flag, real, seen in binds:
             if flag == "--ro-bind" and real == seen and any(_within(seen, s) for s in system):
                 continue  # already in view (an interpreter under /usr)
             for folder in reversed(seen.parents[:-1]):  # the folders above it, made traversable
-                if folder != Path("/tmp") and not any(_within(folder, m) for m in made):
+                if folder not in made and not any(_within(folder, b) for b in bound):
                     args += ["--perms", "0755", "--dir", str(folder)]
-                    made.append(folder)
+                    made.add(folder)
             args += [flag, str(real), str(seen)]
-            made.append(seen)
+            bound.append(seen)
         return args
 
     def own(self, *paths: Path) -> None:
@@ -203,8 +204,11 @@ class Slot:
 
     def kill_all(self) -> None:
         """uid mode: every process of this slot's user, and only those (in bubblewrap a sandbox dies with its bwrap)."""
-        if self._lock_fd >= 0 and self.sandbox.mode == "uid":
-            kill_all_of(self.uid)
+        if self.sandbox.mode != "uid":
+            return
+        if self._lock_fd < 0:
+            raise RuntimeError(f"user {self.uid} is no longer held by this process")
+        kill_all_of(self.uid)
 
     def release(self) -> None:
         if self._lock_fd < 0:
