@@ -1,14 +1,15 @@
 """Isolation: what a notebook being graded can reach (labsupport.course.sandbox).
 
-One small lab-00 notebook probes its surroundings, in its kernel (a cell of its own) and in the
-worker (inside its 0.2 function, which the grader calls there), and fails loudly on anything it
-should not reach: the grader's processes in /proc, the grader's command line and environment,
-the repository's solutions/ and graders, a TCP listener this test opens on 127.0.0.1, another
-notebook's job folder (two students are graded at once).  What it found comes back through the
-grade: the kernel's probe raises in 0.2's cell (the detail quotes it), the worker's makes 0.2's
-function raise.  An honest 0.1 and 0.2 are in the same notebook, so a pass also shows that a
-sandboxed kernel and worker still work.  The uid fallback (forced) is checked the same way for
-what it promises: a user id of its own, no capabilities, no write to labsupport, no read of the graders.
+A probe looks around and lists anything it should not reach: the grader's processes in /proc, the
+grader's command line and environment, the repository's solutions/ and graders, a TCP listener this
+test opens on 127.0.0.1, another notebook's job folder.  It runs in the kernel of a small lab-00
+notebook that `grade` grades (two students at once), where a finding makes 0.2's cell raise (the
+detail quotes it) while honest answers pass, so a pass also shows a sandboxed kernel still works;
+and in a worker started the way `grade` starts it, where the function returns its findings (a
+function answer that opens files or sockets is refused by the static check before it runs there).
+Run outside any sandbox first, the probe finds them all, so it can fail.  The uid fallback (forced)
+is checked for what it promises: a user id of its own, no capabilities, no write to labsupport, no
+read of the graders.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from labsupport.course.sandbox import MODE_ENV, UIDS, Sandbox
-from test_grade import GOOD_01, IMPORTS, notebook
+from labsupport.course import grade as G
+from test_grade import GOOD_01, GOOD_02, IMPORTS, notebook
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,9 +72,6 @@ def leaks(grader_pid, port, sibling_check=True):
 '''
 
 KERNEL_PROBE = 'found = leaks({pid}, {port})\nif found:\n    raise RuntimeError("kernel " + "; ".join(found))'
-WORKER_02 = ('def per_token(l, h, d, b):\n    found = leaks({pid}, {port})\n    if found:\n'
-             '        raise RuntimeError("worker " + "; ".join(found))\n    return 2 * l * h * d * b\n\n'
-             'check("0.2", per_token)')
 
 UID_PROBES = '''
 import os, pathlib
@@ -118,26 +117,27 @@ def listener():
     server.close()
 
 
-@pytest.mark.skipif(not BWRAP, reason="bubblewrap cannot run as root here")
-def test_under_bubblewrap_a_notebook_reaches_nothing_outside_its_view(tmp_path, listener):
-    # the probe itself must be able to fail: here, outside any sandbox, it finds the test, the files and the port
-    paths = [str(ROOT / "solutions"), str(ROOT / "labsupport" / "course" / "checkoffs" / "lab02.py")]
-    source = PROBES.format(paths=paths, secret=SECRET)
+def _outside(source: str, *args) -> list[str]:
     namespace: dict = {}
-    os.environ["LABSUPPORT_TEST_SECRET"] = SECRET
-    try:
-        exec(source, namespace)  # noqa: S102 - the probe as written into the notebook
-        outside = namespace["leaks"](os.getpid(), listener)
-    finally:
-        del os.environ["LABSUPPORT_TEST_SECRET"]
-    for words in ("processes", "reads " + paths[0], "reads " + paths[1], "environ", "reached 127.0.0.1"):
+    exec(source, namespace)  # noqa: S102 - the probe as written into the notebook, run here as root
+    return namespace["leaks"](*args)
+
+
+PATHS = [str(ROOT / "solutions"), str(ROOT / "labsupport" / "course" / "checkoffs" / "lab02.py")]
+SOURCE = PROBES.format(paths=PATHS, secret=SECRET)
+
+
+@pytest.mark.skipif(not BWRAP, reason="bubblewrap cannot run as root here")
+def test_under_bubblewrap_a_graded_notebook_reaches_nothing_outside_its_view(tmp_path, listener, monkeypatch):
+    monkeypatch.setenv("LABSUPPORT_TEST_SECRET", SECRET)
+    outside = _outside(SOURCE, os.getpid(), listener)
+    for words in ("processes", "reads " + PATHS[0], "reads " + PATHS[1], "environment", "reached 127.0.0.1"):
         assert any(words in f for f in outside), (words, outside)
 
     for student in ("ann", "bob"):  # graded at once (--jobs 2): each one's job folder is beside the other's
-        notebook(tmp_path / "class" / student / "00_x.ipynb", IMPORTS, source, GOOD_01,
-                 KERNEL_PROBE.format(pid=os.getpid(), port=listener) + "\n" +
-                 WORKER_02.format(pid=os.getpid(), port=listener))
-    env = dict(os.environ, LABSUPPORT_TEST_SECRET=SECRET)
+        notebook(tmp_path / "class" / student / "00_x.ipynb", IMPORTS, SOURCE, GOOD_01,
+                 KERNEL_PROBE.format(pid=os.getpid(), port=listener) + "\n" + GOOD_02)
+    env = dict(os.environ)
     env.pop(MODE_ENV, None)
     stderr, got = _run(tmp_path / "class", env)
     assert "grade: isolation: bubblewrap (" in stderr
@@ -145,6 +145,30 @@ def test_under_bubblewrap_a_notebook_reaches_nothing_outside_its_view(tmp_path, 
         assert got[(student, "error")] == ""
         assert got[(student, "0.1")] == ("passed", "")
         assert got[(student, "0.2")] == ("passed", ""), got[(student, "0.2")][1]
+
+
+@pytest.mark.skipif(not BWRAP, reason="bubblewrap cannot run as root here")
+def test_under_bubblewrap_the_worker_reaches_nothing_outside_its_view(tmp_path, listener, monkeypatch):
+    monkeypatch.setenv("LABSUPPORT_TEST_SECRET", SECRET)
+    sandbox = Sandbox.for_this_machine()
+    assert sandbox is not None and sandbox.mode == "bubblewrap"
+    grader = G.Grader(timeout=60, sandbox=sandbox)
+    slot = sandbox.acquire()
+    try:
+        other = grader.scratch / "nb-another-student"
+        (other / "home").mkdir(parents=True)
+        job = grader.scratch / "nb-this-one"
+        (job / "home").mkdir(parents=True)
+        slot.enter(job)
+        worker = grader._worker(job, slot)
+        try:
+            fn = worker.load("0.2", SOURCE + "\n__answer__ = leaks\n", (), "def leaks(): ...", 60)
+            assert fn(os.getpid(), listener) == []
+        finally:
+            worker.close()
+    finally:
+        slot.release()
+        grader.close()
 
 
 @pytest.mark.skipif(not (sys.platform == "linux" and os.geteuid() == 0), reason="lending user ids needs root")
