@@ -182,14 +182,31 @@ def test_the_uid_fallback_runs_as_a_user_of_its_own_that_cannot_write_labsupport
     assert len(outside) == 1 + 1 + len(writable) + len(readable), outside
     before = [Path(p).read_bytes() for p in writable]
     probe = 'found = leaks()\nif found:\n    raise RuntimeError("; ".join(found))'
-    worker = ('def per_token(l, h, d, b):\n    found = leaks()\n    if found:\n'
-              '        raise RuntimeError("; ".join(found))\n    return 2 * l * h * d * b\n\ncheck("0.2", per_token)')
-    notebook(tmp_path / "class" / "cy" / "00_x.ipynb", IMPORTS, source, GOOD_01, probe + "\n" + worker)
+    notebook(tmp_path / "class" / "cy" / "00_x.ipynb", IMPORTS, source, GOOD_01, probe + "\n" + GOOD_02)
     stderr, got = _run(tmp_path / "class", dict(os.environ, **{MODE_ENV: "uid"}))
     assert "grade: isolation: uid (" in stderr
     assert got[("cy", "error")] == ""
     assert got[("cy", "0.1")] == ("passed", "")
     assert got[("cy", "0.2")] == ("passed", ""), got[("cy", "0.2")][1]
+    assert [Path(p).read_bytes() for p in writable] == before
+
+    sandbox = Sandbox("uid")  # the worker, started as grade starts it in this mode
+    sandbox.prepare_machine()
+    grader = G.Grader(timeout=60, sandbox=sandbox)
+    slot = sandbox.acquire()
+    try:
+        job = grader.scratch / "nb-this-one"
+        (job / "home").mkdir(parents=True)
+        slot.enter(job)
+        slot.own(job / "home")
+        worker = grader._worker(job, slot)
+        try:
+            assert worker.load("0.2", source + "\n__answer__ = leaks\n", (), "def leaks(): ...", 60)() == []
+        finally:
+            worker.close()
+    finally:
+        slot.release()
+        grader.close()
     assert [Path(p).read_bytes() for p in writable] == before
 
 
