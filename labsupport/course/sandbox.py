@@ -225,8 +225,11 @@ class Sandbox:
         self.mode, self.locks, self.uids = mode, Path(locks), uids
 
     @classmethod
-    def for_this_machine(cls) -> "Sandbox | None":
-        """bubblewrap where it runs, else (as root) a user id of its own, else None (student code runs as you)."""
+    def for_this_machine(cls, prepare: bool = True) -> "Sandbox | None":
+        """bubblewrap where it runs, else (as root) a user id of its own, else None (student code runs as you).
+
+        Without `prepare` (doctor), uid mode is not readied (nor tried, as it then may not run yet).
+        """
         forced = os.environ.get(MODE_ENV, "")
         if sys.platform != "linux" or forced == "none":
             return None
@@ -235,6 +238,8 @@ class Sandbox:
             if forced == "uid" and mode == "bubblewrap" or mode == "uid" and not root:
                 continue
             sandbox = cls(mode)
+            if mode == "uid" and not prepare:
+                return sandbox
             if mode == "uid":
                 sandbox.prepare_machine()
             if sandbox.works():
