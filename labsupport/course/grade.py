@@ -280,6 +280,8 @@ def run_notebook(nb: A.Notebook, job: Path, snapshot: Snapshot, timeout: int, sl
     from labsupport.course.build import kernel_manager
 
     run = Run()
+    if slot is not None:
+        slot.enter(job)
     site = snapshot.write(job / "kernel_site")
     home = job / "home"
     work = job / "work" / (nb.path.parent.name or "notebook")
@@ -301,24 +303,13 @@ def run_notebook(nb: A.Notebook, job: Path, snapshot: Snapshot, timeout: int, sl
     env = _student_env(site, home)
     km = kernel_manager()
     km.transport, km.ip = "ipc", str(job / "ipc" / "kernel")  # sockets in its own folder: no port to share
+    km.connection_file = str(job / "kernel.json")
     (job / "ipc").mkdir(mode=0o700)
-    if slot is None:
-        for real, seen in snapshot.data(site):
-            link(real, seen)
-    else:  # the kernel starts in the slot's sandbox, as the slot's user
-        slot.enter(job)
-        slot.show(snapshot.data(site))
-        slot.own(home, job / "work", job / "ipc", records)
+    km.write_connection_file()  # now, to hand it to the kernel's user (jupyter_client keeps one written)
+    _show_data(snapshot, site, slot)
+    if slot is not None:  # the kernel starts in the slot's sandbox, as the slot's user
+        slot.own(home, job / "work", job / "ipc", records, Path(km.connection_file))
         km.kernel_spec.argv = slot.command(list(km.kernel_spec.argv))
-        km.connection_file = str(job / "kernel.json")
-        write_connection_file = km.write_connection_file
-
-        def write_and_hand_over(*args, **kwargs):  # the kernel must read its own connection file
-            written = write_connection_file(*args, **kwargs)
-            slot.own(Path(km.connection_file))
-            return written
-
-        km.write_connection_file = write_and_hand_over
     client = _collecting_client()(runnable, km=km, timeout=timeout, allow_errors=True,
                                   resources={"metadata": {"path": str(work)}}, record_timing=False,
                                   store_widget_state=False, startup_timeout=max(60, timeout))
@@ -384,6 +375,12 @@ def _kill_kernel(km) -> None:
     with contextlib.suppress(Exception):
         proc.kill()
         proc.wait(10)  # reaped here: a zombie would still count as a process of the slot's user
+
+
+def _show_data(snapshot: Snapshot, site: Path, slot) -> None:
+    for real, seen in snapshot.data(site):
+        if real.is_dir():
+            (slot.show if slot is not None else link)(real, seen)
 
 
 STUDENT_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
@@ -513,11 +510,7 @@ class Grader:
 
         site = self.snapshot.write(job / "worker_site")
         env = _student_env(site, job / "home")
-        if slot is None:
-            for real, seen in self.snapshot.data(site):
-                link(real, seen)
-        else:
-            slot.show(self.snapshot.data(site))
+        _show_data(self.snapshot, site, slot)
         return WorkerClient(job / "worker", site, env, wrap=slot.command if slot is not None else None,
                             owner=slot.own if slot is not None else None)
 

@@ -1,30 +1,21 @@
 """Where student code runs while `grade` grades it: a sandbox per notebook (every lab).
 
-Every process of a notebook being graded (its kernel, the worker that tries its functions, anything
-they start) runs in the best of three modes this machine allows, probed once per run:
+Every process of a notebook being graded (kernel, worker, anything they start) runs in the best
+of three modes this machine allows, probed once per run (GRADING.md, "Isolation"):
 
-  bubblewrap  under Debian's bubblewrap (/usr/bin/bwrap), in pid, network, IPC and UTS namespaces of
-              its own, as a user id of its own (root lends one per notebook) with no capabilities,
-              seeing a read-only view of only the system (/usr, /etc), the interpreter and its
-              packages, the notebook's private labsupport and the data the labs read, plus its own
-              scratch folder and a private /tmp.  The repository, solutions/, the graders, other
-              notebooks' folders and every process outside (the grader's argv, environment, /proc)
-              are simply not there; no network route leads out; when the grader kills the sandbox's
-              bwrap process, everything inside dies with it (a pid namespace ends with its init).
-  uid         where namespaces cannot be made (a container without them): a user id of its own, no
-              capabilities, the graders' files (checkoffs/, solutions/) made root-only; the
-              processes of that user are killed when the notebook is done.  The grader's command
-              line is still readable in /proc here.
-  none        not root and no bubblewrap: student code runs as you, with the grader's other
-              defences only (answers as plain data, verdicts outside): grade untrusted work as root.
+  bubblewrap  its own pid, network, IPC and UTS namespaces, its own user id, no capabilities, and
+              a read-only view of only the system, the interpreter, the private labsupport and the
+              data, plus its own scratch and /tmp.  Killing its bwrap process kills it all.
+  uid         no namespaces here: its own user id, no capabilities, the graders' files root-only;
+              that user's processes are killed after the notebook.
+  none        not root and no bubblewrap: student code runs as you.
 
-A user id is lent machine-wide, not per grader: each one has a lock file in a folder only root may
-enter (LOCKS), held (flock) by a slot for as long as it lives, so two `grade` runs at once never
-share one; a holder that crashes lets go of its lock with its last file descriptor.
-$LABSUPPORT_GRADE_ISOLATION=uid or =none forces a weaker mode (tests; a machine the probe misjudges).
+User ids are lent machine-wide: each has a lock file in a root-only folder (LOCKS), flocked by
+the slot holding it, so two `grade` runs never share one and a crashed holder lets go.
+$LABSUPPORT_GRADE_ISOLATION=uid or =none forces a weaker mode.
 
-    python -I sandbox.py UID -- COMMAND...   (the launcher, inside the sandbox: becomes UID, then runs COMMAND)
-    python -I sandbox.py UID --kill-all      (uid mode: kills, as UID, every process of UID)
+    python -I sandbox.py UID -- COMMAND...   (inside the sandbox: become UID, then run COMMAND)
+    python -I sandbox.py UID --kill-all      (uid mode: kill, as UID, every process of UID)
 """
 from __future__ import annotations
 
@@ -43,7 +34,7 @@ from pathlib import Path
 UIDS = range(61000, 61256)  # the user ids lent to student code, machine-wide
 LOCKS = Path("/run" if os.path.isdir("/run") else tempfile.gettempdir()) / "labsupport-grade-uids"
 MODE_ENV = "LABSUPPORT_GRADE_ISOLATION"
-LAUNCHER = "/run/labsupport-sandbox.py"  # where this file is seen inside a bubblewrap sandbox
+LAUNCHER = Path(__file__).read_bytes()  # this file as the grader read it, copied into each job as launch.py
 SYSTEM = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
 # per-process limits for student code: processes of its user (a fork bomb), bytes per file, no core dumps
@@ -136,58 +127,54 @@ class Slot:
 
     def __init__(self, sandbox: "Sandbox", uid: int, lock_fd: int):
         self.sandbox, self.uid, self._lock_fd = sandbox, uid, lock_fd
-        self.job: Path | None = None  # the notebook's folder: the only one of the grader's the sandbox sees
+        self.job: Path | None = None  # the notebook's folder (`enter`): the only one of the grader's the sandbox sees
         self.data: list[tuple[Path, Path]] = []  # (real folder, where the labs look for it), read-only
 
     def enter(self, job: Path) -> None:
         """Run in `job`: the one folder of the grader's the sandbox sees (its *_site folders read-only)."""
         self.job = Path(job)
+        (self.job / "launch.py").write_bytes(LAUNCHER)
         if os.geteuid() == 0:  # the slot's user passes through to its own folders, listing none
             os.chmod(self.job.parent, 0o711)
             os.chmod(self.job, 0o711)
 
-    def show(self, data: list[tuple[Path, Path]]) -> None:
-        """Let the sandbox see each real folder of `data` (read-only) where the labs look for it."""
-        for real, seen in ((Path(s), Path(d)) for s, d in data):
-            if not real.is_dir():
-                continue
-            if self.sandbox.mode == "bubblewrap":
-                seen.mkdir(parents=True, exist_ok=True)  # a mount point: bound over, never a link out
-                self.data.append((real, seen))
-            else:
-                link(real, seen)
+    def show(self, real: Path, seen: Path) -> None:
+        """Let the sandbox see the folder `real`, read-only, at `seen`."""
+        if self.sandbox.mode != "bubblewrap":
+            return link(real, seen)
+        seen.mkdir(parents=True, exist_ok=True)  # a mount point, bound over: never a link out
+        self.data.append((real, seen))
 
     def command(self, argv: list[str]) -> list[str]:
         """`argv` as it runs in this slot's sandbox."""
         if self.sandbox.mode == "uid":  # this file run as a script, isolated: the standard library only
             return [sys.executable, "-I", str(Path(__file__).resolve()), str(self.uid), "--", *argv]
-        inside = ["--unshare-user", "--cap-drop", "ALL", *argv] if self._lock_fd < 0 else \
-            [sys.executable, "-I", LAUNCHER, str(self.uid), "--", *argv]  # root: becomes the slot's user inside
-        return [*self.sandbox.bwrap(self.view()), *inside]
-
-    def view(self) -> list[str]:
-        """bwrap's arguments for what this slot's processes see."""
-        binds: list[tuple[str, Path, Path]] = [("--ro-bind", Path(__file__).resolve(), Path(LAUNCHER))]
-        for prefix in (sys.base_prefix, sys.prefix):
-            binds.append(("--ro-bind", Path(prefix), Path(prefix)))
-        if self.job is not None:
-            binds.append(("--bind", self.job, self.job))
-            binds += [("--ro-bind", site, site) for site in sorted(self.job.glob("*_site"))]
+        if self.job is None:
+            raise RuntimeError("a bubblewrap slot runs in a job folder: enter() it first")
+        args = [shutil.which("bwrap") or "/usr/bin/bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net",
+                "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+                "--unsetenv", "JPY_PARENT_PID"]  # ipykernel must not watch for a parent it cannot see
+        for p in filter(os.path.lexists, SYSTEM):
+            args += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
+        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+        args += [a for d in map(str, sorted(Path("/dev").glob("nvidia*"))) for a in ("--dev-bind", d, d)]
+        binds = [("--ro-bind", Path(p), Path(p)) for p in (sys.base_prefix, sys.prefix)]
+        binds += [("--bind", self.job, self.job)] + [("--ro-bind", s, s) for s in sorted(self.job.glob("*_site"))]
         binds += [("--ro-bind", real, seen) for real, seen in self.data]
         system = [Path(p) for p in SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
-        bound = list(system)  # folders in view whose insides are real: nothing is made below them
-        made = {Path("/tmp")}  # empty folders of the sandbox's own
-        args: list[str] = []
+        bound, made = list(system), {Path("/tmp")}  # folders whose insides are real (nothing is made there)
         for flag, real, seen in binds:
-            if flag == "--ro-bind" and real == seen and any(_within(seen, s) for s in system):
+            if real == seen and any(_within(seen, s) for s in system):
                 continue  # already in view (an interpreter under /usr)
-            for folder in reversed(seen.parents[:-1]):  # the folders above it, made traversable
+            for folder in reversed(seen.parents[:-1]):  # the folders above it: empty, passable
                 if folder not in made and not any(_within(folder, b) for b in bound):
                     args += ["--perms", "0755", "--dir", str(folder)]
                     made.add(folder)
             args += [flag, str(real), str(seen)]
             bound.append(seen)
-        return args
+        inside = [sys.executable, "-I", str(self.job / "launch.py"), str(self.uid), "--"] if self._lock_fd >= 0 else \
+            ["--unshare-user", "--cap-drop", "ALL"]  # root becomes the slot's user inside; others stay themselves
+        return [*args, *inside, *argv]
 
     def own(self, *paths: Path) -> None:
         """Give the slot's user the folders it must write (its scratch, its copy of the notebook's folder)."""
@@ -246,15 +233,6 @@ class Sandbox:
                 return sandbox
         return None
 
-    def bwrap(self, view: list[str]) -> list[str]:
-        devices = [a for d in sorted(Path("/dev").glob("nvidia*")) for a in ("--dev-bind", str(d), str(d))]
-        return [shutil.which("bwrap") or "/usr/bin/bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net",
-                "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-                "--unsetenv", "JPY_PARENT_PID",  # its parent is out of sight: ipykernel must not poll for it
-                *[a for p in SYSTEM if os.path.lexists(p) for a in
-                  (("--symlink", os.readlink(p), p) if os.path.islink(p) else ("--ro-bind", p, p))],
-                "--proc", "/proc", "--dev", "/dev", *devices, "--perms", "1777", "--tmpfs", "/tmp", *view]
-
     def prepare_machine(self) -> None:
         """uid mode: the graders' files root-only, and the interpreter's folders passable (not listable) by all."""
         import labsupport
@@ -274,13 +252,17 @@ class Sandbox:
     def works(self) -> bool:
         """Can a slot's user run this interpreter (and numpy) here?"""
         slot = self.acquire()
+        scratch = Path(tempfile.mkdtemp(prefix="labsupport-probe-"))
         try:
+            (scratch / "job").mkdir()
+            slot.enter(scratch / "job")
             probe = subprocess.run(slot.command([sys.executable, "-c", "import os, numpy; print(os.getuid())"]),
                                    capture_output=True, text=True, timeout=120, cwd="/")
         except (OSError, subprocess.TimeoutExpired):
             return False
         finally:
             slot.release()
+            shutil.rmtree(scratch, ignore_errors=True)
         return probe.returncode == 0 and probe.stdout.strip() == str(slot.uid)
 
     def describe(self) -> str:
