@@ -45,11 +45,9 @@ python3 -m pip install --upgrade pip
 # the CPU build of torch: a plain `torch` requirement would pull several GB of CUDA wheels
 python3 -m pip install --index-url https://download.pytorch.org/whl/cpu {torch_requirement}
 python3 -m pip install -e /autograder/source
-# bubblewrap: the sandbox student code is graded in (without it, a user id of its own is the fallback)
-if ! command -v bwrap >/dev/null; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) \
-    || echo "setup.sh: could not install bubblewrap; grading falls back to a user id of its own" >&2
-fi
+# bubblewrap: the sandbox student code is graded in (without it, the fallback is a user id of its own)
+command -v bwrap >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) \
+  || echo "setup.sh: could not install bubblewrap; grading falls back to a user id of its own" >&2
 python3 -m labsupport doctor || true
 """
 

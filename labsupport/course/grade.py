@@ -3,8 +3,8 @@
 check() in a notebook is feedback; this decides.  The verdict is reached in this process, which
 never runs a line of student code:
 
- 1. Before anything of the student's runs, labsupport's own files are read into memory, every lab's
-    checkoffs are imported and, per notebook, each checkoff is *prepared*: its expected value, or
+ 1. Before anything of the student's runs, labsupport's own files are read into memory and, per
+    notebook, each checkoff is *prepared*: its expected value, or
     its cases (the lab's own inputs plus hidden ones drawn from a secret seed per run, notebook and
     checkoff) with their expected results.
  2. The notebook is read as a file (labsupport.course.answers): its code cells, and every
@@ -151,32 +151,6 @@ class Snapshot:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
         return site
-
-    def data(self, site: Path) -> list[tuple[Path, Path]]:
-        """(real folder, where a copy at `site` looks for it): the data loaders look beside the package."""
-        repo = self.package.parent
-        pairs = [(repo / "data", site / "data"), (repo.parent / "shared" / "traces", site.parent / "shared" / "traces")]
-        if os.environ.get("LABSUPPORT_DATA"):
-            pairs.append((Path(os.environ["LABSUPPORT_DATA"]).expanduser().resolve(),) * 2)
-        return pairs
-
-
-def _preload() -> None:
-    """Import every labsupport module now, so nothing this process uses is read from disk later."""
-    import importlib
-    import pkgutil
-
-    import labsupport
-
-    for info in pkgutil.walk_packages(labsupport.__path__, "labsupport."):
-        if info.name.endswith("__main__"):
-            continue
-        with contextlib.suppress(Exception):
-            importlib.import_module(info.name)
-    for lab in LABS:
-        load_lab(lab)
-    from IPython.core.inputtransformer2 import TransformerManager  # noqa: F401 - answers.read uses it
-    from nbclient import NotebookClient  # noqa: F401
 
 
 # --- running the notebook: only to collect the answers --------------------------------------------------
@@ -378,19 +352,18 @@ def _kill_kernel(km) -> None:
 
 
 def _show_data(snapshot: Snapshot, site: Path, slot) -> None:
-    for real, seen in snapshot.data(site):
+    """What the data loaders look for beside the package (data/, ../shared/traces, $LABSUPPORT_DATA), read-only."""
+    repo, env = snapshot.package.parent, os.environ.get("LABSUPPORT_DATA")
+    for real, seen in ((repo / "data", site / "data"), (repo.parent / "shared/traces", site.parent / "shared/traces"),
+                       *([(Path(env).expanduser().resolve(),) * 2] if env else [])):
         if real.is_dir():
             (slot.show if slot is not None else link)(real, seen)
 
 
-STUDENT_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
-               "MKL_NUM_THREADS", "LABSUPPORT_DATA", "LABSUPPORT_HIDE_TRACES", "TRITON_INTERPRET")
-
-
 def _student_env(site: Path, home: Path) -> dict[str, str]:
     """The environment student code gets: a few of the grader's variables (never all), and its own folders."""
-    env = {k: os.environ[k] for k in STUDENT_ENV if k in os.environ}
-    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ",
+           "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LABSUPPORT_DATA", "LABSUPPORT_HIDE_TRACES", "TRITON_INTERPRET")}
     env.update(PYTHONPATH=str(site), HOME=str(home), IPYTHONDIR=str(home / ".ipython"), MPLBACKEND="Agg",
                TRITON_CACHE_DIR=str(home / ".triton"), PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1",
                USER="student", LOGNAME="student", XDG_CACHE_HOME=str(home / ".cache"))
@@ -452,7 +425,6 @@ class Grader:
         self.timeout = timeout
         self.secret = secret if secret is not None else secrets.token_bytes(32)
         self.snapshot = Snapshot(Path(labsupport.__file__).resolve().parent)
-        _preload()
         self.sandbox = sandbox
         self.scratch = Path(tempfile.mkdtemp(prefix="labsupport-grade-"))
 

@@ -10,9 +10,8 @@ of three modes this machine allows, probed once per run (GRADING.md, "Isolation"
               that user's processes are killed after the notebook.
   none        not root and no bubblewrap: student code runs as you.
 
-User ids are lent machine-wide: each has a lock file in a root-only folder (LOCKS), flocked by
-the slot holding it, so two `grade` runs never share one and a crashed holder lets go.
-$LABSUPPORT_GRADE_ISOLATION=uid or =none forces a weaker mode.
+User ids are lent machine-wide: each has a lock file in a root-only folder (LOCKS), flocked by the
+slot holding it, so two `grade` runs never share one.  $LABSUPPORT_GRADE_ISOLATION=uid|none forces a mode.
 
     python -I sandbox.py UID -- COMMAND...   (inside the sandbox: become UID, then run COMMAND)
     python -I sandbox.py UID --kill-all      (uid mode: kill, as UID, every process of UID)
@@ -101,14 +100,10 @@ def _kill_everything_i_may() -> None:
 
 
 def _processes_of(uid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and entry.stat().st_uid == uid:
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
+    def owner(entry: Path) -> int | None:
+        with contextlib.suppress(OSError):
+            return entry.stat().st_uid
+    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and owner(e) == uid]
 
 
 def _within(path: Path, folder: Path) -> bool:
@@ -220,18 +215,14 @@ class Sandbox:
         forced = os.environ.get(MODE_ENV, "")
         if sys.platform != "linux" or forced == "none":
             return None
-        root = os.geteuid() == 0
-        for mode in ("bubblewrap", "uid"):
-            if forced == "uid" and mode == "bubblewrap" or mode == "uid" and not root:
-                continue
-            sandbox = cls(mode)
-            if mode == "uid" and not prepare:
-                return sandbox
-            if mode == "uid":
-                sandbox.prepare_machine()
-            if sandbox.works():
-                return sandbox
-        return None
+        if forced != "uid" and (sandbox := cls("bubblewrap")).works():
+            return sandbox
+        if os.geteuid() != 0:
+            return None
+        sandbox = cls("uid")
+        if prepare:
+            sandbox.prepare_machine()
+        return sandbox if not prepare or sandbox.works() else None
 
     def prepare_machine(self) -> None:
         """uid mode: the graders' files root-only, and the interpreter's folders passable (not listable) by all."""
@@ -266,13 +257,10 @@ class Sandbox:
         return probe.returncode == 0 and probe.stdout.strip() == str(slot.uid)
 
     def describe(self) -> str:
+        who = f"a user id of its own ({self.uids.start}-{self.uids.stop - 1})" if os.geteuid() == 0 else "your user id"
         if self.mode == "bubblewrap":
-            who = f"a user id of its own from {self.uids.start}-{self.uids.stop - 1}" if os.geteuid() == 0 else \
-                "your user id"
-            return (f"bubblewrap ({who}, no capabilities, own pid/net/ipc namespaces, a read-only view of the "
-                    "interpreter, its packages, labsupport and the data, its own scratch and /tmp)")
-        return (f"uid (no namespaces here: a user id of its own from {self.uids.start}-{self.uids.stop - 1}, no "
-                "capabilities, the graders' files root-only; the grader's command line stays visible in /proc)")
+            return f"bubblewrap ({who}, no capabilities, own pid/net/ipc namespaces, read-only view, own scratch and /tmp)"
+        return f"uid (no namespaces here: {who}, no capabilities, graders root-only; /proc shows the grader's argv)"
 
     def try_acquire(self) -> Slot | None:
         """A user id no process on this machine holds now, or None when every one is taken."""
