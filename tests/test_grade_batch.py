@@ -211,8 +211,7 @@ def test_planted_temporary_names_and_a_planted_destination_lose_no_row(tmp_path,
     captured = capsys.readouterr()
     assert code == 2
     assert [line for line in captured.err.strip().splitlines() if not line.startswith("grade: isolation: ")] == [
-        f"grade: --csv {out / 'gradebook.csv'}: could not write it "
-                                                                                     "(Is a directory)"]
+        f"grade: --csv {out / 'gradebook.csv'}: could not write it (Is a directory)"]
     assert [n["student"] for n in json.loads(captured.out)["notebooks"]] == ["ann", "bob", "cy"]
     results = json.loads((out / "results.json").read_text())
     assert len(results["tests"]) == 3 * len(load_lab(0)) and results["score"] == 3 * len(load_lab(0))
