@@ -17,9 +17,9 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # The browser test drives Debian's Chromium; as root with apt-get, `make test` installs it when missing.
 CHROMIUM := $(firstword $(LABSUPPORT_CHROMIUM) $(shell command -v chromium chromium-browser google-chrome 2>/dev/null))
 
-.PHONY: lab board present test install chromium clean-venv
+.PHONY: lab board present test install chromium bubblewrap clean-venv
 
-install: $(STAMP)
+install: $(STAMP) bubblewrap
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -64,7 +64,14 @@ ifeq ($(CHROMIUM),)
 	else echo "make: no Chromium found (apt-get install chromium, or set LABSUPPORT_CHROMIUM); the browser test will skip"; fi
 endif
 
-test: $(STAMP) chromium
+# `grade` runs student code under Debian's bubblewrap; as root with apt-get, it is installed when missing.
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null \
+		|| echo "make: could not install bubblewrap; grade falls back to a weaker sandbox"; \
+	else echo "make: no bubblewrap (apt-get install bubblewrap); grade falls back to a weaker sandbox"; fi; }
+
+test: $(STAMP) chromium bubblewrap
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 clean-venv:

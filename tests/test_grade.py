@@ -18,6 +18,7 @@ import nbformat
 import pytest
 
 from labsupport.course import grade as G
+from labsupport.course.sandbox import Sandbox
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,8 @@ UNDONE_01 = f'kib = ...  # {WORD} 0.1: set kib\ncheck("0.1", kib)'
 UNDONE_02 = f'def per_token(l, h, d, b):\n    raise NotImplementedError("{WORD} 0.2: return it")\n\ncheck("0.2", per_token)'
 PASS_LINES = 'print("✅ Checkoff 0.1 passed")\nprint("✅ Checkoff 0.2 passed")'
 MARKER = "labsupport-test-daemon-5f3a"
-SANDBOXED = sys.platform == "linux" and os.geteuid() == 0 and not os.environ.get("LABSUPPORT_NO_SANDBOX")
+# what grade will find here (the probe runs once): without a sandbox, a notebook can change your files
+SANDBOXED = Sandbox.for_this_machine() is not None
 
 # name -> (cells, {checkoff: expected status}); 0.1 or 0.2 is forged, the other answered honestly
 FORGERIES = {
@@ -58,12 +60,13 @@ FORGERIES = {
                        'fake.check = lambda *a: print("✅ Checkoff 0.1 passed")\n'
                        'sys.modules["labsupport.course.checkoff"] = fake\nsys.modules["labsupport.checkoff"] = fake\n'
                        'from labsupport.course.checkoff import check', 'check("0.1", 1)', GOOD_02],
-    # edits labsupport's files: its own copy, and the installed package's (harmless) units.py
-    "00_edits_files": [IMPORTS, 'import labsupport, pathlib\nroot = pathlib.Path(labsupport.__file__).parent\n'
+    # edits labsupport's files: its own copy, and the installed package's (harmless) units.py (in a sandbox only:
+    # without one, nothing stops it)
+    **({"00_edits_files": [IMPORTS, 'import labsupport, pathlib\nroot = pathlib.Path(labsupport.__file__).parent\n'
                        'for p in list(root.rglob("*.py")):\n    try:\n        p.write_text(p.read_text() + "\\nFORGED = 1\\n")\n'
                        '    except OSError:\n        pass\n'
                        f'try:\n    open({str(ROOT / "labsupport" / "units.py")!r}, "a").write("\\n# forged\\n")\n'
-                       'except OSError:\n    pass', 'kib = 5\ncheck("0.1", kib)', GOOD_02],
+                       'except OSError:\n    pass', 'kib = 5\ncheck("0.1", kib)', GOOD_02]} if SANDBOXED else {}),
     # ends its own kernel after a correct 0.1
     "00_os_exit": [IMPORTS, GOOD_01, "import os\nos._exit(0)", GOOD_02],
     # patches json.dumps in the kernel (the protocol breaks) after a correct 0.1
@@ -188,7 +191,8 @@ def test_files_that_are_not_notebooks_get_error_rows_and_one_line_each(batch):
         row = batch["by"][f"invalid_{name[3:-6]}"]
         assert row["error"] and row["checkoffs"] == []
     lines = [line for line in proc.stderr.splitlines() if line.startswith("grade: ")]
-    assert len(lines) == len(INVALID)
+    assert lines[0].startswith("grade: isolation: ")  # the mode, once, at start
+    assert len(lines) == 1 + len(INVALID)
     assert "Traceback" not in proc.stderr
 
 
@@ -213,12 +217,10 @@ def test_failures_explain_themselves(batch):
     assert by["00_patched_json"]["error"]
 
 
+@pytest.mark.skipif(not SANDBOXED, reason="without a sandbox, a notebook's code runs as you and may write your files")
 def test_nothing_the_notebook_writes_changes_labsupport(batch):
+    # in a sandbox the notebook sees a read-only copy of labsupport, and the installed one not at all
     assert batch["units_after"] == batch["units_before"]
-    notes = batch["by"]["00_edits_files"]["notes"]
-    # as root the notebook runs as a user of its own and cannot write the file at all; otherwise
-    # the grader notices the change, puts the file back, and says so
-    assert SANDBOXED or any("put back" in n for n in notes)
 
 
 @pytest.mark.skipif(not SANDBOXED, reason="without a user of its own, a notebook's processes can escape its session")

@@ -87,9 +87,8 @@ def _alive(uid: int) -> int:
 
 @pytest.mark.skipif(not ROOT_HERE, reason="lending user ids needs root on Linux")
 def test_kill_all_reaches_its_own_uid_only_even_a_fork_bomb(tmp_path):
-    sandbox = S.Sandbox(locks=tmp_path / "locks", uids=TEST_UIDS)
-    if not sandbox._works():
-        sandbox.read_all = True  # the interpreter lives where only root may read (as grade finds out too)
+    sandbox = S.Sandbox("uid", locks=tmp_path / "locks", uids=TEST_UIDS)
+    sandbox.prepare_machine()  # as grade does in this mode: the interpreter's folders passable by these users
     bomb, bystander = sandbox.acquire(), sandbox.acquire()
     forks = ("import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
              "        time.sleep(0.01)\n")
@@ -211,8 +210,8 @@ def test_planted_temporary_names_and_a_planted_destination_lose_no_row(tmp_path,
                    "--gradescope", str(out / "results.json")])
     captured = capsys.readouterr()
     assert code == 2
-    assert captured.err.strip().splitlines() == [f"grade: --csv {out / 'gradebook.csv'}: could not write it "
-                                                 "(Is a directory)"]
+    assert [line for line in captured.err.strip().splitlines() if not line.startswith("grade: isolation: ")] == [
+        f"grade: --csv {out / 'gradebook.csv'}: could not write it (Is a directory)"]
     assert [n["student"] for n in json.loads(captured.out)["notebooks"]] == ["ann", "bob", "cy"]
     results = json.loads((out / "results.json").read_text())
     assert len(results["tests"]) == 3 * len(load_lab(0)) and results["score"] == 3 * len(load_lab(0))

@@ -1,7 +1,8 @@
 """`python -m labsupport doctor`: can this machine run the labs, and how (lab 00; §10.3 step three).
 
-It reports versions, whether CUDA is there, and whether Triton will compile kernels or run them
-through its interpreter, and says what to do about each problem.  Exit code 0 when the labs can run,
+It reports versions, whether CUDA is there, whether Triton will compile kernels or run them
+through its interpreter, and how `grade` would isolate student code here, and says what to do about
+each problem.  Exit code 0 when the labs can run,
 1 when a problem stops them (the report says which), 2 for a bad flag.
 """
 from __future__ import annotations
@@ -82,6 +83,9 @@ def report() -> dict:
         info["triton_mode"] = "unavailable"
         problems.append("Triton was imported before labsupport with no GPU and no TRITON_INTERPRET: restart the "
                         "kernel and `import labsupport` first (it sets TRITON_INTERPRET=1 on CPU machines).")
+    from labsupport.course.sandbox import Sandbox, describe
+
+    info["grading_isolation"] = describe(Sandbox.for_this_machine(prepare=False))  # as `grade` would run
     info["ok"] = not problems
     return info
 
@@ -97,6 +101,7 @@ def format_report(info: dict) -> str:
     else:
         lines.append("CUDA        no (CPU-only mode)")
     lines.append(f"Triton      {info['triton_mode']}")
+    lines.append(f"Grading     isolation: {info['grading_isolation']}")
     for p in info["problems"]:
         lines.append(f"PROBLEM     {p}")
     for n in info["notes"]:

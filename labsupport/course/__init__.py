@@ -7,7 +7,7 @@
     answers.py      a notebook read as a file: its check() calls, each answer's code, derive-don't-call
     codec.py        the plain data that crosses from a student's process to the grader
     worker.py       the throw-away process a function answer is tried in
-    sandbox.py      running student code as a user of its own (when grading as root)
+    sandbox.py      the sandbox student code is graded in (bubblewrap; else a user id of its own)
     release.py      python -m labsupport release: what students get, without answers
     formative.py    check() in the release: sealed records of each lab's own cases
     open_answers.py judges of open questions (no answer to hide)

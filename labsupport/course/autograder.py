@@ -12,8 +12,9 @@ Specifications"): the bundle's ``setup.sh`` runs once, as root, when the image i
 
 Each checkoff is one Gradescope test worth one point; its output is the grader's detail and hint.
 The paths are configurable for testing: ``AUTOGRADER_ROOT`` (default /autograder) and
-``LABSUPPORT_PYTHON`` (default python3).  The grader runs as root in Gradescope's container; where
-it can, it runs the student's kernel and worker as an unprivileged user (labsupport.course.sandbox).
+``LABSUPPORT_PYTHON`` (default python3).  The grader runs as root in Gradescope's container, and
+runs the student's kernel and worker under bubblewrap (setup.sh installs it), or where namespaces
+cannot be made there, as a user of their own (labsupport.course.sandbox).
 """
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ python3 -m pip install --upgrade pip
 # the CPU build of torch: a plain `torch` requirement would pull several GB of CUDA wheels
 python3 -m pip install --index-url https://download.pytorch.org/whl/cpu {torch_requirement}
 python3 -m pip install -e /autograder/source
+# bubblewrap: the sandbox student code is graded in (without it, the fallback is a user id of its own)
+command -v bwrap >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) \
+  || echo "setup.sh: could not install bubblewrap; grading falls back to a user id of its own" >&2
 python3 -m labsupport doctor || true
 """
 
@@ -133,9 +137,11 @@ def run(root: Path, lab: int | None = None, timeout: int = 300) -> dict:
         submission = root / "submission"
         notebooks = sorted(p for p in submission.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts) \
             if submission.is_dir() else []
-        from labsupport.course.sandbox import Sandbox
+        from labsupport.course.sandbox import Sandbox, describe
 
-        grader = G.Grader(timeout=timeout, sandbox=Sandbox.for_this_machine())
+        sandbox = Sandbox.for_this_machine()
+        print(f"grade: isolation: {describe(sandbox)}", file=sys.stderr)
+        grader = G.Grader(timeout=timeout, sandbox=sandbox)
         try:  # one notebook per lab, the newest (grade.choose); with --lab, that lab's only
             grades = G.grade_all(grader, [G.Submission(p, "submission") for p in notebooks], jobs=1, progress=False,
                                  lab=lab)

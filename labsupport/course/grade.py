@@ -3,8 +3,8 @@
 check() in a notebook is feedback; this decides.  The verdict is reached in this process, which
 never runs a line of student code:
 
- 1. Before anything of the student's runs, labsupport's own files are read into memory, every lab's
-    checkoffs are imported and, per notebook, each checkoff is *prepared*: its expected value, or
+ 1. Before anything of the student's runs, labsupport's own files are read into memory and, per
+    notebook, each checkoff is *prepared*: its expected value, or
     its cases (the lab's own inputs plus hidden ones drawn from a secret seed per run, notebook and
     checkoff) with their expected results.
  2. The notebook is read as a file (labsupport.course.answers): its code cells, and every
@@ -64,6 +64,7 @@ from labsupport.course import codec
 from labsupport.course.checkoff import (FAILED, NOT_ATTEMPTED, PASSED, Checkoff, Forbidden, Mismatch, case_rng,
                                         load_lab)
 from labsupport.course.registry import GIVENS, namespace
+from labsupport.course.sandbox import Sandbox, describe, link
 from labsupport.units import fmt_number
 
 SYMBOLS = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⬜"}
@@ -131,8 +132,8 @@ class NotebookGrade:
 class Snapshot:
     """labsupport's own files as they were when grading began (read before any notebook runs).
 
-    Kernels and workers get a fresh copy of these, written per notebook, without the graders; the
-    installed files are compared with them after each notebook and put back if it changed them.
+    Kernels and workers get a fresh copy of these, written per notebook, without the graders; in a
+    sandbox (labsupport.course.sandbox) that copy is read-only and the installed package out of sight.
     """
 
     def __init__(self, package: Path):
@@ -151,66 +152,7 @@ class Snapshot:
             dest = target / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
-        # the data loaders look for traces beside the package: data/ and ../shared/traces
-        repo = self.package.parent
-        for link, real in ((site / "data", repo / "data"), (site.parent / "shared", repo.parent / "shared")):
-            if real.is_dir() and not link.exists():
-                with contextlib.suppress(OSError):
-                    link.symlink_to(real, target_is_directory=True)
         return site
-
-    def changed(self) -> list[str]:
-        """Files of the installed package that differ from the snapshot (modified, deleted or added)."""
-        out = []
-        for rel, data in self.files.items():
-            path = self.package / rel
-            try:
-                if path.read_bytes() != data:
-                    out.append(rel)
-            except OSError:
-                out.append(rel)
-        for path in self.package.rglob("*.py"):
-            if "__pycache__" not in path.parts and path.relative_to(self.package).as_posix() not in self.files:
-                out.append(path.relative_to(self.package).as_posix())
-        return sorted(set(out))
-
-    def restore(self, rels: list[str]) -> None:
-        for rel in rels:
-            path = self.package / rel
-            with contextlib.suppress(OSError):
-                if rel in self.files:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(self.files[rel])
-                else:
-                    path.unlink()
-
-
-def _preload() -> None:
-    """Import every labsupport module now, so nothing this process uses is read from disk later."""
-    import importlib
-    import pkgutil
-
-    import labsupport
-
-    for info in pkgutil.walk_packages(labsupport.__path__, "labsupport."):
-        if info.name.endswith("__main__"):
-            continue
-        with contextlib.suppress(Exception):
-            importlib.import_module(info.name)
-    for lab in LABS:
-        load_lab(lab)
-    from IPython.core.inputtransformer2 import TransformerManager  # noqa: F401 - answers.read uses it
-    from nbclient import NotebookClient  # noqa: F401
-
-
-def _not_dumpable() -> None:
-    """Keep other processes of this user (the student's kernel among them) out of this one's memory."""
-    if sys.platform != "linux":
-        return
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
 
 
 # --- running the notebook: only to collect the answers --------------------------------------------------
@@ -314,6 +256,8 @@ def run_notebook(nb: A.Notebook, job: Path, snapshot: Snapshot, timeout: int, sl
     from labsupport.course.build import kernel_manager
 
     run = Run()
+    if slot is not None:
+        slot.enter(job)
     site = snapshot.write(job / "kernel_site")
     home = job / "home"
     work = job / "work" / (nb.path.parent.name or "notebook")
@@ -334,19 +278,14 @@ def run_notebook(nb: A.Notebook, job: Path, snapshot: Snapshot, timeout: int, sl
     (work / nb.path.name).write_text(nbformat.writes(runnable), encoding="utf-8")
     env = _student_env(site, home)
     km = kernel_manager()
-    if slot is not None:  # the kernel starts through the launcher that makes it the slot's user
-        slot.reach(job.parent, job)
-        slot.own(home, job / "work", records)
+    km.transport, km.ip = "ipc", str(job / "ipc" / "kernel")  # sockets in its own folder: no port to share
+    km.connection_file = str(job / "kernel.json")
+    (job / "ipc").mkdir(mode=0o700)
+    km.write_connection_file()  # now, to hand it to the kernel's user (jupyter_client keeps one written)
+    _show_data(snapshot, site, slot)
+    if slot is not None:  # the kernel starts in the slot's sandbox, as the slot's user
+        slot.own(home, job / "work", job / "ipc", records, Path(km.connection_file))
         km.kernel_spec.argv = slot.command(list(km.kernel_spec.argv))
-        km.connection_file = str(job / "kernel.json")
-        write_connection_file = km.write_connection_file
-
-        def write_and_hand_over(*args, **kwargs):  # the kernel must read its own connection file
-            written = write_connection_file(*args, **kwargs)
-            slot.own(Path(km.connection_file))
-            return written
-
-        km.write_connection_file = write_and_hand_over
     client = _collecting_client()(runnable, km=km, timeout=timeout, allow_errors=True,
                                   resources={"metadata": {"path": str(work)}}, record_timing=False,
                                   store_widget_state=False, startup_timeout=max(60, timeout))
@@ -414,8 +353,19 @@ def _kill_kernel(km) -> None:
         proc.wait(10)  # reaped here: a zombie would still count as a process of the slot's user
 
 
+def _show_data(snapshot: Snapshot, site: Path, slot) -> None:
+    """What the data loaders look for beside the package (data/, ../shared/traces, $LABSUPPORT_DATA), read-only."""
+    repo, env = snapshot.package.parent, os.environ.get("LABSUPPORT_DATA")
+    for real, seen in ((repo / "data", site / "data"), (repo.parent / "shared/traces", site.parent / "shared/traces"),
+                       *([(Path(env).expanduser().resolve(),) * 2] if env else [])):
+        if real.is_dir():
+            (slot.show if slot is not None else link)(real, seen)
+
+
 def _student_env(site: Path, home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY_", "JUPYTER_", "PYTEST_"))}
+    """The environment student code gets: a few of the grader's variables (never all), and its own folders."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ",
+           "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LABSUPPORT_DATA", "LABSUPPORT_HIDE_TRACES", "TRITON_INTERPRET")}
     env.update(PYTHONPATH=str(site), HOME=str(home), IPYTHONDIR=str(home / ".ipython"), MPLBACKEND="Agg",
                TRITON_CACHE_DIR=str(home / ".triton"), PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1",
                USER="student", LOGNAME="student", XDG_CACHE_HOME=str(home / ".cache"))
@@ -477,11 +427,8 @@ class Grader:
         self.timeout = timeout
         self.secret = secret if secret is not None else secrets.token_bytes(32)
         self.snapshot = Snapshot(Path(labsupport.__file__).resolve().parent)
-        _preload()
-        _not_dumpable()
         self.sandbox = sandbox
         self.scratch = Path(tempfile.mkdtemp(prefix="labsupport-grade-"))
-        self._restore_lock = threading.Lock()
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -526,7 +473,6 @@ class Grader:
             if slot is not None:
                 slot.kill_all()  # nothing the notebook started outlives its run
             grade.error = run.error
-            self._check_installation(grade)
             worker = None
             try:
                 for checkoff in checkoffs:
@@ -538,7 +484,6 @@ class Grader:
             finally:
                 if worker is not None:
                     worker.close()
-            self._check_installation(grade)
         finally:
             if slot is not None:
                 slot.release()
@@ -549,18 +494,9 @@ class Grader:
 
         site = self.snapshot.write(job / "worker_site")
         env = _student_env(site, job / "home")
+        _show_data(self.snapshot, site, slot)
         return WorkerClient(job / "worker", site, env, wrap=slot.command if slot is not None else None,
                             owner=slot.own if slot is not None else None)
-
-    def _check_installation(self, grade: NotebookGrade) -> None:
-        with self._restore_lock:
-            changed = self.snapshot.changed()
-            if changed:
-                self.snapshot.restore(changed)
-                note = (f"labsupport's installed files changed while this notebook was graded ({', '.join(changed[:5])}"
-                        f"{', ...' if len(changed) > 5 else ''}); they were put back and played no part in the grade")
-                if note not in grade.notes:
-                    grade.notes.append(note)
 
     def _decide(self, nb: A.Notebook, checkoff: Checkoff, prepared, run: Run, worker,
                 hidden: list[tuple[dict, dict]] = ()) -> tuple[str, str]:
@@ -956,9 +892,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _keep_the_current_folder_off_the_path()
     secret = hashlib.sha256(f"seed {args.seed}".encode()).digest() if args.seed is not None else None
-    from labsupport.course.sandbox import Sandbox
-
-    grader = Grader(timeout=args.timeout, secret=secret, sandbox=Sandbox.for_this_machine())
+    sandbox = Sandbox.for_this_machine()
+    print(f"grade: isolation: {describe(sandbox)}", file=sys.stderr)
+    grader = Grader(timeout=args.timeout, secret=secret, sandbox=sandbox)
 
     unwritten: dict[str, str] = {}
 
