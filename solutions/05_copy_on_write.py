@@ -45,6 +45,14 @@ print(f"tiny model: {cfg.num_layers} layers, {cfg.num_heads} query heads, {cfg.n
 print(f"KV per token: 2 × {cfg.num_layers} × {cfg.num_kv_heads} × {cfg.head_dim} × 4 B (fp32) = "
       f"{model.spec().kv_bytes_per_token:,} B")
 
+# %% tags=["givens"]
+# The givens: the quantities the exercises below are posed on. Compute your answers from these
+# names; the grader re-runs your code on other values of them.
+N_BRANCHES = 8  # completions forked off one prompt
+BLOCK = 16  # tokens per KV block
+PROMPT_TOKENS = 100  # Exercise 5.3's shared prompt, in tokens
+WRITERS = 5  # Exercise 5.3: branches 0 .. WRITERS - 1 have written their first token
+
 # %% [markdown]
 # ## 1. One prompt, eight branches: the board
 #
@@ -54,8 +62,6 @@ print(f"KV per token: 2 × {cfg.num_layers} × {cfg.num_kv_heads} × {cfg.head_d
 # so at block size 16 it fills two blocks and 9 slots of a third.
 
 # %%
-BLOCK = 16
-N_BRANCHES = 8
 prompt_text = "Copy-on-write: one prompt, eight branches"
 prompt_ids = tok.encode(prompt_text)
 cache = PagedKVCache(32, BLOCK, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
@@ -267,6 +273,34 @@ check("5.2", fanout_blocks)
 viz_sharing.fanout_panel()
 
 # %% [markdown]
+# ### Exercise 5.3 — reference counts after a divergence
+#
+# `N_BRANCHES` branches (the givens cell) share a `PROMPT_TOKENS`-token prompt at block size `BLOCK`:
+# forked, so every block of the prompt is named by every branch. Now branches 0 to `WRITERS` − 1, one
+# after the other, each write one token. A written token goes into the slot after the branch's last
+# token; a branch may write into a block only if no other branch still names it. Give
+#
+# * `refcounts`: the ref_count of every block in use at that moment (any order), and
+# * `copies`: how many block copies copy-on-write will have made once **all** `N_BRANCHES` branches
+#   have written one token each.
+#
+# Work it out on paper first, from the four names; the board at the top of the lab is the picture.
+
+# %%
+### BEGIN SOLUTION 5.3: set refcounts (every in-use block's ref_count after branches 0 .. WRITERS - 1 write) and copies (after all write)
+full, tail = divmod(PROMPT_TOKENS, BLOCK)
+if tail:  # the last prompt block is partly filled and shared: each writer that finds it shared copies it
+    copied = min(WRITERS, N_BRANCHES - 1)  # the last branch of all finds it private and writes in place
+    still_shared = N_BRANCHES - copied  # holders left on the original tail
+    refcounts = [N_BRANCHES] * full + [still_shared] + [1] * copied
+    copies = N_BRANCHES - 1
+else:  # every prompt block is full: each first token starts a fresh block, nothing is copied
+    refcounts = [N_BRANCHES] * full + [1] * WRITERS
+    copies = 0
+### END SOLUTION
+check("5.3", {"refcounts": refcounts, "copies": copies})
+
+# %% [markdown]
 # ## 4. Block size × fork cost
 #
 # §10.3 said block size trades tail waste against the kernel's contiguous run. Sharing adds a third
@@ -324,25 +358,6 @@ def time_divergence(block_size, n=8, prompt=1001, repeats=20):
 
 for b in (1, 16, 256):
     print(f"b = {b:>3}: {1e6 * time_divergence(b):8.1f} µs per divergence of 8 branches (tiny model, this machine)")
-
-# %% [markdown]
-# ### Exercise 5.3 — reference counts after a divergence
-#
-# Eight branches share a 100-token prompt at block size 16 (six full blocks and one holding 4 tokens).
-# **Five** of them — branches 0 to 4 — each write one token. Give
-#
-# * `refcounts`: the ref_count of every block in use at that moment (any order), and
-# * `copies`: how many block copies copy-on-write will have made once **all eight** have written one
-#   token each.
-#
-# Work it out on paper first; the board above is the picture.
-
-# %%
-### BEGIN SOLUTION 5.3: set refcounts (every in-use block's ref_count after branches 0-4 write) and copies (after all 8 write)
-refcounts = [8] * 6 + [3] + [1] * 5
-copies = 7
-### END SOLUTION
-check("5.3", {"refcounts": refcounts, "copies": copies})
 
 # %% [markdown]
 # ## 5. Sharing is exact: the tokens do not change

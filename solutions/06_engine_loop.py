@@ -10,8 +10,9 @@
 # **Learning objectives served** (the lecture's numbering)
 #
 # * **Objective 6** — derive the swap-versus-recompute threshold for a preempted sequence from its KV
-#   bytes, a link bandwidth and its recompute cost, and say why that threshold is a property of the
-#   model and the machine rather than of the request.
+#   bytes, a link bandwidth and its recompute cost, and say in what sense that threshold is a property
+#   of the model and the machine rather than of the request: the curve $W^\ast(S)$ is fixed by the model
+#   and the machine, and a request enters only through its length $S$, where the curve is read.
 # * **Objective 1**, continued — the five jobs become a loop of six verbs.
 # * Groundwork for **objective 7** (lab 07): queueing is what refusing a request costs.
 #
@@ -57,6 +58,21 @@ LECTURE_TEXT = (
     "discard it and recompute the prefill when the sequence is rescheduled.")
 print(f"tiny model: {model.cfg.num_params:,} parameters, {'trained on the lecture' if trained else 'RANDOM weights'}; "
       f"lecture model: {LECTURE_7B.name} on {H100.name}")
+
+# %% tags=["givens"]
+# The givens: the quantities Exercise 4 (6.3) is posed on. Compute your answers from these names; the
+# grader re-runs your code on other values of them.
+LAYERS = 32  # the lecture's 7B: transformer layers
+HEADS = 32  # query heads per layer (the MHA model also has 32 KV heads)
+GQA_KV_HEADS = 8  # KV heads per layer of its GQA form
+HEAD_DIM = 128  # dimensions per head
+DTYPE_BYTES = 2  # bf16: bytes per weight and per cached value
+PARAMS = 6.74e9  # parameters
+PEAK_FLOPS = 989e12  # the H100's bf16 peak, FLOP/s
+MFU = 0.5  # the share of peak a prefill achieves
+LINK_BW = 64e9  # the H100's host link, B/s per direction
+SLOW_LINK_BW = 32e9  # the slower link of the crossover question, B/s per direction
+LONG_SEQ = 16_384  # the long GQA sequence, tokens
 
 # %% [markdown]
 # ## 1. The loop as six verbs
@@ -183,46 +199,29 @@ viz_engine.watermark_panel(sweep, watermark=0.01)
 # ## 3. Two ways to break a promise: swap or recompute
 #
 # Evict a sequence's KV and you must either **swap** it to host memory and bring it back, or
-# **discard** it and redo its prefill when it is rescheduled. For one sequence of $S$ tokens:
+# **discard** it and redo its prefill when it is rescheduled. What each way costs, for one sequence of
+# $S$ tokens:
 #
-# $$\text{KV} = S \cdot 2\,L\,n_{kv}\,d_{head}\,b, \qquad
-# t_{swap} = \frac{2 \cdot \text{KV}}{W_{link}}, \qquad
-# t_{recompute} = \frac{2NS + 4\,L\,n_{heads}\,d_{head}\,S^2}{\text{MFU} \cdot F_{peak}}.$$
+# * **swap** — the sequence's whole cache (every layer's K and V for every KV head, at the cache's bytes
+#   per value) crosses the host link twice: out now, back in when the sequence resumes;
+# * **recompute** — the prefill is redone at the rate a prefill actually achieves, `mfu` × the card's
+#   peak. It does 2 FLOP per parameter per token for the weights, plus attention's $QK^\top$ and $PV$:
+#   counted as the lecture (and Lecture 2) counts them, each of the $S$ tokens meets all $S$ keys in
+#   every query head, 2 FLOP per multiply-add, once for $QK^\top$ and once for $PV$. (A causal kernel
+#   pairs each token only with the keys before it, about half that; these labs keep the lecture's count.
+#   Grouped-query attention shares K and V between query heads: it shrinks the cache, not the
+#   arithmetic.)
 #
-# The swap goes over the link twice — out now, back in later. The recompute is the prefill:
-# 2 FLOP per parameter per token, plus attention's $QK^\top$ and $PV$. The lecture (like Lecture 2)
-# counts attention as if each of the $S$ prompt tokens met all $S$ keys: $2 \times 2\,L\,n_{heads}\,d_{head}$
-# FLOPs per token pair, $4\,L\,n_{heads}\,d_{head}\,S^2$ in all. A causal kernel only pairs each token with
-# the keys before it, about half that, $2\,L\,n_{heads}\,d_{head}\,S^2$; these labs keep the lecture's
-# count, so that the numbers are the lecture's (129 ms; causal, 121 ms). Derive the pair live, for a
-# 4,096-token sequence of the 7B on an H100:
-
-# %%
-S = 4096
-m = LECTURE_7B
-kv_per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
-kv = S * kv_per_token
-swap_s = 2 * kv / H100.link_bandwidth
-weight_flops = 2 * m.num_params * S
-attention_flops = 4 * m.num_layers * m.num_heads * m.head_dim * S ** 2
-rate = LECTURE_MFU * H100.peak_flops
-recompute_s = (weight_flops + attention_flops) / rate
-print(f"KV        = {S:,} × {kv_per_token:,} B = {kv:,} B = {kv / GB:.3f} GB")
-print(f"swap      = 2 × {kv / GB:.3f} GB ÷ {H100.link_bandwidth / GB:.0f} GB/s = {1e3 * swap_s:.1f} ms")
-print(f"recompute = ({weight_flops / 1e12:.1f} + {attention_flops / 1e12:.1f}) TFLOP ÷ {rate / 1e12:.1f} TFLOP/s "
-      f"= {1e3 * recompute_s:.1f} ms")
-print(f"ledger:     swap {1e3 * ledger.swap_round_trip_s(kv, H100.link_bandwidth):.1f} ms, "
-      f"recompute {1e3 * ledger.recompute_s(m, S, H100.peak_flops):.1f} ms")
-
-# %% [markdown]
-# Swap wins, by 1.9×. But it wins *on this link*. There is one link bandwidth $W^\ast$ at which the two
-# stalls are equal: on any faster link swap wins, on any slower one recompute does.
+# The swap's cost grows as the link gets slower; the recompute's does not depend on the link at all.
+# So there is one link bandwidth $W^\ast$ at which the two stalls are equal: on any faster link swap
+# wins, on any slower one recompute does.
 #
 # ### Exercise 6.1 — the break-even bandwidth
 #
 # Write `breakeven_bandwidth(model, seq_tokens, peak_flops, mfu)` in bytes/s, from the model's fields
-# (`num_layers`, `num_heads`, `num_kv_heads`, `head_dim`, `dtype_bytes`, `num_params`). The checkoff
-# tries ten models, lengths and GPUs, including GQA and an fp8 cache.
+# (`num_layers`, `num_heads`, `num_kv_heads`, `head_dim`, `dtype_bytes`, `num_params`): write the two
+# stalls as functions of the link bandwidth, set them equal, and solve. The checkoff tries ten models,
+# lengths and GPUs, including GQA and an fp8 cache.
 
 # %%
 def breakeven_bandwidth(model, seq_tokens, peak_flops, mfu=LECTURE_MFU):
@@ -235,6 +234,35 @@ def breakeven_bandwidth(model, seq_tokens, peak_flops, mfu=LECTURE_MFU):
 
 
 check("6.1", breakeven_bandwidth)
+
+# %% [markdown]
+# The pair of stalls, written out: for a sequence of $S$ tokens,
+#
+# $$\text{KV} = S \cdot 2\,L\,n_{kv}\,d_{head}\,b, \qquad
+# t_{swap} = \frac{2 \cdot \text{KV}}{W_{link}}, \qquad
+# t_{recompute} = \frac{2NS + 4\,L\,n_{heads}\,d_{head}\,S^2}{\text{MFU} \cdot F_{peak}},$$
+#
+# and $W^\ast$ is the $W_{link}$ that makes them equal. The lecture's live derivation, for a 4,096-token
+# sequence of the 7B on an H100 (swap wins there, by 1.9×; with the causal count the recompute would
+# be 121 ms):
+
+# %%
+S = 4096
+m = LECTURE_7B
+kv_per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
+kv = S * kv_per_token
+swap_s = 2 * kv / H100.link_bandwidth
+weight_flops = 2 * m.num_params * S
+attention_flops = 4 * m.num_layers * m.num_heads * m.head_dim * S ** 2
+rate = LECTURE_MFU * H100.peak_flops
+recompute_s = (weight_flops + attention_flops) / rate
+if revealed("6.1"):  # the formula, once your own derivation has passed
+    print(f"KV        = {S:,} × {kv_per_token:,} B = {kv:,} B = {kv / GB:.3f} GB")
+    print(f"swap      = 2 × {kv / GB:.3f} GB ÷ {H100.link_bandwidth / GB:.0f} GB/s = {1e3 * swap_s:.1f} ms")
+    print(f"recompute = ({weight_flops / 1e12:.1f} + {attention_flops / 1e12:.1f}) TFLOP ÷ {rate / 1e12:.1f} TFLOP/s "
+          f"= {1e3 * recompute_s:.1f} ms")
+    print(f"ledger:     swap {1e3 * ledger.swap_round_trip_s(kv, H100.link_bandwidth):.1f} ms, "
+          f"recompute {1e3 * ledger.recompute_s(m, S, H100.peak_flops):.1f} ms")
 
 # %% [markdown]
 # Look at how your $W^\ast$ depends on $S$: the swap side is linear in the sequence length, the
@@ -251,8 +279,14 @@ if unlocked("6.1"):
 # %% [markdown]
 # The lecture's three remarks, each checkable here:
 #
-# 1. *The threshold is a property of the model and the machine, not of the request*: every 4K MHA
-#    sequence on this card has the same 67 ms against 129 ms, so the policy can be decided offline.
+# 1. *The threshold is a property of the model and the machine, not of the request*: the curve
+#    $W^\ast(S)$ is fixed by the model's fields and the card's FLOP rate, so it can be computed offline,
+#    once. A request enters only through its length $S$, the point at which the curve is read: every 4K
+#    MHA sequence on this card has the same 67 ms against 129 ms, whoever sent it. (Exercise 4 below says
+#    "a single global policy is wrong": the same statement seen from the link's side — one fixed link
+#    crosses the falling curve $W^\ast(S)$ at some length, so sequences on either side of it get
+#    different answers. One rule, "compare the link with $W^\ast$ at this sequence's length", is right
+#    for all of them; one answer, "always swap" or "always recompute", is not.)
 # 2. *GQA changes the answer, not just the magnitude*: GQA-8 shrinks the cache 4× and leaves the
 #    prefill's FLOPs alone. On a 16 GB/s link (PCIe Gen3 x16, a T4's), a 4K MHA sequence should be
 #    recomputed and the same-length GQA-8 sequence swapped — a pretraining decision rewrote the
@@ -303,7 +337,9 @@ check("6.2", preemption_plan)
 
 # %% [markdown]
 # Your plan for a batch of mixed lengths on a 32 GB/s link — where, as Exercise 4 will show, the
-# crossover sits at about 5,200 tokens, so one global policy is wrong:
+# crossover sits between this batch's shorter and longer sequences, so one answer for all of them
+# ("always swap", "always recompute") is wrong, while one rule (compare the link with each victim's
+# $W^\ast(S)$) is right:
 
 # %%
 batch = [("a", 0.0, 9000), ("b", 0.5, 700), ("c", 1.25, 5400), ("d", 2.0, 300), ("e", 3.0, 12_000), ("f", 3.5, 2048)]
@@ -470,41 +506,54 @@ print(f"one 4,352-token sequence alone: break-even "
 #
 # ## 5. Exercise 4 — the break-even you will actually hit
 #
-# 1. A **16K GQA-8** sequence: swap time, recompute time, and the break-even bandwidth. Its KV is
-#    $16{,}384 \times 128$ KiB = 2.147 GB — exactly the bytes of a 4K MHA sequence, so the swap is the
-#    same 67 ms. Its prefill is not: the weights' term grows 4× and attention's 16×.
-# 2. The length at which swapping stops winning on a **32 GB/s** link, under **MHA**. Setting
-#    $2 S\,\text{kv}/W = (2NS + 4LHdS^2)/F$ and dividing by $S$ leaves a *linear* equation:
+# Exercise 4 asks two things of the lecture's model, on the givens at the top of the lab:
 #
-# $$S^\ast = \frac{2\,\text{kv}\,F/W - 2N}{4\,L\,H\,d}.$$
-
-# %% [markdown]
+# 1. A **long GQA** sequence (`LONG_SEQ` tokens of the model with `GQA_KV_HEADS` KV heads): its
+#    recompute time, how many times cheaper its swap is over the card's link (`LINK_BW`), and the
+#    break-even bandwidth at which the two would cost the same. GQA shrinks what crosses the link;
+#    think about what it does to what the prefill computes.
+# 2. The length at which swapping stops winning on a **slower** link (`SLOW_LINK_BW`), for the **MHA**
+#    form of the model (as many KV heads as query heads, `HEADS`). Both sides of "swap = recompute"
+#    are functions of $S$; look at their powers of $S$ before you reach for a solver.
+#
 # ### Exercise 6.3 — Exercise 4's numbers
 #
-# Compute the four numbers, from the presets' fields (`LECTURE_7B_GQA8`, `LECTURE_7B`, `H100`, and
-# `rate` = 50% of the H100's peak, defined above): the 16K GQA-8 recompute time in **milliseconds**,
-# how many times cheaper its swap is (over the H100's 64 GB/s link), its break-even bandwidth in
-# **GB/s**, and the MHA crossover on a 32 GB/s link in **tokens**.
+# Compute the four numbers from the givens (`LAYERS`, `HEADS`, `GQA_KV_HEADS`, `HEAD_DIM`,
+# `DTYPE_BYTES`, `PARAMS`, `PEAK_FLOPS`, `MFU`, `LINK_BW`, `SLOW_LINK_BW`, `LONG_SEQ`; your
+# `breakeven_bandwidth` may help, on a `ModelSpec` you build from them) and set `exercise4` to a dict
+# with exactly these four keys:
+#
+# * `"recompute_ms"` — the long GQA sequence's recompute time, in **milliseconds**;
+# * `"swap_advantage"` — its recompute time divided by its swap round trip over `LINK_BW` (a ratio);
+# * `"breakeven_gbs"` — its break-even link bandwidth, in **GB/s** (1e9 B/s);
+# * `"crossover_tokens"` — the MHA sequence length at which swap and recompute cost the same on
+#   `SLOW_LINK_BW`, in **tokens** (exact, not rounded to a printed figure).
 
 # %%
-### BEGIN SOLUTION 6.3: compute the four numbers of Exercise 4 (ms, ratio, GB/s, tokens)
-g = LECTURE_7B_GQA8
-s16 = 16_384
-kv16 = s16 * g.kv_bytes_per_token
-swap16 = 2 * kv16 / H100.link_bandwidth
-rec16 = (2 * g.num_params * s16 + 4 * g.num_layers * g.num_heads * g.head_dim * s16 ** 2) / rate
-coef = 4 * m.num_layers * m.num_heads * m.head_dim
+### BEGIN SOLUTION 6.3: compute the four numbers of Exercise 4 (ms, ratio, GB/s, tokens) from the givens
+achieved = MFU * PEAK_FLOPS  # FLOP/s a prefill actually gets
+attention_per_s2 = 4 * LAYERS * HEADS * HEAD_DIM  # QK^T and PV, every query head against all S keys
+gqa_kv_per_token = 2 * LAYERS * GQA_KV_HEADS * HEAD_DIM * DTYPE_BYTES
+mha_kv_per_token = 2 * LAYERS * HEADS * HEAD_DIM * DTYPE_BYTES
+long_kv = LONG_SEQ * gqa_kv_per_token
+long_swap_s = 2 * long_kv / LINK_BW
+long_recompute_s = (2 * PARAMS * LONG_SEQ + attention_per_s2 * LONG_SEQ ** 2) / achieved
+# 2 S kv / W = (2 N S + a S^2) / F: divide by S, and S is linear
+crossover = (2 * mha_kv_per_token * achieved / SLOW_LINK_BW - 2 * PARAMS) / attention_per_s2
 exercise4 = {
-    "recompute_ms": 1e3 * rec16,
-    "swap_advantage": rec16 / swap16,
-    "breakeven_gbs": breakeven_bandwidth(g, s16, H100.peak_flops) / GB,
-    "crossover_tokens": (2 * m.kv_bytes_per_token * rate / (32 * GB) - 2 * m.num_params) / coef,
+    "recompute_ms": 1e3 * long_recompute_s,
+    "swap_advantage": long_recompute_s / long_swap_s,
+    "breakeven_gbs": 2 * long_kv / long_recompute_s / 1e9,
+    "crossover_tokens": crossover,
 }
 ### END SOLUTION
 check("6.3", exercise4)
 
 # %% [markdown]
-# The ledger's version, term by term (shown once 6.3 passes):
+# The ledger's version, term by term (shown once 6.3 passes). Setting $2 S\,\text{kv}/W = (2NS + 4LHdS^2)/F$
+# and dividing by $S$ leaves a linear equation, $S^\ast = (2\,\text{kv}\,F/W - 2N)/(4\,L\,H\,d)$. The
+# lecture's 16K GQA-8 sequence holds $16{,}384 \times 128$ KiB, exactly the bytes of a 4K MHA sequence,
+# so its swap is the same 67 ms, while its prefill's weights term grows 4× and its attention 16×:
 
 # %%
 if revealed("6.3"):
@@ -532,8 +581,11 @@ for c, why in ((2, "half the attention term (causal half)"), (4, "the lecture's 
 # %% [markdown]
 # Either way the lesson of the exercise survives, and is sharper with the exact number: on a 32 GB/s
 # link most chat-length sequences (the Azure trace's median prompt is 1,020 tokens) should be
-# **recomputed**, and long ones swapped — a single global policy is wrong for a mixed workload, and
-# the crossover is computable per sequence from its length alone.
+# **recomputed**, and long ones swapped. "A single global policy is wrong" and "the threshold is a
+# property of the model and the machine" do not contradict each other: the threshold curve $W^\ast(S)$
+# — equivalently the crossover length on a given link — is fixed by the model and the machine, and the
+# one property of a request that enters is its length, at which the curve is read. So no single answer
+# (always swap, always recompute) fits a mixed workload, and one offline rule does.
 
 # %% [markdown]
 # Now explore. The panel draws both stalls against $S$ for the chosen model, GPU and link, marks the
@@ -546,7 +598,8 @@ viz_engine.swap_recompute_panel(seq_tokens=4096, link_gbs=32)
 # %% [markdown]
 # ## 6. Your machine
 #
-# The threshold is a property of the model and the machine, so compute yours. Two measurements:
+# The threshold curve is a property of the model and the machine (a request only picks the point $S$
+# on it), so compute yours. Two measurements:
 #
 # * **the copy bandwidth a swap would use** — on a CUDA GPU, pinned host→device and device→host
 #   copies over the real link. On a machine without a GPU **there is no link**: KV already lives in

@@ -347,8 +347,9 @@ for rp in (replays[1], additive):
 # ### Exercise 7.3 — goodput of a run
 #
 # Write `goodput(requests, ttft_slo_s, tpot_slo_s)`: given an engine run's `RequestResult`s, return
-# its goodput in output tokens per second, over the same span of time its throughput is measured on.
-# Decide from the definition above which requests count. A `RequestResult` has `status`,
+# its goodput in output tokens per second. The run's time span is the one its throughput is measured
+# on: from the **first arrival** of any request in the run to the **last finish** of any finished
+# request. Decide from the definition above which requests count. A `RequestResult` has `status`,
 # `arrival_time`, `first_token_time`, `finish_time`, `tpot_s` (`None` after a single output token)
 # and `num_output_tokens` (one count per sampled branch).
 
@@ -455,11 +456,15 @@ print(f"{len(session)} steps, prompts {session.requests[0].prompt_tokens:,} -> {
 # Write `agent_session_ledger(model, gpu, context_tokens, submitted_tokens, block_size)` returning a
 # dict with
 #
-# * `"peak_kv_bytes"` — the KV the session holds at its largest context;
-# * `"sessions"` — how many such sessions a **paged** card holds at once (blocks of `block_size`;
-#   budget $= \text{HBM} - W - 4$ GB; zero when the weights leave no budget);
-# * `"prefill_s"` — the prefill time of all submitted tokens at 50% of peak, using the weight term
-#   $2N$ FLOPs per token alone (as the exercise does).
+# * `"peak_kv_bytes"` — the KV the session holds at its largest context: every cached token keeps a
+#   key and a value in every layer, for every KV head, at the model's bytes per value;
+# * `"sessions"` — how many such sessions a **paged** card holds at once. The card's memory first holds
+#   the weights and the lecture's 4 GB (decimal) reserve for activations and workspace; what is left is
+#   cut into whole blocks of `block_size` tokens, and a session is held only with every block its peak
+#   context needs (none at all when the weights leave nothing);
+# * `"prefill_s"` — the time to prefill every submitted token: each token passes through every weight
+#   once, a multiply and an add per parameter (the exercise leaves attention's arithmetic out), on a
+#   card that achieves half its peak FLOP rate.
 
 # %%
 def agent_session_ledger(model, gpu, context_tokens, submitted_tokens, block_size=16):
@@ -477,9 +482,22 @@ def agent_session_ledger(model, gpu, context_tokens, submitted_tokens, block_siz
 check("7.5", agent_session_ledger)
 
 # %% [markdown]
-# Now count sessions with the real allocators instead of a formula. The paged pool of the GQA-8 card
-# takes 7,700-token sessions until it refuses one; a reserve-to-max allocator that must promise each
-# session a 16,384-token slot takes fewer:
+# ### Exercise 7.6 — which of the three did paging improve?
+#
+# Put the same session on two cards of the same model: one that reserves a 16,384-token slot per
+# session up front (reserve-to-max), one that hands out blocks as the context grows (paged). Which of
+# your three numbers comes out different? Answer with one of `"peak_kv_bytes"`, `"sessions"`, `"prefill_s"`.
+
+# %%
+### BEGIN SOLUTION 7.6: set improved to the one number ("peak_kv_bytes", "sessions" or "prefill_s") that paging improved
+improved = "sessions"
+### END SOLUTION
+check("7.6", improved)
+
+# %% [markdown]
+# Now count sessions with the real allocators instead of a formula — 7.6's answer, measured. The
+# paged pool of the GQA-8 card takes 7,700-token sessions until it refuses one; a reserve-to-max
+# allocator that must promise each session a 16,384-token slot takes fewer:
 
 # %%
 gqa = LECTURE_7B_GQA8
@@ -504,17 +522,6 @@ print(f"sessions: {counts}  -> paging is worth {counts['paged, b = 16'] / counts
 
 # %%
 viz.errata_note("Exercise 5")
-
-# %% [markdown]
-# ### Exercise 7.6 — which of the three did paging improve?
-#
-# Answer with one of `"peak_kv_bytes"`, `"sessions"`, `"prefill_s"`.
-
-# %%
-### BEGIN SOLUTION 7.6: set improved to the one number ("peak_kv_bytes", "sessions" or "prefill_s") that paging improved
-improved = "sessions"
-### END SOLUTION
-check("7.6", improved)
 
 # %%
 if revealed("7.6"):

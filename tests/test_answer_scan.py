@@ -56,7 +56,7 @@ def _output_text(cell) -> str:
         for kind in ("text/plain", "text/markdown"):
             if kind in data:
                 parts.append(data[kind] if isinstance(data[kind], str) else "".join(data[kind]))
-        if "text/html" in data:
+        if "text/html" in data and PLOTLY not in data:  # a figure's HTML copy embeds its data arrays: read its JSON
             raw = data["text/html"] if isinstance(data["text/html"], str) else "".join(data["text/html"])
             parts.append(html.unescape(re.sub(r"<[^>]+>", " ", raw)))
         if PLOTLY in data:

@@ -53,6 +53,20 @@ def test_swap_recompute_figure_marks_s_and_the_crossover():
     fig32 = VE.swap_recompute_figure(LECTURE_7B, H100, 4096, 32 * GB)
     assert fig32.layout.shapes[0].x0 == pytest.approx(5195.19, abs=0.01)
     assert "recompute wins" in fig32.layout.title.text
+    assert "swap wins" in fig.layout.title.text
+
+
+def test_at_the_crossover_the_swap_recompute_title_says_tie():
+    """5,195 tokens on 32 GB/s is the MHA crossover (5,195.19): by hand the two stalls differ by under 0.01%,
+    so neither way wins there, and the chart and the readout say so."""
+    swap = 2 * 5195 * 524_288 / 32e9
+    rec = (2 * 6.74e9 * 5195 + 4 * 32 * 32 * 128 * 5195 ** 2) / RATE
+    assert abs(swap - rec) / rec < 1e-4
+    fig = VE.swap_recompute_figure(LECTURE_7B, H100, 5195, 32 * GB)
+    assert "a tie" in fig.layout.title.text and "wins<" not in fig.layout.title.text
+    assert "a tie" in VE.swap_recompute_readout(5195, 32, "lecture-7b", "h100-sxm-80gb")
+    assert "recompute wins" in VE.swap_recompute_figure(LECTURE_7B, H100, 4096, 32 * GB).layout.title.text
+    assert "swap wins" in VE.swap_recompute_figure(LECTURE_7B, H100, 8192, 32 * GB).layout.title.text
 
 
 def test_swap_recompute_panel_reacts():

@@ -12,16 +12,19 @@ import math
 from labsupport.course.checkoff import Mismatch, call
 
 
-def _measure(requests, block_size: int) -> tuple[float, float]:
-    """(time-averaged share of reserved KV slots holding tokens, output tokens/s), read off the real
-    engine on the lecture's H100 pool (cost-model clock)."""
+def _measure(requests, block_size: int) -> tuple[float, float, int]:
+    """(time-averaged share of reserved KV slots holding tokens, output tokens/s, the most sequences
+    running at once), read off the real engine on the lecture's H100 pool (cost-model clock)."""
     from labsupport.viz.slo import utilization_run
 
     try:
         run = utilization_run(requests, block_size)
     except ValueError as exc:
         raise Mismatch(f"your workload does not run: {exc}") from None
-    return run.utilization, run.throughput_tok_s
+    return run.utilization, run.throughput_tok_s, run.peak_running
+
+
+BUSY_SLOTS = 20  # of reserve-to-max's 29 slots: a load at which slots could bind, so "unmoved" is a finding
 
 
 def utilization_workload_verdict(fn) -> None:
@@ -41,11 +44,20 @@ def utilization_workload_verdict(fn) -> None:
                            "least one prompt and one output token, and prompt + output within S_max = 4,096.")
     if sum(p + o for _, p, o in requests) > 3_000_000:
         raise Mismatch("your workload holds more than 3 million tokens in all; a smaller one makes the point.")
-    naive_util, naive_tput = _measure(requests, 4096)  # one block of S_max tokens per sequence: reserve-to-max
-    paged_util, paged_tput = _measure(requests, 16)
+    naive_util, naive_tput, naive_peak = _measure(requests, 4096)  # one S_max block per sequence: reserve-to-max
+    paged_util, paged_tput, _ = _measure(requests, 16)
     if naive_util > 0.20:
         raise Mismatch(f"under reserve-to-max your workload already uses {naive_util:.1%} of what it reserves; the "
                        "claim starts near 15%.")
+    if naive_util < 0.10:
+        raise Mismatch(f"under reserve-to-max your workload uses only {naive_util:.1%} of what it reserves; the claim "
+                       "starts near 15% — sequences so short are not the workload the lecture means (its chat "
+                       "sequences hold 640 of 4,096 tokens).")
+    if naive_peak < BUSY_SLOTS:
+        raise Mismatch(f"at its busiest the reserve-to-max engine runs only {naive_peak} sequences of its 29 slots: "
+                       "on a card that idle nothing could move throughput, and the claim says nothing. Raise the "
+                       f"arrival rate until the naive engine runs at least {BUSY_SLOTS} at once, and see whether "
+                       "throughput still holds.")
     if paged_util < 0.95:
         raise Mismatch(f"paged utilization is only {paged_util:.1%}; the claim ends near 99%.")
     if not naive_tput > 0:

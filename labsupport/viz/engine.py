@@ -466,6 +466,16 @@ def swap_recompute(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, link_bandwid
             "choice": ledger.preempt_choice(model, s, link_bandwidth, gpu.peak_flops, mfu)}
 
 
+TIE_REL = 1e-3  # stalls within 0.1% of each other: the crossover itself, where neither way wins
+
+
+def verdict_text(d: dict) -> str:
+    """What §10.5's comparison says at one S: who wins, or that the two stalls tie (at the crossover)."""
+    if math.isclose(d["swap_s"], d["recompute_s"], rel_tol=TIE_REL):
+        return "a tie: swap and recompute cost the same"
+    return f"{'swap' if d['swap_s'] < d['recompute_s'] else 'recompute'} wins"
+
+
 def _s_grid(lo: int = 64, hi: int = 262_144, per_octave: int = 8) -> list[int]:
     k0, k1 = math.log2(lo), math.log2(hi)
     return sorted({int(round(2 ** (k0 + i / per_octave))) for i in range(int((k1 - k0) * per_octave) + 1)})
@@ -501,8 +511,7 @@ def swap_recompute_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, link_
         fig.add_vline(x=cross, line=dict(color=PALETTE["limit"], dash="dash", width=2))
         fig.add_annotation(x=math.log10(cross), y=1, yref="paper", yanchor="bottom", showarrow=False,
                            text=f"crossover {cross:,.0f} tokens", font=dict(size=FONT_SIZE - 2))
-    winner = "swap" if d["choice"] == "swap" else "recompute"
-    return styled(fig, title or f"At S = {seq_tokens:,}, {winner} wins<br><sup>{model.name} on {gpu.name}, link "
+    return styled(fig, title or f"At S = {seq_tokens:,}, {verdict_text(d)}<br><sup>{model.name} on {gpu.name}, link "
                                 f"{link_bandwidth / GB:g} GB/s</sup>",
                   xaxis=_log_axis("tokens of the preempted sequence, S (log)", grid),
                   yaxis=_log_axis("stall (ms, log)", swap_ms + rec_ms),
@@ -514,13 +523,15 @@ def swap_recompute_readout(seq_tokens: int, link_gbs: float, model: str, gpu: st
     link = link_gbs * GB
     d = swap_recompute(m, g, seq_tokens, link)
     cross = d["crossover_tokens"]
+    ratio = max(d['swap_s'], d['recompute_s']) / min(d['swap_s'], d['recompute_s'])
+    choice = (f"a tie ({ratio:,.4f}×): at the crossover neither way wins" if verdict_text(d).startswith("a tie")
+              else f"{d['choice']} ({ratio:,.2f}× cheaper)")
     cross_text = ("swap wins at every length on this link" if cross == 0 else
                   f"crossover at {cross:,.0f} tokens: recompute below, swap above")
     return (f"KV = {seq_tokens:,} × {fmt_int(m.kv_bytes_per_token)} B = {d['kv_bytes'] / GB:,.3f} GB; swap = 2 × KV ÷ "
             f"{link_gbs:g} GB/s = {1e3 * d['swap_s']:,.1f} ms\n"
             f"recompute = ({d['weight_flops'] / 1e12:,.1f} + {d['attention_flops'] / 1e12:,.1f}) TFLOP ÷ "
-            f"{g.peak_flops * LECTURE_MFU / 1e12:,.1f} TFLOP/s = {1e3 * d['recompute_s']:,.1f} ms  →  {d['choice']} "
-            f"({max(d['swap_s'], d['recompute_s']) / min(d['swap_s'], d['recompute_s']):,.2f}× cheaper)\n"
+            f"{g.peak_flops * LECTURE_MFU / 1e12:,.1f} TFLOP/s = {1e3 * d['recompute_s']:,.1f} ms  →  {choice}\n"
             f"break-even link at this S: W* = 2 × KV × F ÷ FLOPs = {d['breakeven_bandwidth'] / GB:,.2f} GB/s; {cross_text}")
 
 

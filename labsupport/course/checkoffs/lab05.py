@@ -12,6 +12,7 @@ import warnings
 
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course.checkoff import Mismatch, call, function, value
+from labsupport.course.registry import givens
 from labsupport.viz.sharing import measure_fanout, replay_prefix_cache
 
 # --- 5.1: the student's copy-on-write append ------------------------------------------------------
@@ -220,21 +221,71 @@ def _fanout(fn, case):
 
 # --- 5.3: reference counts after a divergence -----------------------------------------------------
 
-def _divergence(n: int = 8, prompt: int = 100, block_size: int = 16, writers: int = 5) -> tuple[list[int], int]:
-    alloc = BlockAllocator(64, block_size)
+# The quantities Exercise 5.3 is posed on: n branches forked off one prompt, the block size, and how
+# many of the branches have written their first token when the reference counts are read.
+G = givens(
+    lecture=dict(N_BRANCHES=8, BLOCK=16, PROMPT_TOKENS=100, WRITERS=5),
+    hidden=lambda rng: _hidden_divergence(rng),
+)
+
+
+def _hidden_divergence(rng: random.Random) -> dict:
+    n = rng.choice((3, 4, 5, 6, 7, 9, 10, 12))
+    bs = rng.choice((4, 8, 32))
+    prompt = rng.choice([p for p in range(20, 300) if p % bs and p != 100])  # a partly filled tail
+    writers = rng.choice([w for w in range(2, n) if w != 5])
+    return dict(N_BRANCHES=n, BLOCK=bs, PROMPT_TOKENS=prompt, WRITERS=writers)
+
+
+def _divergence(n: int, prompt: int, block_size: int, writers: int) -> tuple[list[int], int, tuple]:
+    """(every in-use block's ref_count after `writers` branches wrote one token, the copies once all n
+    wrote, the inputs): read off the real allocator."""
+    alloc = BlockAllocator(-(-prompt // block_size) + 2 * n + 2, block_size)
     alloc.allocate(0, prompt)
     for b in range(1, n):
         alloc.fork(0, b)
     copies = sum(alloc.append_slot(b).cow is not None for b in range(writers))
     refs = sorted(alloc.ref_count(blk) for blk in range(alloc.num_blocks) if alloc.ref_count(blk))
     copies += sum(alloc.append_slot(b).cow is not None for b in range(writers, n))
-    return refs, copies
+    return refs, copies, (n, prompt, block_size, writers)
+
+
+def _refcount_mistake(got: list[int], n: int, full: int, tail: bool, writers: int) -> str:
+    """Name the plausible wrong pictures of the pool (sorted lists) after `writers` branches wrote."""
+    if not tail:
+        return ""
+    if got == sorted([n] * (full + 1) + [1] * writers):
+        return (" Your shared tail still has all its references: each copy moves one reference off the original "
+                "tail block, so it is named by the branches that have not written yet.")
+    if got == sorted([n] * full + [1] * writers):
+        return (" The original tail block is missing: it is still in use, named by the branches that have not "
+                "written yet.")
+    if got == sorted([n - writers] * (full + 1) + [1] * (writers * (full + 1))):
+        return (" You copied the full blocks too: a full block is never written again, so it stays shared by all "
+                "the branches — only the partly filled tail is copied.")
+    return ""
+
+
+def _copies_mistake(got: int, n: int, full: int, tail: bool, writers: int) -> str:
+    if not tail:
+        return ""
+    if got == n:
+        return (" That counts a copy for every branch; the last branch to write finds the original tail with "
+                "ref_count 1 (everyone else has copied away) and writes in place.")
+    if got == writers:
+        return " That is the copies after the first writers; the question asks once every branch has written."
+    if got == n * (full + 1) or got == (n - 1) * (full + 1):
+        return " Only the partly filled tail block is copied; the full blocks are never written again."
+    if got == 0:
+        return " A branch's first token lands in the shared, partly filled tail, so writing it needs a private copy."
+    return ""
 
 
 def _grade_divergence(answer, expected) -> None:
+    refs, copies, (n, prompt, block_size, writers) = expected
+    full, tail = divmod(prompt, block_size)
     if not isinstance(answer, dict) or set(answer) != {"refcounts", "copies"}:
         raise Mismatch(f"answer with a dict {{'refcounts': [...], 'copies': ...}}; you gave {answer!r}.")
-    refs, copies = expected
     got = answer["refcounts"]
     if isinstance(got, (str, bytes)) or not hasattr(got, "__iter__"):
         raise Mismatch(f"'refcounts' is {got!r}; list the ref_count of every block in use, e.g. [8, 8, 1].")
@@ -245,30 +296,32 @@ def _grade_divergence(answer, expected) -> None:
         raise Mismatch("'refcounts' lists a block with ref_count 0; a block nobody names is free, not in use — leave it out.")
     if sorted(got) != refs:
         if len(got) != len(refs):
-            problem = f"you list {len(got)} blocks in use; the pool holds {len(refs)} after those five writes."
+            problem = f"you list {len(got)} blocks in use; the pool holds {len(refs)} after those {writers} writes."
         else:
             problem = "you have the right number of blocks in use, but not their reference counts."
-        raise Mismatch(f"'refcounts': {problem}")
+        raise Mismatch(f"'refcounts': {problem}" + _refcount_mistake(sorted(got), n, full, bool(tail), writers))
     c = answer["copies"]
     if isinstance(c, bool) or not isinstance(c, numbers.Integral):
         raise Mismatch(f"'copies' is {c!r}; give a whole number of block copies.")
     if c != copies:
-        raise Mismatch(f"'copies': {c} block copies is too {'many' if c > copies else 'few'} for all eight branches "
-                       "to have written one token each.")
+        raise Mismatch(f"'copies': {c} block copies is too {'many' if c > copies else 'few'} for all {n} branches "
+                       "to have written one token each." + _copies_mistake(c, n, full, bool(tail), writers))
 
 
 value(
     "5.3", "Reference counts after a divergence",
-    hint="Draw it. 100 tokens at block size 16 are six full blocks and a seventh holding 4 tokens; after the forks "
-         "all seven have ref_count 8. A branch's first token lands in the seventh block: while someone else still "
-         "names it, that branch takes a private copy (ref_count 1) and the original loses one reference. Full blocks "
-         "are never written again, so nothing happens to them. For the copies: follow the original tail's count down "
-         "as branches leave it — what does the last branch find when it writes?",
-    expected=_divergence, judge=_grade_divergence,
+    hint="Draw it. The prompt fills PROMPT_TOKENS // BLOCK full blocks and a last, partly filled one; after the "
+         "forks every block has ref_count N_BRANCHES. A branch's first token lands in that last block: while "
+         "someone else still names it, the branch takes a private copy (ref_count 1) and the original loses one "
+         "reference. Full blocks are never written again, so nothing happens to them. For the copies: follow the "
+         "original tail's count down as branches leave it — what does the last branch find when it writes?",
+    expected=lambda g: _divergence(g.N_BRANCHES, g.PROMPT_TOKENS, g.BLOCK, g.WRITERS), judge=_grade_divergence,
     forbid=("labsupport.block_allocator.BlockAllocator", "labsupport.kvcache.PagedKVCache",
             "labsupport.viz.sharing.board_blocks", "labsupport.viz.sharing.measure_fork_cost",
-            "labsupport.viz.sharing.refcount_board_figure"),
-    derive="work the reference counts out on paper rather than running the allocator",
+            "labsupport.viz.sharing.refcount_board_figure", "labsupport.viz.sharing.measure_fanout",
+            "labsupport.ledger.fanout_blocks"),
+    derive="work the reference counts out from N_BRANCHES, BLOCK, PROMPT_TOKENS and WRITERS rather than running "
+           "the allocator",
     formative={"unordered": ["refcounts"]},
 )
 

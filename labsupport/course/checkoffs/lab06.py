@@ -7,10 +7,12 @@ is the engine's stated one: the sequence of the latest-arriving request goes fir
 from __future__ import annotations
 
 import math
+import types
 from dataclasses import replace
 
 from labsupport.course.checkoff import Mismatch, as_number, call, function, units_slip, value
 from labsupport.course.checkoffs._hidden import random_pair
+from labsupport.course.registry import givens
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B, ModelSpec
 from labsupport.units import fmt_number
 
@@ -175,27 +177,94 @@ def _plan_check(fn, case):
 
 # --- 6.3: Exercise 4's numbers -------------------------------------------------------------------
 
-def _exercise4() -> dict[str, float]:
-    gpu, m, mha = GPUS["h100"], LECTURE_7B_GQA8, LECTURE_7B
-    rate = MFU * gpu.peak_flops
-    s = 16_384
-    swap = 2 * _kv_bytes(m, s) / gpu.link_bandwidth
-    rec = _prefill_flops(m, s) / rate
-    attn = 4 * mha.num_layers * mha.num_heads * mha.head_dim
-    per_token_kv = _kv_bytes(mha, 1)
-    # 2 S kv / W = (2 N S + attn S^2) / F  =>  S = (2 kv F / W - 2 N) / attn
-    crossover = (2 * per_token_kv * rate / (32 * GB) - 2 * mha.num_params) / attn
-    return {"recompute_ms": 1e3 * rec, "swap_advantage": rec / swap,
-            "breakeven_gbs": _breakeven(m, s, gpu.peak_flops, MFU) / GB, "crossover_tokens": crossover}
+# The quantities Exercise 4 is posed on: the lecture's 7B (its MHA form and its GQA form share every
+# field but the KV heads), the card's peak and achieved share, its host link, the slower link of the
+# crossover question, and the long sequence's length.
+G = givens(
+    lecture=dict(LAYERS=32, HEADS=32, GQA_KV_HEADS=8, HEAD_DIM=128, DTYPE_BYTES=2, PARAMS=6.74e9,
+                 PEAK_FLOPS=989e12, MFU=0.5, LINK_BW=64e9, SLOW_LINK_BW=32e9, LONG_SEQ=16_384),
+    hidden=lambda rng: _hidden_exercise4(rng),
+)
+
+
+def _models(g) -> tuple[ModelSpec, ModelSpec]:
+    """(the MHA model, its GQA form) from the givens."""
+    mha = ModelSpec("givens-mha", g.LAYERS, g.HEADS, g.HEADS, g.HEAD_DIM, g.PARAMS, dtype_bytes=g.DTYPE_BYTES)
+    return mha, replace(mha, name="givens-gqa", num_kv_heads=g.GQA_KV_HEADS)
+
+
+def _crossover(model: ModelSpec, link: float, rate: float, attention_coef: int = 4) -> float:
+    # 2 S kv / W = (2 N S + c L H d S^2) / F  =>  S = (2 kv F / W - 2 N) / (c L H d)
+    return (2 * _kv_bytes(model, 1) * rate / link - 2 * model.num_params) / (
+        attention_coef * model.num_layers * model.num_heads * model.head_dim)
+
+
+def _hidden_exercise4(rng) -> dict:
+    """Another plausible model, card and link, for which the MHA crossover on the slow link is a length."""
+    while True:
+        layers, heads = rng.choice((24, 28, 40, 48)), rng.choice((16, 24, 40, 64))
+        g = dict(LAYERS=layers, HEADS=heads, GQA_KV_HEADS=rng.choice((1, 2, 4)),
+                 HEAD_DIM=rng.choice((64, 80, 96, 256)), DTYPE_BYTES=rng.choice((1, 4)),
+                 PARAMS=rng.choice((1.3e9, 3.0e9, 8.0e9, 13.0e9)), PEAK_FLOPS=rng.choice((312e12, 756e12, 1979e12)),
+                 MFU=rng.choice((0.3, 0.4, 0.6)), LINK_BW=rng.choice((16e9, 25e9, 50e9, 128e9)),
+                 SLOW_LINK_BW=rng.choice((8e9, 12e9, 16e9, 24e9)), LONG_SEQ=rng.choice((8192, 12_000, 24_576, 32_768)))
+        mha, _ = _models(types.SimpleNamespace(**g))
+        if 100 < _crossover(mha, g["SLOW_LINK_BW"], g["MFU"] * g["PEAK_FLOPS"]) < 10**6:
+            return g
+
+
+class _Exercise4(dict):
+    """The four numbers, with the plausible wrong ones for these givens and what each is."""
+    mistakes: dict
+
+
+def _exercise4(g) -> dict[str, float]:
+    mha, gqa = _models(g)
+    rate = g.MFU * g.PEAK_FLOPS
+    s = g.LONG_SEQ
+    swap = 2 * _kv_bytes(gqa, s) / g.LINK_BW
+    rec = _prefill_flops(gqa, s) / rate
+    want = _Exercise4(recompute_ms=1e3 * rec, swap_advantage=rec / swap, breakeven_gbs=2 * _kv_bytes(gqa, s) / rec / GB,
+                      crossover_tokens=_crossover(mha, g.SLOW_LINK_BW, rate))
+    kv_attn = (2 * gqa.num_params * s + 4 * gqa.num_layers * gqa.num_kv_heads * gqa.head_dim * s ** 2) / rate
+    causal = (2 * gqa.num_params * s + 2 * gqa.num_layers * gqa.num_heads * gqa.head_dim * s ** 2) / rate
+    want.mistakes = {
+        "recompute_ms": [
+            (1e3 * kv_attn, "That counts attention over the KV heads; every query head attends (GQA shares K and V, "
+                            "not the arithmetic)."),
+            (1e3 * causal, "That counts attention causally (each query against the keys before it, 2·L·H·d·S²); "
+                           "this exercise uses the lecture's count, every query against all S keys (4·L·H·d·S²)."),
+            (1e3 * rec * g.MFU, "That is the prefill at the card's peak; it runs at MFU × peak."),
+            (1e3 * 2 * gqa.num_params * s / rate, "That is the weights' FLOPs alone; attention's QK^T and PV are "
+                                                   "part of the prefill too.")],
+        "swap_advantage": [
+            (rec / (swap / 2), "That prices a one-way trip; a swap goes out over the link now and back in later."),
+            (rec / (2 * _kv_bytes(mha, s) / g.LINK_BW), "That swaps the MHA cache; the 16K sequence is the GQA "
+                                                         "model's, whose KV has GQA_KV_HEADS heads.")],
+        "breakeven_gbs": [
+            (_kv_bytes(gqa, s) / rec / GB, "That is the one-way bandwidth; the swap moves the KV twice."),
+            (2 * _kv_bytes(mha, s) / rec / GB, "That uses the MHA cache; the sequence is the GQA model's.")],
+        "crossover_tokens": [
+            (_crossover(mha, g.SLOW_LINK_BW, rate, 2), "That is the root with attention counted causally "
+                                                        "(2·L·H·d·S²); the lecture's count is every query against "
+                                                        "all S keys, 4·L·H·d·S²."),
+            (_crossover(mha, g.SLOW_LINK_BW, rate, 8), "That is half the root, which twice the lecture's attention "
+                                                        "term (8·L·H·d·S²) gives — the slip behind the lecture's "
+                                                        "printed ≈ 2,600: count QK^T and PV once each, 2 FLOP a pair."),
+            (_crossover(mha, g.SLOW_LINK_BW, g.PEAK_FLOPS), "That prices the recompute at the card's peak; it runs "
+                                                             "at MFU × peak.")],
+    }
+    return want
 
 
 _EX4_TOL = {"recompute_ms": (2e-3, 0.0), "swap_advantage": (1e-2, 0.0), "breakeven_gbs": (1e-2, 0.0),
             "crossover_tokens": (0.0, 2.0)}
 _EX4_HINTS = {
-    "recompute_ms": "the 16K GQA-8 prefill: weights' FLOPs plus attention's (query heads!), at 50% of the H100's peak",
-    "swap_advantage": "recompute time over the swap round trip (both ways over the 64 GB/s link)",
-    "breakeven_gbs": "the link bandwidth at which the 16K GQA-8 swap round trip equals the recompute, in GB/s (1e9 B/s)",
-    "crossover_tokens": "the MHA sequence length at which swap and recompute cost the same on a 32 GB/s link",
+    "recompute_ms": "the LONG_SEQ-token GQA prefill: weights' FLOPs plus attention's (query heads!), at MFU × peak",
+    "swap_advantage": "recompute time over the swap round trip (both ways over LINK_BW)",
+    "breakeven_gbs": "the link bandwidth at which the long GQA sequence's swap round trip equals its recompute, in "
+                     "GB/s (1e9 B/s)",
+    "crossover_tokens": "the MHA sequence length at which swap and recompute cost the same on SLOW_LINK_BW",
 }
 
 
@@ -206,12 +275,15 @@ def _grade_exercise4(answer, want) -> None:
         got = as_number(answer[key], f"'{key}'")
         if math.isclose(got, want[key], rel_tol=rel, abs_tol=abs_):
             continue
-        remark = ""
-        if key == "crossover_tokens" and math.isclose(got, 2600, abs_tol=60):
-            remark = (" About 2,600 is the lecture's printed figure, which the errata note shows is not the root of "
-                      "the lecture's own equation; solve it exactly.")
+        remark = next((f" {why}" for wrong, why in getattr(want, "mistakes", {}).get(key, ())
+                       if math.isclose(got, wrong, rel_tol=max(rel, 1e-6), abs_tol=abs_)), "")
+        if remark:
+            pass
+        elif key == "crossover_tokens" and math.isclose(got, 2600, abs_tol=60):
+            remark = (" About 2,600 is the lecture's printed figure, which is not the root of the lecture's own "
+                      "equation; solve it exactly.")
         elif key == "crossover_tokens" and got == 0:
-            remark = " With GQA-8 swap wins at every length on 32 GB/s; the question is about MHA."
+            remark = " With the GQA cache swap may win at every length on the slow link; the question is about MHA."
         else:
             slip = units_slip(got, want[key])
             remark = f" {slip}" if slip else ""
@@ -220,14 +292,14 @@ def _grade_exercise4(answer, want) -> None:
 
 
 value(
-    "6.3", "Exercise 4: 16K GQA-8, and the crossover on 32 GB/s",
-    hint="Use your break-even function's two halves. For 16K GQA-8 the KV bytes use the 8 KV heads, the prefill "
-         "FLOPs the 32 query heads; the H100's link is 64 GB/s per direction and its bf16 peak 989 TFLOP/s at 50%. "
-         "For the crossover write swap(S) = recompute(S) for the MHA model on 32 GB/s: the swap side is linear in S, "
-         "the recompute side has an S and an S² term, so after dividing by S the equation is linear — solve it "
-         "exactly rather than trusting a printed figure.",
+    "6.3", "Exercise 4: the long GQA sequence, and the MHA crossover on the slow link",
+    hint="Use the physics of 6.1 on the givens. For the long GQA sequence the KV bytes use GQA_KV_HEADS, the "
+         "prefill FLOPs all HEADS query heads; the swap goes over LINK_BW both ways, the prefill runs at MFU × "
+         "PEAK_FLOPS. For the crossover write swap(S) = recompute(S) for the MHA model (KV heads = HEADS) on "
+         "SLOW_LINK_BW: the swap side is linear in S, the recompute side has an S and an S² term, so after dividing "
+         "by S the equation is linear — solve it exactly rather than trusting a printed figure.",
     expected=_exercise4, judge=_grade_exercise4,
     forbid=_PREEMPT_SHORTCUTS,
-    derive="use your own break-even function and write the swap and recompute times out",
+    derive="write the swap and recompute times out from the givens (your own break-even function may help)",
     formative={"per_key": {key: list(tol) for key, tol in _EX4_TOL.items()}},
 )

@@ -54,6 +54,7 @@ def _grade_map(answer, want) -> None:
 value(
     "8.1", "§10.7: the quantity each of the nine rows tracks",
     expected=lambda: [q for _, q in LECTURE_MAP], judge=_grade_map,
+    fixed="a reading of §10.7's table: nine names matched to nine names, no quantity to vary",
     hint="Each row names something paging left broken; its quantity is the number you would measure to see "
          "it get better. Ask what each failure costs, and in which unit: bytes, a bandwidth, a batch, a "
          "latency ratio, a share of tokens, a count per pass, or which machine.",
@@ -226,8 +227,9 @@ def _tail_waste(fn, case):
     hint="Utilization is the share of reserved KV that holds tokens; throughput is tokens per second. Paging "
          "raises the first by reserving only what a sequence uses. It raises the second only if the naive "
          "engine was turning requests away for lack of slots. So: keep every sequence far shorter than S_max "
-         "(a reserve-to-max slot is then mostly empty), and make sure the naive engine never needs more than "
-         "its 29 slots at once — think about the arrival rate.",
+         "(a reserve-to-max slot is then mostly empty, near 15% full), and load the card until the naive engine "
+         "runs at least 20 of its 29 slots at its busiest — an idle card proves nothing — without turning "
+         "requests away for lack of slots: think about the arrival rate.",
     formative={"open": "labsupport.course.open_answers:utilization_workload_verdict"},
 )
 def _utilization_workload(fn):

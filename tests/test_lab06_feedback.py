@@ -1,0 +1,114 @@
+"""Checkoff 6.3 (Exercise 4), posed on lab 06's givens: two different correct derivations pass on the
+lecture's givens and on hidden ones; the plausible wrong answers are rejected with a remark naming the
+mistake.  The lecture's numbers are worked by hand: 16K GQA-8 KV = 16,384 × 131,072 B = 2.147 GB, swap
+67.1 ms over 64 GB/s, recompute (2 × 6.74e9 × 16,384 + 4 × 32 × 32 × 128 × 16,384²) / 494.5e12 = 731.2 ms;
+MHA crossover on 32 GB/s: (2 × 524,288 × 494.5e12 / 32e9 − 2 × 6.74e9) / (4 × 32 × 32 × 128) = 5,195.19."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from labsupport.course import checkoff as C
+from labsupport.course.checkoff import check
+from labsupport.course.registry import GIVENS, Mismatch, case_rng, namespace
+from labsupport.specs import ModelSpec
+
+LECTURE = dict(LAYERS=32, HEADS=32, GQA_KV_HEADS=8, HEAD_DIM=128, DTYPE_BYTES=2, PARAMS=6.74e9,
+               PEAK_FLOPS=989e12, MFU=0.5, LINK_BW=64e9, SLOW_LINK_BW=32e9, LONG_SEQ=16_384)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_results():
+    C.reset_results()
+    yield
+    C.reset_results()
+
+
+def written_out(g, attention=4):
+    """The times written out term by term, the crossover solved as a linear equation."""
+    f = g["MFU"] * g["PEAK_FLOPS"]
+    kv_gqa = 2 * g["LAYERS"] * g["GQA_KV_HEADS"] * g["HEAD_DIM"] * g["DTYPE_BYTES"]
+    kv_mha = 2 * g["LAYERS"] * g["HEADS"] * g["HEAD_DIM"] * g["DTYPE_BYTES"]
+    s = g["LONG_SEQ"]
+    swap = 2 * s * kv_gqa / g["LINK_BW"]
+    rec = (2 * g["PARAMS"] * s + 4 * g["LAYERS"] * g["HEADS"] * g["HEAD_DIM"] * s * s) / f
+    a = attention * g["LAYERS"] * g["HEADS"] * g["HEAD_DIM"]
+    return {"recompute_ms": 1e3 * rec, "swap_advantage": rec / swap, "breakeven_gbs": 2 * s * kv_gqa / rec / 1e9,
+            "crossover_tokens": (2 * kv_mha * f / g["SLOW_LINK_BW"] - 2 * g["PARAMS"]) / a}
+
+
+def through_a_breakeven_function(g):
+    """A second derivation: a W*(model, S) function on ModelSpecs, and the crossover found by bisection
+    on swap(S) − recompute(S)."""
+    def wstar(m, s):
+        kv = s * 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
+        flops = 2 * m.num_params * s + 4 * m.num_layers * m.num_heads * m.head_dim * s ** 2
+        return 2 * kv * g["MFU"] * g["PEAK_FLOPS"] / flops
+
+    mha = ModelSpec("m", g["LAYERS"], g["HEADS"], g["HEADS"], g["HEAD_DIM"], g["PARAMS"], dtype_bytes=g["DTYPE_BYTES"])
+    gqa = ModelSpec("q", g["LAYERS"], g["HEADS"], g["GQA_KV_HEADS"], g["HEAD_DIM"], g["PARAMS"],
+                    dtype_bytes=g["DTYPE_BYTES"])
+    s = g["LONG_SEQ"]
+    w = wstar(gqa, s)
+    kv = s * 2 * gqa.num_layers * gqa.num_kv_heads * gqa.head_dim * gqa.dtype_bytes
+    rec = 2 * kv / w  # at the break-even the round trip is the recompute
+    lo, hi = 1.0, 1e7  # W*(S) falls with S: find where it meets the slow link
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if wstar(mha, mid) > g["SLOW_LINK_BW"] else (lo, mid)
+    return {"recompute_ms": 1e3 * rec, "swap_advantage": g["LINK_BW"] / w, "breakeven_gbs": w / 1e9,
+            "crossover_tokens": lo}
+
+
+def test_the_lecture_case_by_hand():
+    got = written_out(LECTURE)
+    assert got["recompute_ms"] == pytest.approx(731.23, abs=0.01)
+    assert got["swap_advantage"] == pytest.approx(731.23 / 67.109, rel=1e-4)
+    assert got["crossover_tokens"] == pytest.approx(5195.19, abs=0.01)
+
+
+@pytest.mark.parametrize("derive", [written_out, through_a_breakeven_function])
+def test_two_correct_derivations_pass_on_the_lecture_and_hidden_givens(derive, capsys):
+    check("6.3", derive(LECTURE))
+    assert capsys.readouterr().out == "✅ Checkoff 6.3 passed\n"
+    c = C.get("6.3")
+    for g in GIVENS[6].draw(case_rng("givens", b"lab06 test", "x"), 4):
+        c.verdict(derive(g), c.expect(namespace(g)))
+
+
+def test_a_typed_lecture_answer_fails_on_hidden_givens():
+    c = C.get("6.3")
+    for g in GIVENS[6].draw(random.Random(7), 2):
+        with pytest.raises(Mismatch):
+            c.verdict(written_out(LECTURE), c.expect(namespace(g)))
+
+
+def test_the_required_keys_are_in_the_prompt():
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[1] / "solutions" / "06_engine_loop.py").read_text()
+    prompt = source[source.index("### Exercise 6.3"):source.index("### BEGIN SOLUTION 6.3")]
+    for key in ("recompute_ms", "swap_advantage", "breakeven_gbs", "crossover_tokens"):
+        assert f'`"{key}"`' in prompt
+
+
+RIGHT = written_out(LECTURE)
+F = 0.5 * 989e12
+S = 16_384
+
+
+@pytest.mark.parametrize("key, wrong, names", [
+    ("crossover_tokens", written_out(LECTURE, attention=2)["crossover_tokens"], "counted causally"),  # 10,390
+    ("crossover_tokens", written_out(LECTURE, attention=8)["crossover_tokens"], "half the root"),  # 2,598
+    ("recompute_ms", 1e3 * (2 * 6.74e9 * S + 4 * 32 * 8 * 128 * S * S) / F, "every query head attends"),
+    ("recompute_ms", 1e3 * (2 * 6.74e9 * S + 2 * 32 * 32 * 128 * S * S) / F, "causally"),
+    ("recompute_ms", 1e3 * (2 * 6.74e9 * S + 4 * 32 * 32 * 128 * S * S) / 989e12, "MFU × peak"),
+    ("recompute_ms", 1e3 * 2 * 6.74e9 * S / F, "weights' FLOPs alone"),
+    ("swap_advantage", 2 * RIGHT["swap_advantage"], "one-way trip"),
+    ("breakeven_gbs", RIGHT["breakeven_gbs"] / 2, "one-way bandwidth"),
+    ("breakeven_gbs", 4 * RIGHT["breakeven_gbs"], "MHA cache"),
+])
+def test_each_plausible_wrong_answer_is_named(key, wrong, names, fails):
+    with fails(names):
+        check("6.3", dict(RIGHT, **{key: wrong}))
