@@ -53,7 +53,7 @@ from labsupport.course.codec import contains_unfinished
 from labsupport.course.registry import (ALWAYS_FORBIDDEN, Checkoff, Forbidden, ID_PATTERN, Mismatch,
                                        PUBLIC_SEED, REGISTRY, RemoteAnswer, RemoteError, answer_source,
                                        as_number, call, call_with, case_rng, choice, describe_call,
-                                       expect_close, function, is_triton_function, raise_if_unfinished,
+                                       expect_close, function, givens, is_triton_function, raise_if_unfinished,
                                        register, tolerance_text, units_slip, validate_id, value)  # noqa: F401
 
 PASS_LINE = "✅ Checkoff {id} passed"
