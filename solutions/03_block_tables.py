@@ -38,8 +38,31 @@ from labsupport.viz import memory as viz_memory
 
 torch.manual_seed(0)
 MODEL, H100 = LECTURE_7B, LECTURE_GPU
-KV = ledger.kv_bytes_per_token(MODEL)  # 524,288 B per token
-BUDGET = ledger.kv_budget_bytes(MODEL, H100)  # 62.52 GB
+
+# %% tags=["givens"]
+# The givens: the quantities every exercise in this lab is posed on. Compute your answers from these
+# names; the grader re-runs your code on other values of them.
+LAYERS = 32                   # the lecture's 7B (MHA: as many KV heads as query heads)
+KV_HEADS = 32
+HEAD_DIM = 128
+DTYPE_BYTES = 2               # bf16 K and V
+HBM_BYTES = 80 * 10**9        # one H100, decimal GB
+PARAMS = 6_740_000_000        # weights, held in bf16
+WEIGHT_BYTES = 2              # bytes per parameter
+RESERVE_BYTES = 4 * 10**9     # activations and the runtime's workspace
+PROMPT = 512                  # the chat workload: tokens prefilled
+OUTPUT = 128                  # tokens decoded, one per step
+BLOCK = 16                    # tokens per block
+TABLE_TOKENS = 4096           # the sequence whose block table section 4 prices
+ENTRY_BYTES = 4               # one block id in the real cache's table (int32)
+PRINTED_TABLE_BYTES = 2048    # the lecture's "2 KB" for that table
+MEDIAN_TOKENS = 800           # Exercise 3's lognormal: its median ...
+TAIL_TOKENS = 20_000          # ... and the length that ...
+TAIL_SHARE = 0.05             # ... this share of sequences exceed
+
+# %%
+KV = 2 * LAYERS * KV_HEADS * HEAD_DIM * DTYPE_BYTES  # K and V of one token, every layer (lab 02)
+BUDGET = HBM_BYTES - WEIGHT_BYTES * PARAMS - RESERVE_BYTES  # what is left for KV (lab 02)
 print(f"KV per token {KV:,} B; KV budget {fmt_bytes(BUDGET)}")
 
 # %% [markdown]
@@ -189,8 +212,8 @@ check("3.3", tail_waste)
 # `mean_tail_16`. (The lecture says "on average about $b/2$".)
 
 # %%
-### BEGIN SOLUTION 3.4: set mean_tail_16 to the mean tail waste at b = 16 for lengths uniform modulo b
-mean_tail_16 = sum(range(16)) / 16
+### BEGIN SOLUTION 3.4: set mean_tail_16 to the mean tail waste at b = BLOCK for lengths uniform modulo b
+mean_tail_16 = sum(tail_waste(n, BLOCK) for n in range(BLOCK)) / BLOCK  # each remainder once
 ### END SOLUTION
 check("3.4", mean_tail_16)
 
@@ -215,8 +238,9 @@ print(f"b = 16: max tail {max(tails)} tokens, mean tail {mean_tail} tokens "
 # `paged_seqs` to the number of sequences the paged cache holds.
 
 # %%
-### BEGIN SOLUTION 3.5: set paged_seqs to the number of 640-token sequences the paged pool holds
-paged_seqs = ledger.num_blocks(BUDGET, 16, KV) // ledger.blocks_for(640, 16)
+### BEGIN SOLUTION 3.5: set paged_seqs to the number of PROMPT + OUTPUT-token sequences the paged pool holds
+pool_blocks = BUDGET // (BLOCK * KV)  # whole blocks in the budget
+paged_seqs = pool_blocks // -(-(PROMPT + OUTPUT) // BLOCK)  # whole sequences of whole blocks
 ### END SOLUTION
 check("3.5", paged_seqs)
 
@@ -263,10 +287,10 @@ def mean_fill_over(alloc, seq, steps):
     return sum(fills) / len(fills)
 
 
-life = BlockAllocator(64, 16)
-life.allocate("s", 512)
-over_life = mean_fill_over(life, "s", 128)  # the sequence holds 512 ... 639 tokens while its steps run
-pool_share = pool.num_blocks * 16 * KV / BUDGET  # the budget's share the pool's whole blocks cover
+life = BlockAllocator(-(-(PROMPT + OUTPUT) // BLOCK), BLOCK)
+life.allocate("s", PROMPT)
+over_life = mean_fill_over(life, "s", OUTPUT)  # the sequence holds PROMPT ... PROMPT + OUTPUT - 1 tokens
+pool_share = (BUDGET // (BLOCK * KV)) * BLOCK * KV / BUDGET  # the budget's share whole blocks cover
 paged_over_life = over_life * pool_share
 ### END SOLUTION
 check("3.6", paged_over_life)
@@ -457,13 +481,14 @@ print(f"block_table_tensor: shape {tuple(t.shape)}, dtype {t.dtype}, {t.element_
 
 # %%
 ### BEGIN SOLUTION 3.7: set table_bytes to the int32 block table bytes of a 4,096-token sequence at b = 16
-table_bytes = ledger.block_table_entries(4096, 16) * 4
+entries = -(-TABLE_TOKENS // BLOCK)  # one entry per block the sequence holds
+table_bytes = entries * ENTRY_BYTES
 ### END SOLUTION
 check("3.7", table_bytes)
 
 # %%
 ### BEGIN SOLUTION 3.8: set entry_bytes_for_2kb to the bytes per entry that give 2,048 B for 256 entries
-entry_bytes_for_2kb = 2048 // ledger.block_table_entries(4096, 16)
+entry_bytes_for_2kb = PRINTED_TABLE_BYTES // -(-TABLE_TOKENS // BLOCK)
 ### END SOLUTION
 check("3.8", entry_bytes_for_2kb)
 
@@ -487,7 +512,7 @@ if revealed("3.7", "3.8"):
 
 # %%
 ### BEGIN SOLUTION 3.9: set sigma of the lognormal with median 800 and P(L > 20,000) = 5%
-sigma = math.log(20_000 / 800) / NormalDist().inv_cdf(0.95)
+sigma = math.log(TAIL_TOKENS / MEDIAN_TOKENS) / NormalDist().inv_cdf(1 - TAIL_SHARE)
 ### END SOLUTION
 check("3.9", sigma)
 
@@ -500,11 +525,11 @@ check("3.9", sigma)
 # (20,000-token) sequence.
 
 # %%
-def exercise3_row(block_size):
-    """(mean tail bytes, waste at B = 199 as a fraction of BUDGET, entries at 800, entries at 20,000)."""
-    ### BEGIN SOLUTION 3.10: return the four numbers of Exercise 3's row for this block size
-    tail_bytes = (block_size - 1) / 2 * KV
-    return (tail_bytes, 199 * tail_bytes / BUDGET, math.ceil(800 / block_size), math.ceil(20_000 / block_size))
+def exercise3_row(block_size, batch):
+    """(mean tail bytes, waste of `batch` sequences as a fraction of BUDGET, entries at the median and the tail)."""
+    ### BEGIN SOLUTION 3.10: return the four numbers of Exercise 3's row for this block size and batch
+    tail_bytes = sum(tail_waste(n, block_size) for n in range(block_size)) / block_size * KV
+    return (tail_bytes, batch * tail_bytes / BUDGET, -(-MEDIAN_TOKENS // block_size), -(-TAIL_TOKENS // block_size))
     ### END SOLUTION
 
 

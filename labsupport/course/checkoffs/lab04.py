@@ -18,13 +18,25 @@ import torch
 
 from labsupport.course.checkoff import (Mismatch, RemoteError, as_number, call, call_with, choice, expect_close,
                                         function, is_triton_function, raise_if_unfinished, value)
+from labsupport.course.registry import givens
 from labsupport.units import fmt_number
 
 TRADEOFFS = ("tail waste", "fork copies", "short contiguous runs", "table lookups")
 
+
+
+def _hidden(rng):
+    """Another decode step: a batch, a length and a GQA shape other than the headline point's."""
+    kv_heads = rng.choice((2, 4, 16))
+    return dict(BATCH=rng.choice((8, 16, 128, 256)), SEQ_LEN=rng.choice((1024, 2048, 4096, 16_384)),
+                Q_HEADS=kv_heads * rng.choice((3, 5, 6)), KV_HEADS=kv_heads, HEAD_DIM=rng.choice((64, 80, 256)),
+                DTYPE_BYTES=rng.choice((1, 4)))
+
+
 # One layer of the lecture's 7B with GQA-8 at the kernel benchmark's headline point:
 # B = 64 sequences of S = 8,192 tokens, 32 query heads, 8 KV heads, head dim 128, bf16.
-GTA_CASE = dict(batch=64, seq_len=8192, num_q_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2)
+G = givens(lecture=dict(BATCH=64, SEQ_LEN=8192, Q_HEADS=32, KV_HEADS=8, HEAD_DIM=128, DTYPE_BYTES=2),
+           hidden=_hidden)
 
 
 def _kv_bytes(batch, seq_len, num_kv_heads, head_dim, dtype_bytes) -> int:
@@ -317,8 +329,8 @@ def _step_bytes(fn, case):
 
 value(
     "4.4", "Bytes gather-then-attend moves",
-    expected=lambda: 3 * _kv_bytes(**{k: v for k, v in GTA_CASE.items() if k != "num_q_heads"})
-    + _q_out_bytes(GTA_CASE["batch"], GTA_CASE["num_q_heads"], GTA_CASE["head_dim"], GTA_CASE["dtype_bytes"]),
+    expected=lambda g: 3 * _kv_bytes(g.BATCH, g.SEQ_LEN, g.KV_HEADS, g.HEAD_DIM, g.DTYPE_BYTES)
+    + _q_out_bytes(g.BATCH, g.Q_HEADS, g.HEAD_DIM, g.DTYPE_BYTES),
     unit=" B",
     hint="Follow the K/V bytes on the naive path: the gather reads them from the pool and writes them to a "
          "contiguous buffer, and then the attention kernel reads that buffer. Count each crossing of HBM, then "
