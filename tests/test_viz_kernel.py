@@ -207,6 +207,22 @@ def test_placeholder_has_no_numbers():
     assert not fig.layout.annotations or all(a.y is None or a.y >= 1 for a in fig.layout.annotations)  # nothing over the axes
 
 
+def test_the_chart_says_what_it_cannot_show(results_file):
+    """No GPU data: paged ≈ contiguous is unmeasured; interpreter timings cannot check it; and gather-then-attend's
+    3× is 4.4's byte count (K/V read, written, read again), never a measured ratio."""
+    def title(fig):
+        return fig.layout.title.text
+
+    none = title(VK.bandwidth_placeholder_figure())
+    assert "unmeasured" in none and "byte count" in none and "not a measurement" in none
+    gpu = VK.load_gpu_results(results_file)
+    assert "byte count" in title(VK.bandwidth_figure(gpu)) and "interpreter" not in title(VK.bandwidth_figure(gpu))
+    cpu = VK.BenchResults("CPU", gpu.copy_bandwidth, gpu.gather, gpu.decode, dict(gpu.meta, interpreter=True))
+    assert "cannot be checked" in title(VK.bandwidth_figure(cpu)) and "byte count" in title(VK.bandwidth_figure(cpu))
+    assert "cannot check paged ≈ contiguous" in VK.bandwidth_readout(cpu)
+    assert "byte count" in VK.bandwidth_readout(None) and "not checked here" in VK.bandwidth_readout(None)
+
+
 def test_bandwidth_panel_switches_source_and_metric(results_file):
     results = VK.load_gpu_results(results_file)
     panel = VK.bandwidth_panel({"none yet": None, "test": results})
