@@ -292,9 +292,7 @@ value(
     mistakes=[(199, "199 is the lecture's printed figure, which its own inputs cannot reproduce (see the errata "
                "note); count the blocks exactly."),
               (190, "62.5 GB / 0.328 GB takes 512 KiB as 512,000 B and ignores whole blocks."),
-              (BUDGET / (SEQ * KV_MHA), "A fraction of a sequence does not run: whole blocks, whole sequences."),
-              (BUDGET // (SEQ * KV_MHA), "That divides the budget by a sequence's bytes and forgets that the pool "
-               "is cut into whole blocks first.")],
+              (BUDGET / (SEQ * KV_MHA), "A fraction of a sequence does not run: whole blocks, whole sequences.")],
     forbid=("labsupport.ledger.paged_concurrency", "labsupport.ledger.paged_utilization"),
     derive="count the whole blocks in the budget and divide by the blocks one sequence holds",
 )

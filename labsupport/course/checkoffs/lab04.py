@@ -5,7 +5,8 @@
      the torch reference on random block tables
 4.3  bytes one decode step's attention moves (one layer)
 4.4  bytes the naive gather-then-attend moves for the same step
-4.5  FlashInfer's question: which of §10.3's block-size trade-offs a good kernel makes irrelevant
+4.5  FlashInfer's question: which of §10.3's block-size trade-offs a good kernel makes irrelevant (the
+     reading costs: short runs and the kernel's table reads; not the allocator's or the engine's costs)
 
 Expected values come from Python integers written out here (4.1, 4.2's addresses, 4.3, 4.4) or from
 the kernels' plain-torch references (4.2's outputs), never from the student's code.
@@ -21,7 +22,10 @@ from labsupport.course.checkoff import (Mismatch, RemoteError, as_number, call, 
 from labsupport.course.registry import givens
 from labsupport.units import fmt_number
 
-TRADEOFFS = ("tail waste", "fork copies", "short contiguous runs", "table lookups")
+# §10.3's costs of a block size. "Table lookups" is two costs, and lab 04's self-check keeps them apart: the
+# kernel reading one more entry per block every step (a read, which a good kernel hides), and the engine
+# building and shipping the longer tables every step (CPU work no kernel touches).
+TRADEOFFS = ("tail waste", "fork copies", "short contiguous runs", "table reads", "table building")
 
 
 
@@ -356,15 +360,19 @@ value(
 
 choice(
     "4.5", "What a good kernel makes irrelevant (FlashInfer's question)",
-    answer={"short contiguous runs", "table lookups"}, options=TRADEOFFS,
-    hint="Sort §10.3's costs of a block size into two piles: costs of *reading* the cache during attention "
-         "(what the kernel does every step) and costs of *holding* or *copying* it (what the allocator does). "
-         "A better kernel can only change the first pile. For each item ask: if the kernel read a scattered "
-         "token as fast as a neighbouring one, would this cost still be there?",
+    answer={"short contiguous runs", "table reads"}, options=TRADEOFFS,
+    hint="Sort §10.3's costs of a block size into piles: costs of *reading* the cache during attention "
+         "(what the kernel does every step), costs of *holding* or *copying* it (what the allocator does), and "
+         "work the engine does on the CPU before the kernel is launched. A better kernel can only change the "
+         "first pile. For each item ask: if the kernel read a scattered token as fast as a neighbouring one, "
+         "would this cost still be there?",
     mistakes={
         "tail waste": "Tail waste is memory reserved in a sequence's last block; no kernel reads it, so no kernel "
                       "can give it back.",
         "fork copies": "Copy-on-write copies a whole block when one token diverges: that copy is the "
                        "allocator's, and it grows with the block size whatever the attention kernel does.",
+        "table building": "Building the longer tables and shipping them to the GPU every step is the engine's CPU "
+                          "work, done before any kernel runs; a faster kernel does not shorten it (it is small, "
+                          "and it grows as the block shrinks).",
     },
 )
