@@ -434,7 +434,8 @@ def bandwidth_figure(results: BenchResults, metric: str = METRICS[0]) -> go.Figu
     fig.update_yaxes(title_text=ytitle, row=1, col=1, range=[0, top])
     fig.update_yaxes(range=[0, top], row=1, col=2)
     notes = "<br>".join(f"<sup>{n}</sup>" for n in chart_notes(results))
-    return styled(fig, f"{results.label}<br>{notes}", height=560, legend=dict(orientation="h", y=-0.25, x=0))
+    return styled(fig, f"{results.label}<br>{notes}", height=600, legend=dict(orientation="h", y=-0.25, x=0),
+                  margin=dict(t=130))
 
 
 def bandwidth_placeholder_figure(block_sizes=BLOCK_SIZES, metric: str = METRICS[0]) -> go.Figure:
@@ -465,7 +466,7 @@ def bandwidth_placeholder_figure(block_sizes=BLOCK_SIZES, metric: str = METRICS[
     notes = "<br>".join(f"<sup>{n}</sup>" for n in chart_notes(None))
     return styled(fig, "Bandwidth against block size: waiting for a GPU run<br><sup>no GPU results shipped yet: "
                        f"run <b>python -m labsupport bench gpu</b> on a CUDA GPU</sup><br>{notes}",
-                  height=560, legend=dict(orientation="h", y=-0.25, x=0), margin=dict(t=110))
+                  height=600, legend=dict(orientation="h", y=-0.25, x=0), margin=dict(t=160))
 
 
 def bandwidth_readout(results: BenchResults | None) -> str:
