@@ -38,8 +38,31 @@ from labsupport.viz import memory as viz_memory
 
 torch.manual_seed(0)
 MODEL, H100 = LECTURE_7B, LECTURE_GPU
-KV = ledger.kv_bytes_per_token(MODEL)  # 524,288 B per token
-BUDGET = ledger.kv_budget_bytes(MODEL, H100)  # 62.52 GB
+
+# %% tags=["givens"]
+# The givens: the quantities every exercise in this lab is posed on. Compute your answers from these
+# names; the grader re-runs your code on other values of them.
+LAYERS = 32                   # the lecture's 7B (MHA: as many KV heads as query heads)
+KV_HEADS = 32
+HEAD_DIM = 128
+DTYPE_BYTES = 2               # bf16 K and V
+HBM_BYTES = 80 * 10**9        # one H100, decimal GB
+PARAMS = 6_740_000_000        # weights, held in bf16
+WEIGHT_BYTES = 2              # bytes per parameter
+RESERVE_BYTES = 4 * 10**9     # activations and the runtime's workspace
+PROMPT = 512                  # the chat workload: tokens prefilled
+OUTPUT = 128                  # tokens decoded, one per step
+BLOCK = 16                    # tokens per block
+TABLE_TOKENS = 4096           # the sequence whose block table section 4 prices
+ENTRY_BYTES = 4               # one block id in the real cache's table (int32)
+PRINTED_TABLE_BYTES = 2048    # the lecture's "2 KB" for that table
+MEDIAN_TOKENS = 800           # Exercise 3's lognormal: its median ...
+TAIL_TOKENS = 20_000          # ... and the length that ...
+TAIL_SHARE = 0.05             # ... this share of sequences exceed
+
+# %%
+KV = 2 * LAYERS * KV_HEADS * HEAD_DIM * DTYPE_BYTES  # K and V of one token, every layer (lab 02)
+BUDGET = HBM_BYTES - WEIGHT_BYTES * PARAMS - RESERVE_BYTES  # what is left for KV (lab 02)
 print(f"KV per token {KV:,} B; KV budget {fmt_bytes(BUDGET)}")
 
 # %% [markdown]
@@ -81,12 +104,12 @@ viz_memory.block_table_explorer(num_blocks=12, block_size=4)
 # %% [markdown]
 # ## 2. From a position to a slot: what every read and write now goes through
 #
-# The pool's slots are numbered block after block, $b$ to a block. Token $p$ of a sequence lives in
-# logical block $\lfloor p / b \rfloor$ at offset $p \bmod b$, so
+# The pool's slots are numbered block after block, $b$ to a block: physical block 0 holds slots
+# 0 … $b - 1$, block 1 the next $b$, and so on. A sequence's tokens fill its *logical* blocks in order,
+# $b$ to a block, and its table names the physical block behind each logical one (A's table above).
+# Which slot holds token $p$ of a sequence?
 #
-# $$\text{slot}(p) = \text{table}\!\left[\left\lfloor p / b \right\rfloor\right] \times b + (p \bmod b).$$
-#
-# This *slot mapping* is what the cache uses to scatter each new token's K and V into the pool, and
+# That *slot mapping* is what the cache uses to scatter each new token's K and V into the pool, and
 # what the attention kernel uses to gather a sequence's keys back. A contiguous cache read $S$ keys
 # as one strided load; a paged cache must look up the table for every block — **that is the kernel's
 # new job** (lab 04 writes it).
@@ -108,6 +131,11 @@ def slot_mapping(block_table, block_size, start, end):
 
 
 check("3.1", slot_mapping)
+
+# %%
+if revealed("3.1"):
+    display(Markdown(r"Token $p$ lives in logical block $\lfloor p / b \rfloor$ at offset $p \bmod b$, so "
+                     r"$\text{slot}(p) = \text{table}\!\left[\lfloor p / b \rfloor\right] \times b + (p \bmod b)$."))
 
 # %% [markdown]
 # The cache does exactly this when it writes: the slot mapping of A's 9 tokens, and the K values
@@ -189,8 +217,8 @@ check("3.3", tail_waste)
 # `mean_tail_16`. (The lecture says "on average about $b/2$".)
 
 # %%
-### BEGIN SOLUTION 3.4: set mean_tail_16 to the mean tail waste at b = 16 for lengths uniform modulo b
-mean_tail_16 = sum(range(16)) / 16
+### BEGIN SOLUTION 3.4: set mean_tail_16 to the mean tail waste at b = BLOCK for lengths uniform modulo b
+mean_tail_16 = sum(tail_waste(n, BLOCK) for n in range(BLOCK)) / BLOCK  # each remainder once
 ### END SOLUTION
 check("3.4", mean_tail_16)
 
@@ -211,12 +239,14 @@ print(f"b = 16: max tail {max(tails)} tokens, mean tail {mean_tail} tokens "
 # %% [markdown]
 # ### Exercise 3.5 — how many sequences fit now
 #
-# The chat workload again: 640-token sequences, 16-token blocks, the 62.52 GB budget. Set
-# `paged_seqs` to the number of sequences the paged cache holds.
+# The chat workload again: sequences that end at `PROMPT + OUTPUT` tokens, blocks of `BLOCK` tokens,
+# the `BUDGET` left for KV. Set `paged_seqs` to the number of such sequences the paged cache holds at
+# once, each at its final length.
 
 # %%
-### BEGIN SOLUTION 3.5: set paged_seqs to the number of 640-token sequences the paged pool holds
-paged_seqs = ledger.num_blocks(BUDGET, 16, KV) // ledger.blocks_for(640, 16)
+### BEGIN SOLUTION 3.5: set paged_seqs to the number of PROMPT + OUTPUT-token sequences the paged pool holds
+pool_blocks = BUDGET // (BLOCK * KV)  # whole blocks in the budget
+paged_seqs = pool_blocks // -(-(PROMPT + OUTPUT) // BLOCK)  # whole sequences of whole blocks
 ### END SOLUTION
 check("3.5", paged_seqs)
 
@@ -265,35 +295,40 @@ def mean_fill_over(alloc, seq, steps):
     return sum(fills) / len(fills)
 
 
-life = BlockAllocator(64, 16)
-life.allocate("s", 512)
-over_life = mean_fill_over(life, "s", 128)  # the sequence holds 512 ... 639 tokens while its steps run
-pool_share = pool.num_blocks * 16 * KV / BUDGET  # the budget's share the pool's whole blocks cover
+life = BlockAllocator(-(-(PROMPT + OUTPUT) // BLOCK), BLOCK)
+life.allocate("s", PROMPT)
+over_life = mean_fill_over(life, "s", OUTPUT)  # the sequence holds PROMPT ... PROMPT + OUTPUT - 1 tokens
+pool_share = (BUDGET // (BLOCK * KV)) * BLOCK * KV / BUDGET  # the budget's share whole blocks cover
 paged_over_life = over_life * pool_share
 ### END SOLUTION
 check("3.6", paged_over_life)
 
 # %%
 if revealed("3.6"):
-    print(f"one sequence's blocks, averaged over its 128 steps: {fmt_pct(over_life)} filled")
+    paged_end = ledger.paged_utilization(BUDGET, PROMPT + OUTPUT, BLOCK, KV)
+    naive_end = ledger.naive_utilization(BUDGET, 4096, PROMPT + OUTPUT, KV)
+    naive_life = ledger.naive_utilization_time_avg(BUDGET, 4096, PROMPT, OUTPUT, KV)
+    print(f"one sequence's blocks, averaged over its {OUTPUT} steps: {fmt_pct(over_life)} filled")
     print(f"× the {fmt_pct(pool_share, 3)} of the budget the pool's blocks cover = {fmt_pct(paged_over_life)} "
-          f"of the budget (ledger: {fmt_pct(ledger.paged_utilization_time_avg(BUDGET, 512, 128, 16, KV))})")
-    print(f"end of life: {fmt_pct(ledger.paged_utilization(BUDGET, 640, 16, KV))}; the naive slot over its life: "
-          f"{fmt_pct(ledger.naive_utilization_time_avg(BUDGET, 4096, 512, 128, KV))} of the budget")
-    display(Markdown("""The lecture's figures, and the readings that give them:
+          f"of the budget (ledger: {fmt_pct(ledger.paged_utilization_time_avg(BUDGET, PROMPT, OUTPUT, BLOCK, KV))})")
+    print(f"end of life: {fmt_pct(paged_end)}; the naive slot over its life: {fmt_pct(naive_life)} of the budget")
+    lecture_b = 199  # the sequences the lecture's sketch packs (lab 01: its count of 186 is the exact one)
+    mean_tail = 1 - lecture_b * (BLOCK // 2) * KV / BUDGET  # 100% minus a b/2-token tail in each of them
+    display(Markdown(f"""The lecture's figures, and the readings that give them:
 
-| reading | reserve-to-max | paged, b = 16 | printed |
-|---|---|---|---|
-| end of life (640 tokens held) | 15.56% used, 84% internal fragmentation | 99.83% | 15.2% / 84% |
-| 100% minus the mean tail, b/2 = 8 tokens in each of 199 sequences | — | 98.66% | 98.7% (100% − 1.3%) |
-| over the life (512 … 639 held), our measurement | 14.00% used, 86% empty | 98.70% | 14% / 86% |
+| reading | reserve-to-max | paged, b = {BLOCK} |
+|---|---|---|
+| end of life ({PROMPT + OUTPUT} tokens held) | {fmt_pct(naive_end)} used, {fmt_pct(1 - naive_end, 0)} internal fragmentation | {fmt_pct(paged_end)} |
+| 100% minus the mean tail, b/2 = {BLOCK // 2} tokens in each of {lecture_b} sequences | — | {fmt_pct(mean_tail)} |
+| over the life ({PROMPT} … {PROMPT + OUTPUT - 1} held), our measurement | {fmt_pct(naive_life)} used, {fmt_pct(1 - naive_life, 0)} empty | {fmt_pct(paged_over_life)} |
 
-The lecture derives its 98.7% in the middle row; the over-the-life measurement lands on the same figure
-by a second, consistent reading, which is also the one that reproduces the lecture's underived 14% and
-86%. The board's "15.2% → 98.7%" is the lecture's own pair: its end-of-life share, then 100% minus the
-paged tail. Like for like at the end of life the jump is 15.56% → 99.83% (15.2% only with 512 KiB taken
-as 512,000 B, the lecture's 0.328 GB slip). With real lengths, whatever their life stage, the tails
-come back — section 4 measures them."""))
+The lecture derives its paged figure in the middle row, as 100% less its stated internal fragmentation;
+the over-the-life measurement lands on the same printed figure by a second, consistent reading, which
+is also the one that reproduces the lecture's underived {fmt_pct(naive_life, 0)} and {fmt_pct(1 - naive_life, 0)}. The board's
+"{fmt_pct(0.152)} → {fmt_pct(mean_tail)}" is the lecture's own pair: its end-of-life share, then 100% minus the
+paged tail. Like for like at the end of life the jump is {fmt_pct(naive_end)} → {fmt_pct(paged_end)} (15.2% only with
+512 KiB taken as 512,000 B, the lecture's 0.328 GB slip). With real lengths, whatever their life stage,
+the tails come back — section 6 measures them."""))
     viz.errata_note("utilization over a sequence's life", "Paged utilization, b = 16")
 
 
@@ -311,12 +346,170 @@ print(f"KV bytes per token: paged {paged_cache.kv_bytes_per_token:,} B, "
 del paged_cache, contiguous_cache
 
 # %% [markdown]
-# ## 4. Step two: the block size is a real trade-off
+# ## 4. What the block table itself costs
+#
+# To find a token the kernel needs, for every block a sequence holds, the id of the physical block
+# behind it; that list is the sequence's block table, and the real cache hands the kernel all the
+# tables of a batch as one integer tensor. Nothing else about the sequence is stored twice.
+#
+# ### Exercises 3.7 and 3.8 — the 2 KB
+#
+# Set `table_bytes` to the bytes of the block table of a `TABLE_TOKENS`-token sequence at
+# $b$ = `BLOCK`, each entry stored in `ENTRY_BYTES` bytes as the real cache stores it (3.7). The
+# lecture prints `PRINTED_TABLE_BYTES` (its "2 KB") for the same table: set `entry_bytes_for_2kb` to
+# the width of one entry, in bytes, at which the table is that size (3.8).
+
+# %%
+### BEGIN SOLUTION 3.7: set table_bytes to the block table bytes of a TABLE_TOKENS-token sequence at b = BLOCK
+entries = -(-TABLE_TOKENS // BLOCK)  # one entry per block the sequence holds
+table_bytes = entries * ENTRY_BYTES
+### END SOLUTION
+check("3.7", table_bytes)
+
+# %%
+### BEGIN SOLUTION 3.8: set entry_bytes_for_2kb to the bytes per entry that give PRINTED_TABLE_BYTES for the table
+entry_bytes_for_2kb = PRINTED_TABLE_BYTES // -(-TABLE_TOKENS // BLOCK)
+### END SOLUTION
+check("3.8", entry_bytes_for_2kb)
+
+# %% [markdown]
+# The real cache's table for that sequence (shown once 3.7 and 3.8 pass):
+
+# %%
+if revealed("3.7", "3.8"):
+    tab = PagedKVCache(num_blocks=-(-TABLE_TOKENS // BLOCK), block_size=BLOCK, num_layers=1, num_kv_heads=1,
+                       head_dim=1)
+    tab.allocator.allocate("seq", TABLE_TOKENS)
+    t = tab.block_table_tensor(["seq"])
+    print(f"block_table_tensor: shape {tuple(t.shape)}, dtype {t.dtype}, {t.element_size()} B per entry, "
+          f"{t.numel() * t.element_size():,} B in all, for {fmt_gb(TABLE_TOKENS * KV)} of KV "
+          f"(ratio {t.numel() * t.element_size() / (TABLE_TOKENS * KV):.1e})")
+    display(Markdown("One entry per logical block, $\\lceil S / b \\rceil$ of them, each a block id: entries × bytes "
+                     "per entry. A 64-bit id gives the lecture's figure."))
+    viz.errata_note("Block-table overhead")
+
+# %% [markdown]
+# Either way the table is about a millionth of the KV it describes — small enough to send over a
+# network with the request, which is what disaggregation (Oct 14) needs.
+#
+# ## 5. Step two: the block size is a real trade-off — Exercise 3
 #
 # Small blocks waste less tail but lengthen the block table, cost more per-step bookkeeping, and
-# give the attention kernel shorter contiguous runs. The lecture's table, regenerated by the ledger
-# (mean tail $(b-1)/2$ tokens; waste of 199 sequences as a share of the 62.52 GB budget; table
-# entries of a 4,096-token sequence), beside what the lecture prints:
+# give the attention kernel shorter contiguous runs. The lecture's Exercise 3 asks you to put
+# numbers on that for one workload:
+#
+# *Your measured sequence-length distribution is lognormal with median 800 tokens and 5% of
+# sequences over 20,000* (`MEDIAN_TOKENS`, `TAIL_SHARE`, `TAIL_TOKENS`). For each block size, compute
+# the mean tail waste per sequence, the total waste at the batch, and the block-table entries of a
+# median and of a tail sequence; then say what you would measure before choosing.
+#
+# ### Exercise 3.9 — sigma
+#
+# $\ln L$ is normal. The median and the tail share pin two points of that normal; set `sigma`, its
+# standard deviation, from them (`NormalDist().inv_cdf` turns a probability into standard deviations
+# of the standard normal).
+
+# %%
+### BEGIN SOLUTION 3.9: set sigma of the lognormal with median MEDIAN_TOKENS and P(L > TAIL_TOKENS) = TAIL_SHARE
+sigma = math.log(TAIL_TOKENS / MEDIAN_TOKENS) / NormalDist().inv_cdf(1 - TAIL_SHARE)
+### END SOLUTION
+check("3.9", sigma)
+
+# %% [markdown]
+# ### The batch: how many such sequences fit?
+#
+# The lecture's sketch prices the waste "at $B = 199$", the chat workload's count (640-token
+# sequences). A lognormal's mean is not its median: $E[L] = e^{\mu + \sigma^2/2}$, the median times
+# $e^{\sigma^2/2}$. The budget holds, on average, as many of *these* sequences as their mean length's
+# KV divides into it:
+
+# %%
+if revealed("3.9"):
+    mean_len = MEDIAN_TOKENS * math.exp(sigma**2 / 2)
+    FIT = int(BUDGET // (mean_len * KV))
+    print(f"median {MEDIAN_TOKENS:,} tokens, mean {mean_len:,.0f} tokens ({mean_len / MEDIAN_TOKENS:.1f}× the median): "
+          f"the budget holds {BUDGET / (mean_len * KV):.2f} of them on average, so B = {FIT} whole sequences, "
+          f"not 199")
+else:
+    FIT = None
+
+# %% [markdown]
+# ### Exercise 3.10 — the table for this workload
+#
+# Write `exercise3_row(block_size, batch)` returning four numbers for the lab's model: the bytes a
+# sequence's last block reserves and does not fill, on average over lengths spread evenly modulo
+# $b$ (3.4's question, at any $b$); what `batch` such sequences waste together, as a fraction of
+# `BUDGET`; and how many entries the block tables of the median sequence and of the
+# `TAIL_TOKENS`-token sequence hold.
+
+# %%
+def exercise3_row(block_size, batch):
+    """(mean tail bytes, waste of `batch` sequences as a fraction of BUDGET, entries at the median and the tail)."""
+    ### BEGIN SOLUTION 3.10: return the four numbers of Exercise 3's row for this block size and batch
+    tail_bytes = sum(tail_waste(n, block_size) for n in range(block_size)) / block_size * KV
+    return (tail_bytes, batch * tail_bytes / BUDGET, -(-MEDIAN_TOKENS // block_size), -(-TAIL_TOKENS // block_size))
+    ### END SOLUTION
+
+
+check("3.10", exercise3_row)
+
+# %% [markdown]
+# Your rows at the batch that fits, beside the same rows at the sketch's $B = 199$ and the lecture's
+# sketch itself (shown once 3.10 passes):
+
+# %%
+sketch = {8: ("1.0 MB", "0.3%", 100, 2500), 16: ("4.0 MB", "1.3%", 50, 1250), 64: ("16.0 MB", "5.1%", 13, 313),
+          256: ("64.0 MB", "20.4%", 4, 79)}
+if revealed("3.10") and FIT is not None:
+    print(f"{'b':>4} | {'mean tail':>10} | {f'B = {FIT}':>7} | {'B = 199':>7} | {'@median':>7} | {'@tail':>6} "
+          f"|| lecture sketch (B = 199)")
+    for b, s in sketch.items():
+        tail_bytes, waste_fit, at_median, at_tail = exercise3_row(b, FIT)
+        print(f"{b:>4} | {tail_bytes / 1e6:>7.2f} MB | {fmt_pct(waste_fit, 2):>7} | "
+              f"{fmt_pct(exercise3_row(b, 199)[1], 1):>7} | {at_median:>7} | {at_tail:>6,} "
+              f"|| {s[0]:>7}, {s[1]:>5}, {s[2]:>3}, {s[3]:>5,}")
+    display(Markdown("Mean tail $(b-1)/2$ tokens (lengths spread evenly modulo $b$; the lecture rounds to $b/2$), "
+                     "times the bytes per token; the waste is the batch times that over the budget; the entries "
+                     "are $\\lceil L / b \\rceil$."))
+    viz.errata_note("Exercise 3 at b = 8", "Exercise 3's batch")
+
+# %% [markdown]
+# The sketch's $b = 8$ row does not follow its own rule: the mean tail is "about $b/2$", 4 tokens at
+# $b = 8$, not 2. And at the batch this workload can hold, the memory column barely separates the
+# block sizes at all: even the largest block wastes a couple of percent of the budget. The memory
+# column alone picks the wrong answer — that is the point of the exercise.
+#
+# **Common wrong answer: "Block size 1 is optimal, waste is zero."** Its table has one entry per
+# token, and zero tail waste says nothing about what else a block size costs.
+#
+# ### Exercise 3.11 — what you would measure before choosing
+#
+# Set `measure_first` to the set of the two measurements that decide, from: `"kernel_bandwidth"`
+# (achieved attention bandwidth against contiguous run length), `"fork_rate"` (how often sequences
+# fork or branch), `"tail_waste"`, `"table_size"`, `"hbm_size"`.
+
+# %%
+### BEGIN SOLUTION 3.11: set measure_first to the set of the two deciding measurements
+measure_first = {"kernel_bandwidth", "fork_rate"}
+### END SOLUTION
+check("3.11", measure_first)
+
+# %%
+if revealed("3.11"):
+    display(Markdown("""The memory column does not see two costs. One lives in the attention kernel: a small block
+gives it short contiguous runs, and if 16-token runs cost 20% of its bandwidth against 64-token runs,
+the extra memory of $b = 64$ buys that back and then some. The other appears only when sequences share
+blocks: copy-on-write copies a whole block on the first divergent token, so large blocks make every
+fork copy a large block. Lab 04 takes the first measurement: it writes the kernel that reads through
+the block table and measures its bandwidth against the block size. The sections below measure the
+rest on real traces and count the copies of a fork."""))
+
+# %% [markdown]
+# ## 6. Measured, on real traces
+#
+# The lecture's §10.3 table, regenerated by the ledger for the chat workload (mean tail $(b-1)/2$
+# tokens; waste of 199 sequences as a share of the 62.52 GB budget; table entries of a 4,096-token
+# sequence), beside what the lecture prints:
 
 # %%
 printed = {1: ("0", "0%", "4,096"), 16: ("8 tokens = 4.0 MB", "1.3%", "256"),
@@ -331,22 +524,21 @@ viz.errata_note("Tail waste at B = 199")
 
 # %% [markdown]
 # (The note's 5.34% / 21.36% keep the lecture's $b/2$ tail; the table above uses the exact mean for
-# lengths uniform modulo $b$, $(b-1)/2$, which gives 5.26% / 21.28%.)
-#
-# **Common wrong answer: "Block size 1 is optimal, waste is zero."** Read the last two columns of the
+# lengths uniform modulo $b$, $(b-1)/2$, which gives 5.26% / 21.28%.) Read the last two columns of the
 # $b = 1$ row: a 4,096-entry table for every 4K sequence, and a kernel whose contiguous run is one
 # token — every key a separate indirect load. Zero tail waste is bought with the worst possible access
 # pattern.
 #
-# ### Measured, on real traces
+# The ledger assumes lengths uniform modulo $b$ and one batch for every workload. Measure instead, on
+# the real allocator, over real workloads: 2,000 requests drawn at random (seed 0) from each of the
+# **Azure LLM Inference 2023** conversation and code traces (Patel et al., ISCA 2024) and the
+# **Mooncake FAST'25** conversation trace (Qin et al., FAST 2025), and 4,000 lengths from Exercise 3's
+# lognormal. For each workload and block size (`viz_memory.measure_block_size`):
 #
-# The ledger assumes lengths uniform modulo $b$. Measure instead, on the real allocator, over real
-# workloads: 2,000 requests drawn at random (seed 0) from each of the **Azure LLM Inference 2023**
-# conversation and code traces (Patel et al., ISCA 2024) and the **Mooncake FAST'25** conversation
-# trace (Qin et al., FAST 2025), and 4,000 lengths from Exercise 3's lognormal. For each workload and
-# block size (`viz_memory.measure_block_size`):
-#
-# * **tail waste** — each sequence's final length allocated in a `BlockAllocator`, its table read back;
+# * **tail waste** — each sequence's final length allocated in a `BlockAllocator`, its table read
+#   back; its share of the budget at **the batch that fits that workload**: the budget over the KV of
+#   a sequence of the workload's mean final length (`viz_memory.fitting_batch`), not the chat
+#   workload's 199;
 # * **table entries** at the median and the 95th-percentile length;
 # * **contiguous run** — the pool replayed as an engine serves the workload (admit, decode one token
 #   per sequence per step, retire; sequences over 32K left out), and the resident sequences' tables
@@ -364,17 +556,22 @@ measured_workloads = {name: sample(w, 2000) for name, w in traces.items()}
 measured_workloads["lognormal (Ex. 3)"] = workloads.lognormal_workload(4000, seed=0).as_pairs()
 for name, w in traces.items():
     print(f"{name}: {'SYNTHETIC stand-in' if w.synthetic else 'real trace'}, {len(w):,} requests")
+fits = {name: viz_memory.fitting_batch([p + o for p, o in pairs], KV, BUDGET)
+        for name, pairs in measured_workloads.items()}
+for name, pairs in measured_workloads.items():
+    mean = sum(p + o for p, o in pairs) / len(pairs)
+    print(f"{name:>18}: mean final length {mean:>8,.0f} tokens -> the budget holds B = {fits[name]}")
 BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
 
 # %% tags=["nbval-ignore-output"]
-measured = viz_memory.measure_workloads(measured_workloads, BLOCK_SIZES, KV, BUDGET, batch=199)
+measured = viz_memory.measure_workloads(measured_workloads, BLOCK_SIZES, KV, BUDGET, batch=fits)
 
 # %% tags=["needs-traces"]
-print(f"{'workload':>18} {'b':>4} | {'mean tail':>9} | {'waste B=199':>11} | {'median → entries':>17} | "
+print(f"{'workload':>18} {'b':>4} | {'mean tail':>9} | {'B':>4} | {'waste at B':>10} | {'median → entries':>17} | "
       f"{'p95 → entries':>16} | {'mean run':>9} | resident")
 for name, per_b in measured.items():
     for b, m in per_b.items():
-        print(f"{name:>18} {b:>4} | {m.mean_tail_tokens:>9.2f} | {fmt_pct(m.waste_at_batch_fraction):>11} | "
+        print(f"{name:>18} {b:>4} | {m.mean_tail_tokens:>9.2f} | {m.batch:>4} | {fmt_pct(m.waste_at_batch_fraction):>10} | "
               f"{m.median_tokens:>7,} → {m.entries_at_median:>6,} | {m.p95_tokens:>6,} → {m.entries_at_p95:>6,} | "
               f"{m.mean_run_tokens:>9,.0f} | {m.resident:>6.1f}")
 
@@ -383,26 +580,35 @@ for name, per_b in measured.items():
 #
 # * **The tail is a property of $b$, not of the workload.** Every trace lands near $(b-1)/2$: real
 #   lengths are spread evenly enough modulo $b$ once they are much longer than a block.
+# * **What the tail costs is a property of the batch.** Each workload's waste is read at the batch its
+#   own lengths fill the budget with: long-sequence workloads (Mooncake, the lognormal) hold a few
+#   dozen sequences or fewer, so even $b = 256$ wastes a few percent; the lecture's 199 belongs to
+#   640-token chat.
 # * **Table length is a property of the workload.** Mooncake's conversations (median about 7K tokens,
 #   p95 about 38K) need five to ten times the entries of Azure's at any $b$.
 # * **The contiguous run is a block or two** on the busy Azure pools, however large $b$ is: decoding
 #   many sequences in turns interleaves their blocks, so the kernel can count on runs of $b$ tokens
 #   and little more. Long prefills (Mooncake, the lognormal's tail) take many blocks at once and get
-#   longer runs, until churn shuffles the free list.
+#   longer runs, until churn shuffles the free list. (The *resident* column is the replay's own batch,
+#   with sequences over 32K left out.)
 #
-# The trade-off, both sides, ledger lines and measured markers:
+# The trade-off, both sides, ledger lines (at the chat workload's $B = 199$) and measured markers
+# (each at its workload's batch):
 
 # %% tags=["needs-traces"]
 viz_memory.block_size_tradeoff_figure([1, 2, 4, 8, 16, 32, 64, 128, 256], BUDGET, KV, 199,
                                       measured=measured, highlight=16).show()
 
 # %% [markdown]
-# Pick a block size and a workload; the readout states the ledger row and the measured one.
+# Pick a block size and a workload; the readout states the ledger row and the measured one, both at
+# the batch that fits the workload you picked.
 
 # %% tags=["needs-traces"]
-viz_memory.block_size_panel(measured, BUDGET, KV, batch=199, block_size=16)
+viz_memory.block_size_panel(measured, BUDGET, KV, block_size=16)
 
 # %% [markdown]
+# ## 7. Forks: what a large block costs when sequences share
+#
 # Block size also interacts with sharing (§10.4, lab 05): copy-on-write duplicates a *whole block*
 # on the first divergent token. How many branches copy depends on who holds the prompt, and both
 # ways are real:
@@ -437,135 +643,6 @@ for b in (16, 256):
 
 # %%
 viz.errata_note("Fork cost")
-
-# %% [markdown]
-# ## 5. What the block table itself costs
-#
-# One entry per logical block: a 4,096-token sequence at $b = 16$ has 256. The real cache hands the
-# kernel its tables as a tensor:
-
-# %%
-tab = PagedKVCache(num_blocks=256, block_size=16, num_layers=1, num_kv_heads=1, head_dim=1)
-tab.allocator.allocate("4K", 4096)
-t = tab.block_table_tensor(["4K"])
-print(f"block_table_tensor: shape {tuple(t.shape)}, dtype {t.dtype}, {t.element_size()} B per entry, "
-      f"{t.numel() * t.element_size():,} B in all, for {fmt_gb(4096 * KV)} of KV "
-      f"(ratio {t.numel() * t.element_size() / (4096 * KV):.1e})")
-
-# %% [markdown]
-# ### Exercises 3.7 and 3.8 — the 2 KB
-#
-# Set `table_bytes` to the bytes of a 4,096-token sequence's block table at $b = 16$ with int32
-# entries (3.7), and `entry_bytes_for_2kb` to the entry width, in bytes, that makes it the lecture's
-# 2 KB = 2,048 B (3.8).
-
-# %%
-### BEGIN SOLUTION 3.7: set table_bytes to the int32 block table bytes of a 4,096-token sequence at b = 16
-table_bytes = ledger.block_table_entries(4096, 16) * 4
-### END SOLUTION
-check("3.7", table_bytes)
-
-# %%
-### BEGIN SOLUTION 3.8: set entry_bytes_for_2kb to the bytes per entry that give 2,048 B for 256 entries
-entry_bytes_for_2kb = 2048 // ledger.block_table_entries(4096, 16)
-### END SOLUTION
-check("3.8", entry_bytes_for_2kb)
-
-# %%
-if revealed("3.7", "3.8"):
-    viz.errata_note("Block-table overhead")
-
-# %% [markdown]
-# Either way the table is about a millionth of the KV it describes — small enough to send over a
-# network with the request, which is what disaggregation (Oct 14) needs.
-#
-# ## 6. Exercise 3 — pick a block size properly
-#
-# *Your measured sequence-length distribution is lognormal with median 800 tokens and 5% of
-# sequences over 20,000.* For $\ln L \sim \mathcal N(\mu, \sigma^2)$: the median is $e^{\mu}$, and
-# "5% over 20,000" puts 20,000 at the 95th percentile, $\mu + z_{0.95}\,\sigma$.
-#
-# ### Exercise 3.9 — sigma
-#
-# Set `sigma` from those two facts (`NormalDist().inv_cdf` gives $z$).
-
-# %%
-### BEGIN SOLUTION 3.9: set sigma of the lognormal with median 800 and P(L > 20,000) = 5%
-sigma = math.log(20_000 / 800) / NormalDist().inv_cdf(0.95)
-### END SOLUTION
-check("3.9", sigma)
-
-# %% [markdown]
-# ### Exercise 3.10 — the table for this workload
-#
-# Write `exercise3_row(block_size)` returning four numbers for the lecture's MHA model at $B = 199$:
-# the mean tail waste per sequence in bytes (use 3.4's exact mean, $(b-1)/2$ tokens), the waste of 199
-# sequences as a fraction of `BUDGET`, and the table entries for the median (800-token) and the p95
-# (20,000-token) sequence.
-
-# %%
-def exercise3_row(block_size):
-    """(mean tail bytes, waste at B = 199 as a fraction of BUDGET, entries at 800, entries at 20,000)."""
-    ### BEGIN SOLUTION 3.10: return the four numbers of Exercise 3's row for this block size
-    tail_bytes = (block_size - 1) / 2 * KV
-    return (tail_bytes, 199 * tail_bytes / BUDGET, math.ceil(800 / block_size), math.ceil(20_000 / block_size))
-    ### END SOLUTION
-
-
-check("3.10", exercise3_row)
-
-# %% [markdown]
-# The ledger's version of the same table beside the lecture's sketch and beside the measurement on
-# 4,000 sampled lengths (whose sample median and p95 differ a little from 800 and 20,000):
-
-# %%
-sketch = {8: ("1.0 MB", "0.3%", 100, 2500), 16: ("4.0 MB", "1.3%", 50, 1250), 64: ("16.0 MB", "5.1%", 13, 313),
-          256: ("64.0 MB", "20.4%", 4, 79)}
-lognormal = measured["lognormal (Ex. 3)"]
-print(f"{'b':>4} | {'tail (exact)':>12} | {'B=199':>6} | {'@800':>5} | {'@20,000':>7} || lecture sketch            "
-      f"|| measured: B=199, @median, @p95")
-for row in ledger.exercise3():
-    b = row["block_size"]
-    m = lognormal[b]
-    s = sketch[b]
-    print(f"{b:>4} | {row['mean_tail_bytes'] / 1e6:>9.2f} MB | {fmt_pct(row['waste_fraction_of_budget'], 1):>6} | "
-          f"{row['entries_at_median']:>5} | {row['entries_at_p95']:>7,} || {s[0]:>7}, {s[1]:>5}, {s[2]:>3}, {s[3]:>5,} "
-          f"|| {fmt_pct(m.waste_at_batch_fraction, 1):>6}, {m.entries_at_median:>4} ({m.median_tokens}), "
-          f"{m.entries_at_p95:>5,} ({m.p95_tokens:,})")
-
-# %% [markdown]
-# The sketch's $b = 8$ row does not follow its own rule: the mean tail is "about $b/2$", 4 tokens at
-# $b = 8$, not 2. And its batch is another workload's: B = 199 is the lecture's paged count for the
-# 640-token chat workload. This lognormal's mean length is $800\,e^{\sigma^2/2} \approx 5{,}430$ tokens,
-# so the budget holds 21 such sequences (21.97 on average), and at that batch even $b = 256$ wastes
-# about 2% of the budget.
-
-# %%
-viz.errata_note("Exercise 3 at b = 8", "Exercise 3's batch")
-
-# %% [markdown]
-# On memory alone, 8 or 16, the sketch says; at the batch this workload fits, the memory column
-# barely separates the block sizes at all. And the memory column alone picks the wrong answer — that
-# is the point of the exercise. If 16-token runs cost the kernel 20% of its bandwidth against 64-token runs, the
-# 3.8 points of extra memory at $b = 64$ buy it back and then some; and if the workload forks,
-# large blocks make every fork copy a large block.
-#
-# ### Exercise 3.11 — what you would measure before choosing
-#
-# Set `measure_first` to the set of the two measurements that decide, from: `"kernel_bandwidth"`
-# (achieved attention bandwidth against contiguous run length), `"fork_rate"` (how often sequences
-# fork or branch), `"tail_waste"`, `"table_size"`, `"hbm_size"`.
-
-# %%
-### BEGIN SOLUTION 3.11: set measure_first to the set of the two deciding measurements
-measure_first = {"kernel_bandwidth", "fork_rate"}
-### END SOLUTION
-check("3.11", measure_first)
-
-# %%
-if revealed("3.11"):
-    display(Markdown("""Lab 04 takes the first of those measurements: it writes the kernel that reads through the block
-table and measures its bandwidth against the block size."""))
 
 # %% [markdown]
 # ## Self-check

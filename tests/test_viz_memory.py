@@ -278,6 +278,28 @@ def test_contiguous_runs_split_at_non_consecutive_blocks():
     assert vm.contiguous_runs({"s": [7], "t": [2, 1]}, {"s": 1, "t": 8}, 4) == [1, 4, 4]
 
 
+def test_fitting_batch_counts_whole_sequences_of_the_mean_length():
+    # 640-token sequences: 62.52e9 / (640 * 524,288) = 186.3 -> 186 (before any block rounding)
+    assert vm.fitting_batch([640] * 10, KV, BUDGET) == 186
+    # the mean, not the median: nine 100-token sequences and one 9,100-token one average 1,000 tokens,
+    # 62.52e9 / (1,000 * 524,288) = 119.2 -> 119
+    assert vm.fitting_batch([100] * 9 + [9100], KV, BUDGET) == 119
+    with pytest.raises(ValueError, match="positive"):
+        vm.fitting_batch([], KV, BUDGET)
+
+
+def test_measure_workloads_takes_a_batch_per_workload():
+    pairs = {"short": [(60, 4)] * 30, "long": [(600, 40)] * 30}
+    out = vm.measure_workloads(pairs, [16], KV, BUDGET, batch={"short": 1_000, "long": 186}, replay_steps=120,
+                               progress=False)
+    # mean tail: 64 tokens fill 4 blocks exactly, 640 fill 40: both 0; the batch rides along unchanged
+    assert out["short"][16].batch == 1_000 and out["long"][16].batch == 186
+    with pytest.raises(ValueError, match="no batch for long"):
+        vm.measure_workloads(pairs, [16], KV, BUDGET, batch={"short": 5}, progress=False)
+    panel = vm.block_size_panel(out, BUDGET, KV)
+    assert "at B = 1,000" in panel.text() or "at B = 1000" in panel.text()
+
+
 def test_measure_block_size_on_lengths_uniform_modulo_b():
     lengths = list(range(1, 16 * 50 + 1))  # every remainder mod 16 equally often
     m = vm.measure_block_size("uniform", lengths, 16, KV, BUDGET, batch=199,

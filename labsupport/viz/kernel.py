@@ -365,6 +365,21 @@ def load_gpu_results(path) -> BenchResults | None:
     return BenchResults(label, float(data["copy"]["copy_bandwidth"]), list(data["gather"]), list(data["decode"]), meta)
 
 
+# What the chart can and cannot show, said on the chart itself (issue "Teaching truth, third pass").
+GTA_BYTE_COUNT = ("gather-then-attend's “3×” is a byte count (4.4: the K/V bytes cross HBM three times), "
+                  "not a measurement")
+INTERPRETER_NOTE = ("CPU interpreter: Python runs each kernel program in turn, so paged ≈ contiguous "
+                    "cannot be checked on these timings")
+NO_DATA_NOTE = "no GPU results shipped: paged ≈ contiguous is unmeasured here"
+
+
+def chart_notes(results: "BenchResults | None") -> list[str]:
+    """The caveats a bandwidth chart of these results prints under its title."""
+    if results is None:
+        return [NO_DATA_NOTE, GTA_BYTE_COUNT]
+    return ([INTERPRETER_NOTE] if results.interpreter else []) + [GTA_BYTE_COUNT]
+
+
 def _metric_value(metric: str, bytes_moved: float, ms: float | None, copy_bandwidth: float) -> float | None:
     if ms is None or ms <= 0:
         return None
@@ -418,8 +433,9 @@ def bandwidth_figure(results: BenchResults, metric: str = METRICS[0]) -> go.Figu
     top = max(values + [ceiling]) * 1.15
     fig.update_yaxes(title_text=ytitle, row=1, col=1, range=[0, top])
     fig.update_yaxes(range=[0, top], row=1, col=2)
-    note = " — CPU interpreter: these numbers say nothing about a GPU" if results.interpreter else ""
-    return styled(fig, f"{results.label}{note}", height=520, legend=dict(orientation="h", y=-0.25, x=0))
+    notes = "<br>".join(f"<sup>{n}</sup>" for n in chart_notes(results))
+    return styled(fig, f"{results.label}<br>{notes}", height=600, legend=dict(orientation="h", y=-0.25, x=0),
+                  margin=dict(t=130))
 
 
 def bandwidth_placeholder_figure(block_sizes=BLOCK_SIZES, metric: str = METRICS[0]) -> go.Figure:
@@ -447,15 +463,17 @@ def bandwidth_placeholder_figure(block_sizes=BLOCK_SIZES, metric: str = METRICS[
                      row=1, col=1)
     # The message sits on the title's second line, not over the axes (an overlay hid the right
     # subplot's axis).
+    notes = "<br>".join(f"<sup>{n}</sup>" for n in chart_notes(None))
     return styled(fig, "Bandwidth against block size: waiting for a GPU run<br><sup>no GPU results shipped yet: "
-                       "run <b>python -m labsupport bench gpu</b> on a CUDA GPU</sup>",
-                  height=520, legend=dict(orientation="h", y=-0.25, x=0), margin=dict(t=110))
+                       f"run <b>python -m labsupport bench gpu</b> on a CUDA GPU</sup><br>{notes}",
+                  height=600, legend=dict(orientation="h", y=-0.25, x=0), margin=dict(t=160))
 
 
 def bandwidth_readout(results: BenchResults | None) -> str:
     if results is None:
         return ("No data/gpu_results.json in this repository: no GPU run has been committed. "
-                "The chart above shows what a run will fill in; nothing in it is a measurement.")
+                "The chart above shows what a run will fill in; nothing in it is a measurement, so the claim "
+                f"paged ≈ contiguous is not checked here. Also: {GTA_BYTE_COUNT}.")
     case = results.decode_case()
     lines = [f"{results.label}: measured copy bandwidth {results.copy_bandwidth / GB:,.1f} GB/s (read + write)"]
     for r in sorted((r for r in results.decode if "skipped" not in r
@@ -465,7 +483,9 @@ def bandwidth_readout(results: BenchResults | None) -> str:
                      f"{r['paged_ms'] / r['contiguous_ms']:.2f}×; gather-then-attend/paged "
                      f"{r['gather_then_attend_ms'] / r['paged_ms']:.2f}×")
     if results.interpreter:
-        lines.append("CPU interpreter: Python runs each kernel program in turn; these timings measure that, not a GPU.")
+        lines.append("CPU interpreter: Python runs each kernel program in turn; these timings measure that, not a GPU, "
+                     "so they cannot check paged ≈ contiguous.")
+    lines.append(f"Note: {GTA_BYTE_COUNT}; the measured ratio is the gather-then-attend/paged column.")
     return "\n".join(lines)
 
 

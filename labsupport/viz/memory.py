@@ -805,11 +805,28 @@ def measure_block_size(name: str, lengths: Sequence[int], block_size: int, kv_pe
         pool_tail_fraction=statistics.fmean(tail_shares) if tail_shares else 0.0)
 
 
+def fitting_batch(lengths: Sequence[int], kv_per_token: int, budget_bytes: float) -> int:
+    """Sequences of this workload the KV budget holds: the budget over the bytes of a sequence of its
+    mean final length, whole sequences (§10.3's 199 is this count for 640-token sequences, before
+    blocks are rounded; a workload with longer sequences holds fewer)."""
+    lengths = [int(n) for n in lengths]
+    if not lengths or min(lengths) < 1:
+        raise ValueError("fitting_batch: lengths must be a non-empty list of positive token counts")
+    return int(budget_bytes * len(lengths) // (sum(lengths) * kv_per_token))
+
+
 def measure_workloads(workloads: Mapping[str, Sequence[tuple[int, int]]], block_sizes: Iterable[int],
-                      kv_per_token: int, budget_bytes: float, batch: int = 199, replay_steps: int = 400,
-                      progress: bool = True) -> dict[str, dict[int, BlockSizeMeasurement]]:
-    """`measure_block_size` for every (workload, block size); workloads map a name to (prompt, output) pairs."""
+                      kv_per_token: int, budget_bytes: float, batch: int | Mapping[str, int] = 199,
+                      replay_steps: int = 400, progress: bool = True) -> dict[str, dict[int, BlockSizeMeasurement]]:
+    """`measure_block_size` for every (workload, block size); workloads map a name to (prompt, output) pairs.
+
+    `batch` is the B of the waste column: one number for every workload, or one per workload (e.g.
+    `fitting_batch` of each)."""
     block_sizes = list(block_sizes)
+    batches = dict(batch) if isinstance(batch, Mapping) else {name: batch for name in workloads}
+    missing = [name for name in workloads if name not in batches]
+    if missing:
+        raise ValueError(f"measure_workloads: no batch for {', '.join(missing)}")
     jobs = [(name, b) for name in workloads for b in block_sizes]
     bar = None
     if progress:
@@ -819,8 +836,8 @@ def measure_workloads(workloads: Mapping[str, Sequence[tuple[int, int]]], block_
     out: dict[str, dict[int, BlockSizeMeasurement]] = {name: {} for name in workloads}
     for name, b in jobs:
         pairs = list(workloads[name])
-        out[name][b] = measure_block_size(name, [p + o for p, o in pairs], b, kv_per_token, budget_bytes, batch,
-                                          pairs, replay_steps)
+        out[name][b] = measure_block_size(name, [p + o for p, o in pairs], b, kv_per_token, budget_bytes,
+                                          batches[name], pairs, replay_steps)
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -856,8 +873,10 @@ def block_size_tradeoff_figure(block_sizes: Sequence[int], budget_bytes: float, 
     for k, (name, per_b) in enumerate((measured or {}).items()):
         bs = sorted(per_b)
         sym = WORKLOAD_SYMBOLS[k % len(WORKLOAD_SYMBOLS)]
+        own = {per_b[b].batch for b in bs}
+        at = f" at B = {own.pop()}" if len(own) == 1 and batch not in {per_b[b].batch for b in bs} else ""
         fig.add_trace(go.Scatter(x=bs, y=[100 * per_b[b].waste_at_batch_fraction for b in bs], mode="markers",
-                                 name=f"measured: {name}", marker=dict(symbol=sym, size=13, color=PALETTE["waste"],
+                                 name=f"measured: {name}{at}", marker=dict(symbol=sym, size=13, color=PALETTE["waste"],
                                                                       line=dict(color="#222222", width=1.5)),
                                  hovertemplate=name + ", b = %{x}: %{y:.2f}%<extra></extra>"), 1, 1)
         fig.add_trace(go.Scatter(x=bs, y=[per_b[b].mean_run_tokens for b in bs], mode="markers",
@@ -885,7 +904,7 @@ def block_size_readout(block_size: int, workload: str, budget_bytes: float, kv_p
     m = measured.get(workload, {}).get(block_size)
     if m is not None:
         lines.append(f"measured on {workload} ({m.num_seqs:,} sequences): mean tail {m.mean_tail_tokens:.2f} tokens "
-                     f"(max {m.max_tail_tokens}); at B = {batch}: {fmt_pct(m.waste_at_batch_fraction)}; "
+                     f"(max {m.max_tail_tokens}); at B = {m.batch}: {fmt_pct(m.waste_at_batch_fraction)}; "
                      f"entries at median {m.median_tokens:,} → {m.entries_at_median:,}, at p95 {m.p95_tokens:,} → "
                      f"{m.entries_at_p95:,}; mean contiguous run {m.mean_run_tokens:,.0f} tokens "
                      f"({m.resident:.0f} resident, tails {fmt_pct(m.pool_tail_fraction)} of the pool)")
@@ -893,9 +912,11 @@ def block_size_readout(block_size: int, workload: str, budget_bytes: float, kv_p
 
 
 def block_size_panel(measured: Mapping[str, Mapping[int, BlockSizeMeasurement]], budget_bytes: float,
-                     kv_per_token: int, batch: int = 199, block_size: int = 16,
+                     kv_per_token: int, batch: int | None = None, block_size: int = 16,
                      ledger_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256)) -> Panel:
-    """Lab 03: pick a block size and a measured workload; the chart marks it and the readout states the row."""
+    """Lab 03: pick a block size and a measured workload; the chart marks it and the readout states the row.
+
+    The ledger line is drawn at `batch`, or (None) at the batch the chosen workload was measured at."""
     if not measured:
         raise ValueError("block_size_panel needs at least one measured workload")
     names = list(measured)
@@ -903,11 +924,14 @@ def block_size_panel(measured: Mapping[str, Mapping[int, BlockSizeMeasurement]],
     controls = {"block_size": selection_slider(sizes, block_size, "block size b (tokens)"),
                 "workload": dropdown(names, names[0], "workload")}
 
+    def batch_of(workload):
+        return batch if batch is not None else next(iter(measured[workload].values())).batch
+
     def figure(block_size, workload):
-        return block_size_tradeoff_figure(list(ledger_sizes), budget_bytes, kv_per_token, batch,
+        return block_size_tradeoff_figure(list(ledger_sizes), budget_bytes, kv_per_token, batch_of(workload),
                                           measured={workload: measured[workload]}, highlight=block_size)
 
     def readout(block_size, workload):
-        return block_size_readout(block_size, workload, budget_bytes, kv_per_token, batch, measured)
+        return block_size_readout(block_size, workload, budget_bytes, kv_per_token, batch_of(workload), measured)
 
     return Panel(figure, controls, readout, title="Pick a block size")

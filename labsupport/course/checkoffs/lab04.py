@@ -5,7 +5,8 @@
      the torch reference on random block tables
 4.3  bytes one decode step's attention moves (one layer)
 4.4  bytes the naive gather-then-attend moves for the same step
-4.5  FlashInfer's question: which of §10.3's block-size trade-offs a good kernel makes irrelevant
+4.5  FlashInfer's question: which of §10.3's block-size trade-offs a good kernel makes irrelevant (the
+     reading costs: short runs and the kernel's table reads; not the allocator's or the engine's costs)
 
 Expected values come from Python integers written out here (4.1, 4.2's addresses, 4.3, 4.4) or from
 the kernels' plain-torch references (4.2's outputs), never from the student's code.
@@ -18,13 +19,28 @@ import torch
 
 from labsupport.course.checkoff import (Mismatch, RemoteError, as_number, call, call_with, choice, expect_close,
                                         function, is_triton_function, raise_if_unfinished, value)
+from labsupport.course.registry import givens
 from labsupport.units import fmt_number
 
-TRADEOFFS = ("tail waste", "fork copies", "short contiguous runs", "table lookups")
+# §10.3's costs of a block size. "Table lookups" is two costs, and lab 04's self-check keeps them apart: the
+# kernel reading one more entry per block every step (a read, which a good kernel hides), and the engine
+# building and shipping the longer tables every step (CPU work no kernel touches).
+TRADEOFFS = ("tail waste", "fork copies", "short contiguous runs", "table reads", "table building")
+
+
+
+def _hidden(rng):
+    """Another decode step: a batch, a length and a GQA shape other than the headline point's."""
+    kv_heads = rng.choice((2, 4, 16))
+    return dict(BATCH=rng.choice((8, 16, 128, 256)), SEQ_LEN=rng.choice((1024, 2048, 4096, 16_384)),
+                Q_HEADS=kv_heads * rng.choice((3, 5, 6)), KV_HEADS=kv_heads, HEAD_DIM=rng.choice((64, 80, 256)),
+                DTYPE_BYTES=rng.choice((1, 4)))
+
 
 # One layer of the lecture's 7B with GQA-8 at the kernel benchmark's headline point:
 # B = 64 sequences of S = 8,192 tokens, 32 query heads, 8 KV heads, head dim 128, bf16.
-GTA_CASE = dict(batch=64, seq_len=8192, num_q_heads=32, num_kv_heads=8, head_dim=128, dtype_bytes=2)
+G = givens(lecture=dict(BATCH=64, SEQ_LEN=8192, Q_HEADS=32, KV_HEADS=8, HEAD_DIM=128, DTYPE_BYTES=2),
+           hidden=_hidden)
 
 
 def _kv_bytes(batch, seq_len, num_kv_heads, head_dim, dtype_bytes) -> int:
@@ -317,8 +333,8 @@ def _step_bytes(fn, case):
 
 value(
     "4.4", "Bytes gather-then-attend moves",
-    expected=lambda: 3 * _kv_bytes(**{k: v for k, v in GTA_CASE.items() if k != "num_q_heads"})
-    + _q_out_bytes(GTA_CASE["batch"], GTA_CASE["num_q_heads"], GTA_CASE["head_dim"], GTA_CASE["dtype_bytes"]),
+    expected=lambda g: 3 * _kv_bytes(g.BATCH, g.SEQ_LEN, g.KV_HEADS, g.HEAD_DIM, g.DTYPE_BYTES)
+    + _q_out_bytes(g.BATCH, g.Q_HEADS, g.HEAD_DIM, g.DTYPE_BYTES),
     unit=" B",
     hint="Follow the K/V bytes on the naive path: the gather reads them from the pool and writes them to a "
          "contiguous buffer, and then the attention kernel reads that buffer. Count each crossing of HBM, then "
@@ -344,15 +360,19 @@ value(
 
 choice(
     "4.5", "What a good kernel makes irrelevant (FlashInfer's question)",
-    answer={"short contiguous runs", "table lookups"}, options=TRADEOFFS,
-    hint="Sort §10.3's costs of a block size into two piles: costs of *reading* the cache during attention "
-         "(what the kernel does every step) and costs of *holding* or *copying* it (what the allocator does). "
-         "A better kernel can only change the first pile. For each item ask: if the kernel read a scattered "
-         "token as fast as a neighbouring one, would this cost still be there?",
+    answer={"short contiguous runs", "table reads"}, options=TRADEOFFS,
+    hint="Sort §10.3's costs of a block size into piles: costs of *reading* the cache during attention "
+         "(what the kernel does every step), costs of *holding* or *copying* it (what the allocator does), and "
+         "work the engine does on the CPU before the kernel is launched. A better kernel can only change the "
+         "first pile. For each item ask: if the kernel read a scattered token as fast as a neighbouring one, "
+         "would this cost still be there?",
     mistakes={
         "tail waste": "Tail waste is memory reserved in a sequence's last block; no kernel reads it, so no kernel "
                       "can give it back.",
         "fork copies": "Copy-on-write copies a whole block when one token diverges: that copy is the "
                        "allocator's, and it grows with the block size whatever the attention kernel does.",
+        "table building": "Building the longer tables and shipping them to the GPU every step is the engine's CPU "
+                          "work, done before any kernel runs; a faster kernel does not shorten it (it is small, "
+                          "and it grows as the block shrinks).",
     },
 )
