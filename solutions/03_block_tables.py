@@ -270,10 +270,9 @@ if revealed("3.5"):
 # %% [markdown]
 # That 99.83% (the count's utilization, printed once 3.5 passes) is read at the **end** of every
 # sequence's life: 640 tokens fill 40 blocks exactly, so no tail is wasted. The lecture derives its
-# **98.7%** another way: 100% minus its internal fragmentation, a mean tail of $b/2 = 8$ tokens in each of
-# 199 sequences, $199 \times 8 \times 512$ KiB $= 0.83$ GB, 1.3% of the budget. That assumes lengths
-# spread evenly modulo $b$. Lab 02's second reading can be measured instead: the pool **over** each
-# sequence's life. A sequence is prefilled with 512 tokens and then holds one more after each decode
+# paged figure another way: 100% minus its internal fragmentation, a mean tail of $b/2$ tokens in each
+# sequence (lengths spread evenly modulo $b$); the note below 3.6 works it out. Lab 02's second
+# reading can be measured instead: the pool **over** each sequence's life. A sequence is prefilled with 512 tokens and then holds one more after each decode
 # step, 512 … 639 while its 128 steps run, and for most of those steps its last block is partly empty.
 #
 # ### Exercise 3.6 — the paged pool, over the life
