@@ -152,8 +152,8 @@ roofline.decode_roofline_figure(LECTURE_7B, H100, s_max=4096).show()
 for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
     print(f"{mdl.name:>16}: at S = 640 the intensity flattens at {ledger.decode_intensity_limit(mdl, 640):6.1f} "
           f"FLOP/byte (ridge {H100.peak_flops / H100.hbm_bandwidth:.0f}); any batch reaches the ridge only for "
-          f"S < {ledger.ridge_reachable_tokens(mdl, H100):.0f} tokens; at B = 186 it is "
-          f"{ledger.decode_intensity(mdl, 186, 640):.1f}")
+          f"S < {ledger.ridge_reachable_tokens(mdl, H100):.0f} tokens; at B = 200 it is "
+          f"{ledger.decode_intensity(mdl, 200, 640):.1f}")
 roofline.intensity_figure(LECTURE_7B, H100).show()
 
 # %% [markdown]
@@ -267,19 +267,10 @@ early."""))
 #
 # Lecture 2 presented 29 as a hardware fact. It is not one wall but two, and one is a data structure.
 # Had the cache held only what each sequence *uses* — a 512-token prompt and 128 generated tokens,
-# packed in 16-token blocks, which is §10.3 — the same budget would hold:
-
-# %%
-packed = ledger.paged_concurrency(budget, 512 + 128, 16, kv)
-print(f"packed (640-token sequences, 16-token blocks): {packed} sequences, "
-      f"{packed / memory:.2f}× the reserve-to-max {memory}, {packed / ridge:.0%} of the way to {ridge:.0f}")
-
-# %% [markdown]
-# The lecture rounds this to "29 to 200, 68% of the way to the ridge point" and later boards 199.
-# The ledger records where the exact arithmetic and the printed figure part, and why:
-
-# %%
-viz.errata_note("Paged concurrency")
+# packed in 16-token blocks, which is §10.3 — the same budget would hold several times more
+# sequences: the lecture says "29 to 200, 68% of the way to the ridge point". Lab 03 builds that
+# cache and counts them exactly; until then, the round figure is enough to see that the
+# second wall is software.
 
 # %% [markdown]
 # ## Self-check
