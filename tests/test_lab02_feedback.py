@@ -119,7 +119,12 @@ WRONG = [  # (checkoff, a plausible wrong answer on the lecture's givens, words 
     ("2.2", 3456 / 4096, "one slot's empty share"),
     ("2.2", 1 - 29 * 640 * KV / BUDGET, "remainder"),
     ("2.2", BUDGET / (4096 * KV) * 3456 * KV / BUDGET, "round the count down"),  # = 3456 / 4096
+    ("2.4", 28 * 575.5 * KV / GIB_BUDGET, "4 GiB"),
     ("2.5", 29 / (13.48e9 / 3.35e12), "not only the weights"),
+    ("2.5", 28 / ((13.48e9 + 28 * 640 * KV) / 3.35e12), "4 GiB"),
+    ("2.6", 3 * 640 * KV / GIB_BUDGET, "4 GiB"),
+    ("2.7", 3 * 640 * KV_GQA / GIB_BUDGET, "4 GiB"),
+    ("2.8", (GIB_BUDGET // (16 * KV_GQA) // 40) / 3, "4 GiB"),  # 29,671 blocks // 40 = 741 over 3 slots
     ("2.5", 29 / ((13.48e9 + 29 * 4096 * KV) / 3.35e12), "whole reserved slot"),
     ("2.6", 3 * 640 * KV / 62.5e9, "printed 62.5 GB"),
     ("2.6", 640 / 32_768, "one slot's occupancy"),
@@ -155,3 +160,14 @@ def test_hidden_givens_are_plausible_and_quick():
         g = _ns(g)
         assert g.seq < g.S_MAX < g.S_MAX_LONG < g.S_MAX_BROCHURE and 2 <= g.slots <= 300
         assert g.budget // (g.S_MAX_BROCHURE * g.kv_gqa) >= 1 and g.budget // (g.BLOCK * g.kv_gqa) <= 400_000
+
+
+@pytest.mark.parametrize("lab", [0, 2])
+def test_no_listed_mistake_is_a_right_answer(lab):
+    from labsupport.course.checkoff import load_lab
+    for c in load_lab(lab):
+        if c.kind != "value" or "mistakes" not in c.formative:
+            continue
+        want, tol = c.prepare(case_rng(c.id)), c.formative
+        for wrong, remark in tol["mistakes"]:
+            assert not math.isclose(wrong, want, rel_tol=tol["rel_tol"], abs_tol=tol["abs_tol"]), (c.id, remark)

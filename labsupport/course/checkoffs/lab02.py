@@ -110,6 +110,8 @@ def _internal(g, budget=None) -> float:
 
 
 _GIB_RESERVE = _budget(G, 4 * 2**30)  # the reserve read as 4 GiB: 28 slots
+_G_GIB = namespace(dict(vars(G), RESERVE_BYTES=4 * 2**30))  # the lecture's givens with that slip
+_GIB_REMARK = "That reads the 4 GB reserve as 4 GiB (4,294,967,296 B); the reserve, like the card, is decimal GB."
 
 value(
     "2.1", "The bytes one slot reserves and never fills",
@@ -243,7 +245,8 @@ value(
                "reading. Average over the steps instead."),
               (_LIFE_MEAN / G.S_MAX, "That is one slot's mean occupancy; utilization is over the whole budget, which "
                "the whole slots do not quite fill."),
-              (_slots(G, G.S_MAX, KV_MHA) * G.PROMPT * KV_MHA / BUDGET, "That is the start of life, the prompt alone.")],
+              (_slots(G, G.S_MAX, KV_MHA) * G.PROMPT * KV_MHA / BUDGET, "That is the start of life, the prompt alone."),
+              (_slots(_G_GIB, G.S_MAX, KV_MHA) * _LIFE_MEAN * KV_MHA / _GIB_RESERVE, _GIB_REMARK)],
     # (on the printed 62.5 GB budget it is 0.03% off: inside the tolerance, so not a mistake here)
     forbid=(*_NAIVE_SHORTCUTS, "labsupport.ledger.naive_utilization_time_avg", "labsupport.ledger.life_lengths"),
     derive="step the allocator's sequences through their decode steps and average the utilization you read",
@@ -267,7 +270,8 @@ value(
                "sequence's KV, not only the weights."),
               (_naive_tok_s(G, G.S_MAX), "The kernel reads the tokens a sequence holds, not its whole reserved slot."),
               (_naive_tok_s(G, bw=G.HBM_BW * 2**30 / 10**9), "That reads 3,350 GB/s as GiB/s; a card's bandwidth is "
-               "decimal, 10**9 bytes per GB.")],
+               "decimal, 10**9 bytes per GB."),
+              (_naive_tok_s(_G_GIB), _GIB_REMARK + " It leaves 28 slots, not 29.")],
     unit=" tok/s",
     forbid=_STEP_SHORTCUTS,
     derive="write the step's bytes (weights plus every sequence's KV) over the bandwidth, then B over that time",
@@ -286,7 +290,8 @@ value(
                "utilization over the budget."),
               (_util(G, G.S_MAX, KV_MHA), "That is the S_MAX figure, not S_MAX_LONG's."),
               (_util(G, G.S_MAX_LONG, KV_MHA, PRINTED_BUDGET), "That is on the lecture's printed 62.5 GB budget; the "
-               "exact one is 80e9 - 13.48e9 - 4e9 = 62.52e9 B, and the slots' bytes are divided by it.")],
+               "exact one is 80e9 - 13.48e9 - 4e9 = 62.52e9 B, and the slots' bytes are divided by it."),
+              (_util(_G_GIB, G.S_MAX_LONG, KV_MHA), _GIB_REMARK)],
     forbid=_NAIVE_SHORTCUTS,
     derive="count the whole long slots in the budget and divide the bytes their tokens hold by the budget",
 )
@@ -304,6 +309,7 @@ value(
                "128,000 B; a KiB is 1,024 bytes."),
               (_util(G, G.S_MAX_BROCHURE, KV_GQA8, PRINTED_BUDGET), "That is on the lecture's printed 62.5 GB budget; "
                "the exact one is 62.52e9 B."),
+              (_util(_G_GIB, G.S_MAX_BROCHURE, KV_GQA8), _GIB_REMARK),
               (0.0, "Zero is the MHA answer; this part is about the GQA-8 model.")],
     forbid=_NAIVE_SHORTCUTS,
     derive="size the GQA slot, count the whole slots in the budget and divide the bytes their tokens hold by it",
@@ -321,7 +327,8 @@ value(
                "That divides the budget by the sequence's bytes without flooring: paged concurrency counts whole "
                "sequences, each holding whole blocks, in whole blocks of the pool."),
               (_paged(G, KV_MHA) / _slots(G, G.S_MAX, KV_MHA), "That is the MHA model at S_MAX; this part is "
-               "GQA against the brochure's reservation.")],
+               "GQA against the brochure's reservation."),
+              (_paged(_G_GIB, KV_GQA8) / _slots(_G_GIB, G.S_MAX_BROCHURE, KV_GQA8), _GIB_REMARK)],
     forbid=(*_NAIVE_SHORTCUTS, "labsupport.ledger.paged_concurrency"),
     derive="count the GQA paged sequences and the brochure slots in the budget yourself, then take the ratio",
 )
