@@ -25,10 +25,16 @@
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
 from labsupport.cli import doctor
-from labsupport.course.checkoff import check
+from labsupport.course.checkoff import check, revealed
+from IPython.display import Markdown, display
 from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8
 from labsupport.units import fmt_bytes, fmt_gb, fmt_gib
 from labsupport.viz import roofline
+
+# %% tags=["givens"]
+# The givens: the quantities this lab's exercises are posed on. Compute your answers from these names;
+# the grader re-runs your code on other values of them.
+KV_KIB = 512  # KV per token of the lecture's 7B model, in KiB (binary kilobytes)
 
 # %% tags=["nbval-ignore-output"]
 report = doctor.report()
@@ -87,8 +93,14 @@ else:
 #    to the first checkoff below says
 #
 #    ```
-#    ❌ Checkoff 0.1: you gave 512,000 B, which is not exactly right; it is too low. 512,000 is 512 decimal kB; … Hint: KiB is the binary kilobyte, …
+#    ❌ Checkoff 0.1: you gave 512,000 B, which is not exactly right; it is too low. That reads KiB as the decimal kB, … Hint: KiB is the binary kilobyte, …
 #    ```
+#
+# **Givens.** Near the top of every lab a cell marked `givens` binds the quantities its exercises are
+# posed on (the lecture's card, model, lengths, ...). Compute every answer *from those names*: when
+# your notebook is graded, your code is re-run on other values of them, so a number typed in or copied
+# from the prose, the README or a neighbour is right only once. Try each exercise before reading the
+# README's ledger, which is the lecture's numbers worked out.
 #
 #    The last cell of every lab is a scoreboard of this kernel's checkoffs.
 #
@@ -127,27 +139,28 @@ print("62.52e9 B  =", fmt_gb(62.52e9), "=", fmt_gib(62.52e9))
 # %% [markdown]
 # ### Exercise 0.1 — your first checkoff
 #
-# Set `kv_512_kib` to 512 KiB, **in bytes**, written as a Python expression (let Python do the
+# The givens cell says the model keeps `KV_KIB` KiB of keys and values per token. Set `kv_bytes` to
+# that amount **in bytes**, written as a Python expression of `KV_KIB` (let Python do the
 # arithmetic), then run the cell.
 
 # %%
-### BEGIN SOLUTION 0.1: set kv_512_kib to 512 KiB in bytes, as a Python expression
-kv_512_kib = 512 * 2**10
+### BEGIN SOLUTION 0.1: set kv_bytes to KV_KIB KiB in bytes, as a Python expression of KV_KIB
+kv_bytes = KV_KIB * 2**10
 ### END SOLUTION
-check("0.1", kv_512_kib)
+check("0.1", kv_bytes)
 
 # %% [markdown]
 # ### Exercise 0.2 — your first function checkoff
 #
-# Where do 512 KiB per token come from? For every token the cache holds, every layer keeps a **key**
-# vector and a **value** vector for each KV head, each `head_dim` elements wide, each element
-# `dtype_bytes` bytes (2 for bf16):
+# Where do 512 KiB per token come from? Attention at a new token needs, in **every layer**, the keys
+# and the values of every earlier token, so the cache keeps them. A layer's attention has
+# `num_kv_heads` KV heads; each head's key for one token is a vector of `head_dim` elements, and so is
+# its value; each element is `dtype_bytes` bytes (2 for bf16).
 #
-# $$\text{KV bytes per token} \;=\; 2 \times L \times n_{kv} \times d_{head} \times b$$
-#
-# Write it as a function. The checkoff calls it on eight shapes — the lecture's 7B, its GQA-8
-# variant, Llama 3 70B, fp32 and fp8 caches, and two toy shapes — and compares each with the
-# formula evaluated independently.
+# Write `kv_bytes_per_token` from that description: the bytes the cache stores for one token, over
+# the whole model. The checkoff calls it on fourteen shapes — the lecture's 7B, its GQA-8 variant,
+# Llama 3 70B, fp32 and fp8 caches, toy shapes and six you have not seen — and compares each with an
+# independent count.
 
 # %%
 def kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes=2):
@@ -158,6 +171,12 @@ def kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes=2):
 
 
 check("0.2", kv_bytes_per_token)
+
+# %%
+if revealed("0.2"):
+    display(Markdown(r"""Two tensors (K and V) × layers × KV heads × head dim × bytes per element:
+
+$$\text{KV bytes per token} \;=\; 2 \times L \times n_{kv} \times d_{head} \times b$$"""))
 
 # %% [markdown]
 # `labsupport` has the same quantity on every model preset, which is what the later labs use:

@@ -3,7 +3,8 @@
 #
 # Lecture 2 left one collision on the board: an H100's decode arithmetic **wants a batch of 295**,
 # and its KV cache **permits 29**. Part II is about that gap. Before anyone blames the hardware, this
-# lab derives both numbers yourself — with the formula and the code side by side — and then lets you
+# lab has you derive both numbers from what the hardware does (each formula appears once your code
+# passes), and then lets you
 # move the GPU, the model and the maximum sequence length to see which of the two walls moves.
 #
 # **Learning objectives served** (the lecture's numbering)
@@ -53,12 +54,12 @@ print(f"GPU:   {H100.name}, {fmt_gb(H100.hbm_bytes, 0)} HBM at {H100.hbm_bandwid
 #
 # Objective 1, in code: set `job_resources` to a dict from each of the five verbs (lower case) to the
 # one resource that job hands out, chosen from `"memory"` (KV space), `"arithmetic"` (FLOPs and
-# bandwidth), `"batch slots"` (places in the next forward pass) and `"latency"` (the per-step time a
-# user sees). §10.1 gives each job a paragraph; the resource is in it, sometimes by name.
+# bandwidth), `"places"` (room in one forward pass, which is re-decided every iteration) and
+# `"latency"` (the per-step time a user sees). §10.1 gives each job a paragraph; the resource is in it, sometimes by name.
 
 # %%
 ### BEGIN SOLUTION 1.1: set job_resources to {"admit": ..., "allocate": ..., "batch": ..., "run": ..., "stream": ...}, each value one of the four resources
-job_resources = {"admit": "memory", "allocate": "memory", "batch": "batch slots", "run": "arithmetic",
+job_resources = {"admit": "memory", "allocate": "memory", "batch": "places", "run": "arithmetic",
                  "stream": "latency"}
 ### END SOLUTION
 check("1.1", job_resources)
@@ -85,25 +86,20 @@ The rest of this lab computes the two numbers that make that sentence true."""))
 # ## 2. What the arithmetic wants: the ridge-point batch, 295
 #
 # During decode each sequence in the batch produces one token per step. To do it, the GPU streams
-# **every weight once** from HBM, whatever the batch size, and each sequence does a multiply and an
-# add per weight. With $N$ parameters of $b$ bytes each and a batch of $B$:
+# **every weight once** from HBM, whatever the batch size, and each sequence in the batch does a
+# multiply and an add with every weight. A weight is `model.dtype_bytes` bytes.
 #
-# $$\text{FLOP per step} = 2NB, \qquad \text{bytes per step} \approx N b, \qquad
-# \text{intensity} = \frac{2NB}{Nb} = \frac{2B}{b}\ \text{FLOP/byte}.$$
-#
-# The GPU is balanced (its **ridge point**) at $P / W$ FLOP per byte, peak FLOP/s over HBM bytes/s.
-# Below it the step waits on memory; above it, on arithmetic. Setting the two equal:
-#
-# $$B^\ast = \frac{P}{W}\cdot\frac{b}{2}.$$
-#
-# (This counts weight bytes only, as Lecture 2 did. Section 2b puts back the KV reads each sequence
-# adds.)
+# The GPU is balanced — its **ridge point** — when a step asks for as many FLOPs per byte it reads
+# as the card can do per byte it can move: peak FLOP/s over HBM bytes/s. Below that the step waits on
+# memory; above it, on arithmetic. A larger batch does more arithmetic on the same bytes.
+# (Count weight bytes only, as Lecture 2 did. Section 2b puts back the KV reads each sequence adds.)
 #
 # ### Exercise 1.2 — the ridge-point batch
 #
-# Write `ridge_batch(model, gpu)` from the fields `gpu.peak_flops` (FLOP/s), `gpu.hbm_bandwidth`
-# (bytes/s) and `model.dtype_bytes`. The checkoff runs it on 16 model/GPU pairs, including fp32 and
-# fp8 weights, so typed-in constants will not pass.
+# Write `ridge_batch(model, gpu)`: the batch at which a decode step reaches the ridge point, from
+# the fields `gpu.peak_flops` (FLOP/s), `gpu.hbm_bandwidth` (bytes/s) and `model.dtype_bytes` (work
+# out the step's FLOPs and bytes for a batch of $B$ first). The checkoff runs it on 16 model/GPU
+# pairs, including fp32 and fp8 weights, so typed-in constants will not pass.
 
 # %%
 def ridge_batch(model, gpu):
@@ -117,11 +113,16 @@ check("1.2", ridge_batch)
 
 # %% [markdown]
 # The ledger (`labsupport.ledger`, which every later lab uses) computes the same quantity; the next
-# cell shows its arithmetic once your function passes:
+# cell shows the formula and its arithmetic once your function passes:
 
 # %%
 ridge = ledger.ridge_batch(LECTURE_7B, H100)
 if revealed("1.2"):
+    display(Markdown(r"""With $N$ parameters of $b$ bytes and a batch of $B$: FLOP per step $= 2NB$, bytes per step
+$\approx Nb$, so the intensity is $2B/b$ FLOP/byte. Setting it equal to the ridge, peak $P$ over
+bandwidth $W$:
+
+$$B^\ast = \frac{P}{W}\cdot\frac{b}{2}.$$"""))
     print(f"B* = {H100.peak_flops / 1e12:,.0f} TFLOP/s ÷ {H100.hbm_bandwidth / GB:,.0f} GB/s × 2 B ÷ 2 = {ridge:.1f}")
 
 # %% [markdown]
@@ -151,8 +152,8 @@ roofline.decode_roofline_figure(LECTURE_7B, H100, s_max=4096).show()
 for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
     print(f"{mdl.name:>16}: at S = 640 the intensity flattens at {ledger.decode_intensity_limit(mdl, 640):6.1f} "
           f"FLOP/byte (ridge {H100.peak_flops / H100.hbm_bandwidth:.0f}); any batch reaches the ridge only for "
-          f"S < {ledger.ridge_reachable_tokens(mdl, H100):.0f} tokens; at B = 186 it is "
-          f"{ledger.decode_intensity(mdl, 186, 640):.1f}")
+          f"S < {ledger.ridge_reachable_tokens(mdl, H100):.0f} tokens; at B = 200 it is "
+          f"{ledger.decode_intensity(mdl, 200, 640):.1f}")
 roofline.intensity_figure(LECTURE_7B, H100).show()
 
 # %% [markdown]
@@ -167,24 +168,19 @@ roofline.intensity_figure(LECTURE_7B, H100).show()
 #
 # The first KV cache anyone writes reserves, for every request, room for the longest sequence it is
 # allowed — $S_{max}$ tokens — because its keys and values are one tensor whose shape must be fixed
-# when it is allocated. So:
+# when it is allocated, however short the sequence turns out to be.
 #
-# $$\text{KV budget} = \text{HBM} - \text{weights} - \text{reserve} = 80 - 13.48 - 4 = 62.52\ \text{GB}$$
-#
-# $$\text{slot} = S_{max} \times \text{KV per token} = 4{,}096 \times 512\ \text{KiB} = 2{,}147{,}483{,}648\ \text{B} = 2.147\ \text{GB}$$
-#
-# $$B_{mem} = \left\lfloor \frac{\text{KV budget}}{\text{slot}} \right\rfloor$$
-#
-# The 4 GB reserve holds activations and workspace; `labsupport.specs.LECTURE_RESERVED_BYTES` is
-# that number. Watch the units: the budget is decimal GB (the card's marketed 80 GB), the per-token KV
-# is binary KiB.
+# The card's memory holds three things: the weights (every parameter, `model.dtype_bytes` bytes
+# each), a **reserve** of 4 GB for activations and workspace (`reserved_bytes`, default
+# `labsupport.specs.LECTURE_RESERVED_BYTES`), and the KV cache in whatever is left. Watch the units:
+# the card's memory is decimal GB (its marketed 80 GB), the per-token KV is binary KiB.
 #
 # ### Exercise 1.3 — the memory-limited batch
 #
-# Write `memory_batch(model, gpu, s_max)`: how many reserve-to-max slots fit in the KV budget.
-# You need `gpu.hbm_bytes`, `model.num_params`, `model.dtype_bytes`, and the KV bytes per token from
-# lab 00 (`model.kv_bytes_per_token` has it). A card whose weights leave no budget holds zero
-# sequences. The checkoff tries ten model/GPU/S_max combinations.
+# Write `memory_batch(model, gpu, s_max)`: how many sequences a reserve-to-max cache can hold at
+# once. You need `gpu.hbm_bytes`, `model.num_params`, `model.dtype_bytes`, and the KV bytes per token
+# from lab 00 (`model.kv_bytes_per_token` has it). A card whose weights leave no room holds zero
+# sequences. The checkoff tries sixteen model/GPU/S_max combinations.
 
 # %%
 def memory_batch(model, gpu, s_max, reserved_bytes=LECTURE_RESERVED_BYTES):
@@ -199,7 +195,7 @@ def memory_batch(model, gpu, s_max, reserved_bytes=LECTURE_RESERVED_BYTES):
 check("1.3", memory_batch)
 
 # %% [markdown]
-# And from the ledger, with every byte written out once your function passes:
+# And from the ledger, with the formula and every byte written out once your function passes:
 
 # %%
 kv = ledger.kv_bytes_per_token(LECTURE_7B)
@@ -207,6 +203,9 @@ budget = ledger.kv_budget_bytes(LECTURE_7B, H100)
 slot = ledger.naive_slot_bytes(4096, kv)
 memory = ledger.naive_concurrency(budget, 4096, kv)
 if revealed("1.3"):
+    display(Markdown(r"""$$\text{KV budget} = \text{HBM} - \text{weights} - \text{reserve}, \qquad
+\text{slot} = S_{max} \times \text{KV per token}, \qquad
+B_{mem} = \left\lfloor \frac{\text{KV budget}}{\text{slot}} \right\rfloor$$"""))
     print(f"weights    {fmt_bytes(LECTURE_7B.weight_bytes)}")
     print(f"KV budget  {fmt_bytes(budget)}")
     print(f"slot       {fmt_bytes(slot)}  (4,096 tokens × {kv:,} B)")
@@ -268,19 +267,10 @@ early."""))
 #
 # Lecture 2 presented 29 as a hardware fact. It is not one wall but two, and one is a data structure.
 # Had the cache held only what each sequence *uses* — a 512-token prompt and 128 generated tokens,
-# packed in 16-token blocks, which is §10.3 — the same budget would hold:
-
-# %%
-packed = ledger.paged_concurrency(budget, 512 + 128, 16, kv)
-print(f"packed (640-token sequences, 16-token blocks): {packed} sequences, "
-      f"{packed / memory:.2f}× the reserve-to-max {memory}, {packed / ridge:.0%} of the way to {ridge:.0f}")
-
-# %% [markdown]
-# The lecture rounds this to "29 to 200, 68% of the way to the ridge point" and later boards 199.
-# The ledger records where the exact arithmetic and the printed figure part, and why:
-
-# %%
-viz.errata_note("Paged concurrency")
+# packed in 16-token blocks, which is §10.3 — the same budget would hold several times more
+# sequences: the lecture says "29 to 200, 68% of the way to the ridge point". Lab 03 builds that
+# cache and counts them exactly; until then, the round figure is enough to see that the
+# second wall is software.
 
 # %% [markdown]
 # ## Self-check

@@ -33,55 +33,94 @@ from labsupport.kvcache import ContiguousKVCache
 from labsupport.memory_stats import OutOfBlocks, ReservationExceeded
 from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.units import fmt_bytes, fmt_gb, fmt_pct
+from IPython.display import Markdown, display
 from labsupport.viz import memory as viz_memory
 
 torch.manual_seed(0)
-MODEL, H100 = LECTURE_7B, LECTURE_GPU
-KV = ledger.kv_bytes_per_token(MODEL)  # 524,288 B = 512 KiB per token
-BUDGET = ledger.kv_budget_bytes(MODEL, H100)  # 80 GB - 13.48 GB of weights - 4 GB reserve
-PROMPT, OUTPUT, S_MAX = 512, 128, 4096
+MODEL, H100 = LECTURE_7B, LECTURE_GPU  # the lecture's model and card, for the charts and panels
+
+# %% tags=["givens"]
+# The givens: the quantities this lab's exercises are posed on. Compute your answers from these names;
+# the grader re-runs your code on other values of them.
+HBM_BYTES = 80 * 10**9  # the card's memory, decimal GB (one H100)
+PARAMS = 6_740_000_000  # the model's parameters
+DTYPE_BYTES = 2  # bytes per weight and per cached element (bf16)
+RESERVE_BYTES = 4 * 10**9  # activations and workspace, decimal GB
+LAYERS = 32  # transformer layers
+KV_HEADS = 32  # KV heads per layer (MHA: one per query head)
+GQA_KV_HEADS = 8  # KV heads of the GQA variant (Exercise 1)
+HEAD_DIM = 128  # elements per head
+HBM_BW = 3_350 * 10**9  # HBM bandwidth, bytes/s
+PROMPT = 512  # tokens per prompt (the chat workload)
+OUTPUT = 128  # tokens generated per request
+S_MAX = 4_096  # the allocator's maximum sequence length
+S_MAX_LONG = 32_768  # the long-context advertisement (§10.2)
+S_MAX_BROCHURE = 131_072  # Exercise 1's 128K brochure
+BLOCK = 16  # tokens per block of a paged cache
+S_MAX_SHORT = 512  # Exercise 2: the smallest declared S_max (the others are S_MAX and S_MAX_LONG)
+SHARE_SHORT = 0.70  # Exercise 2: the share of requests declaring S_MAX_SHORT
+SHARE_LONG = 0.05  # Exercise 2: the share declaring S_MAX_LONG (the rest declare S_MAX)
+
+# %%
+KV = 2 * LAYERS * KV_HEADS * HEAD_DIM * DTYPE_BYTES  # lab 00: K and V, every layer and KV head
+BUDGET = HBM_BYTES - PARAMS * DTYPE_BYTES - RESERVE_BYTES  # lab 01: what the weights and the reserve leave
 print(f"KV per token {KV:,} B; KV budget {fmt_bytes(BUDGET)}")
 print(f"the chat workload: {PROMPT}-token prompts, {OUTPUT}-token outputs = {PROMPT + OUTPUT} tokens; S_max = {S_MAX:,}")
 
 # %% [markdown]
-# ## 1. The one line of arithmetic
+# ## 1. One slot, sized by the limit
 #
-# A reserve-to-max allocator gives every sequence a slot of $S_{max}$ tokens at the model's KV bytes
-# per token, however short the sequence turns out to be:
+# A reserve-to-max allocator gives every sequence, when it arrives, one contiguous slot of $S_{max}$
+# token positions at the model's KV bytes per token, however short the sequence turns out to be. The
+# sequence then fills it from the front: its prompt at prefill, one more token per decode step. The
+# budget holds as many whole slots as fit; a fraction of a slot holds no sequence.
 #
-# $$\text{slot} = S_{max} \times \text{KV per token}, \qquad
-#   B_{naive} = \left\lfloor \frac{\text{KV budget}}{\text{slot}} \right\rfloor, \qquad
-#   \text{utilization} = \frac{B_{naive} \times S_{actual} \times \text{KV per token}}{\text{KV budget}}.$$
-#
-# The board picture is one slot — a long rectangle of 4,096 token positions — with the first 640
-# shaded:
+# The board picture is one slot — a long rectangle of token positions — with the positions the
+# chat workload's sequence fills shaded:
 
 # %%
 viz_memory.slot_figure(S_MAX, PROMPT, OUTPUT).show()
 
 # %% [markdown]
-# ### Exercise 2.1 — the slot
+# ### Exercise 2.1 — what one slot never holds
 #
-# Set `slot_bytes` to the bytes one reserve-to-max slot reserves at $S_{max} = 4{,}096$, as a Python
-# expression from `S_MAX` and `KV`.
+# A request of the chat workload arrives with `PROMPT` tokens and will generate `OUTPUT` more, in a
+# slot sized for `S_MAX`. Set `unfilled_bytes` to the bytes of its slot that no token of it ever
+# occupies, computed from the givens (and `KV`).
 
 # %%
-### BEGIN SOLUTION 2.1: set slot_bytes to the bytes of one S_max = 4,096 slot
-slot_bytes = S_MAX * KV
+### BEGIN SOLUTION 2.1: set unfilled_bytes to the bytes of one S_MAX slot its sequence never fills
+unfilled_bytes = (S_MAX - (PROMPT + OUTPUT)) * KV
 ### END SOLUTION
-check("2.1", slot_bytes)
+check("2.1", unfilled_bytes)
 
 # %% [markdown]
-# ### Exercise 2.2 — how many slots fit
+# ### Exercise 2.2 — internal fragmentation, over the card
 #
-# Set `naive_seqs` to the number of sequences the budget holds under reserve-to-max. `BUDGET` is in
-# bytes (decimal GB on the card's box: 80e9 − 13.48e9 − 4e9).
+# Fill the budget with as many reserve-to-max slots as it holds, and let every sequence reach its
+# `PROMPT + OUTPUT` tokens. Set `internal_share` to the fraction of the whole KV budget (`BUDGET`,
+# in bytes) that the slots hold reserved and never filled.
 
 # %%
-### BEGIN SOLUTION 2.2: set naive_seqs to the number of whole S_max slots in BUDGET
-naive_seqs = int(BUDGET // (S_MAX * KV))
+### BEGIN SOLUTION 2.2: set internal_share to the share of BUDGET the slots reserve and never fill
+naive_seqs = BUDGET // (S_MAX * KV)  # whole slots only
+internal_share = naive_seqs * unfilled_bytes / BUDGET
 ### END SOLUTION
-check("2.2", naive_seqs)
+check("2.2", internal_share)
+
+# %% [markdown]
+# Once 2.2 passes, the arithmetic of this section in one place:
+
+# %%
+if revealed("2.1", "2.2"):
+    display(Markdown(r"""$$\text{slot} = S_{max} \times \text{KV per token}, \qquad
+  B_{naive} = \left\lfloor \frac{\text{KV budget}}{\text{slot}} \right\rfloor, \qquad
+  \text{internal} = \frac{B_{naive} \times (S_{max} - S_{actual}) \times \text{KV per token}}{\text{KV budget}}$$
+
+and the utilization, the share that does hold tokens, is
+$B_{naive} \times S_{actual} \times \text{KV per token} / \text{KV budget}$."""))
+    print(f"{naive_seqs} slots of {fmt_bytes(S_MAX * KV)}; each leaves {fmt_bytes(unfilled_bytes)} unfilled; "
+          f"internal fragmentation {fmt_pct(internal_share)} of the budget")
 
 # %% [markdown]
 # ## 2. Build it, and measure
@@ -168,12 +207,6 @@ print(f"reserved and never filled:      {fmt_pct(alloc.stats().internal_bytes / 
 assert abs(measured - closed) < 1e-12
 
 # %% [markdown]
-# The board writes **"9.5 of 62.5"** and then says *15%*. The exact figure is 9.73 of 62.52 GB:
-
-# %%
-viz.errata_note("S_max = 4K")
-
-# %% [markdown]
 # And the second board drawing: the 29 slots stacked, each with its 640 tokens shaded. Everything
 # orange is memory the card has, the allocator has promised away, and no token will ever occupy.
 
@@ -184,19 +217,16 @@ viz_memory.slot_stack_figure(alloc, BUDGET).show()
 # ### The same cache, over a sequence's life
 #
 # Those 15.56% are read at the **end** of every sequence's life, when each holds all 640 tokens. A
-# busy card never sees that moment for every slot at once: a sequence is prefilled with 512 tokens
-# and holds one more after each of its 128 decode steps, and when it finishes the next request takes
-# its slot with a fresh prompt. The lecture prints two more figures without deriving them, the timing
-# plan's **14%** and §10.2's title, *86% empty*. A second reading reproduces both: utilization
-# **averaged over a sequence's life**. It is a consistent reading of the cache, not a claim about which
-# one the lecture meant.
+# busy card never sees that moment for every slot at once: a sequence is prefilled with its prompt
+# and holds one more token after each of its decode steps, and when it finishes the next request
+# takes its slot with a fresh prompt. What does the card hold on average, over a sequence's life?
 #
 # ### Exercise 2.4 — utilization over the life
 #
 # Measure it on a real allocator: fill a fresh `ReserveToMaxAllocator` like the one above with
-# 512-token prompts, then run the 128 decode steps, reading the utilization (tokens held, over
-# `BUDGET`) while each step runs, before its token is appended. Set `util_over_life` to the mean of
-# those readings, a fraction. (Your `utilization` from 2.3 reads one allocator at one moment.)
+# `PROMPT`-token prompts, then run the `OUTPUT` decode steps, reading the utilization (tokens held,
+# over `BUDGET`) while each step runs, before its token is appended. Set `util_over_life` to the mean
+# of those readings, a fraction. (Your `utilization` from 2.3 reads one allocator at one moment.)
 
 # %%
 ### BEGIN SOLUTION 2.4: set util_over_life to the mean utilization over the 128 decode steps, measured on a real allocator
@@ -218,11 +248,23 @@ util_over_life = mean_utilization_over(life, OUTPUT)
 check("2.4", util_over_life)
 
 # %% [markdown]
+# The lecture's other two figures, the timing plan's **14%** and §10.2's
+# title, *86% empty*, are this other reading: utilization **averaged over a sequence's life**.
+#
+# The board writes **"9.5 of 62.5"** and then says *15%*; the ledger's note on both readings, once
+# 2.4 passes:
+
+# %%
+if revealed("2.4"):
+    viz.errata_note("S_max = 4K")
+
+# %% [markdown]
 # So two consistent readings of one cache cover the lecture's figures: at the end of life **15.56%
 # used, 84% internal fragmentation** (printed 15.2% and 84%, the lecture's own derivation), and over
 # the life **14.0% used, 86% empty** (printed 14% and 86%, which this reading reproduces). Neither is an
-# error; they answer different questions. Lab 03 reads the paged cache both ways, beside the lecture's
-# own derivation of its 98.7% (100% minus its 1.3% internal fragmentation). Lab 08's seed 4 measures
+# error; they answer different questions, and the second is a consistent reading of the cache, not a
+# claim about which one the lecture meant. Lab 03 reads the paged cache both ways, beside the lecture's
+# own derivation of its paged figure (100% minus its internal fragmentation). Lab 08's seed 4 measures
 # both readings on the engine.
 
 # %%
@@ -241,67 +283,50 @@ if revealed("2.4"):
 #
 # ### Exercise 2.5 — the naive batch's throughput
 #
-# Set `naive_tok_s` to the decode throughput (tokens/s) of the naive batch of 2.2, every sequence at
-# 640 tokens, on the H100 (`H100.hbm_bandwidth` bytes/s; weights `MODEL.weight_bytes`).
+# Set `naive_tok_s` to the decode throughput (tokens/s) of the naive batch — as many sequences as the
+# budget holds whole slots — every sequence at its full `PROMPT + OUTPUT` tokens, on a card that
+# moves `HBM_BW` bytes/s (the weights: `PARAMS` of `DTYPE_BYTES` bytes each).
 
 # %%
-### BEGIN SOLUTION 2.5: set naive_tok_s to the decode throughput (tokens/s) of the naive batch of 640-token sequences
-b_naive = ledger.naive_concurrency(BUDGET, S_MAX, KV)
-t_step = (MODEL.weight_bytes + b_naive * (PROMPT + OUTPUT) * KV) / H100.hbm_bandwidth
+### BEGIN SOLUTION 2.5: set naive_tok_s to the decode throughput (tokens/s) of the naive batch of full sequences
+b_naive = BUDGET // (S_MAX * KV)
+t_step = (PARAMS * DTYPE_BYTES + b_naive * (PROMPT + OUTPUT) * KV) / HBM_BW
 naive_tok_s = b_naive / t_step
 ### END SOLUTION
 check("2.5", naive_tok_s)
 
 # %% [markdown]
-# Once 2.5 passes, the ledger puts the naive batch beside the paged one (the next cell waits for it):
+# Once 2.5 passes, the ledger's step for the naive batch (the next cell waits for it):
 
 # %%
 if revealed("2.5"):
-    seq_tokens = PROMPT + OUTPUT
     b_naive = ledger.naive_concurrency(BUDGET, S_MAX, KV)
-    b_paged = ledger.paged_concurrency(BUDGET, seq_tokens, 16, KV)
-    tok_s = {}
-    for label, b in (("reserve-to-max", b_naive), ("paged, b = 16", b_paged)):
-        t = ledger.tpot_s(MODEL, b, seq_tokens, H100.hbm_bandwidth)
-        tok_s[label] = ledger.throughput_tok_s(b, t)
-        print(f"{label:>15}: B = {b:>3}, step {1e3 * t:5.2f} ms, {tok_s[label]:6,.0f} tok/s")
-    print(f"the allocator alone costs {b_paged / b_naive:.2f}x in concurrency and "
-          f"{tok_s['paged, b = 16'] / tok_s['reserve-to-max']:.2f}x in throughput")
+    t = ledger.tpot_s(MODEL, b_naive, PROMPT + OUTPUT, H100.hbm_bandwidth)
+    print(f"reserve-to-max: B = {b_naive}, step {1e3 * t:5.2f} ms "
+          f"({fmt_gb(MODEL.weight_bytes)} of weights + {b_naive} x {fmt_gb((PROMPT + OUTPUT) * KV)} of KV at "
+          f"{H100.hbm_bandwidth / 1e9:,.0f} GB/s), {ledger.throughput_tok_s(b_naive, t):,.0f} tok/s")
 
 # %% [markdown]
-# Throughput grows less than concurrency because the weights are read once per step whoever is in the
-# batch, and each extra sequence adds its own KV to the step (§10.6 returns to this: your neighbours
-# set your cadence). Two printed figures part from the exact ones here:
-
-# %%
-viz.errata_note("Paged concurrency", "Naive column")
+# A paged cache's larger batch (lab 03 counts it) gains less in throughput than in concurrency,
+# because the weights are read once per step whoever is in the batch, and each extra sequence adds
+# its own KV to the step (§10.6 returns to this: your neighbours set your cadence; lab 07 sets the
+# lecture's "a third of the throughput" beside the exact ratio).
 
 # %% [markdown]
-# ## 4. The knobs: S_max, the workload, the model, the card
+# ## 4. Advertising long context
 #
-# Every number below is measured on a real `ReserveToMaxAllocator` filled by the panel (the readout
-# puts the ledger's closed form beside it). Predict before you move anything:
+# The service raises its limit to `S_MAX_LONG` tokens. The workload does not change: every request is
+# still `PROMPT + OUTPUT` tokens.
 #
-# * **Advertise long context.** Slide $S_{max}$ to 32,768. The workload did not change. What happens to
-#   the number of slots and to utilization?
-# * **The brochure.** Slide $S_{max}$ to 131,072 (Exercise 1).
-# * **GQA-8.** Switch the model to `lecture-7b-gqa8`: which numbers move, and by what factor?
-# * **Short limits.** $S_{max}$ = 512 with 640-token sequences: utilization looks great. Why is that
-#   configuration still wrong? (Read the readout's note.)
-
-# %%
-viz_memory.naive_panel()
-
-# %% [markdown]
 # ### Exercise 2.6 — the long-context advertisement
 #
-# Set `util_32k` to the utilization (a fraction) of the chat workload under $S_{max} = 32{,}768$, MHA,
-# on the H100, from your own arithmetic: whole slots first, then the bytes their tokens hold (the
-# grade does not accept `ledger.naive_utilization` here). The checkoff wants the exact value.
+# Set `util_32k` to the utilization (a fraction: bytes holding tokens over the whole `BUDGET`) of the
+# chat workload under $S_{max}$ = `S_MAX_LONG`, MHA, from your own arithmetic (the grade does not
+# accept `ledger.naive_utilization` here). The checkoff wants the exact value.
 
 # %%
-### BEGIN SOLUTION 2.6: set util_32k to the utilization at S_max = 32,768 (a fraction)
-util_32k = (BUDGET // (32_768 * KV)) * (PROMPT + OUTPUT) * KV / BUDGET
+### BEGIN SOLUTION 2.6: set util_32k to the utilization at S_max = S_MAX_LONG (a fraction)
+util_32k = (BUDGET // (S_MAX_LONG * KV)) * (PROMPT + OUTPUT) * KV / BUDGET
 ### END SOLUTION
 check("2.6", util_32k)
 
@@ -313,7 +338,7 @@ check("2.6", util_32k)
 
 # %%
 if revealed("2.6"):
-    for s_max in (4096, 32_768):
+    for s_max in (S_MAX, S_MAX_LONG):
         a = viz_memory.fill_reserve_to_max(BUDGET, s_max, PROMPT + OUTPUT, KV)
         m = viz_memory.naive_measurement(a, BUDGET)
         print(f"S_max = {s_max:>6,}: {m['concurrency']:>2} slots of {fmt_gb(m['slot_bytes'])}, utilization "
@@ -323,14 +348,15 @@ if revealed("2.6"):
 # %% [markdown]
 # ## 5. Exercise 1 — the long-context brochure
 #
-# Your service advertises a 128K context window: $S_{max} = 131{,}072$. The workload is unchanged.
+# Your service advertises a 128K context window: $S_{max}$ = `S_MAX_BROCHURE` = 131,072. The workload
+# is unchanged.
 #
 # $$\text{slot}_{MHA} = 131{,}072 \times 524{,}288\ \text{B} = 68.72\ \text{GB} > 62.52\ \text{GB}$$
 #
 # One slot is larger than the whole budget. The real allocator agrees — it cannot admit anyone:
 
 # %%
-mha_128k = viz_memory.fill_reserve_to_max(BUDGET, 131_072, PROMPT + OUTPUT, KV)
+mha_128k = viz_memory.fill_reserve_to_max(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, KV)
 print(f"MHA at S_max = 131,072: {mha_128k.num_seqs} requests admitted")
 viz_memory.slot_stack_figure(mha_128k, BUDGET).show()
 
@@ -341,12 +367,12 @@ viz_memory.slot_stack_figure(mha_128k, BUDGET).show()
 # ### Exercise 2.7 — the brochure under GQA-8
 #
 # Set `util_128k_gqa` to the reserve-to-max utilization (a fraction) of the chat workload at
-# $S_{max} = 131{,}072$ under GQA-8 (`LECTURE_7B_GQA8`).
+# $S_{max}$ = `S_MAX_BROCHURE` under GQA (`GQA_KV_HEADS` KV heads; `KV_GQA` bytes per token).
 
 # %%
-KV_GQA = LECTURE_7B_GQA8.kv_bytes_per_token
-### BEGIN SOLUTION 2.7: set util_128k_gqa to the GQA-8 utilization at S_max = 131,072 (a fraction)
-util_128k_gqa = (BUDGET // (131_072 * KV_GQA)) * (PROMPT + OUTPUT) * KV_GQA / BUDGET
+KV_GQA = 2 * LAYERS * GQA_KV_HEADS * HEAD_DIM * DTYPE_BYTES  # the GQA model's KV bytes per token
+### BEGIN SOLUTION 2.7: set util_128k_gqa to the GQA utilization at S_max = S_MAX_BROCHURE (a fraction)
+util_128k_gqa = (BUDGET // (S_MAX_BROCHURE * KV_GQA)) * (PROMPT + OUTPUT) * KV_GQA / BUDGET
 ### END SOLUTION
 check("2.7", util_128k_gqa)
 
@@ -355,40 +381,57 @@ check("2.7", util_128k_gqa)
 # 128,000 B. Exactly, $640 \times 131{,}072 = 83{,}886{,}080$ B $= 0.0839$ GB, and:
 
 # %%
-gqa_naive = viz_memory.fill_reserve_to_max(BUDGET, 131_072, PROMPT + OUTPUT, KV_GQA)
-m = viz_memory.naive_measurement(gqa_naive, BUDGET)
 if revealed("2.7"):
+    gqa_naive = viz_memory.fill_reserve_to_max(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, KV_GQA)
+    m = viz_memory.naive_measurement(gqa_naive, BUDGET)
     print(f"GQA-8, S_max = 131,072: slot {fmt_gb(m['slot_bytes'])}, {m['concurrency']} slots, "
           f"utilization {fmt_pct(m['utilization'], 3)} (lecture: 0.39%)")
 
 # %% [markdown]
-# Now paging, with the real block allocator: a pool of 16-token blocks on the same budget, filled with
-# 640-token sequences until it refuses one.
-
-# %%
-pool = BlockAllocator(ledger.num_blocks(BUDGET, 16, KV_GQA), 16)
-paged_gqa = 0
-while pool.can_allocate(pool.blocks_needed(PROMPT + OUTPUT)):
-    pool.allocate(paged_gqa, PROMPT + OUTPUT)
-    paged_gqa += 1
-print(f"paged, GQA-8, b = 16: {pool.num_blocks:,} blocks of {16 * KV_GQA:,} B; {paged_gqa} sequences "
-      f"of 640 tokens; {pool.num_free_blocks} blocks left")
-
-# %% [markdown]
+# Now paging, with the real block allocator (lab 03 builds it): the same budget cut into whole blocks
+# of `BLOCK` tokens (`BLOCK * KV_GQA` bytes each), a sequence holding whole blocks.
+# `BlockAllocator(num_blocks, BLOCK)` is such a pool; `pool.blocks_needed(n)` is the blocks n tokens
+# take, `pool.can_allocate(k)` says whether k more are free, `pool.allocate(seq_id, n)` takes them.
+#
 # ### Exercise 2.8 — what the marketing claim cost
 #
-# Set `brochure_cost` to the factor by which the 128K reservation divides GQA-8 concurrency: paged
-# (b = 16) over reserve-to-max at $S_{max} = 131{,}072$.
+# Set `brochure_cost` to the factor by which the brochure's reservation divides GQA concurrency:
+# how many `PROMPT + OUTPUT`-token sequences the paged pool holds, over how many the reserve-to-max
+# allocator holds at $S_{max}$ = `S_MAX_BROCHURE`.
 
 # %%
-### BEGIN SOLUTION 2.8: set brochure_cost to the factor the 128K reservation divides GQA-8 concurrency by
-brochure_cost = paged_gqa / (BUDGET // (131_072 * KV_GQA))  # the pool's count over the 128K slots
+### BEGIN SOLUTION 2.8: set brochure_cost to the factor the brochure's reservation divides GQA concurrency by
+pool = BlockAllocator(BUDGET // (BLOCK * KV_GQA), BLOCK)  # whole blocks in the budget
+paged_gqa = 0
+while pool.can_allocate(pool.blocks_needed(PROMPT + OUTPUT)):  # fill it until it refuses a sequence
+    pool.allocate(paged_gqa, PROMPT + OUTPUT)
+    paged_gqa += 1
+brochure_cost = paged_gqa / (BUDGET // (S_MAX_BROCHURE * KV_GQA))  # the pool's count over the brochure's slots
 ### END SOLUTION
 check("2.8", brochure_cost)
 
 # %%
 if revealed("2.8"):
+    print(f"paged, GQA, b = {BLOCK}: {pool.num_blocks:,} blocks of {BLOCK * KV_GQA:,} B; {paged_gqa} sequences "
+          f"of {PROMPT + OUTPUT} tokens; {pool.num_free_blocks} blocks left")
     viz.errata_note("Exercise 1")
+
+# %% [markdown]
+# ### The knobs: S_max, the workload, the model, the card
+#
+# Every number below is measured on a real `ReserveToMaxAllocator` filled by the panel (the readout
+# puts the ledger's closed form beside it). It confirms your answers to 2.6–2.8; predict before you
+# move anything:
+#
+# * **Advertise long context.** Slide $S_{max}$ to 32,768. The workload did not change. What happens to
+#   the number of slots and to utilization?
+# * **The brochure.** Slide $S_{max}$ to 131,072 (Exercise 1).
+# * **GQA-8.** Switch the model to `lecture-7b-gqa8`: which numbers move, and by what factor?
+# * **Short limits.** $S_{max}$ = 512 with 640-token sequences: utilization looks great. Why is that
+#   configuration still wrong? (Read the readout's note.)
+
+# %%
+viz_memory.naive_panel()
 
 # %% [markdown]
 # The claim cost that factor in concurrency, and it cost it **for every request**: here every request
@@ -425,26 +468,31 @@ print(f"admitted {refilled} new requests into the freed slots; free now {alloc.f
 #
 # ### Exercise 2 — per-request S_max
 #
-# Requests arrive declaring $S_{max} \in \{512, 4{,}096, 32{,}768\}$ in proportions 70/25/5. Each
-# reserves a slot of its own declared size.
+# Requests arrive declaring their own $S_{max}$: `S_MAX_SHORT` (a share `SHARE_SHORT` of them),
+# `S_MAX_LONG` (a share `SHARE_LONG`) or `S_MAX` (the rest) — 512, 32,768 and 4,096 in proportions
+# 70/5/25 for the lecture. Each reserves a slot of its own declared size, and the residents share one
+# budget.
 #
-# $$\overline{\text{slot}} = \sum_i p_i \, S_{max,i} \times \text{KV per token}, \qquad
-#   \bar B \approx \frac{\text{KV budget}}{\overline{\text{slot}}}$$
-#
-# Set `mean_slot_bytes` (Exercise 2.9) and `mean_seqs` (Exercise 2.10, budget over mean slot).
+# Set `mean_slot_bytes` (Exercise 2.9) to what a request reserves on average, in bytes, and
+# `mean_seqs` (Exercise 2.10) to about how many requests the budget then holds at once.
 
 # %%
-MIX = viz_memory.EXERCISE2_MIX  # ((512, 0.70), (4096, 0.25), (32768, 0.05))
-### BEGIN SOLUTION 2.9: set mean_slot_bytes to the share-weighted mean of the declared slots, in bytes
+MIX = ((S_MAX_SHORT, SHARE_SHORT), (S_MAX, 1 - SHARE_SHORT - SHARE_LONG), (S_MAX_LONG, SHARE_LONG))  # (S_max, share)
+### BEGIN SOLUTION 2.9: set mean_slot_bytes to what a request reserves on average, in bytes
 mean_slot_bytes = sum(share * s_max * KV for s_max, share in MIX)
 ### END SOLUTION
 check("2.9", mean_slot_bytes)
 
 # %%
-### BEGIN SOLUTION 2.10: set mean_seqs to the concurrency the budget gives at the mean declared slot
+### BEGIN SOLUTION 2.10: set mean_seqs to about how many requests the budget holds at once
 mean_seqs = BUDGET / sum(share * s_max * KV for s_max, share in MIX)
 ### END SOLUTION
 check("2.10", mean_seqs)
+
+# %%
+if revealed("2.9", "2.10"):
+    display(Markdown(r"""$$\overline{\text{slot}} = \sum_i p_i \, S_{max,i} \times \text{KV per token}, \qquad
+  \bar B \approx \frac{\text{KV budget}}{\overline{\text{slot}}}$$"""))
 
 # %% [markdown]
 # Better than 29, still far under what paging holds. Now the failure mode paging does not have.
@@ -481,23 +529,34 @@ except ReservationExceeded as exc:
 # Variable-size allocation turns a *quantity* problem into a *placement* problem; fixed-size blocks
 # are how every allocator since 1962 refused that trade.
 #
-# ### Exercises 2.11 and 2.12 — which waste does paging remove?
+# ### Exercises 2.11 and 2.12 — what paging does to the waste
 #
-# Paging cuts the cache into fixed-size blocks and gives each sequence a table of them (lab 03). Set
-# `eliminated` to the fragmentation paging eliminates and `bounded` to the one it only bounds
-# (`"internal"` or `"external"`).
+# Paging cuts the cache into fixed-size blocks of `BLOCK` tokens, gives each sequence a table of them
+# (lab 03), and hands a sequence one more block only when its last one is full. Three wastes have come
+# up in this lab: `"external fragmentation"` (free space between allocations, too small for the next
+# request), `"internal fragmentation"` (space inside an allocation that its owner never fills) and
+# `"reserved for tokens not yet emitted"` (room a sequence will need for the tokens it has yet to
+# generate).
+#
+# **2.11.** Set `eliminated` to the set of those wastes (zero, one or more of the three strings) that
+# paging eliminates outright.
 
 # %%
-### BEGIN SOLUTION 2.11: set eliminated to "internal" or "external"
-eliminated = "external"
+### BEGIN SOLUTION 2.11: set eliminated to the set of the wastes paging eliminates, e.g. {"..."}
+eliminated = {"external fragmentation"}
 ### END SOLUTION
 check("2.11", eliminated)
 
+# %% [markdown]
+# **2.12.** What paging does not remove it bounds. Set `tail_bytes` to the most KV memory, in bytes,
+# that one sequence's blocks can hold unfilled at any moment of its life (the model's `KV` bytes per
+# token, blocks of `BLOCK` tokens).
+
 # %%
-### BEGIN SOLUTION 2.12: set bounded to "internal" or "external"
-bounded = "internal"
+### BEGIN SOLUTION 2.12: set tail_bytes to the most bytes a sequence's blocks can leave unfilled
+tail_bytes = (BLOCK - 1) * KV  # the last block holds at least one token
 ### END SOLUTION
-check("2.12", bounded)
+check("2.12", tail_bytes)
 
 # %% [markdown]
 # ## 7. The measurement that started it: the vLLM paper's Fig. 2, on a real trace
@@ -557,7 +616,7 @@ for key in ("max", "pow2", "oracle", "paged"):
 #   holes between variable-size slots, Exercise 2's failure, measured.
 # * **Paged** holds tokens in nearly all of the pool. The rest is the 1% of blocks vLLM keeps free as
 #   a watermark (§10.5) and the last-block slots sequences are about to fill; tails are bounded, as
-#   2.12 says, and no free block is ever the wrong size.
+#   2.12 found, and no free block is ever the wrong size.
 
 # %% [markdown]
 # ## Self-check

@@ -58,6 +58,7 @@ def run_autograder(root: Path) -> dict:
 def student_notebook(path: Path, *sources: str) -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    nb.cells.insert(1, nbformat.v4.new_code_cell("KV_KIB = 512", metadata={"tags": ["givens"]}))  # lab 00's givens
     nbformat.write(nb, path)
 
 
@@ -78,7 +79,7 @@ def test_the_bundle_has_what_gradescope_runs(bundle):
 def test_a_submission_is_graded_into_results_json(bundle, tmp_path):
     root = gradescope_root(tmp_path, bundle)
     student_notebook(root / "submission" / "00_setup.ipynb", "from labsupport.course.checkoff import check",
-                     'kib = 512 * 1024\ncheck("0.1", kib)',
+                     'kib = KV_KIB * 1024\ncheck("0.1", kib)',
                      'def per_token(l, h, d, b):\n    return l * h * d * b\ncheck("0.2", per_token)',
                      'print("✅ Checkoff 0.2 passed")')
     data = run_autograder(root)

@@ -49,7 +49,12 @@ check("0.2", per_token)
 # %%
 from labsupport.viz import roofline
 roofline.kv_heads_panel()
+
+# %% tags=["givens"]
+KV_KIB = 512
 '''
+# (lab 00 declares givens, so its demo has the one givens cell the build requires; it comes last so that
+# the cell numbers the tests below read are those of the lab's own cells)
 
 
 def make_lab(tmp_path: Path, text: str = DEMO, name: str = "00_demo") -> B.Lab:
@@ -70,7 +75,7 @@ def test_student_copy_cuts_solutions_and_keeps_the_pass_lines(tmp_path):
     parsed = B.parse(make_lab(tmp_path))
     sol, stu = parsed.solution, parsed.student
     # the solution-only cell is gone; the build adds the Colab cell and the two scoreboard cells to both
-    assert len(sol.cells) == 10 and len(stu.cells) == 9
+    assert len(sol.cells) == 11 and len(stu.cells) == 10
     assert [c.metadata.get("tags") for c in stu.cells[:2]] == [None, ["front-end"]]
     assert all("instructors only" not in c.source for c in stu.cells)
     value_cell, function_cell, check_cell = code_cells(stu)[1:4]
@@ -90,7 +95,7 @@ def test_student_copy_cuts_solutions_and_keeps_the_pass_lines(tmp_path):
     assert check_cell.metadata.tags == ["keep-me", "checkoff", "nbval-check-output"]
     assert function_cell.outputs == [] and function_cell.metadata == {}
     # Only checkoff cells carry an execution count (their code-cell number): nbval skips unrun cells.
-    assert [c.execution_count for c in code_cells(stu)] == [None, 2, None, 4, None, None]
+    assert [c.execution_count for c in code_cells(stu)] == [None, 2, None, 4, None, None, None]
     # The solution keeps its code and its markers; nothing is executed yet.
     assert "### BEGIN SOLUTION 0.1" in code_cells(sol)[2].source and "kib = 512 * 1024" in code_cells(sol)[2].source
     assert all(c.outputs == [] for c in code_cells(sol))
@@ -250,7 +255,7 @@ def test_no_execute_keeps_outputs_of_unchanged_cells_only(tmp_path):
     make_lab(tmp_path, DEMO.replace("kib = 512 * 1024", "kib = 2**19"))
     B.main(["--root", str(tmp_path), "--no-execute"])
     cells = code_cells(nbformat.read(lab.solution_path, as_version=4))
-    assert [c.execution_count for c in cells] == [7, 7, None, 7, 7, 7, 7]
+    assert [c.execution_count for c in cells] == [7, 7, None, 7, 7, 7, 7, 7]
     assert cells[2].outputs == [] and cells[0].outputs[0].text == "old\n"
 
 
@@ -322,7 +327,7 @@ def test_build_executes_the_solution_in_its_folder(tmp_path, capsys):
     assert set(panel.data) == {"text/plain"} and panel.data["text/plain"].startswith("Fewer KV heads")
     assert "Run the cell to make it live" in note.data["text/plain"]
     assert "application/vnd.plotly.v1+json" in copy_.data and "transient" not in copy_
-    (board,) = cells[6].outputs
+    (board,) = cells[7].outputs
     assert board.data["text/plain"].startswith("Checkoffs of 00_demo: 2 of 2 passed, 0 failed, 0 not attempted")
     assert "python -m labsupport grade notebooks/00_demo.ipynb" in board.data["text/html"]
     before = lab.solution_path.read_text()
@@ -338,7 +343,7 @@ def test_build_fails_when_run_all_of_the_student_copy_stops(tmp_path, capsys):
     make_lab(tmp_path, DEMO + "\n# %%\nprint(per_token(32, 32, 128, 2))\n")
     assert B.main(["--root", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert "notebooks/00_demo.ipynb, cell 8: execution stops here with NotImplementedError" in err, err
+    assert "notebooks/00_demo.ipynb, cell 9: execution stops here with NotImplementedError" in err, err
 
 
 def test_a_student_run_must_show_one_not_attempted_line_per_checkoff(tmp_path):

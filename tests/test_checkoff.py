@@ -101,7 +101,7 @@ def test_function_checkoff_runs_the_student_function(capsys):
 def test_function_checkoff_reports_the_failing_call():
     text = str(_fail("0.2", lambda layers, heads, dim, nbytes: layers * heads * dim * nbytes))
     assert "kv_bytes_per_token(num_layers=32, num_kv_heads=32, head_dim=128, dtype_bytes=2)" in text
-    assert "262,144" in text and "too low" in text and "factor of 2" in text
+    assert "262,144" in text and "too low" in text and "two tensors" in text  # K and V: the factor of 2, named
 
 
 def test_function_checkoff_reports_student_exceptions():
@@ -167,7 +167,7 @@ def test_the_prompt_comes_from_the_cell_that_holds_the_placeholder():
 
 @pytest.mark.parametrize("answer", [..., [1, ...], (..., 2), {"a": ...}, {3, ...}, [[...]]])
 def test_the_placeholder_alone_or_inside_a_container_is_not_attempted(answer):
-    assert _printed("0.1", answer) == "⬜ Checkoff 0.1 not attempted — 512 KiB in bytes\n"
+    assert _printed("0.1", answer) == "⬜ Checkoff 0.1 not attempted — KV per token in bytes\n"
     assert C.results()["0.1"]["status"] == "not attempted"
 
 
@@ -244,13 +244,13 @@ def test_memory_checkoff(capsys):
 
 # §10.1, by hand: admit and allocate are memory, run is arithmetic, batch hands out places in the next
 # forward pass, stream is the latency the user sees.
-LECTURE_RESOURCES = {"admit": "memory", "allocate": "memory", "batch": "batch slots", "run": "arithmetic",
+LECTURE_RESOURCES = {"admit": "memory", "allocate": "memory", "batch": "places", "run": "arithmetic",
                      "stream": "latency"}
 
 
 def test_resource_map_checkoff(capsys):
     check("1.1", LECTURE_RESOURCES)
-    check("1.1", {" Admit": "MEMORY", "allocate": "memory ", "batch": "Batch slots", "run": "arithmetic",
+    check("1.1", {" Admit": "MEMORY", "allocate": "memory ", "batch": "Places", "run": "arithmetic",
                   "stream": "latency"})  # case and spaces do not matter
     assert capsys.readouterr().out.count("passed") == 2
     text = _fail("1.1", dict(LECTURE_RESOURCES, batch="memory"))  # the classic slip: batching "is" memory

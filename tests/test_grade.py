@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 WORD = "TO" + "DO"
 IMPORTS = "from labsupport.course.checkoff import check"
-GOOD_01 = 'kib = 512 * 1024\ncheck("0.1", kib)'
+GIVENS_00 = "KV_KIB = 512"  # lab 00's givens cell (tagged givens): 0.1 is re-run on other values of KV_KIB
+GOOD_01 = 'kib = KV_KIB * 1024\ncheck("0.1", kib)'
 GOOD_02 = 'def per_token(l, h, d, b):\n    return 2 * l * h * d * b\n\ncheck("0.2", per_token)'
 UNDONE_01 = f'kib = ...  # {WORD} 0.1: set kib\ncheck("0.1", kib)'
 UNDONE_02 = f'def per_token(l, h, d, b):\n    raise NotImplementedError("{WORD} 0.2: return it")\n\ncheck("0.2", per_token)'
@@ -129,7 +130,8 @@ INVALID = {"00_list.ipynb": b"[]", "00_dict.ipynb": b"{}", "00_text.ipynb": b"he
 def notebook(path: Path, *sources: str, stale_pass: bool = False) -> Path:
     nb = nbformat.v4.new_notebook()
     nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nb.cells = [nbformat.v4.new_markdown_cell("# a lab")] + [nbformat.v4.new_code_cell(s) for s in sources]
+    nb.cells = [nbformat.v4.new_markdown_cell("# a lab"), nbformat.v4.new_code_cell(GIVENS_00, metadata={"tags": ["givens"]})]
+    nb.cells += [nbformat.v4.new_code_cell(s) for s in sources]
     if stale_pass:
         for cell in nb.cells[1:]:
             cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="✅ Checkoff 0.1 passed\n")]
@@ -207,10 +209,10 @@ def test_failures_explain_themselves(batch):
     assert detail["00_untouched"]["0.2"] == f"{WORD} 0.2: return it"
     assert "placeholder" in detail["00_untouched"]["0.1"]
     assert "never ran" in detail["00_deleted_cell"]["0.2"] or "no cell" in detail["00_deleted_cell"]["0.2"]
-    # cell 1 is the markdown title: the os._exit cell is cell 4, the sleeping one cell 4 too
-    assert "the kernel died at cell 4" in by["00_os_exit"]["error"]
-    assert detail["00_os_exit"]["0.2"].startswith("the kernel died at cell 4") and "before this cell" in detail["00_os_exit"]["0.2"]
-    assert "longer than 15 s at cell 4" in by["00_runaway"]["error"]
+    # cell 1 is the markdown title, cell 2 the givens: the os._exit cell is cell 5, the sleeping one cell 5 too
+    assert "the kernel died at cell 5" in by["00_os_exit"]["error"]
+    assert detail["00_os_exit"]["0.2"].startswith("the kernel died at cell 5") and "before this cell" in detail["00_os_exit"]["0.2"]
+    assert "longer than 15 s at cell 5" in by["00_runaway"]["error"]
     assert "longer than 15 s at cell" in by["00_many_cells"]["error"] and "before this cell" in detail["00_many_cells"]["0.2"]
     assert "plain data" in detail["00_hostile_record"]["0.1"] and "digits" in detail["00_hostile_record"]["0.1"]
     assert len(detail["00_huge_answer"]["0.1"]) < G.MAX_TEXT_CHARS + 100
@@ -271,7 +273,7 @@ def test_the_text_scoreboard(batch, tmp_path, capsys):
     path = notebook(tmp_path / "00_setup.ipynb", IMPORTS, UNDONE_01, GOOD_02)
     assert G.main([str(path), "--no-progress"]) == 0  # nothing failed
     out = capsys.readouterr().out
-    assert "⬜ 0.1   not attempted  512 KiB in bytes" in out and "✅ 0.2   passed" in out
+    assert "⬜ 0.1   not attempted  KV per token in bytes" in out and "✅ 0.2   passed" in out
     assert out.rstrip().endswith("TOTAL 1/2 checkoffs passed, 0 failed, 1 not attempted")
 
 

@@ -164,7 +164,7 @@ from labsupport.course.checkoff import check
 assert labsupport.__file__.startswith(%r), labsupport.__file__
 check("0.1", 512 * 1024)
 check("1.2", lambda m, g: math.floor(g.peak_flops / g.hbm_bandwidth * m.dtype_bytes / 2))
-check("1.1", {"admit": "memory", "allocate": "memory", "batch": "batch slots", "run": "arithmetic",
+check("1.1", {"admit": "memory", "allocate": "memory", "batch": "places", "run": "arithmetic",
               "stream": "latency"})
 for answer in (lambda l, h, d, b: l * h * d * b, lambda l, h, d, b: 524288):
     check("0.2", answer)

@@ -31,7 +31,7 @@ def test_scoreboard_counts_what_this_kernel_checked():
     assert [(r.id, r.status) for r in board.rows] == [("0.1", "passed"), ("0.2", "failed")]
     assert board.summary == "1 of 2 passed, 1 failed, 0 not attempted in this kernel"
     text = repr(board)
-    assert text.splitlines()[1] == "  ✅ 0.1   passed         512 KiB in bytes"
+    assert text.splitlines()[1] == "  ✅ 0.1   passed         KV per token in bytes"
     assert "❌ 0.2   failed" in text
     assert "python -m labsupport grade notebooks/00_setup.ipynb" in text and "feedback" in text
     page = board._repr_html_()

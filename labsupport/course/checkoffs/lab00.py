@@ -2,14 +2,22 @@
 from __future__ import annotations
 
 from labsupport.course.checkoff import Mismatch, call, expect_close, function, value
+from labsupport.course.registry import givens
+
+# The one given: the KV the lecture's model stores per token, as the lecture writes it, in KiB.
+G = givens(
+    lecture=dict(KV_KIB=512),
+    hidden=lambda rng: dict(KV_KIB=rng.choice((64, 96, 128, 160, 192, 256, 320, 640, 1024, 1280))),
+)
 
 value(
-    "0.1", "512 KiB in bytes",
-    expected=lambda: 512 * 2**10,
+    "0.1", "KV per token in bytes",
+    expected=lambda g: g.KV_KIB * 2**10,
     hint="KiB is the binary kilobyte, 2**10 = 1,024 bytes; kB (and the GB on a GPU's box) is decimal, "
-         "10**3 bytes. The lecture writes the 7B model's KV per token in KiB: multiply it out exactly, in Python, "
-         "not in your head.",
-    mistakes=[(512_000, "512,000 is 512 decimal kB; the lecture's unit is KiB.")],
+         "10**3 bytes. Multiply KV_KIB out exactly, in Python, not in your head.",
+    mistakes=[(G.KV_KIB * 1000, "That reads KiB as the decimal kB, 1,000 bytes; a KiB is 2**10 = 1,024 bytes."),
+              (G.KV_KIB * 2**20, "That is KV_KIB MiB (2**20 bytes each); the unit here is KiB, 2**10 bytes."),
+              (G.KV_KIB * 2**10 * 8, "That is bits; the checkoff wants bytes.")],
     unit=" B",
 )
 
@@ -26,11 +34,22 @@ def _shape_cases(rng):
     return [(shape, 2 * shape[0] * shape[1] * shape[2] * shape[3]) for shape in _SHAPES + hidden]
 
 
+def _kv_slips(layers, kv_heads, head_dim, dtype_bytes, got) -> str:
+    """What a wrong per-token count left out, checked against this very case (every reading it fits is named:
+    at 2 bytes per element, one tensor's bytes and both tensors' elements are the same number)."""
+    readings = [(layers * kv_heads * head_dim * dtype_bytes,
+                 "one tensor's bytes: every layer keeps a key vector and a value vector, two tensors"),
+                (2 * kv_heads * head_dim * dtype_bytes, "one layer's K and V: every layer keeps its own"),
+                (2 * layers * kv_heads * head_dim, "the elements without their bytes: each element is dtype_bytes bytes")]
+    want = 2 * layers * kv_heads * head_dim * dtype_bytes
+    found = [text for count, text in readings if got == count != want]
+    return (" That is " + "; or ".join(found) + ".") if found else ""
+
+
 @function(
     "0.2", "KV bytes per token",
     hint="For every token the cache keeps, each layer stores one key vector and one value vector per KV head; "
-         "each vector has head_dim elements of dtype_bytes bytes. Multiply the four counts you need — and "
-         "remember there are two tensors, K and V.",
+         "each vector has head_dim elements of dtype_bytes bytes. Count them all, in bytes.",
     cases=_shape_cases,
     forbid=("labsupport.ledger.kv_bytes_per_token", "labsupport.specs.ModelSpec"),
     derive="multiply the four counts and the two tensors yourself rather than asking labsupport's ModelSpec or ledger",
@@ -41,5 +60,9 @@ def _kv_bytes_per_token(fn, case):
     if isinstance(got, float) and not got.is_integer():
         raise Mismatch(f"kv_bytes_per_token({layers}, {kv_heads}, {head_dim}, {dtype_bytes}) returned {got}: "
                        "a count of bytes is a whole number.")
-    expect_close(got, want, f"kv_bytes_per_token(num_layers={layers}, num_kv_heads={kv_heads}, "
-                            f"head_dim={head_dim}, dtype_bytes={dtype_bytes})")
+    what = f"kv_bytes_per_token(num_layers={layers}, num_kv_heads={kv_heads}, head_dim={head_dim}, dtype_bytes={dtype_bytes})"
+    if isinstance(got, (int, float)) and got != want:
+        slip = _kv_slips(layers, kv_heads, head_dim, dtype_bytes, got)
+        if slip:
+            raise Mismatch(f"{what} returned {got:,.0f}, which is too {'high' if got > want else 'low'}.{slip}")
+    expect_close(got, want, what)

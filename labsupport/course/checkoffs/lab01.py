@@ -11,20 +11,20 @@ from labsupport.units import fmt_number
 
 JOBS = ("admit", "allocate", "batch", "run", "stream")
 # What each job hands out, in the lecture's words (§10.1): KV space; FLOPs and bandwidth; places in the
-# next forward pass; the per-step time the user sees.
-RESOURCES = ("memory", "arithmetic", "batch slots", "latency")
-_RESOURCE_OF = {"admit": "memory", "allocate": "memory", "batch": "batch slots", "run": "arithmetic",
+# next forward pass (named so that no option spells out a job); the per-step time the user sees.
+RESOURCES = ("memory", "arithmetic", "places", "latency")
+_RESOURCE_OF = {"admit": "memory", "allocate": "memory", "batch": "places", "run": "arithmetic",
                 "stream": "latency"}
 _RESOURCE_REMARKS = {
     ("batch", "memory"): "Batching is limited by memory (§2.15), but what it hands out is a place in the next "
                          "forward pass: it is re-chosen every iteration.",
-    ("admit", "batch slots"): "Admission is a promise of KV space for the request's whole life, not a place in "
+    ("admit", "places"): "Admission is a promise of KV space for the request's whole life, not a place in "
                               "one step.",
     ("admit", "arithmetic"): "The lecture is explicit: admission's resource is memory, not compute.",
     ("run", "memory"): "The kernels read memory, but what running them spends is the GPU's arithmetic "
                        "(and bandwidth): it is the one job about compute.",
     ("stream", "memory"): "Streaming only forwards tokens already made; what the user feels is each step's time.",
-    ("allocate", "batch slots"): "Allocation finds KV space for the prefill and for the growth.",
+    ("allocate", "places"): "Allocation finds KV space for the prefill and for the growth.",
 }
 
 _FP32 = replace(LECTURE_7B, name="lecture-7b-fp32-weights", dtype_bytes=4)
@@ -56,6 +56,7 @@ def _grade_resources(answer, want) -> None:
 value(
     "1.1", "The resource each of the five jobs contends for",
     expected=lambda: dict(_RESOURCE_OF), judge=_grade_resources,
+    fixed="a map from the lecture's five jobs to named resources: a reading of §10.1, nothing to vary",
     hint="For each verb ask what the engine hands out when it does this job, and what runs out first if it "
          "hands out too much: a promise or a grant of KV space, arithmetic, a place in the next forward pass, "
          "or time the user waits for. The lecture counts two jobs about memory and one about arithmetic.",

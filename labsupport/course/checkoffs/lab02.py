@@ -1,15 +1,17 @@
 """Lab 02 checkoffs: the naive allocator and where 86% of the cache goes (§10.2, Exercises 1 and 2).
 
-2.1  slot bytes at S_max = 4,096                 2.7  Exercise 1: GQA-8 utilization at 128K
-2.2  reserve-to-max concurrency                   2.8  Exercise 1: what the brochure cost (paged / naive)
+2.1  bytes a slot reserves and never fills        2.7  Exercise 1: GQA-8 utilization at the brochure's S_max
+2.2  internal fragmentation, share of the budget  2.8  Exercise 1: what the brochure cost (paged / naive)
 2.3  utilization measured over a live allocator   2.9  Exercise 2: mean declared slot, bytes
 2.4  utilization averaged over a sequence's life  2.10 Exercise 2: mean concurrency
-2.5  decode throughput of the naive batch         2.11 the fragmentation paging eliminates
-2.6  utilization at S_max = 32,768                2.12 the fragmentation paging only bounds
+2.5  decode throughput of the naive batch         2.11 the wastes paging eliminates (a set)
+2.6  utilization at the long S_max                2.12 the most a sequence's last block leaves unfilled, bytes
 
-Expected values are the lecture's inputs multiplied out here with Python integers (80 GB card,
-6.74e9 bf16 parameters, 4 GB reserve, 2 x L x n_kv x d_head x 2 B per token), never read from
-labsupport.ledger or from the student's code.  2.3 drives real allocators and keeps its own
+Every value checkoff is a function of the lab's givens (the lecture's: an 80 GB card, 6.74e9 bf16
+parameters, a 4 GB reserve, 32 layers x 32 KV heads x 128, 512 + 128 tokens, S_max 4,096 / 32,768 /
+131,072, 16-token blocks, 3,350 GB/s, Exercise 2's 70/25/5 mix), multiplied out here with Python
+integers, never read from labsupport.ledger or from the student's code.  The wrong answers named in
+`mistakes=` are worked out on the lecture's givens.  2.3 drives real allocators and keeps its own
 record of every token it stored.
 """
 from __future__ import annotations
@@ -19,14 +21,64 @@ import random
 
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
 from labsupport.course.checkoff import Mismatch, as_number, call, choice, function, value
+from labsupport.course.registry import givens, namespace
 from labsupport.units import fmt_number
 
-KV_MHA = 2 * 32 * 32 * 128 * 2  # 524,288 B: the lecture's 7B, every layer and head, K and V, bf16
-KV_GQA8 = 2 * 32 * 8 * 128 * 2  # 131,072 B: the same model with 8 KV heads
-BUDGET = 80 * 10**9 - 2 * 6_740_000_000 - 4 * 10**9  # 62,520,000,000 B of KV on an 80 GB H100
-WEIGHTS = 2 * 6_740_000_000  # bytes streamed per decode step
-HBM_BW = 3_350 * 10**9  # bytes/s
-SEQ = 512 + 128
+
+def _kv(g, kv_heads=None) -> int:
+    """Bytes of K and V per token: every layer, every KV head, head_dim elements each."""
+    return 2 * g.LAYERS * (g.KV_HEADS if kv_heads is None else kv_heads) * g.HEAD_DIM * g.DTYPE_BYTES
+
+
+def _budget(g, reserve=None) -> int:
+    """What the card holds for KV: its memory less the weights and the reserve."""
+    return g.HBM_BYTES - g.PARAMS * g.DTYPE_BYTES - (g.RESERVE_BYTES if reserve is None else reserve)
+
+
+def _hidden(rng: random.Random) -> dict:
+    """Another card, model and workload on which every exercise still makes sense (and runs in seconds)."""
+    while True:
+        g = dict(HBM_BYTES=rng.choice((40, 48, 94, 141, 192)) * 10**9,
+                 PARAMS=rng.randint(1_000, 12_000) * 10**6,
+                 DTYPE_BYTES=rng.choice((1, 4)),
+                 RESERVE_BYTES=rng.choice((2, 3, 5, 6, 8)) * 10**9,
+                 LAYERS=rng.choice((16, 24, 28, 40, 48)),
+                 KV_HEADS=rng.choice((16, 24, 40, 48)),
+                 GQA_KV_HEADS=rng.choice((1, 2, 4)),
+                 HEAD_DIM=rng.choice((64, 80, 96, 256)),
+                 HBM_BW=rng.choice((1_555, 2_039, 4_800, 8_000)) * 10**9,
+                 PROMPT=rng.randint(100, 2_000),
+                 OUTPUT=rng.randint(16, 400),
+                 S_MAX=rng.choice((2_048, 8_192)),
+                 S_MAX_LONG=rng.choice((16_384, 65_536)),
+                 S_MAX_BROCHURE=rng.choice((262_144, 524_288, 1_048_576)),
+                 BLOCK=rng.choice((8, 32)),
+                 S_MAX_SHORT=rng.choice((256, 1_024)),
+                 SHARE_SHORT=rng.choice((0.5, 0.6, 0.8)),
+                 SHARE_LONG=rng.choice((0.02, 0.1, 0.15)))
+        n = namespace(g)
+        budget, kv, kv_gqa = _budget(n), _kv(n), _kv(n, n.GQA_KV_HEADS)
+        if (n.PROMPT + n.OUTPUT < n.S_MAX and budget > 0
+                and 2 <= budget // (n.S_MAX * kv) <= 300  # a naive batch, and a life the lab steps through quickly
+                and budget // (n.S_MAX_LONG * kv) >= 1
+                and budget // (n.S_MAX_BROCHURE * kv_gqa) >= 1
+                and budget // (n.BLOCK * kv_gqa) <= 400_000):  # a block pool the lab's allocator fills in a second
+            return g
+
+
+G = givens(
+    lecture=dict(HBM_BYTES=80 * 10**9, PARAMS=6_740_000_000, DTYPE_BYTES=2, RESERVE_BYTES=4 * 10**9,
+                 LAYERS=32, KV_HEADS=32, GQA_KV_HEADS=8, HEAD_DIM=128, HBM_BW=3_350 * 10**9,
+                 PROMPT=512, OUTPUT=128, S_MAX=4_096, S_MAX_LONG=32_768, S_MAX_BROCHURE=131_072, BLOCK=16,
+                 S_MAX_SHORT=512, SHARE_SHORT=0.70, SHARE_LONG=0.05),
+    hidden=_hidden,
+)
+
+KV_MHA = _kv(G)  # 524,288 B: the lecture's 7B, every layer and head, K and V, bf16
+KV_GQA8 = _kv(G, G.GQA_KV_HEADS)  # 131,072 B: the same model with 8 KV heads
+BUDGET = _budget(G)  # 62,520,000,000 B of KV on an 80 GB H100
+SEQ = G.PROMPT + G.OUTPUT
+PRINTED_BUDGET = 62_500_000_000  # the lecture's board writes the budget as 62.5 GB
 
 
 # One-call answers to this lab's questions; the exercises ask for the arithmetic behind them.
@@ -37,40 +89,71 @@ _STEP_SHORTCUTS = ("labsupport.ledger.tpot_s", "labsupport.ledger.throughput_tok
                    "labsupport.ledger.decode_step_bytes", "labsupport.ledger.goodput_tok_s")
 
 
-def _slots(s_max: int, kv: int) -> int:
-    return BUDGET // (s_max * kv)
+def _slots(g, s_max: int, kv: int, budget=None) -> int:
+    return (_budget(g) if budget is None else budget) // (s_max * kv)
 
 
-def _util(s_max: int, kv: int) -> float:
-    return _slots(s_max, kv) * min(SEQ, s_max) * kv / BUDGET
+def _util(g, s_max: int, kv: int, budget=None) -> float:
+    budget = _budget(g) if budget is None else budget
+    return _slots(g, s_max, kv, budget) * min(g.PROMPT + g.OUTPUT, s_max) * kv / budget
 
 
-def _paged(kv: int, block: int = 16) -> int:
-    return (BUDGET // (block * kv)) // math.ceil(SEQ / block)
+def _paged(g, kv: int) -> int:
+    return (_budget(g) // (g.BLOCK * kv)) // math.ceil((g.PROMPT + g.OUTPUT) / g.BLOCK)
 
+
+def _internal(g, budget=None) -> float:
+    """End of life: the share of the budget that slots reserve and their tokens never fill."""
+    budget = _budget(g) if budget is None else budget
+    kv = _kv(g)
+    return _slots(g, g.S_MAX, kv, budget) * (g.S_MAX - g.PROMPT - g.OUTPUT) * kv / budget
+
+
+_GIB_RESERVE = _budget(G, 4 * 2**30)  # the reserve read as 4 GiB: 28 slots
+_G_GIB = namespace(dict(vars(G), RESERVE_BYTES=4 * 2**30))  # the lecture's givens with that slip
+_GIB_REMARK = "That reads the 4 GB reserve as 4 GiB (4,294,967,296 B); the reserve, like the card, is decimal GB."
 
 value(
-    "2.1", "Reserve-to-max slot bytes",
-    expected=lambda: 4096 * KV_MHA,
-    hint="A reserve-to-max slot is sized by the limit, not by the sequence: it holds S_max tokens, each costing the "
-         "model's KV bytes per token (lab 00). Multiply the two exactly, in bytes.",
-    mistakes=[(640 * KV_MHA, "That is the 640 tokens the sequence uses; the allocator reserves S_max of them."),
-              (4096 * 512_000, "512 KiB is 524,288 B, not 512,000 B.")],
+    "2.1", "The bytes one slot reserves and never fills",
+    expected=lambda g: (g.S_MAX - g.PROMPT - g.OUTPUT) * _kv(g),
+    hint="A reserve-to-max slot is sized by the limit, S_MAX tokens, each at the model's KV bytes per token (lab 00); "
+         "the sequence in it only ever stores its prompt and its output. The difference, in bytes, is reserved "
+         "and never filled.",
+    mistakes=[(G.S_MAX * KV_MHA, "That is the whole slot; its sequence fills PROMPT + OUTPUT of those positions."),
+              ((G.S_MAX - G.PROMPT) * KV_MHA, "The output tokens land in the slot too: the sequence ends up holding "
+               "PROMPT + OUTPUT tokens."),
+              (SEQ * KV_MHA, "That is what the sequence fills; the question is what it leaves empty."),
+              ((G.S_MAX - SEQ) * 2 * G.LAYERS * G.KV_HEADS * G.HEAD_DIM * G.DTYPE_BYTES // 1024 * 1000,
+               "512 KiB per token is 524,288 B, not 512,000 B: a KiB is 1,024 bytes."),
+              ((G.S_MAX - SEQ) * KV_MHA // 2, "Count both tensors: every layer keeps a key and a value per KV head.")],
     unit=" B",
     forbid=("labsupport.ledger.naive_slot_bytes",),
-    derive="multiply S_max by the KV bytes per token",
+    derive="multiply the slot's unfilled positions by the KV bytes per token",
 )
 
 value(
-    "2.2", "Reserve-to-max concurrency",
-    expected=lambda: _slots(4096, KV_MHA),
-    hint="Start from the KV budget (the card's memory minus the weights minus the 4 GB reserve, all in decimal GB) and "
-         "ask how many whole slots fit in it. A fraction of a slot holds no sequence.",
-    mistakes=[(BUDGET / (4096 * KV_MHA), "A fraction of a slot holds no sequence: round down."),
-              ((80 * 10**9 - 4 * 10**9) // (4096 * KV_MHA), "The weights live in HBM too: subtract them first."),
-              (62_520_000_000 * 2**30 // 10**9 // (4096 * KV_MHA), "The budget is 62.52 decimal GB, not GiB.")],
+    "2.2", "Internal fragmentation, as a share of the KV budget",
+    expected=lambda g: _internal(g),
+    rel_tol=1e-4,
+    hint="Start from the KV budget (the card's memory less the weights less the reserve, all decimal bytes), count the "
+         "whole S_MAX slots it holds (a fraction of a slot holds no sequence), and add up what those slots reserve "
+         "and never fill once each sequence holds its PROMPT + OUTPUT tokens. Give it over the whole budget, as a "
+         "fraction.",
+    mistakes=[(_internal(G, _GIB_RESERVE), "That reads the 4 GB reserve as 4 GiB (4,294,967,296 B): 28 slots instead "
+               "of 29. The reserve, like the card, is decimal GB."),
+              (_slots(G, G.S_MAX, KV_MHA, _GIB_RESERVE) * (G.S_MAX - SEQ) * KV_MHA / BUDGET,
+               "That counts 28 slots, a 4 GiB reserve, over the 4 GB budget: the reserve is decimal GB."),
+              ((G.S_MAX - SEQ) / G.S_MAX, "That is one slot's empty share (or a fraction of a slot counted: only "
+               "whole slots fit, so round the count down); the budget also has a remainder no slot can use, so "
+               "over the budget it is a little less."),
+              (1 - _util(G, G.S_MAX, KV_MHA), "That is everything not holding tokens, the remainder no whole slot can "
+               "use included; internal fragmentation is the empty space inside the slots."),
+              (_internal(G, PRINTED_BUDGET), "That is on the lecture's printed 62.5 GB; the exact budget is "
+               "80e9 - 13.48e9 - 4e9 = 62.52e9 B."),
+              (((80 * 10**9 - 4 * 10**9) // (G.S_MAX * KV_MHA)) * (G.S_MAX - SEQ) * KV_MHA / BUDGET,
+               "The weights live in HBM too: subtract them before counting slots.")],
     forbid=_NAIVE_SHORTCUTS,
-    derive="divide the budget by one slot's bytes and keep the whole slots",
+    derive="count the whole slots in the budget and add up the positions they reserve and never fill",
 )
 
 
@@ -141,96 +224,137 @@ def _utilization(fn, case):
     raise Mismatch(f"{what} returned {fmt_number(got)}, which is too {'high' if got > want else 'low'}.")
 
 
-# Over a life the sequence holds 512, 513, ... 639 tokens while its 128 decode steps run (the KV the
-# step reads); the 640th arrives with the last step.  Mean 575.5 tokens, in every one of the slots.
-_LIFE_MEAN = sum(range(512, 640)) / 128
+# Over a life the sequence holds PROMPT, PROMPT + 1, ... PROMPT + OUTPUT - 1 tokens while its OUTPUT decode steps
+# run (the KV each step reads); the last token arrives with the last step.  For the lecture, 512 ... 639:
+# a mean of 575.5 tokens, in every one of the slots.
+def _life_mean(g) -> float:
+    return sum(range(g.PROMPT, g.PROMPT + g.OUTPUT)) / g.OUTPUT
 
+
+_LIFE_MEAN = _life_mean(G)
 
 value(
     "2.4", "Utilization averaged over a sequence's life",
-    expected=lambda: _slots(4096, KV_MHA) * _LIFE_MEAN * KV_MHA / BUDGET,
+    expected=lambda g: _slots(g, g.S_MAX, _kv(g)) * _life_mean(g) * _kv(g) / _budget(g),
     rel_tol=2e-3,  # counting the tokens after each step (513 ... 640) instead is the same reading, 0.17% apart
-    hint="Step the allocator through the 128 decode steps and read the utilization (tokens held over the whole "
-         "budget) at every step, then average the 128 readings. Every slot stays busy: when a sequence "
-         "finishes, the next one takes its slot with a fresh 512-token prompt, so at a random moment a slot's "
+    hint="Step the allocator through the OUTPUT decode steps and read the utilization (tokens held over the whole "
+         "budget) at every step, then average the readings. Every slot stays busy: when a sequence "
+         "finishes, the next one takes its slot with a fresh prompt, so at a random moment a slot's "
          "sequence is anywhere in its life. Give a fraction.",
-    mistakes=[(_util(4096, KV_MHA), "That is the end of life, every sequence at 640 tokens: 2.3's reading. Average "
-               "over the steps instead."),
-              (_LIFE_MEAN / 4096, "That is one slot's mean occupancy; utilization is over the whole budget, which "
-               "29 slots do not quite fill."),
-              (_slots(4096, KV_MHA) * 512 * KV_MHA / BUDGET, "That is the start of life, the prompt alone.")],
+    mistakes=[(_util(G, G.S_MAX, KV_MHA), "That is the end of life, every sequence at PROMPT + OUTPUT tokens: 2.3's "
+               "reading. Average over the steps instead."),
+              (_LIFE_MEAN / G.S_MAX, "That is one slot's mean occupancy; utilization is over the whole budget, which "
+               "the whole slots do not quite fill."),
+              (_slots(G, G.S_MAX, KV_MHA) * G.PROMPT * KV_MHA / BUDGET, "That is the start of life, the prompt alone."),
+              (_slots(_G_GIB, G.S_MAX, KV_MHA) * _LIFE_MEAN * KV_MHA / _GIB_RESERVE, _GIB_REMARK)],
+    # (on the printed 62.5 GB budget it is 0.03% off: inside the tolerance, so not a mistake here)
     forbid=(*_NAIVE_SHORTCUTS, "labsupport.ledger.naive_utilization_time_avg", "labsupport.ledger.life_lengths"),
     derive="step the allocator's sequences through their decode steps and average the utilization you read",
 )
 
 
+def _naive_tok_s(g, seq_tokens=None, bw=None) -> float:
+    kv, b = _kv(g), _slots(g, g.S_MAX, _kv(g))
+    seq_tokens = g.PROMPT + g.OUTPUT if seq_tokens is None else seq_tokens
+    return b / ((g.PARAMS * g.DTYPE_BYTES + b * seq_tokens * kv) / (g.HBM_BW if bw is None else bw))
+
+
 value(
     "2.5", "Decode throughput of the naive batch",
-    expected=lambda: _slots(4096, KV_MHA) / ((WEIGHTS + _slots(4096, KV_MHA) * SEQ * KV_MHA) / HBM_BW),
+    expected=lambda g: _naive_tok_s(g),
     rel_tol=1e-3,
     hint="A memory-bound decode step reads every weight once plus every resident sequence's KV; its time is those "
          "bytes over the HBM bandwidth, and it yields one token per sequence. Use the batch the naive allocator "
-         "permits and the full 640-token sequences.",
-    mistakes=[(_slots(4096, KV_MHA) / (WEIGHTS / HBM_BW), "The step also reads each sequence's KV, not only the "
-               "weights."),
-              (_slots(4096, KV_MHA) / ((WEIGHTS + _slots(4096, KV_MHA) * 4096 * KV_MHA) / HBM_BW),
-               "The kernel reads the tokens a sequence holds, not its whole reserved slot.")],
+         "permits and the full PROMPT + OUTPUT-token sequences.",
+    mistakes=[(_slots(G, G.S_MAX, KV_MHA) / (G.PARAMS * G.DTYPE_BYTES / G.HBM_BW), "The step also reads each "
+               "sequence's KV, not only the weights."),
+              (_naive_tok_s(G, G.S_MAX), "The kernel reads the tokens a sequence holds, not its whole reserved slot."),
+              (_naive_tok_s(G, bw=G.HBM_BW * 2**30 / 10**9), "That reads 3,350 GB/s as GiB/s; a card's bandwidth is "
+               "decimal, 10**9 bytes per GB."),
+              (_naive_tok_s(_G_GIB), _GIB_REMARK + " It leaves 28 slots, not 29.")],
     unit=" tok/s",
     forbid=_STEP_SHORTCUTS,
     derive="write the step's bytes (weights plus every sequence's KV) over the bandwidth, then B over that time",
 )
 
 value(
-    "2.6", "Utilization at S_max = 32,768",
-    expected=lambda: _util(32_768, KV_MHA),
+    "2.6", "Utilization at the long-context S_max",
+    expected=lambda g: _util(g, g.S_MAX_LONG, _kv(g)),
     rel_tol=1e-4,
-    hint="Redo 2.2 and 2.3's arithmetic with the bigger slot: first how many 32,768-token slots fit in the budget, then "
-         "the bytes their 640-token sequences hold, over the whole budget. Give a fraction.",
-    mistakes=[(640 / 32_768, "640/32,768 is one slot's occupancy. Utilization is over the whole budget, and the "
-               "budget holds a whole number of slots, with a remainder no slot can use."),
-              (0.019, "The lecture prints 1.9%; that is the truncated slot occupancy, a different quantity. "
-               "Compute utilization over the budget."),
-              (_util(4096, KV_MHA), "That is the S_max = 4,096 figure.")],
+    hint="The allocator is the same, with a bigger slot: work out how many whole S_MAX_LONG slots fit in the budget, "
+         "then the bytes their PROMPT + OUTPUT-token sequences hold, over the whole budget. Give a fraction.",
+    mistakes=[(SEQ / G.S_MAX_LONG, "That is one slot's occupancy (the lecture's reasoning, 1.95%), which is also what a "
+               "fraction of a slot counted gives. Utilization is over the whole budget, and the budget holds a whole "
+               "number of slots (round down), with a remainder no slot can use."),
+              (0.019, "The lecture prints 1.9%: one slot's occupancy, 640 / 32,768 = 1.95%, cut short. Compute "
+               "utilization over the budget."),
+              (_util(G, G.S_MAX, KV_MHA), "That is the S_MAX figure, not S_MAX_LONG's."),
+              (_util(G, G.S_MAX_LONG, KV_MHA, PRINTED_BUDGET), "That is on the lecture's printed 62.5 GB budget; the "
+               "exact one is 80e9 - 13.48e9 - 4e9 = 62.52e9 B, and the slots' bytes are divided by it."),
+              (_util(_G_GIB, G.S_MAX_LONG, KV_MHA), _GIB_REMARK)],
     forbid=_NAIVE_SHORTCUTS,
-    derive="count the whole 32,768-token slots in the budget and divide the bytes their 640 tokens hold by the budget",
+    derive="count the whole long slots in the budget and divide the bytes their tokens hold by the budget",
 )
 
 value(
-    "2.7", "Exercise 1: GQA-8 utilization at S_max = 131,072",
-    expected=lambda: _util(131_072, KV_GQA8),
+    "2.7", "Exercise 1: GQA-8 utilization at the brochure's S_max",
+    expected=lambda g: _util(g, g.S_MAX_BROCHURE, _kv(g, g.GQA_KV_HEADS)),
     rel_tol=1e-4,
-    hint="Under MHA a 128K slot is larger than the budget, so zero requests fit. With 8 KV heads each token costs a "
-         "quarter as much: size the slot, count the whole slots that fit, and divide the bytes their 640-token "
-         "sequences hold by the budget. Give a fraction.",
+    hint="Under MHA a brochure slot can be larger than the whole budget, so zero requests fit. With GQA_KV_HEADS KV "
+         "heads each token costs less: size the slot, count the whole slots that fit, and divide the bytes their "
+         "PROMPT + OUTPUT-token sequences hold by the budget. Give a fraction.",
     mistakes=[(0.0039, "The lecture's 0.39% takes 128 KiB as 128,000 B (0.082 GB per sequence); 640 x 131,072 B "
                "is 0.0839 GB."),
+              (_slots(G, G.S_MAX_BROCHURE, KV_GQA8) * SEQ * 128_000 / BUDGET, "That takes 128 KiB per token as "
+               "128,000 B; a KiB is 1,024 bytes."),
+              (_util(G, G.S_MAX_BROCHURE, KV_GQA8, PRINTED_BUDGET), "That is on the lecture's printed 62.5 GB budget; "
+               "the exact one is 62.52e9 B."),
+              (_util(_G_GIB, G.S_MAX_BROCHURE, KV_GQA8), _GIB_REMARK),
               (0.0, "Zero is the MHA answer; this part is about the GQA-8 model.")],
     forbid=_NAIVE_SHORTCUTS,
-    derive="size the GQA-8 slot, count the whole slots in the budget and divide the bytes their tokens hold by it",
+    derive="size the GQA slot, count the whole slots in the budget and divide the bytes their tokens hold by it",
 )
 
 value(
     "2.8", "Exercise 1: what the brochure cost",
-    expected=lambda: _paged(KV_GQA8) / _slots(131_072, KV_GQA8),
+    expected=lambda g: _paged(g, _kv(g, g.GQA_KV_HEADS)) / _slots(g, g.S_MAX_BROCHURE, _kv(g, g.GQA_KV_HEADS)),
     rel_tol=5e-5,  # 745 / 3 = 248.33 exactly; 248.0 is the lecture's rounded 744 / 3, not this answer
-    hint="Compare two concurrencies of the same GQA-8 model and the same 640-token sequences: paged at b = 16 (whole "
-         "blocks per sequence, whole blocks in the budget) against reserve-to-max at S_max = 131,072. The cost is "
-         "their ratio.",
+    hint="Compare two concurrencies of the same GQA model and the same PROMPT + OUTPUT-token sequences: paged (whole "
+         "BLOCK-token blocks per sequence, whole blocks in the budget) against reserve-to-max at S_MAX_BROCHURE. The "
+         "cost is their ratio.",
     mistakes=[(744 / 3, "744 is the lecture's rounded paged count; recount the blocks exactly (2 MiB each)."),
-              (_paged(KV_MHA) / _slots(4096, KV_MHA), "That is the MHA model at S_max = 4,096; this part is "
-               "GQA-8 against a 128K reservation.")],
+              ((BUDGET / (SEQ * KV_GQA8)) / _slots(G, G.S_MAX_BROCHURE, KV_GQA8),
+               "That divides the budget by the sequence's bytes without flooring: paged concurrency counts whole "
+               "sequences, each holding whole blocks, in whole blocks of the pool."),
+              (_paged(G, KV_MHA) / _slots(G, G.S_MAX, KV_MHA), "That is the MHA model at S_MAX; this part is "
+               "GQA against the brochure's reservation."),
+              (_paged(_G_GIB, KV_GQA8) / _slots(_G_GIB, G.S_MAX_BROCHURE, KV_GQA8), _GIB_REMARK)],
     forbid=(*_NAIVE_SHORTCUTS, "labsupport.ledger.paged_concurrency"),
-    derive="count the GQA-8 paged sequences and the 128K slots in the budget yourself, then take the ratio",
+    derive="count the GQA paged sequences and the brochure slots in the budget yourself, then take the ratio",
 )
+
+
+def _mix(g):
+    """Exercise 2's declared S_max values and their shares of requests."""
+    return ((g.S_MAX_SHORT, g.SHARE_SHORT), (g.S_MAX, 1 - g.SHARE_SHORT - g.SHARE_LONG), (g.S_MAX_LONG, g.SHARE_LONG))
+
+
+def _mean_slot(g) -> float:
+    return sum(share * s_max * _kv(g) for s_max, share in _mix(g))
+
 
 value(
     "2.9", "Exercise 2: mean declared slot",
-    expected=lambda: 0.70 * 512 * KV_MHA + 0.25 * 4096 * KV_MHA + 0.05 * 32_768 * KV_MHA,
+    expected=lambda g: _mean_slot(g),
     rel_tol=5e-4,
-    hint="Each request reserves S_max x KV bytes per token for its own declared S_max. Weight each of the three slot "
-         "sizes by its share of requests and add them up, in bytes.",
+    hint="Each request reserves its own declared S_max at the model's KV bytes per token; requests of each size come "
+         "in their shares. What does a request reserve on average, in bytes?",
     mistakes=[(1.586e9, "1.586 GB comes from the lecture's rounded slot sizes (0.268, 2.147, 17.2 GB); multiply "
-               "the exact ones.")],
+               "the exact ones."),
+              (sum(s for s, _ in _mix(G)) / 3 * KV_MHA, "That weights the three sizes equally; weight each by its "
+               "share of requests."),
+              (sum(share * min(SEQ, s) for s, share in _mix(G)) * KV_MHA, "That is what the requests fill; each "
+               "reserves its declared S_max, not its tokens.")],
     unit=" B",
     forbid=("labsupport.ledger.naive_slot_bytes",),
     derive="weight each declared slot (S_max x KV bytes per token) by its share",
@@ -238,29 +362,41 @@ value(
 
 value(
     "2.10", "Exercise 2: mean concurrency",
-    expected=lambda: BUDGET / (0.70 * 512 * KV_MHA + 0.25 * 4096 * KV_MHA + 0.05 * 32_768 * KV_MHA),
+    expected=lambda g: _budget(g) / _mean_slot(g),
     abs_tol=0.5,
-    hint="On average each resident request holds one mean slot, so the budget holds about budget / mean slot of them. "
-         "Compare it with 29 (everyone reserving 4K) and with paging's 186.",
-    mistakes=[(29, "29 is the uniform 4K reservation; here each request declares its own S_max.")],
+    hint="On average each resident request holds one mean declared slot: how many such requests does the budget hold? "
+         "Compare it with everyone reserving S_MAX, and with paging.",
+    mistakes=[(_slots(G, G.S_MAX, KV_MHA), "That is everyone reserving S_MAX; here each request declares its own."),
+              (sum(share * (BUDGET // (s * KV_MHA)) for s, share in _mix(G)), "That averages three pools, each full "
+               "of one size; the requests share one pool, so divide the budget by the mean slot.")],
 )
 
-FRAGMENTATION = ("internal", "external")
+WASTES = ("external fragmentation", "internal fragmentation", "reserved for tokens not yet emitted")
 
 choice(
-    "2.11", "What paging eliminates",
-    answer="external", options=FRAGMENTATION,
+    "2.11", "The wastes paging eliminates",
+    answer={"external fragmentation"}, options=WASTES,
     hint="External fragmentation is free space between allocations, too small for the next request; internal is "
-         "reserved space inside an allocation that its owner never fills. With fixed-size blocks, can a free block "
-         "ever be the wrong size for a request? Can the last block of a sequence be partly empty?",
-    mistakes={"internal": "A sequence's last block can still be partly empty: up to b - 1 tokens."},
+         "reserved space inside an allocation that its owner never fills; and a sequence that will emit more tokens "
+         "needs room for them before they exist. With fixed-size blocks, can a free block ever be the wrong size? "
+         "Can the last block of a sequence be partly empty? Does any allocator know the future?",
+    mistakes={"internal fragmentation": "A sequence's last block can still be partly empty: paging bounds that "
+                                        "waste, it does not remove it (2.12 asks how large it can be).",
+              "reserved for tokens not yet emitted": "No allocator removes that: the tokens will need room when they "
+                                                     "come. Paging only hands the room out as they arrive."},
 )
 
-choice(
-    "2.12", "What paging only bounds",
-    answer="internal", options=FRAGMENTATION,
-    hint="Which waste survives in a paged cache, and what is its worst case per sequence? Think about the unfilled "
-         "tail of a sequence's final block.",
-    mistakes={"external": "Any free block serves any request, so no free block is ever unusable: that waste is "
-                          "gone, not bounded."},
+value(
+    "2.12", "The most a sequence's last block leaves unfilled",
+    expected=lambda g: (g.BLOCK - 1) * _kv(g),
+    hint="A paged cache gives a sequence whole blocks of BLOCK tokens, one more each time the last fills. At worst, "
+         "how many positions of the last block are empty while the sequence lives, and how many bytes are they?",
+    mistakes=[(G.BLOCK * KV_MHA, "A whole block is never empty: a sequence takes its last block only for a token it "
+               "stores there, so at least one position is filled."),
+              (G.BLOCK * KV_MHA / 2, "That is the average tail over many lengths; the question is the worst case."),
+              ((G.BLOCK - 1) * KV_MHA // 1024 * 1000, "512 KiB per token is 524,288 B, not 512,000 B."),
+              (G.BLOCK - 1, "That is the count of positions; give their bytes.")],
+    unit=" B",
+    forbid=("labsupport.ledger.naive_slot_bytes",),
+    derive="multiply the worst-case empty positions of the last block by the KV bytes per token",
 )

@@ -1,0 +1,58 @@
+"""Labs 00 and 01's rewritten exercises: 0.1 is posed on its given (KV_KIB) and names the units slips,
+0.2 names what a wrong count left out (checked against the case, not guessed from a ratio), and 1.1's
+options no longer spell out a job's name."""
+from __future__ import annotations
+
+import pytest
+
+from labsupport.course.checkoff import check, get
+from labsupport.course.registry import GIVENS, Mismatch, case_rng, namespace
+
+
+def _problem(cid: str, answer) -> str:
+    checkoff = get(cid)
+    with pytest.raises(Mismatch) as err:
+        checkoff.verdict(answer, checkoff.prepare(case_rng(cid)))
+    return str(err.value)
+
+
+def test_0_1_two_derivations_pass_on_every_set_of_givens():
+    checkoff = get("0.1")
+    sets = [GIVENS[0].lecture, *GIVENS[0].draw(case_rng("givens", b"feedback test", "lab00"), 3)]
+    assert sets[0] == {"KV_KIB": 512}
+    for g in sets:
+        want = checkoff.expect(namespace(g))
+        checkoff.verdict(g["KV_KIB"] * 1024, want)
+        checkoff.verdict(g["KV_KIB"] << 10, want)
+    assert checkoff.prepare(None) == 524_288  # 512 x 1,024, by hand
+
+
+@pytest.mark.parametrize("answer, words", [(512_000, "decimal kB"), (512 * 2**20, "MiB"), (512 * 1024 * 8, "bits")])
+def test_0_1_names_the_units_slip(answer, words):
+    assert words in _problem("0.1", answer)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda l, h, d, b: l * h * d * b, "two tensors"),
+    (lambda l, h, d, b: 2 * h * d * b, "one layer's K and V"),
+    (lambda l, h, d, b: 2 * l * h * d, "elements without their bytes"),
+])
+def test_0_2_names_what_the_count_left_out(fn, words):
+    text = _problem("0.2", fn)
+    assert words in text and "too low" in text
+
+
+def test_0_2_accepts_two_derivations(capsys):
+    check("0.2", lambda l, h, d, b: 2 * l * h * d * b)
+    check("0.2", lambda l, h, d, b: sum(h * d * b for _ in range(l) for _tensor in ("K", "V")))
+    assert capsys.readouterr().out.count("passed") == 2
+
+
+def test_1_1_options_do_not_name_a_job():
+    options = ("memory", "arithmetic", "places", "latency")
+    jobs = ("admit", "allocate", "batch", "run", "stream")
+    assert not any(job in option for job in jobs for option in options)
+    right = {"admit": "memory", "allocate": "memory", "batch": "places", "run": "arithmetic", "stream": "latency"}
+    get("1.1").verdict(right, get("1.1").prepare(None))
+    assert "is not one of: memory, arithmetic, places, latency" in _problem("1.1", dict(right, batch="batch slots"))
+    assert get("1.1").fixed  # a map of names: nothing for givens to vary
