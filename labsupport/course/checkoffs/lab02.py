@@ -318,11 +318,11 @@ value(
 value(
     "2.8", "Exercise 1: what the brochure cost",
     expected=lambda g: _paged(g, _kv(g, g.GQA_KV_HEADS)) / _slots(g, g.S_MAX_BROCHURE, _kv(g, g.GQA_KV_HEADS)),
-    rel_tol=5e-5,  # 745 / 3 = 248.33 exactly; 248.0 is the lecture's rounded 744 / 3, not this answer
+    rel_tol=5e-5,  # 745 / 3 = 248.33 exactly; 248.0 is the sketch's approximate 744 / 3, not this answer
     hint="Compare two concurrencies of the same GQA model and the same PROMPT + OUTPUT-token sequences: paged (whole "
          "BLOCK-token blocks per sequence, whole blocks in the budget) against reserve-to-max at S_MAX_BROCHURE. The "
          "cost is their ratio.",
-    mistakes=[(744 / 3, "744 is the lecture's rounded paged count; recount the blocks exactly (2 MiB each)."),
+    mistakes=[(744 / 3, "744 is the sketch's approximate count (≈ 744); count the whole 2 MiB blocks exactly."),
               ((BUDGET / (SEQ * KV_GQA8)) / _slots(G, G.S_MAX_BROCHURE, KV_GQA8),
                "That divides the budget by the sequence's bytes without flooring: paged concurrency counts whole "
                "sequences, each holding whole blocks, in whole blocks of the pool."),
