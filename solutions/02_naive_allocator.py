@@ -431,7 +431,7 @@ if revealed("2.8"):
 #   configuration still wrong? (Read the readout's note.)
 
 # %%
-viz_memory.naive_panel()
+viz_memory.naive_panel(paged=False)  # what a paged pool holds is lab 03's question
 
 # %% [markdown]
 # The claim cost that factor in concurrency, and it cost it **for every request**: here every request

@@ -180,8 +180,10 @@ PROMPT_OPTIONS = [(f"{n:,}", n) for n in (64, 128, 256, 512, 1024, 2048, 4096, 8
 OUTPUT_OPTIONS = [(f"{n:,}", n) for n in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)]
 
 
-def naive_readout(s_max: int, prompt: int, output: int, model: str, gpu: str) -> str:
-    """The panel's numbers: measured on the real allocator, and the ledger's closed form beside them."""
+def naive_readout(s_max: int, prompt: int, output: int, model: str, gpu: str, paged: bool = True) -> str:
+    """The panel's numbers: measured on the real allocator, and the ledger's closed form beside them.
+
+    `paged` adds what a paged pool would hold (the board's comparison; lab 02 leaves it to lab 03's 3.5)."""
     m, g = get_model(model), get_gpu(gpu)
     kv = m.kv_bytes_per_token
     budget = ledger.kv_budget_bytes(m, g)
@@ -189,19 +191,20 @@ def naive_readout(s_max: int, prompt: int, output: int, model: str, gpu: str) ->
     meas = naive_measurement(alloc, budget)
     seq = prompt + output
     closed = ledger.naive_utilization(budget, s_max, seq, kv)
-    paged = ledger.paged_concurrency(budget, seq, 16, kv) if ledger.blocks_for(seq, 16) <= ledger.num_blocks(
+    count = ledger.paged_concurrency(budget, seq, 16, kv) if ledger.blocks_for(seq, 16) <= ledger.num_blocks(
         budget, 16, kv) else 0
     trunc = f" (truncated to {s_max:,}: the slot cannot grow)" if seq > s_max else ""
     return (f"slot = {s_max:,} tokens × {kv:,} B = {fmt_gb(meas['slot_bytes'])}; KV budget {fmt_gb(budget, 2)}\n"
             f"real allocator: {meas['concurrency']:,} sequences of {seq:,} tokens{trunc}; "
             f"utilization {fmt_pct(meas['utilization'])} (ledger: {fmt_pct(closed)}, "
-            f"{ledger.naive_concurrency(budget, s_max, kv):,} slots)\n"
-            f"paged at b = 16 would hold {paged:,} of these sequences")
+            f"{ledger.naive_concurrency(budget, s_max, kv):,} slots)"
+            + (f"\npaged at b = 16 would hold {count:,} of these sequences" if paged else ""))
 
 
 def naive_panel(s_max: int = 4096, prompt: int = 512, output: int = 128, model: str = "lecture-7b",
-                gpu: str = "h100-sxm-80gb") -> Panel:
-    """Lab 02: S_max, prompt, output, model and GPU -> the real allocator's slots and utilization."""
+                gpu: str = "h100-sxm-80gb", paged: bool = True) -> Panel:
+    """Lab 02: S_max, prompt, output, model and GPU -> the real allocator's slots and utilization
+    (and, with `paged`, what a paged pool would hold: the board shows it, lab 02 leaves it to lab 03)."""
     controls = {
         "s_max": selection_slider(S_MAX_OPTIONS, s_max, "S_max (tokens)"),
         "prompt": selection_slider(PROMPT_OPTIONS, prompt, "prompt (tokens)"),
@@ -215,7 +218,10 @@ def naive_panel(s_max: int = 4096, prompt: int = 512, output: int = 128, model: 
         budget = ledger.kv_budget_bytes(m, g)
         return slot_stack_figure(fill_reserve_to_max(budget, s_max, prompt + output, m.kv_bytes_per_token), budget)
 
-    return Panel(figure, controls, naive_readout, title="Reserve-to-max: slots sized by the limit, filled by reality")
+    def readout(**values):
+        return naive_readout(**values, paged=paged)
+
+    return Panel(figure, controls, readout, title="Reserve-to-max: slots sized by the limit, filled by reality")
 
 
 # =============================================================================================
