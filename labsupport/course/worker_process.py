@@ -84,6 +84,8 @@ class _Answer:
             self.short.setdefault(name.rpartition(".")[2], cause)
         self.tried: list[str] = []  # forbidden names asked for, caught or not
         sys.addaudithook(self._audit)
+        # an editable install's finder would find what the copy lacks in the repository: only the copy counts
+        sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
         sys.path.insert(0, site)
         self.answer = None
 
@@ -103,7 +105,9 @@ class _Answer:
                 if cause is None and text.startswith("cannot import name '"):
                     cause = self.short.get(text.split("'")[1])
                 found += [cause] if cause else []
-            elif isinstance(exc, (NameError, AttributeError)) and isinstance(name, str) and name in self.short:
+            elif isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):  # vars(module)[name]
+                name = exc.args[0]
+            if isinstance(exc, (NameError, AttributeError, KeyError)) and isinstance(name, str) and name in self.short:
                 found.append(self.short[name])
             exc = exc.__cause__ or exc.__context__
         return found
