@@ -131,8 +131,14 @@ def strip(files: Mapping[str, bytes], forbidden: Iterable[str]) -> tuple[dict[st
 
 # --- what a statement needs while its module is imported ----------------------------------------------------
 
-def _import_time_names(node: ast.AST, lazy_annotations: bool) -> set[str]:
+def _import_time_names(node: ast.AST, lazy_annotations: bool) -> frozenset[str]:
     """Names a top-level statement loads when it runs (function bodies run later, and are left out)."""
+    if not hasattr(node, "_import_time_names"):
+        node._import_time_names = frozenset(_find_import_time_names(node, lazy_annotations))
+    return node._import_time_names
+
+
+def _find_import_time_names(node: ast.AST, lazy_annotations: bool) -> set[str]:
     found: set[str] = set()
 
     def visit(n: ast.AST) -> None:
@@ -170,9 +176,11 @@ def _import_time_names(node: ast.AST, lazy_annotations: bool) -> set[str]:
     return found
 
 
-def _names_in(node: ast.AST) -> list[str]:
-    return [n.id if isinstance(n, ast.Name) else f"{n.value.id}.{n.attr}" for n in ast.walk(node)
-            if isinstance(n, ast.Name) or isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)]
+def _names_in(node: ast.AST) -> frozenset[str]:
+    if not hasattr(node, "_names_in"):  # the trees are parsed once a run (_parse): so is this
+        node._names_in = frozenset(n.id if isinstance(n, ast.Name) else f"{n.value.id}.{n.attr}" for n in ast.walk(node)
+                                   if isinstance(n, ast.Name) or isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name))
+    return node._names_in
 
 
 def _bound_names(node: ast.AST) -> set[str]:

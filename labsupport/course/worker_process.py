@@ -261,11 +261,20 @@ def _serve(in_fd: int, out_fd: int, site: str) -> None:
 
 
 def _preload() -> None:
-    """The heavy third-party packages, imported once for every child (labsupport itself never is, here)."""
-    for name in ("numpy", "torch"):
+    """The heavy third-party packages, imported once for every child (labsupport itself never is, here).
+
+    Triton only where no NVIDIA device is present: then labsupport would route it through its
+    interpreter anyway, and that must be decided before triton is first imported.  (Asking torch
+    about CUDA here would start CUDA in the parent, which its forked children cannot inherit.)
+    """
+    names = ["numpy", "torch", "plotly.graph_objects", "plotly.utils", "ipywidgets"]
+    if "TRITON_INTERPRET" in os.environ or not Path("/dev/nvidiactl").exists():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        names.append("triton")
+    for name in names:
         try:
             importlib.import_module(name)
-        except ImportError:
+        except Exception:  # noqa: BLE001 - a package missing here is imported (and reported) by the answer
             pass
 
 
