@@ -56,21 +56,31 @@ class _Module:
     def needs(self, node: ast.AST) -> str | None:
         """The forbidden name behind a removed name that running `node` at import may load (through the module's
         own functions it refers to, and attributes of other labsupport modules), or None."""
-        found, todo = set(), list(_import_time_names(node, self.lazy_annotations))
-        while todo:
-            name = todo.pop()
-            if name in found:
-                continue
-            found.add(name)
+        names = set(_import_time_names(node, self.lazy_annotations))
+        for name in [n for n in names if n in self.defs]:
+            names |= self.reach(name)
+        for name in sorted(names):  # the same cause named every run
             if name in self.removed:
                 return self.removed[name]
             head, _, attr = name.partition(".")
-            target = self.others.get(self.aliases.get(head, ""))
-            if attr and target is not None and attr in target.removed:
+            target = self.others.get(self.aliases.get(head, "")) if attr else None
+            if target is not None and attr in target.removed:
                 return target.removed[attr]
-            if name in self.defs:
-                todo.extend(_names_in(self.defs[name]))
         return None
+
+    def reach(self, name: str) -> frozenset[str]:
+        """Every name the module's function `name` may load when called, through the module's functions it calls."""
+        node = self.defs[name]
+        if not hasattr(node, "_reach"):
+            found, todo = set(), [name]
+            while todo:
+                for n in _names_in(self.defs[todo.pop()]):
+                    if n not in found:
+                        found.add(n)
+                        if n in self.defs:
+                            todo.append(n)
+            node._reach = frozenset(found)
+        return node._reach
 
     @functools.cached_property
     def aliases(self) -> dict[str, str]:

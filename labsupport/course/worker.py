@@ -67,14 +67,23 @@ class WorkerClient:
             shutil.copyfile(here / name, code / name)
 
     def _write_site(self, forbidden) -> dict[str, str]:
-        """site/labsupport as this checkoff may see it; returns {removed name: the forbidden name behind it}."""
+        """site/labsupport as this checkoff may see it; returns {removed name: the forbidden name behind it}.
+
+        Every file is checked against what it must hold, whatever an earlier answer did to the folder."""
         files, removed = _stripped(self.files, tuple(forbidden))
         target = self.site / "labsupport"
-        shutil.rmtree(target, ignore_errors=True)
+        for path in sorted(target.rglob("*"), reverse=True) if target.exists() else []:
+            rel = path.relative_to(target).as_posix()
+            if path.is_symlink() or path.is_file() and rel not in files:
+                path.unlink()
+            elif path.is_dir() and not any(r.startswith(rel + "/") for r in files):
+                shutil.rmtree(path)
         for rel, data in files.items():
             dest = target / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
+            if not dest.is_file() or dest.read_bytes() != data:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.unlink(missing_ok=True)
+                dest.write_bytes(data)
         return removed
 
     def start(self) -> None:
@@ -177,7 +186,7 @@ class WorkerClient:
             reply = self.request({"op": "load", "id": checkoff_id, "program": program, "removed": removed}, deadline)
         except WorkerDied as exc:
             raise Mismatch(_died_text("loading your notebook's code for this answer", str(exc), budget_s)) from None
-        self.serving = True
+        self.serving, self.forbidden_now, self.removed_now = True, tuple(forbidden), removed
         _check_forbidden(reply)
         if "raised" in reply:
             raised = reply["raised"]
@@ -188,6 +197,17 @@ class WorkerClient:
             raise Mismatch(f"running your notebook's code for this answer raised {raised.get('type')}: "
                            f"{raised.get('message')}")
         return reply, deadline
+
+    def target_source(self, name: str) -> str | None:
+        """A judge's target module ("module:qualname") as text with the target in it, where this copy lacks it."""
+        module, _, qualname = name.partition(":")
+        dotted = f"{module}.{qualname}"
+        if dotted not in getattr(self, "removed_now", {}):
+            return None
+        files, _ = _stripped(self.files, tuple(f for f in self.forbidden_now if f != dotted))
+        rel = module.removeprefix("labsupport.").replace(".", "/")
+        data = files.get(rel + ".py") or files.get(rel + "/__init__.py")
+        return data.decode("utf-8") if data else None
 
     def load(self, checkoff_id: str, program: str, forbidden, source: str, budget_s: float) -> "RemoteFunction":
         """Rebuild the answer in the worker; raises NotImplementedError, Forbidden or Mismatch."""
@@ -322,7 +342,8 @@ class RemoteFunction(RemoteAnswer):
         what = f"{target.__name__} with your {self.name}"
         device = next((str(a.device.type) for a in args if hasattr(a, "device") and hasattr(a, "dtype")), "cpu")
         message = {"op": "call_with", "id": self.checkoff_id, "target": name, "answer_kw": answer_kw,
-                   "args": list(args), "kwargs": kwargs, "device": device}
+                   "args": list(args), "kwargs": kwargs, "device": device,
+                   "target_source": self.client.target_source(name)}
         reply = self._send(message, what, args, kwargs, {})
         if "raised" in reply:
             raised = reply["raised"]
