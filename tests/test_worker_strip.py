@@ -140,6 +140,18 @@ def test_a_value_answer_comes_back_as_its_value_from_the_givens_bound_at_the_top
         worker.value("2.5", "raise NotImplementedError('not yet')\n", NAIVE, 60.0)
 
 
+def test_a_display_the_copy_cannot_run_is_skipped_but_a_value_that_needs_it_fails(worker):
+    # ledger.naive_concurrency divides by naive_slot_bytes: with that removed, a bare call to it (as a lab's
+    # display cell would be) is skipped, and the answer computed beside it still counts ...
+    forbid = ("labsupport.ledger.naive_slot_bytes", *C.ALWAYS_FORBIDDEN)
+    shown = "from labsupport import ledger\nledger.naive_concurrency(62.52e9, 4096, 524288)\n"
+    assert worker.value("2.9", shown + "__answer__ = 4096 * 524288\n", forbid, 60.0) == 4096 * KV_BYTES_7B
+    # ... but a value taken from it is the student's shortcut, reported as such
+    with pytest.raises(C.Forbidden, match="naive_slot_bytes"):
+        worker.value("2.9", "from labsupport import ledger\n__answer__ = ledger.naive_concurrency(62.52e9, 4096, 524288)\n",
+                     forbid, 60.0)
+
+
 def test_one_answer_s_files_are_gone_before_the_next_runs(worker):
     run(worker, "def f():\n    open('left-behind.txt', 'w').write('x')\n    return 1")
     assert run(worker, "import os\ndef f():\n    return os.path.exists('left-behind.txt')") is False
