@@ -321,7 +321,7 @@ def _blocks(node: ast.stmt) -> list[list[ast.stmt]]:
 
 def _alias_bound(node, alias) -> str:
     """The name an import binds (`import a.b` binds `a`, but is known here by its whole dotted name)."""
-    return alias.asname or (alias.name if isinstance(node, ast.ImportFrom) else alias.name)
+    return alias.asname or alias.name
 
 
 def _with_names(node, names):
