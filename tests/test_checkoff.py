@@ -418,4 +418,4 @@ def test_brochure_cost_is_exact():
     # GQA-8: 131,072 B per token; 62.52e9 // (16 x 131,072) = 29,811 blocks // 40 = 745 sequences paged,
     # against 62.52e9 // (131,072 x 131,072) = 3 reserve-to-max slots: 745 / 3 = 248.33
     check("2.8", 745 / 3)
-    assert "744 is the lecture's rounded paged count" in _fail("2.8", 248.0)
+    assert "744 is the sketch's approximate count" in _fail("2.8", 248.0)

@@ -19,7 +19,7 @@ import pytest
 import labsupport
 from labsupport.course import answers as A
 from labsupport.course.checkoff import case_rng, load_lab
-from labsupport.course.grade import _given_lines
+from labsupport.course.grade import Snapshot, _given_lines
 from labsupport.course.registry import GIVENS, Mismatch, namespace
 from labsupport.course.worker import WorkerClient
 
@@ -28,14 +28,14 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("0[0-9]_*.ipynb"))
 STUDENTS = sorted((ROOT / "notebooks").glob("0[0-9]_*.ipynb"))
-SITE = Path(labsupport.__file__).resolve().parent.parent
+PACKAGE = Path(labsupport.__file__).resolve().parent
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
 def test_every_reference_function_passes_on_hidden_inputs_in_the_worker(path, tmp_path):
     nb = A.read(path)
     checkoffs = [c for c in load_lab(nb.lab()) if c.kind == "function"]
-    worker = WorkerClient(tmp_path / "worker", SITE)
+    worker = WorkerClient(tmp_path / "worker", Snapshot(PACKAGE).write(tmp_path / "site"))
     try:
         for checkoff in checkoffs:
             prog = A.program(nb, nb.calls[checkoff.id][-1])
@@ -68,7 +68,7 @@ def reference_values(path: Path, tmp_path: Path) -> dict[str, object]:
     lab = nb.lab()
     checkoffs = [c for c in _value_checkoffs(lab) if c.expect is not None]
     sets = [GIVENS[lab].lecture, *GIVENS[lab].draw(case_rng("givens", b"test secret", path.name))] if checkoffs else []
-    worker = WorkerClient(tmp_path / "worker", SITE)
+    worker = WorkerClient(tmp_path / "worker", Snapshot(PACKAGE).write(tmp_path / "site"))
     found = {}
     try:
         for checkoff in checkoffs:

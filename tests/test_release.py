@@ -103,7 +103,8 @@ def _mechanism_text() -> str:
 def test_no_solution_region_solution_notebook_or_grader_is_in_it(release):
     assert not (release / "solutions").exists()
     assert not (release / "labsupport" / "course" / "checkoffs").exists()
-    for staff in ("grade.py", "build.py", "worker.py", "answers.py", "release.py", "autograder.py", "sandbox.py"):
+    for staff in ("grade.py", "build.py", "worker.py", "worker_process.py", "strip.py", "answers.py", "release.py",
+                  "autograder.py", "sandbox.py"):
         assert not (release / "labsupport" / "course" / staff).exists(), staff
     # Exercise 4.2 asks for the kernels' own address line, which labsupport.kernels carries as the
     # mechanism students read; grade forbids calling or handing in that function.  Those lines are

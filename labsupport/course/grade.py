@@ -472,6 +472,8 @@ class Grader:
             run = run_notebook(nb, job, self.snapshot, self.timeout, slot)
             if slot is not None:
                 slot.kill_all()  # nothing the notebook started outlives its run
+            for left in ("work", "home"):  # nor anything it wrote: a worker must not find the kernel's files
+                shutil.rmtree(job / left, ignore_errors=True)
             grade.error = run.error
             worker = None
             try:
@@ -493,9 +495,14 @@ class Grader:
         from labsupport.course.worker import WorkerClient
 
         site = self.snapshot.write(job / "worker_site")
-        env = _student_env(site, job / "home")
+        rooms = [job / "worker", job / "worker_home"]  # fresh: nothing the kernel wrote is in the worker's view
+        for room in rooms:
+            room.mkdir(exist_ok=True)
+        env = _student_env(site, rooms[1])
         _show_data(self.snapshot, site, slot)
-        return WorkerClient(job / "worker", site, env, wrap=slot.command if slot is not None else None,
+        if slot is not None:
+            slot.own(rooms[1])
+        return WorkerClient(rooms[0], site, env, wrap=(lambda argv: slot.command(argv, rooms)) if slot else None,
                             owner=slot.own if slot is not None else None)
 
     def _decide(self, nb: A.Notebook, checkoff: Checkoff, prepared, run: Run, worker,

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "labsupport"
 # staff-only parts of the package (paths relative to labsupport/)
 STAFF_ONLY = ("course/checkoffs", "course/build.py", "course/grade.py", "course/answers.py", "course/worker.py",
+              "course/worker_process.py", "course/strip.py",
               "course/sandbox.py", "course/release.py", "course/autograder.py", "bench/notebooks.py")
 STAFF_COMMANDS = ("build", "grade", "release", "autograder")
 TOP_FILES = ("pyproject.toml", "environment.yml", "Makefile", ".gitignore")

@@ -140,8 +140,9 @@ class Slot:
         seen.mkdir(parents=True, exist_ok=True)  # a mount point, bound over: never a link out
         self.data.append((real, seen))
 
-    def command(self, argv: list[str]) -> list[str]:
-        """`argv` as it runs in this slot's sandbox."""
+    def command(self, argv: list[str], rooms: list[Path] | None = None) -> list[str]:
+        """`argv` as it runs in this slot's sandbox: with `rooms`, it sees only those folders of the job
+        (writable) and the job's sites, not the whole job (the worker never sees what the kernel wrote)."""
         if self.sandbox.mode == "uid":  # this file run as a script, isolated: the standard library only
             return [sys.executable, "-I", str(Path(__file__).resolve()), str(self.uid), "--", *argv]
         if self.job is None:
@@ -154,7 +155,12 @@ class Slot:
         args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
         args += [a for d in map(str, sorted(Path("/dev").glob("nvidia*"))) for a in ("--dev-bind", d, d)]
         binds = [("--ro-bind", Path(p), Path(p)) for p in (sys.base_prefix, sys.prefix)]
-        binds += [("--bind", self.job, self.job)] + [("--ro-bind", s, s) for s in sorted(self.job.glob("*_site"))]
+        if rooms is None:
+            binds += [("--bind", self.job, self.job)]
+        else:
+            launcher = self.job / "launch.py"
+            binds += [("--ro-bind", launcher, launcher)] + [("--bind", Path(r), Path(r)) for r in rooms]
+        binds += [("--ro-bind", s, s) for s in sorted(self.job.glob("*_site"))]
         binds += [("--ro-bind", real, seen) for real, seen in self.data]
         system = [Path(p) for p in SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
         bound, made = list(system), {Path("/tmp")}  # folders whose insides are real (nothing is made there)
