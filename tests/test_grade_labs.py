@@ -140,3 +140,15 @@ def test_the_student_copies_are_all_not_attempted(tmp_path):
         bad = [(c["id"], c["status"], c["detail"]) for c in row["checkoffs"] if c["status"] != "not attempted"]
         assert not bad, (row["path"], bad)
     assert proc.returncode == 0
+
+
+def test_the_readme_lists_exactly_the_checkoffs_with_nothing_to_vary():
+    import re
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("Only these")
+    sentence = text[start:text.index("function checkoffs are tried", start)]
+    listed = set(re.findall(r"\b\d\.\d{1,2}\b", sentence))
+    fixed = {c.id for lab in range(9) for c in load_lab(lab)
+             if c.kind == "choice" or (c.kind == "value" and c.expect is None)}
+    assert listed == fixed, f"README lists {sorted(listed)}; the registry's are {sorted(fixed)}"
