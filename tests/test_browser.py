@@ -439,5 +439,10 @@ def _check_lab01_numbers(page) -> None:
     index = next(i for i, p in enumerate(page.evaluate(_PANELS)) if "29 against 295" in p["title"])
     (bars,) = json.loads(page.evaluate(_PANEL_FIGURE, index))[0]
     assert bars[1] == [pytest.approx(989e12 / 3350e9), expected], bars
-    readout = page.locator(".jp-Notebook .lab-panel").nth(index).locator(".widget-html-content").last.inner_text()
+    box = page.locator(".jp-Notebook .lab-panel").nth(index).locator(".widget-html-content").last
+    for _ in range(40):  # the readout is a widget of its own: its new text may land after the chart's
+        readout = box.inner_text()
+        if f"memory permits B = {expected}:" in readout:
+            break
+        page.wait_for_timeout(250)
     assert f"memory permits B = {expected}:" in readout, readout

@@ -133,7 +133,7 @@ WRONG = [  # (checkoff, a plausible wrong answer on the lecture's givens, words 
     ("2.7", 3 * 640 * KV_GQA / 62.5e9, "printed 62.5 GB"),
     ("2.7", 3 * 640 * 128_000 / BUDGET, "128,000 B"),
     ("2.8", BUDGET / (640 * KV_GQA) / 3, "without flooring"),  # 248.43
-    ("2.8", 744 / 3, "rounded paged count"),
+    ("2.8", 744 / 3, "approximate count"),
     ("2.9", (512 + 4096 + 32_768) / 3 * KV, "equally"),
     ("2.10", 29, "everyone reserving S_MAX"),
     ("2.12", 16 * KV, "at least one position is filled"),

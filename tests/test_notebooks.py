@@ -162,7 +162,7 @@ def test_nbval_lax_on_a_student_copy(tmp_path):
     opened = nbval_lax(open_path)
     assert opened.returncode == 1, opened.stdout[-4000:]
     assert "2 failed" in opened.stdout  # the two checkoff cells of lab 00: their line differs from the pass line
-    assert "⬜ Checkoff 0.1 not attempted — set kv_512_kib" in opened.stdout
+    assert "⬜ Checkoff 0.1 not attempted — set kv_bytes to KV_KIB KiB in bytes" in opened.stdout
 
 
 def test_a_failed_checkoff_shows_the_students_frames_and_never_labsupports(tmp_path):
