@@ -15,6 +15,7 @@ from pathlib import Path
 from labsupport.cli.parser import OneLineParser
 from labsupport.course.build import discover
 from labsupport.course.grade import Grader, Submission, grade_all, positive_int
+from labsupport.course.sandbox import Sandbox, describe
 from labsupport.workloads import REPO_ROOT
 
 
@@ -34,7 +35,9 @@ def bench(argv: list[str] | None = None) -> int:
             path.parent.mkdir()
             shutil.copyfile(lab.solution_path, path)
             submissions.append(Submission(path, path.parent.name))
-        grader = Grader()
+        sandbox = Sandbox.for_this_machine()  # isolated as `grade` isolates
+        print(f"isolation: {describe(sandbox)}", file=sys.stderr)
+        grader = Grader(sandbox=sandbox)
         print(f"grading {args.students} copies of {lab.name}'s solution, {args.jobs} at a time ...", file=sys.stderr)
         start = time.perf_counter()
         try:
