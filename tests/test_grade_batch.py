@@ -261,3 +261,65 @@ def test_gradescope_without_a_lab_counts_each_checkoff_once(tmp_path, fake_grade
         assert data["score"] == 0.0  # the newest, answers.ipynb, is graded, not the best
         assert data["output"].count("not graded") == 2
         assert json.loads((root / "results" / "results.json").read_text())["tests"] == data["tests"]
+
+
+# --- whose notebook: a path given is one student; links are never graded ---------------------------------
+
+def test_a_folder_inside_a_students_folder_is_still_that_student(tmp_path, fake_grader):
+    now = time.time()
+    bob = _notebook(tmp_path / "bob" / "00_setup.ipynb", "# good", mtime=now - 100)
+    planted = _notebook(tmp_path / "alice" / "bob" / "00_setup.ipynb", "# wrong", mtime=now)  # newer, named bob
+    _notebook(tmp_path / "alice" / "drafts" / "00_setup.ipynb", "# wrong", mtime=now - 50)
+    subs, problems = G.collect([str(tmp_path / "alice"), str(tmp_path / "bob")])
+    assert problems == []
+    assert {(s.path, s.student) for s in subs if s.path in (bob, planted)} == {(bob, "bob"), (planted, "alice")}
+    grades = {Path(g.path): g for g in G.grade_all(G.Grader(), subs, progress=False)}
+    assert not grades[bob].not_graded and grades[bob].passed == len(load_lab(0))  # bob's own row, untouched
+    assert "alice's newer notebook" in grades[tmp_path / "alice" / "drafts" / "00_setup.ipynb"].not_graded
+    assert sum(1 for g in grades.values() if g.student == "alice" and not g.not_graded) == 1  # alice: one answer
+
+
+def test_a_lone_class_folder_is_one_student_per_folder(tmp_path, fake_grader):
+    for who in ("ann", "bob"):
+        _notebook(tmp_path / "class" / who / "work" / "00_setup.ipynb", "# good")
+    subs, problems = G.collect([str(tmp_path / "class")])
+    assert problems == [] and sorted(s.student for s in subs) == ["ann", "bob"]
+    _notebook(tmp_path / "class" / "00_setup.ipynb", "# good")  # a notebook of its own: one student's folder
+    subs, _ = G.collect([str(tmp_path / "class")])
+    assert {s.student for s in subs} == {"class"}
+
+
+def test_two_paths_that_would_be_two_students_of_one_name_are_refused(tmp_path, fake_grader, capsys):
+    for term in ("2025", "2026"):
+        _notebook(tmp_path / term / "alice" / "00_setup.ipynb", "# good")
+    paths = [str(tmp_path / "2025" / "alice"), str(tmp_path / "2026" / "alice")]
+    _, problems = G.collect(paths)
+    assert len(problems) == 1 and "would both be student 'alice'" in problems[0]
+    fake_grader.graded = []
+    assert G.main([*paths, "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "would both be student 'alice'" in err[0]
+    assert fake_grader.graded == []  # refused before anything ran
+    # the same student named twice (a notebook and its folder) is one student, not a clash
+    assert G.collect([paths[0], paths[0] + "/00_setup.ipynb"])[1] == []
+
+
+def test_a_linked_notebook_or_folder_is_listed_and_never_graded(tmp_path, fake_grader):
+    bob = _notebook(tmp_path / "bob" / "00_setup.ipynb", "# good")
+    alice = tmp_path / "alice"
+    alice.mkdir()
+    (alice / "00_setup.ipynb").symlink_to(bob)  # bob's work, handed in as alice's
+    (alice / "more").symlink_to(tmp_path / "bob", target_is_directory=True)
+    subs, problems = G.collect([str(alice), str(tmp_path / "bob")])
+    assert problems == []
+    grades = G.grade_all(G.Grader(), subs, progress=False)
+    theirs = [g for g in grades if g.student == "alice"]
+    assert len(theirs) == 1 and "symbolic link" in theirs[0].not_graded and theirs[0].lab == 0
+    assert fake_grader.graded == ["00_setup.ipynb"] and all(g.student == "bob" for g in grades if not g.not_graded)
+    # Gradescope: a link in the submission points at a file of the grading machine
+    root = tmp_path / "autograder"
+    (root / "submission").mkdir(parents=True)
+    (root / "submission" / "00_setup.ipynb").symlink_to(bob)
+    fake_grader.graded = []
+    data = AG.run(root, lab=0)
+    assert data["score"] == 0.0 and "symbolic link" in data["output"] and fake_grader.graded == []

@@ -93,3 +93,35 @@ def test_hidden_givens_differ_in_every_given_and_per_student():
     assert alice != bob
     for sets in (alice, bob):
         assert len(sets) == 2 and all(s[k] != LECTURE[k] for s in sets for k in LECTURE)
+
+
+HOG = ("import time\nn{i} = BUDGET // (S_MAX * KV_BYTES)\nwhile S_MAX != 4096:  # right on the lecture's givens, "
+       "never ends on others\n    time.sleep(0.5)\n    n{i} += 0\ncheck('96.{i}', n{i})")
+
+
+def test_a_notebooks_answers_share_one_time_budget_however_many_hang(tmp_path):
+    """Each re-run that hangs used to get the whole --timeout again (12 checkoffs, 12 x 300 s); now all share one."""
+    givens(lecture=LECTURE, hidden=_hidden, lab=96)
+    ids = [f"96.{i}" for i in range(1, 4)]
+    for cid in ids:
+        value(cid, f"whole slots ({cid})", expected=lambda g: g.BUDGET // (g.S_MAX * g.KV_BYTES),
+              hint="Count the whole slots of S_MAX tokens that fit in the budget.")
+    nb = nbformat.v4.new_notebook()
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell("from labsupport.course.checkoff import check"),
+                nbformat.v4.new_code_cell(GIVENS_CELL, metadata={"tags": ["givens"]})]
+    nb.cells += [nbformat.v4.new_code_cell(HOG.format(i=i)) for i in range(1, 4)]
+    path = tmp_path / "96_hog.ipynb"
+    nbformat.write(nb, path)
+    grader = G.Grader(timeout=15, secret=bytes(32))
+    try:
+        result = grader.grade(path, "alice")
+    finally:
+        grader.close()
+        for cid in ids:
+            REGISTRY.pop(cid, None)
+        GIVENS.pop(96, None)
+    by = {c.id: c for c in result.checkoffs}
+    assert by["96.1"].status == "failed" and "did not finish within" in by["96.1"].detail, by["96.1"].detail
+    for cid in ids[1:]:  # nothing left for them: they fail at once, saying why
+        assert by[cid].status == "failed" and "ran out before this one" in by[cid].detail, by[cid].detail

@@ -135,15 +135,14 @@ def run(root: Path, lab: int | None = None, timeout: int = 300) -> dict:
     start = time.time()
     try:
         submission = root / "submission"
-        notebooks = sorted(p for p in submission.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts) \
-            if submission.is_dir() else []
+        notebooks = G.notebooks_in(submission) if submission.is_dir() else []
         from labsupport.course.sandbox import Sandbox, describe
 
         sandbox = Sandbox.for_this_machine()
         print(f"grade: isolation: {describe(sandbox)}", file=sys.stderr)
         grader = G.Grader(timeout=timeout, sandbox=sandbox)
         try:  # one notebook per lab, the newest (grade.choose); with --lab, that lab's only
-            grades = G.grade_all(grader, [G.Submission(p, "submission") for p in notebooks], jobs=1, progress=False,
+            grades = G.grade_all(grader, [G.Submission(p, "submission", G.refusal(p, submission)) for p in notebooks], jobs=1, progress=False,
                                  lab=lab)
         finally:
             grader.close()
@@ -175,7 +174,8 @@ def _for_lab(grades, lab: int):
         why = f"{Path(ours[0].path).name}: {ours[0].error}"
     else:
         why = f"no notebook of lab {lab:02d} (NN_topic.ipynb) was found in the submission" + (
-            f"; found: {', '.join(Path(g.path).name for g in grades)}" if grades else "")
+            f"; found: {', '.join(Path(g.path).name + (f' ({g.not_graded})' if g.not_graded else '') for g in grades)}"
+            if grades else "")
     empty = G.NotebookGrade(f"lab {lab:02d}", lab, "submission", error=why)
     empty.checkoffs = [G.CheckoffResult(c.id, c.title, NOT_ATTEMPTED, why) for c in load_lab(lab)]
     return [empty]

@@ -29,8 +29,10 @@ Every notebook gets a row, whatever it does (a kernel that dies, ``os._exit``, a
 stdlib, a file that is not a notebook, a garbled or enormous answer: that fails its own checkoff);
 the batch goes on, and the JSON/CSV/Gradescope files are always written, each through a fresh
 private folder and renamed into place.  A notebook's cells get --timeout seconds all together,
-however many there are (starting its kernel, and each checkoff's function tests, get as much again).
-Notebooks or folders may be given (a folder is one student, or a class of student folders).  One
+however many there are; starting its kernel gets as much again, and so do all its answers' re-runs in
+the worker together (a function's tests, a value's code on the hidden givens).
+Notebooks or folders may be given: each is one student, except a lone folder with no notebook of its
+own, which is a class of student folders; a notebook that is a link is listed, never graded.  One
 notebook per student and lab is graded: the newest by modification time (ties: the last path in
 name order), never the best one; the others are listed as not graded.  Exit code: 0 when
 everything passed or was not attempted, 1 when a checkoff failed or a notebook could not be run to
@@ -204,7 +206,7 @@ def _collecting_client():
                 return None
             if msg_type == "error":
                 out = nbformat.v4.new_output("error", ename=cut(content.get("ename"), 200),
-                                             evalue=cut(content.get("evalue"), 2000), traceback=[])
+                                             evalue=cut(content.get("evalue"), 500), traceback=[])
                 cell.outputs.append(out)
                 return out
             return super().process_message(msg, cell, cell_index)
@@ -476,12 +478,13 @@ class Grader:
                 shutil.rmtree(job / left, ignore_errors=True)
             grade.error = run.error
             worker = None
+            deadline = time.monotonic() + self.timeout  # every answer's re-runs, together (each one alone could hang)
             try:
                 for checkoff in checkoffs:
                     if (checkoff.kind == "function" or checkoff.expect is not None) and checkoff.id in run.records \
                             and worker is None:
                         worker = self._worker(job, slot)
-                    status, detail = self._decide(nb, checkoff, prepared[checkoff.id], run, worker, hidden)
+                    status, detail = self._decide(nb, checkoff, prepared[checkoff.id], run, worker, hidden, deadline)
                     grade.checkoffs.append(CheckoffResult(checkoff.id, checkoff.title, status, detail))
             finally:
                 if worker is not None:
@@ -506,7 +509,7 @@ class Grader:
                             owner=slot.own if slot is not None else None)
 
     def _decide(self, nb: A.Notebook, checkoff: Checkoff, prepared, run: Run, worker,
-                hidden: list[tuple[dict, dict]] = ()) -> tuple[str, str]:
+                hidden: list[tuple[dict, dict]] = (), deadline: float | None = None) -> tuple[str, str]:
         calls = nb.calls.get(checkoff.id, [])
         if not calls:
             return NOT_ATTEMPTED, "no cell of this notebook calls check() for it"
@@ -534,13 +537,18 @@ class Grader:
                 names = ", ".join(sorted(program.unresolved)[:5])
                 return FAILED, (f"your answer depends on {names}, which no cell before check() defines in code the "
                                 "grader can read; compute it in the notebook's own cells.\nHint: " + checkoff.hint)
+        needs_worker = function_answer or checkoff.expect is not None
+        left = (lambda: deadline - time.monotonic()) if deadline is not None else (lambda: float(self.timeout))
+        if needs_worker and left() <= 0:
+            return FAILED, (f"the grader's time for re-running this notebook's answers (--timeout {self.timeout} s, all "
+                            "of them together) ran out before this one: an earlier answer's code ran that long")
         try:
             if function_answer:
                 answer = worker.load(checkoff.id, program.source(), checkoff.forbidden, program.function_source(),
-                                     self.timeout)
+                                     max(1.0, left()))
             checkoff.verdict(answer, prepared)
             if checkoff.expect is not None and not function_answer:
-                self._rederive(checkoff, program, answer, prepared, givens, hidden, worker)
+                self._rederive(checkoff, program, answer, prepared, givens, hidden, worker, left)
         except Forbidden as exc:
             return FAILED, _derive_text(checkoff, [str(exc)])
         except NotImplementedError as exc:
@@ -552,10 +560,13 @@ class Grader:
         return PASSED, ""
 
 
-    def _rederive(self, checkoff: Checkoff, program: A.Program, answer, prepared, givens, hidden, worker) -> None:
-        """Re-run the answer's code on the lecture's givens and on the hidden ones; raise Mismatch where it is off."""
+    def _rederive(self, checkoff: Checkoff, program: A.Program, answer, prepared, givens, hidden, worker,
+                  left=None) -> None:
+        """Re-run the answer's code on the lecture's givens and on the hidden ones; raise Mismatch where it is off.
+        `left()` is the seconds the notebook's answers have left."""
         source = program.source()
-        lecture = worker.value(checkoff.id, _given_lines(givens.lecture) + source, checkoff.forbidden, self.timeout)
+        budget = (lambda: max(1.0, left())) if left is not None else (lambda: float(self.timeout))
+        lecture = worker.value(checkoff.id, _given_lines(givens.lecture) + source, checkoff.forbidden, budget())
         try:
             checkoff.verdict(lecture, prepared)
         except Mismatch:
@@ -563,7 +574,7 @@ class Grader:
                            f"{_shown(answer)} your notebook handed to check(): the answer must come from the code "
                            "above the check() call, run top to bottom") from None
         for values, expected in hidden:
-            got = worker.value(checkoff.id, _given_lines(values) + source, checkoff.forbidden, self.timeout)
+            got = worker.value(checkoff.id, _given_lines(values) + source, checkoff.forbidden, budget())
             try:
                 checkoff.verdict(got, expected[checkoff.id])
             except Mismatch:
@@ -619,6 +630,24 @@ def _lab_from_name(path: Path) -> int | None:
 class Submission:
     path: Path
     student: str
+    refused: str = ""  # why it is listed and never graded
+
+
+def notebooks_in(folder: Path) -> list[Path]:
+    """Every .ipynb under `folder` (checkpoints aside), in name order, links included: `refusal` names them."""
+    return sorted(q for q in folder.rglob("*.ipynb")
+                  if ".ipynb_checkpoints" not in q.relative_to(folder).parts and (q.is_symlink() or q.is_file()))
+
+
+def refusal(path: Path, top: Path) -> str:
+    """Why a notebook found under `top` is never graded ("" if it is): it, or a folder between, is a link,
+    which may point at anyone's work (a classmate's notebook, a solution on the grading machine)."""
+    for q in [path, *path.parents]:
+        if q == top:
+            break
+        if q.is_symlink():
+            return f"{q.name} is a symbolic link (to {os.readlink(q)}), not a notebook handed in: hand in the file itself"
+    return ""
 
 
 def choose(submissions: list[Submission], lab: int | None = None) -> list[tuple[str, int | None]]:
@@ -640,11 +669,12 @@ def choose(submissions: list[Submission], lab: int | None = None) -> list[tuple[
         except OSError:
             return -1, str(path)
 
-    labs = [lab_of(s.path) for s in submissions]
+    labs = [_lab_from_name(s.path) if s.refused else lab_of(s.path) for s in submissions]
     groups: dict[tuple, list[int]] = {}
     for i, (s, n) in enumerate(zip(submissions, labs)):
-        groups.setdefault((s.student, n if n is not None else str(s.path)), []).append(i)
-    why = [""] * len(submissions)
+        if not s.refused:
+            groups.setdefault((s.student, n if n is not None else str(s.path)), []).append(i)
+    why = [s.refused for s in submissions]
     for (student, n), members in groups.items():
         if lab is not None and n != lab:
             for i in members:
@@ -663,22 +693,39 @@ def _lab_text(lab) -> str:
 
 
 def collect(paths: list[str]) -> tuple[list[Submission], list[str]]:
-    """Notebooks to grade, each with its student; and the arguments that name nothing."""
-    found, missing = [], []
+    """Notebooks to grade, each with its student; and, in words, each argument that cannot be used.
+
+    Each argument is one student's work: a notebook (the student is its folder's name) or a folder
+    (its name), whatever lies below it.  The one exception is a lone folder argument with no notebook
+    directly in it: a class, one folder per student.  So a folder inside a student's folder never
+    passes for another student, and two arguments that would be two students of one name are refused.
+    """
+    found, problems = [], []
+    folder_of: dict[str, Path] = {}  # student -> the folder that is theirs
     for arg in paths:
         p = Path(arg)
         if p.is_file():
             found.append(Submission(p, p.resolve().parent.name))
+            owned = [(p.resolve().parent.name, p.resolve().parent)]
         elif p.is_dir():
-            notebooks = sorted(q for q in p.rglob("*.ipynb") if ".ipynb_checkpoints" not in q.parts and q.is_file())
-            for q in notebooks:
-                rel = q.relative_to(p)
-                found.append(Submission(q, rel.parts[0] if len(rel.parts) > 1 else p.resolve().name))
+            notebooks = notebooks_in(p)
             if not notebooks:
-                missing.append(f"{arg} (a folder with no .ipynb in it)")
+                problems.append(f"{arg} is a folder with no .ipynb in it")
+                continue
+            a_class = len(paths) == 1 and all(len(q.relative_to(p).parts) > 1 for q in notebooks)
+            for q in notebooks:
+                student = q.relative_to(p).parts[0] if a_class else p.resolve().name
+                found.append(Submission(q, student, refusal(q, p)))
+            owned = [(q.relative_to(p).parts[0], (p / q.relative_to(p).parts[0]).resolve()) for q in notebooks] \
+                if a_class else [(p.resolve().name, p.resolve())]
         else:
-            missing.append(arg)
-    return found, missing
+            problems.append(f"no such notebook or folder: {arg}")
+            continue
+        for student, folder in owned:
+            if folder_of.setdefault(student, folder) != folder:
+                problems.append(f"{folder} and {folder_of[student]} would both be student {student!r}: "
+                                "grade them apart, or rename one folder")
+    return found, list(dict.fromkeys(problems))
 
 
 def grade_all(grader: Grader, submissions: list[Submission], jobs: int = 1, progress: bool = True,
@@ -894,7 +941,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     submissions, missing = collect(args.paths)
     if missing:
-        print(f"grade: no such notebook: {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+        print(f"grade: {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
               file=sys.stderr)
         return 2
     _keep_the_current_folder_off_the_path()

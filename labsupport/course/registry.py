@@ -258,16 +258,16 @@ def choice(checkoff_id: str, title: str, *, answer: str | Iterable[str], options
 
     def normalize(item) -> str:
         if not isinstance(item, str):
-            raise Mismatch(f"{item!r} is not text; answer with one of: {', '.join(options)}.")
+            raise Mismatch(f"{_echo(item)} is not text; answer with one of: {', '.join(options)}.")
         key = item.strip().lower()
         if key not in options:
-            raise Mismatch(f"{item!r} is not one of: {', '.join(options)}.")
+            raise Mismatch(f"{_echo(item)} is not one of: {', '.join(options)}.")
         return key
 
     def verdict(ans, want):
         if multi:
             if isinstance(ans, str) or not isinstance(ans, Iterable):
-                raise Mismatch(f"this checkoff wants a set of options, e.g. {{'{options[0]}', ...}}; you gave {ans!r}.")
+                raise Mismatch(f"this checkoff wants a set of options, e.g. {{'{options[0]}', ...}}; you gave {_echo(ans)}.")
             got = frozenset(normalize(a) for a in ans)
             if got == want:
                 return
@@ -305,7 +305,7 @@ def function(checkoff_id: str, title: str, *, hint: str, cases: Callable[[random
 
         def verdict(fn, prepared):
             if not callable(fn):
-                raise Mismatch(f"this checkoff wants your function itself (no parentheses); you gave {fn!r}.")
+                raise Mismatch(f"this checkoff wants your function itself (no parentheses); you gave {_echo(fn)}.")
             for case in prepared:
                 if cases is None:
                     judge(fn)
@@ -319,12 +319,18 @@ def function(checkoff_id: str, title: str, *, hint: str, cases: Callable[[random
 
 
 # --- helpers for graders --------------------------------------------------------------------
+def _echo(x, limit: int = 80) -> str:
+    """What the student handed in, as a report repeats it: short (a report is no channel for what a notebook read)."""
+    text = repr(x)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def as_number(x, what: str) -> float:
     """A real number out of an int, float, numpy scalar or one-element tensor; anything else is a Mismatch."""
     if callable(x):
         raise Mismatch(f"{what} is a function; call it and pass the number it returns.")
     if isinstance(x, bool) or x is None:
-        raise Mismatch(f"{what} is {x!r}, not a number. Did your code forget to return or assign it?")
+        raise Mismatch(f"{what} is {_echo(x)}, not a number. Did your code forget to return or assign it?")
     if not isinstance(x, numbers.Real):
         item = getattr(x, "item", None)
         try:

@@ -251,7 +251,7 @@ def _stripped(files: dict[str, bytes], forbidden: tuple[str, ...]):
 
 def _died_text(what: str, why: str, budget_s: float) -> str:
     if why == "timeout":
-        return f"{what} did not finish within {budget_s:g} s (the grader's time for this checkoff)"
+        return f"{what} did not finish within {budget_s:.0f} s (what was left of the grader's time for this notebook's answers)"
     return f"{what} ended the grader's worker process (it {why})"
 
 
