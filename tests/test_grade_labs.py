@@ -120,13 +120,18 @@ def test_a_lab_solved_with_typed_constants_earns_no_value_checkoff_that_has_give
             assert "re-run on other values" in c["detail"], (cid, c["detail"])
 
 
-def test_a_solution_notebook_earns_every_checkoff_through_its_kernel(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "labsupport", "grade", str(ROOT / "solutions" / "02_naive_allocator.ipynb"),
-                           "--json", "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+def test_every_solution_notebook_earns_every_checkoff_through_its_kernel(tmp_path):
+    """grade, end to end: each lab's solution run in its kernel, every answer re-run in the worker (a function's
+    globals from the givens cell included), on the lecture's and on hidden givens."""
+    proc = subprocess.run([sys.executable, "-m", "labsupport", "grade", *map(str, SOLUTIONS), "--jobs", "2",
+                           "--json", "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     report = json.loads(proc.stdout)
-    (row,) = report["notebooks"]
-    assert proc.returncode == 0, row
-    assert row["error"] == "" and row["passed"] == row["total"] == len(load_lab(2))
+    assert len(report["notebooks"]) == len(SOLUTIONS)
+    for row in report["notebooks"]:
+        bad = [(c["id"], c["status"], c.get("detail", "")) for c in row["checkoffs"] if c["status"] != "passed"]
+        assert row["error"] == "" and not bad, (row["path"], row["error"], bad)
+        assert row["passed"] == row["total"] == len(load_lab(row["lab"])) > 0, row["path"]
+    assert proc.returncode == 0
 
 
 def test_the_student_copies_are_all_not_attempted(tmp_path):

@@ -543,9 +543,10 @@ class Grader:
             return FAILED, (f"the grader's time for re-running this notebook's answers (--timeout {self.timeout} s, all "
                             "of them together) ran out before this one: an earlier answer's code ran that long")
         try:
-            if function_answer:
-                answer = worker.load(checkoff.id, program.source(), checkoff.forbidden, program.function_source(),
-                                     max(1.0, left()))
+            if function_answer:  # its cases are its own; the givens it reads as globals are the lecture's
+                bound = _given_lines(givens.lecture) if givens is not None else ""
+                answer = worker.load(checkoff.id, bound + program.source(), checkoff.forbidden,
+                                     program.function_source(), max(1.0, left()))
             checkoff.verdict(answer, prepared)
             if checkoff.expect is not None and not function_answer:
                 self._rederive(checkoff, program, answer, prepared, givens, hidden, worker, left)
