@@ -474,7 +474,8 @@ print(f"admitted {refilled} new requests into the freed slots; free now {alloc.f
 # budget.
 #
 # Set `mean_slot_bytes` (Exercise 2.9) to what a request reserves on average, in bytes, and
-# `mean_seqs` (Exercise 2.10) to about how many requests the budget then holds at once.
+# `mean_seqs` (Exercise 2.10) to about how many requests the budget then holds at once: the budget over
+# the mean slot, as the ratio itself or rounded down to whole requests (the checkoff accepts either).
 
 # %%
 MIX = ((S_MAX_SHORT, SHARE_SHORT), (S_MAX, 1 - SHARE_SHORT - SHARE_LONG), (S_MAX_LONG, SHARE_LONG))  # (S_max, share)
