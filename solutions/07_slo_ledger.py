@@ -401,8 +401,9 @@ for rate in (30, 40, 50, 62):
 #
 # Write `ttft_tail(requests, ttft_slo_s)`: over a run's `RequestResult`s, return a dict with the mean
 # TTFT (`"mean_s"`), the 99th-percentile TTFT (`"p99_s"`, interpolated between the two closest ranks,
-# as `numpy.percentile` does by default) and the share of requests that missed the TTFT SLO
-# (`"miss_share"`). Only a request that finished has a first token.
+# as `numpy.percentile` does by default) and the share of the **finished** requests whose TTFT is over
+# the SLO (`"miss_share"`: finished requests over the SLO ÷ finished requests). Only a request that
+# finished has a first token, so a rejected one is in neither count.
 
 # %%
 def ttft_tail(requests, ttft_slo_s):
@@ -431,7 +432,7 @@ if unlocked("7.4"):
         report = run.slo(0.5, 0.020)
         verdict = "meets" if tail["mean_s"] <= 0.5 else "misses"
         print(f"{rate} req/s: mean TTFT {1e3 * tail['mean_s']:6.1f} ms ({verdict} the SLO), p99 "
-              f"{1e3 * tail['p99_s']:7.1f} ms, {100 * tail['miss_share']:4.1f}% of requests late "
+              f"{1e3 * tail['p99_s']:7.1f} ms, {100 * tail['miss_share']:4.1f}% of finished requests late "
               f"(engine ledger: mean {1e3 * report.ttft['ttft']['mean']:6.1f} ms, p99 {1e3 * report.ttft['ttft']['p99']:7.1f} ms)")
 
 # %% [markdown]
