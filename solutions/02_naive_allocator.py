@@ -474,7 +474,8 @@ print(f"admitted {refilled} new requests into the freed slots; free now {alloc.f
 # budget.
 #
 # Set `mean_slot_bytes` (Exercise 2.9) to what a request reserves on average, in bytes, and
-# `mean_seqs` (Exercise 2.10) to about how many requests the budget then holds at once.
+# `mean_seqs` (Exercise 2.10) to about how many requests the budget then holds at once: the budget over
+# the mean slot, as the ratio itself or rounded down to whole requests (the checkoff accepts either).
 
 # %%
 MIX = ((S_MAX_SHORT, SHARE_SHORT), (S_MAX, 1 - SHARE_SHORT - SHARE_LONG), (S_MAX_LONG, SHARE_LONG))  # (S_max, share)
@@ -617,6 +618,10 @@ for key in ("max", "pow2", "oracle", "paged"):
 # * **Paged** holds tokens in nearly all of the pool. The rest is the 1% of blocks vLLM keeps free as
 #   a watermark (§10.5) and the last-block slots sequences are about to fill; tails are bounded, as
 #   2.12 found, and no free block is ever the wrong size.
+#
+# The rows use the paper's categories: the empty slots of a last block that its sequence will fill count
+# as **reservation**, so paged reads "internal 0.0%"; 2.11 and 2.12 call those same slots internal
+# fragmentation, the waste paging bounds to under one block per sequence.
 
 # %% [markdown]
 # ## Self-check

@@ -310,7 +310,7 @@ if revealed("3.6"):
     print(f"× the {fmt_pct(pool_share, 3)} of the budget the pool's blocks cover = {fmt_pct(paged_over_life)} "
           f"of the budget (ledger: {fmt_pct(ledger.paged_utilization_time_avg(BUDGET, PROMPT, OUTPUT, BLOCK, KV))})")
     print(f"end of life: {fmt_pct(paged_end)}; the naive slot over its life: {fmt_pct(naive_life)} of the budget")
-    lecture_b = 199  # the sequences the lecture's sketch packs (lab 01: its count of 186 is the exact one)
+    lecture_b = 199  # the sequences the lecture's sketch packs (3.5's exact count is 186)
     mean_tail = 1 - lecture_b * (BLOCK // 2) * KV / BUDGET  # 100% minus a b/2-token tail in each of them
     display(Markdown(f"""The lecture's figures, and the readings that give them:
 
@@ -582,7 +582,10 @@ for name, per_b in measured.items():
 # * **What the tail costs is a property of the batch.** Each workload's waste is read at the batch its
 #   own lengths fill the budget with: long-sequence workloads (Mooncake, the lognormal) hold a few
 #   dozen sequences or fewer, so even $b = 256$ wastes a few percent; the lecture's 199 belongs to
-#   640-token chat.
+#   640-token chat. The lognormal's B here is not section 5's 21: that one divides by the analytic mean
+#   $e^{\mu+\sigma^2/2}$ (5,428 tokens), this one by the mean of the 4,000 lengths drawn, which is
+#   lower because a $\sigma \approx 1.96$ lognormal's mean rests on rare, very long lengths a finite
+#   sample mostly misses.
 # * **Table length is a property of the workload.** Mooncake's conversations (median about 7K tokens,
 #   p95 about 38K) need five to ten times the entries of Azure's at any $b$.
 # * **The contiguous run is a block or two** on the busy Azure pools, however large $b$ is: decoding
@@ -614,34 +617,30 @@ viz_memory.block_size_panel(measured, BUDGET, KV, block_size=16)
 #
 # * **the prompt stays alive** — a prompt sequence is prefilled and 8 branches are forked off it: 9
 #   holders, so all 8 branches copy the shared tail block when they write;
-# * **the parent is branch 1** — the prompt's own sequence becomes the first branch and 7 are forked
-#   off it (the vLLM paper's §4.4, and lab 05's board): the last writer finds refcount 1 and writes in
-#   place, so 7 copy.
+# * **the parent is branch 1** — the prompt's own sequence becomes the first branch and the others
+#   are forked off it (the vLLM paper's §4.4): fewer holders, so fewer copies; lab 05's Exercise 5.3
+#   counts them.
 #
-# Both on the real allocator, a 4,010-token prompt (its last block partly filled), each branch
-# writing one token:
+# The first convention on the real allocator, a 4,010-token prompt (its last block partly filled),
+# each branch writing one token:
 
 # %%
 PROMPT_FORK = 4010
 for b in (16, 256):
-    for parent_writes in (False, True):
-        fan = BlockAllocator(ledger.blocks_for(PROMPT_FORK, b) + 16, b)
-        fan.allocate("branch 0" if parent_writes else "prompt", PROMPT_FORK)
-        branches = [f"branch {i}" for i in range(8)]
-        for name in branches[1:] if parent_writes else branches:
-            fan.fork("branch 0" if parent_writes else "prompt", name)
-        n_copies = sum(fan.append_slot(name).cow is not None for name in branches)
-        who = "parent is branch 0 (8 holders)" if parent_writes else "prompt kept alive (9 holders)"
-        print(f"b = {b:>3}, {who}: last block holds {PROMPT_FORK % b:>3} of {b} tokens; {n_copies} copies of "
-              f"{b * KV / 2**20:,.0f} MiB = {fmt_gb(n_copies * b * KV)} allocated and copied")
+    fan = BlockAllocator(ledger.blocks_for(PROMPT_FORK, b) + 16, b)
+    fan.allocate("prompt", PROMPT_FORK)
+    branches = [f"branch {i}" for i in range(8)]
+    for name in branches:
+        fan.fork("prompt", name)
+    n_copies = sum(fan.append_slot(name).cow is not None for name in branches)
+    print(f"b = {b:>3}, prompt kept alive (9 holders): last block holds {PROMPT_FORK % b:>3} of {b} tokens; "
+          f"{n_copies} copies of {b * KV / 2**20:,.0f} MiB = {fmt_gb(n_copies * b * KV)} allocated and copied")
 
 # %% [markdown]
 # The lecture's "8 × 64 MB = 512 MB" is the first convention, counted in bytes *copied*: 8 copies of
 # the filled part of a 256-token block, on average 128 tokens × 512 KiB = 64 MiB (written MB). The
-# blocks *allocated* are whole: 8 × 134.2 MB = 1.07 GB, or 7 × when the parent writes in place.
-
-# %%
-viz.errata_note("Fork cost")
+# blocks *allocated* are whole: 8 × 134.2 MB = 1.07 GB. Lab 05 prices the other convention, after its
+# Exercise 5.3, with the ledger's note on this figure.
 
 # %% [markdown]
 # ## Self-check

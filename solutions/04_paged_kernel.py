@@ -397,7 +397,7 @@ check("4.2", my_kv_token_offset)
 # ### Exercise 4.3 — bytes one decode step's attention moves
 #
 # For one layer: every cached key and value of every sequence is read once, the new token's query
-# is read, and the output is written. Leave the block table out (the panel below prices it).
+# is read, and the output is written. Leave the block table out (the panel after 4.4 prices it).
 # `dtype_bytes` is 2 for bf16.
 
 # %%
@@ -424,22 +424,6 @@ if unlocked("4.3"):
           "of attention traffic per decode step (the weights come on top)")
 
 # %% [markdown]
-# The panel counts the same bytes for the whole model, stacks the naive path's extra traffic on top,
-# and draws the **block table** to scale (int32 entries, one per block per sequence): it is the black
-# slice on top of each bar. Slide the block size down to 1 and look for it; the readout gives its
-# share of the step.
-
-# %%
-viz_kernel.step_bytes_panel()
-
-# %% [markdown]
-# (The table is int32 here, as in vLLM and `labsupport`'s cache. The lecture's "≈ 2 KB" for a 4K
-# sequence assumes 8-byte entries:)
-
-# %%
-viz.errata_note("Block-table overhead")
-
-# %% [markdown]
 # ### Exercise 4.4 — what gather-then-attend moves
 #
 # The naive way to reuse a contiguous attention kernel on a paged cache: gather K and V into
@@ -454,6 +438,22 @@ kv_once = attention_step_bytes(BATCH, SEQ_LEN, Q_HEADS, KV_HEADS, HEAD_DIM, DTYP
 gta_bytes = 3 * kv_once + q_out  # pool read, buffer write, buffer read; q and out once
 ### END SOLUTION
 check("4.4", gta_bytes)
+
+# %% [markdown]
+# The panel counts the same bytes for the whole model, stacks the naive path's extra traffic on top,
+# and draws the **block table** to scale (int32 entries, one per block per sequence): it is the black
+# slice on top of each bar. Slide the block size down to 1 and look for it; the readout gives its
+# share of the step.
+
+# %%
+viz_kernel.step_bytes_panel()
+
+# %% [markdown]
+# (The table is int32 here, as in vLLM and `labsupport`'s cache. The lecture's "≈ 2 KB" for a 4K
+# sequence assumes 8-byte entries:)
+
+# %%
+viz.errata_note("Block-table overhead")
 
 # %% [markdown]
 # So even at *identical* bandwidth, gather-then-attend takes about three times as long as a fused

@@ -427,8 +427,9 @@ timeline = {"room for all 40": viz_engine.run_requests(lecture_burst, num_blocks
 viz_engine.blocks_figure(timeline, pool, title="Blocks in use: the burst on the H100's pool (64 GB/s link)").show()
 
 # %% [markdown]
-# On 64 GB/s swapping is cheaper, and `auto` swaps. On 32 GB/s these ~4,200-token victims sit
-# *below* the crossover, recompute is (barely) cheaper, and `auto` recomputes. And the extra time is
+# On 64 GB/s swapping is cheaper, and `auto` swaps. On 32 GB/s the stalls above favour recompute,
+# barely, and `auto` recomputes; at what length the two costs cross on that link is Exercise 4's
+# question (6.3). And the extra time is
 # more than the 67 or 129 ms of the mechanism: a preempted sequence also waits for blocks to come
 # back — which is why the right goal is to preempt *rarely*, not cheaply.
 #

@@ -141,7 +141,7 @@ check("7.1", tpot)
 # we read each request's TPOT off its timeline:
 
 # %%
-measured = viz_slo.steady_batch_tpot([1, 29, 100, 159, 186], seq_tokens=SEQ)
+measured = viz_slo.steady_batch_tpot([1, 29, 100, 186], seq_tokens=SEQ)
 for b, t in measured.items():
     yours = f", your formula {1e3 * tpot(MHA, H100, b, SEQ):6.3f} ms" if passed("7.1") else ""
     print(f"B = {b:3d}: engine {1e3 * t:6.3f} ms{yours}")
@@ -152,6 +152,30 @@ for b, t in measured.items():
 
 # %%
 viz.errata_note("TPOT at B = 199", "KV per 640-token sequence")
+
+# %% [markdown]
+# ### Exercise 7.2 — the largest B that meets the SLO
+#
+# The operating point to deploy is the largest B that fits in the paged pool (the KV budget is
+# $\text{HBM} - W - 4$ GB, as in §10.2, cut into whole blocks) **and** whose TPOT, from your 7.1, clears
+# the SLO. Write `max_batch(model, gpu, seq_tokens, tpot_slo_s, block_size)`; return 0 when nothing
+# meets the SLO or nothing fits.
+
+# %%
+def max_batch(model, gpu, seq_tokens, tpot_slo_s, block_size=16):
+    """Largest B of `seq_tokens`-token sequences that fits the paged pool and meets the TPOT SLO."""
+    ### BEGIN SOLUTION 7.2: return the largest whole batch that both fits the paged pool and meets the TPOT SLO (0 if none)
+    kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+    weights = model.num_params * model.dtype_bytes
+    budget = gpu.hbm_bytes - weights - 4 * GB
+    blocks = max(0, math.floor(budget / (block_size * kv)))
+    by_memory = blocks // math.ceil(seq_tokens / block_size)
+    by_slo = max(0, math.floor((tpot_slo_s * gpu.hbm_bandwidth - weights) / (seq_tokens * kv)))
+    return min(by_memory, by_slo)
+    ### END SOLUTION
+
+
+check("7.2", max_batch)
 
 # %% [markdown]
 # Slide B. The stack shows whose bytes the step is moving: the weights (paid once, shared by
@@ -199,29 +223,6 @@ viz_slo.goodput_table_panel(tpot_slo_ms=20)
 # %%
 viz.errata_note("Paged concurrency", "Largest B meeting", "Naive column's throughput")
 
-# %% [markdown]
-# ### Exercise 7.2 — the largest B that meets the SLO
-#
-# The correct operating point is the largest B that fits in the paged pool (the KV budget is
-# $\text{HBM} - W - 4$ GB, as in §10.2, cut into whole blocks) **and** whose TPOT, from your 7.1, clears
-# the SLO. Write `max_batch(model, gpu, seq_tokens, tpot_slo_s, block_size)`; return 0 when nothing
-# meets the SLO or nothing fits.
-
-# %%
-def max_batch(model, gpu, seq_tokens, tpot_slo_s, block_size=16):
-    """Largest B of `seq_tokens`-token sequences that fits the paged pool and meets the TPOT SLO."""
-    ### BEGIN SOLUTION 7.2: return the largest whole batch that both fits the paged pool and meets the TPOT SLO (0 if none)
-    kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
-    weights = model.num_params * model.dtype_bytes
-    budget = gpu.hbm_bytes - weights - 4 * GB
-    blocks = max(0, math.floor(budget / (block_size * kv)))
-    by_memory = blocks // math.ceil(seq_tokens / block_size)
-    by_slo = max(0, math.floor((tpot_slo_s * gpu.hbm_bandwidth - weights) / (seq_tokens * kv)))
-    return min(by_memory, by_slo)
-    ### END SOLUTION
-
-
-check("7.2", max_batch)
 
 # %% [markdown]
 # For the lecture's workload the SLO binds at **159**, below the memory ceiling of 186 (printed: 164
@@ -400,8 +401,9 @@ for rate in (30, 40, 50, 62):
 #
 # Write `ttft_tail(requests, ttft_slo_s)`: over a run's `RequestResult`s, return a dict with the mean
 # TTFT (`"mean_s"`), the 99th-percentile TTFT (`"p99_s"`, interpolated between the two closest ranks,
-# as `numpy.percentile` does by default) and the share of requests that missed the TTFT SLO
-# (`"miss_share"`). Only a request that finished has a first token.
+# as `numpy.percentile` does by default) and the share of the **finished** requests whose TTFT is over
+# the SLO (`"miss_share"`: finished requests over the SLO ÷ finished requests). Only a request that
+# finished has a first token, so a rejected one is in neither count.
 
 # %%
 def ttft_tail(requests, ttft_slo_s):
@@ -430,7 +432,7 @@ if unlocked("7.4"):
         report = run.slo(0.5, 0.020)
         verdict = "meets" if tail["mean_s"] <= 0.5 else "misses"
         print(f"{rate} req/s: mean TTFT {1e3 * tail['mean_s']:6.1f} ms ({verdict} the SLO), p99 "
-              f"{1e3 * tail['p99_s']:7.1f} ms, {100 * tail['miss_share']:4.1f}% of requests late "
+              f"{1e3 * tail['p99_s']:7.1f} ms, {100 * tail['miss_share']:4.1f}% of finished requests late "
               f"(engine ledger: mean {1e3 * report.ttft['ttft']['mean']:6.1f} ms, p99 {1e3 * report.ttft['ttft']['p99']:7.1f} ms)")
 
 # %% [markdown]

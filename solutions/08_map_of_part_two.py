@@ -368,7 +368,7 @@ for sigma, margin in ((0.0, 1.0), (0.25, 1.0), (0.5, 1.0), (0.5, 2.0), (0.5, 3.0
 # %%
 tlb = viz_board.tlb_bytes()
 print(f"per decode step at B = 186: block tables {tlb['table_bytes']:,} B (int32, re-read per layer) against "
-      f"{tlb['kv_bytes'] / GB:.2f} GB of KV: a ratio of {tlb['ratio']:.1e}")
+      f"{tlb['kv_bytes'] / GB:.2f} GB of KV: a ratio of {tlb['ratio']:.1e}, one part in {1 / tlb['ratio']:,.0f}")
 print(f"one 640-token sequence swapped in over 64 GB/s: {1e3 * tlb['swap_in_one_way_s']:.2f} ms, against a "
       f"{1e3 * tlb['step_s']:.2f} ms step — a fault stalls all 186 sequences")
 
@@ -395,7 +395,7 @@ for e in sizes_tlb:
 # set is larger than the TLB, LRU serves nothing, because each layer sweeps the same entries in the
 # same order and evicts each one just before it is needed: a smaller TLB is only as good as the share
 # of steps whose working set happens to fit.
-# Either way it saves reads that were a millionth of the step's bytes; what it could save is latency
+# Either way it saves reads that were one part in tens of thousands of the step's bytes (the ratio above); what it could save is latency
 # (the dependent load before each K/V read, lab 04). Demand paging is the absence that costs more: a
 # fault mid-step stalls the whole batch for a swap-in of milliseconds, which is why engines preempt
 # between steps instead.
@@ -472,11 +472,15 @@ for k in (1, 2, 4, 6, 8, 16):
           f"({unshared_b / shared_b:4.2f}x); prefill {flops_unshared / 1e15:5.2f} vs {flops_shared / 1e15:4.2f} PFLOP; "
           f"sharing factor {ledger.sharing_factor(k, C, o):.2f}")
 print(f"cost of one more branch: {C + o:,} tokens unshared, {o} shared ({(C + o) / o:.0f}x less)")
+at6 = viz_sharing.measure_fanout(6, C, o, 16).bytes(gqa.kv_bytes_per_token)
+print(f"at k = 6: prefill {6 * ledger.prefill_flops(gqa, C) / ledger.prefill_flops(gqa, C):.1f}x cheaper shared, "
+      f"KV held {at6[0] / at6[1]:.2f}x less")
 
 # %% [markdown]
 # Whatever the single-context plan costs, the fan-out side of the comparison changed: at Lecture 5's
-# k = 6 it is 5.7× cheaper in prefill and in KV held, and each extra branch costs its 80 output tokens
-# instead of 7,780. A crossover priced at k ≈ 6 with every branch paying for its context moves out by
+# k = 6 it is cheaper by the factors on the last line: k times in prefill (every unshared branch
+# prefilled the whole context again), a little less in KV held (each branch still keeps its own
+# output), and each extra branch costs its 80 output tokens instead of 7,780. A crossover priced at k ≈ 6 with every branch paying for its context moves out by
 # about that factor — cheap fan-out makes wide fan-out the default for a server that shares blocks.
 # For Assignment 3 it changes nothing yet: A3 runs outside the API, where you pay per token sent and
 # the provider, not you, decides whether the branches share a prefix (Lecture 10's levers become

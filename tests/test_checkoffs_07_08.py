@@ -83,6 +83,9 @@ def test_lab07_wrong_answers_teach(fails):
     with fails("rejected ones included"):
         check("7.4", lambda reqs, slo: dict(ttft_tail(reqs, slo), miss_share=ttft_tail(reqs, slo)["miss_share"] * sum(
             r.status == "finished" for r in reqs) / len(reqs)))
+    with fails("counts the rejected requests as misses"):  # rejected counted as misses, top and bottom
+        check("7.4", lambda reqs, slo: dict(ttft_tail(reqs, slo), miss_share=(
+            sum(r.status != "finished" or r.first_token_time - r.arrival_time > slo for r in reqs) / len(reqs))))
     with fails("too low"):  # the median is not the tail
         check("7.4", lambda reqs, slo: dict(ttft_tail(reqs, slo), p99_s=float(np.median(
             [r.first_token_time - r.arrival_time for r in reqs if r.status == "finished"]))))

@@ -146,6 +146,17 @@ def test_a_plausible_wrong_answer_is_told_what_it_is(cid, answer, words):
     assert words in _problem(cid, answer)
 
 
+def test_mean_concurrency_accepts_the_ratio_and_whole_requests_on_every_givens():
+    """2.10 asks for the ratio or a whole count: floor and round both pass, also where the fraction is >= .5."""
+    checkoff, fractions = get("2.10"), []
+    for g in _sets() + GIVENS[2].draw(random.Random(11), 12):
+        want = checkoff.expect(namespace(g))
+        fractions.append(want % 1)
+        for answer in (want, math.floor(want), round(want)):
+            checkoff.verdict(answer, want)
+    assert any(f >= 0.5 for f in fractions)  # the case a floor used to fail on
+
+
 def test_the_wastes_are_one_question_with_a_set_answer():
     get("2.11").verdict({"external fragmentation"}, get("2.11").prepare(None))
     get("2.11").verdict([" External Fragmentation"], get("2.11").prepare(None))

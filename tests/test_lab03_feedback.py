@@ -49,6 +49,7 @@ def test_3_5_whole_blocks_then_whole_sequences():
     _passes("3.5", len(pool.block_tables))
     _fails("3.5", 199, "printed figure")
     _fails("3.5", BUDGET / (640 * KV), "fraction of a sequence")
+    _fails("3.5", 62_520_000_000 // ((640 + 8) * 524_288), "640 fills 40 blocks exactly")  # 184: a b/2 tail each
 
 
 def test_3_6_over_the_life_two_ways_and_the_lecture_shortcuts_named():

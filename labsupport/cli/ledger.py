@@ -161,17 +161,22 @@ def render_text(sc: L.Scenario, r: dict) -> str:
     return "\n".join(lines)
 
 
+def labelled(quantity: str, section: str) -> str:
+    """'quantity (section)', unless the quantity already names its section that way."""
+    return quantity if quantity.endswith(f"({section})") else f"{quantity} ({section})"
+
+
 def render_markdown(sc: L.Scenario, r: dict) -> str:
     out = ["| Quantity | Exact | Lecture printed | Section |", "|---|---|---|---|"]
     out += [f"| {q} | {e} | {p} | {s} |" for q, e, p, s in rows(sc, r)]
     out += ["", "Printed figures that another stated convention reproduces (neither reading is wrong):", "",
             "| Quantity | Printed | The convention that gives it | The ledger's default reading |", "|---|---|---|---|"]
-    out += [f"| {c.quantity} ({c.section}) | {c.printed} | {c.convention}"
+    out += [f"| {labelled(c.quantity, c.section)} | {c.printed} | {c.convention}"
             + (f". Also reproduced by {c.also_text}" if c.also else "") + f" | {c.default} |" for c in L.CONVENTIONS]
     out += ["", "Errata: printed figures no convention we tried reproduces (a reading marked 'a slip' misreads a "
             "unit or formula the lecture states):", "",
             "| Quantity | Printed | Exact | Why | Readings tried |", "|---|---|---|---|---|"]
-    out += [f"| {e.quantity} ({e.section}) | {e.printed} | {e.exact} | {e.why} | {e.tried_text or '—'} |"
+    out += [f"| {labelled(e.quantity, e.section)} | {e.printed} | {e.exact} | {e.why} | {e.tried_text or '—'} |"
             for e in L.ERRATA]
     return "\n".join(out)
 

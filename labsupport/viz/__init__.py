@@ -491,7 +491,8 @@ def errata_markdown(*quantities: str):
               f"exact arithmetic gives **{e.exact}**.  \n> {e.why}"
               + (f"  \n> *Readings tried:* {e.tried_text}." if e.tried else "")
               for e in ledger.ERRATA if matches(e)]
-    blocks += [f"> **Printed figure, another convention — {c.quantity}** ({c.section}). The lecture prints "
+    blocks += [f"> **Printed figure, another convention — {c.quantity}**"
+               + ("" if c.quantity.endswith(f"({c.section})") else f" ({c.section})") + ". The lecture prints "
                f"*{c.printed}*: {c.convention}. The ledger's default reading gives {c.default}.  \n> {c.why}"
                for c in ledger.CONVENTIONS if matches(c)]
     if not blocks:

@@ -368,7 +368,7 @@ def five_jobs_figure() -> go.Figure:
                           line=dict(color=PALETTE["memory"], width=4))
     fig.update_xaxes(visible=False, range=[0, 1])
     fig.update_yaxes(visible=False, range=[0.3, len(jobs) + 0.7])
-    return styled(fig, "Five jobs, five resources — two of them memory", height=520, showlegend=False)
+    return styled(fig, "Five jobs, four resources — memory twice", height=520, showlegend=False)
 
 
 @dataclass(frozen=True)
@@ -447,7 +447,8 @@ def _segments() -> tuple[Segment, ...]:
         Segment(46, 58, "The engine loop, admission, preemption (§10.5)",
                 f"The loop as six verbs in a cycle; the watermark; then derive {1e3 * r['swap_round_trip_s']:.0f} ms "
                 f"against {1e3 * r['recompute_s']:.0f} ms live — do not show the result first.",
-                "The engine admitted 199 sequences and they all keep generating. What breaks? — Which of your three "
+                f"The engine admitted 199 sequences (the lecture's printed figure; exact {r['paged_concurrency']}) "
+                "and they all keep generating. What breaks? — Which of your three "
                 "moves is cheapest for the user?",
                 "Blocks run out. Refusing new arrivals: nobody resident is hurt — that is why watermarks exist.",
                 "Preemption is assumed to lose the sequence's progress. It loses its cache, never its tokens.",

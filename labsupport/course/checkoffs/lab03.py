@@ -292,7 +292,9 @@ value(
     mistakes=[(199, "199 is the lecture's printed figure, which its own inputs cannot reproduce (see the errata "
                "note); count the blocks exactly."),
               (190, "62.5 GB / 0.328 GB takes 512 KiB as 512,000 B and ignores whole blocks."),
-              (BUDGET / (SEQ * KV_MHA), "A fraction of a sequence does not run: whole blocks, whole sequences.")],
+              (BUDGET / (SEQ * KV_MHA), "A fraction of a sequence does not run: whole blocks, whole sequences."),
+              (BUDGET // ((SEQ + G.BLOCK // 2) * KV_MHA), "That gives every sequence the lecture's mean b/2 = 8-token "
+               "tail. 640 fills 40 blocks exactly: no tail at end of life, so count whole blocks.")],
     forbid=("labsupport.ledger.paged_concurrency", "labsupport.ledger.paged_utilization"),
     derive="count the whole blocks in the budget and divide by the blocks one sequence holds",
 )
@@ -424,8 +426,8 @@ def _exercise3_row(fn, case):
         g = as_number(g, f"{what}'s {name}")
         half = block_size / 2 * KV_MHA
         if name == "mean tail bytes" and math.isclose(g, half, rel_tol=1e-9) and block_size > 1:
-            raise Mismatch(f"{what}: the mean tail uses b/2; a length that is a multiple of b leaves no tail "
-                           "(3.4's mean).")
+            raise Mismatch(f"{what}: you used b/2 (the lecture's rounding); a length that is a multiple of b "
+                           "leaves no tail, so the mean tail is (b − 1)/2 tokens (3.4's mean).")
         if name.startswith("waste") and want[0] and batch != 199 and math.isclose(g, 199 * want[0] / BUDGET, rel_tol=1e-6):
             raise Mismatch(f"{what}: that is the waste of 199 sequences, the lecture's chat batch; use the batch "
                            "you are given.")

@@ -189,8 +189,12 @@ def _ttft_cases(rng):
         requests = list(result.requests.values())
         ttfts = sorted(r.first_token_time - r.arrival_time for r in requests if r.status == "finished")
         nearest = ttfts[max(0, math.ceil(0.99 * len(ttfts)) - 1)]  # the nearest-rank p99, a known variant
+        rejected = len(requests) - len(ttfts)
         for slo in (0.5, 0.2, 2.0, rng.uniform(0.02, 5)):
-            cases.append((i, requests, slo, _ttft_tail_hand(ttfts, slo), nearest, len(ttfts) / len(requests)))
+            want = _ttft_tail_hand(ttfts, slo)
+            # a known variant: the rejected requests counted as misses, in the numerator and the denominator
+            rejected_as_miss = (want["miss_share"] * len(ttfts) + rejected) / len(requests)
+            cases.append((i, requests, slo, want, nearest, len(ttfts) / len(requests), rejected_as_miss))
     return cases
 
 
@@ -199,7 +203,8 @@ def _ttft_cases(rng):
     hint="An SLO is a promise to each request, so look at the distribution, not its centre. Use the finished "
          "requests only (a rejected request has no first token). TTFT is first_token_time - arrival_time; the "
          "p99 is the value 99% of them are at or under, interpolated between the two closest ranks as "
-         "numpy.percentile does by default; the miss share is the fraction whose TTFT is over the SLO.",
+         "numpy.percentile does by default; the miss share is the fraction of the finished requests whose TTFT is "
+         "over the SLO.",
     cases=_ttft_cases,
     forbid=("labsupport.slo.slo_report", "labsupport.slo._pct", "labsupport.viz.slo.Replay.goodput_frac",
             "labsupport.viz.slo.Replay.good"),
@@ -207,7 +212,7 @@ def _ttft_cases(rng):
     formative={"rel_tol": 1e-6},
 )
 def _ttft_tail(fn, case):
-    i, requests, slo, want, nearest, finished_share = case
+    i, requests, slo, want, nearest, finished_share, rejected_as_miss = case
     what = f"ttft_tail(run {i + 1}'s requests, ttft_slo_s={slo:.6g})"
     got = call(fn, requests, slo)
     if not isinstance(got, dict) or set(got) != set(want):
@@ -220,6 +225,10 @@ def _ttft_tail(fn, case):
     if math.isclose(share, want["miss_share"] * finished_share, rel_tol=1e-9) and want["miss_share"]:
         raise Mismatch(f"{what}['miss_share'] divides by every request, rejected ones included; a rejected "
                        "request has no TTFT, so the share is over the finished ones.")
+    if math.isclose(share, rejected_as_miss, rel_tol=1e-9) and not math.isclose(share, want["miss_share"], rel_tol=1e-6):
+        raise Mismatch(f"{what}['miss_share'] counts the rejected requests as misses, in the numerator and the "
+                       "denominator; the share asked for is of the finished requests only. A rejected request has "
+                       "no TTFT to miss (goodput, 7.3, is where it counts against the card).")
     for key, value in want.items():
         expect_close(got[key], value, f"{what}[{key!r}]", rel_tol=1e-6)
 
