@@ -86,7 +86,26 @@ _NAIVE_SHORTCUTS = ("labsupport.ledger.naive_concurrency", "labsupport.ledger.na
                     "labsupport.ledger.slot_occupancy", "labsupport.viz.memory.fill_reserve_to_max",
                     "labsupport.viz.memory.naive_measurement")
 _STEP_SHORTCUTS = ("labsupport.ledger.tpot_s", "labsupport.ledger.throughput_tok_s",
-                   "labsupport.ledger.decode_step_bytes", "labsupport.ledger.goodput_tok_s")
+                   "labsupport.ledger.decode_step_bytes", "labsupport.ledger.goodput_tok_s",
+                   # the cost model prices the step term by term (`.step(...).memory_s` is 2.5's time); the
+                   # SLO panels' helpers split or tabulate the same step
+                   "labsupport.costmodel.CostModel", "labsupport.viz.slo.tpot_terms",
+                   "labsupport.viz.slo.steady_batch_tpot", "labsupport.viz.slo.three_columns")
+# The library's counts of whole slots: the naive batch is the exercises' first step, not a call.
+_COUNT_SHORTCUTS = ("labsupport.ledger.naive_concurrency", "labsupport.contiguous.ReserveToMaxAllocator.max_seqs",
+                    "labsupport.viz.roofline.batch_gap")
+# An allocator's (or a replay's) own accounting: occupied, internal and reserved bytes and their shares of the
+# pool are these exercises' answers read off a filled pool (`.stats().internal_bytes`, `.shares()`).  Filling
+# an allocator and counting what it admitted (`num_seqs`, `slots`) is allowed: that is the mechanism.
+_STATS_SHORTCUTS = ("labsupport.contiguous.ContiguousAllocator.stats", "labsupport.block_allocator.BlockAllocator.stats",
+                    "labsupport.kvcache.PagedKVCache.stats", "labsupport.kvcache.ContiguousKVCache.stats",
+                    "labsupport.fig2.simulate_breakdown", "labsupport.fig2.fig2_breakdown")
+# The paged pool's counts (2.8's numerator): whole blocks in the budget, blocks per sequence, sequences.
+_PAGED_SHORTCUTS = ("labsupport.ledger.paged_concurrency", "labsupport.ledger.paged_utilization",
+                    "labsupport.ledger.num_blocks", "labsupport.ledger.blocks_for",
+                    "labsupport.ledger.block_table_entries", "labsupport.viz.slo.memory_ceiling",
+                    "labsupport.viz.slo.lecture_pool")
+_UTIL_SHORTCUTS = (*_NAIVE_SHORTCUTS, *_COUNT_SHORTCUTS, *_STATS_SHORTCUTS)
 
 
 def _slots(g, s_max: int, kv: int, budget=None) -> int:
@@ -127,7 +146,7 @@ value(
                "512 KiB per token is 524,288 B, not 512,000 B: a KiB is 1,024 bytes."),
               ((G.S_MAX - SEQ) * KV_MHA // 2, "Count both tensors: every layer keeps a key and a value per KV head.")],
     unit=" B",
-    forbid=("labsupport.ledger.naive_slot_bytes",),
+    forbid=("labsupport.ledger.naive_slot_bytes", *_STATS_SHORTCUTS),
     derive="multiply the slot's unfilled positions by the KV bytes per token",
 )
 
@@ -152,7 +171,7 @@ value(
                "80e9 - 13.48e9 - 4e9 = 62.52e9 B."),
               (((80 * 10**9 - 4 * 10**9) // (G.S_MAX * KV_MHA)) * (G.S_MAX - SEQ) * KV_MHA / BUDGET,
                "The weights live in HBM too: subtract them before counting slots.")],
-    forbid=_NAIVE_SHORTCUTS,
+    forbid=_UTIL_SHORTCUTS,
     derive="count the whole slots in the budget and add up the positions they reserve and never fill",
 )
 
@@ -248,7 +267,7 @@ value(
               (_slots(G, G.S_MAX, KV_MHA) * G.PROMPT * KV_MHA / BUDGET, "That is the start of life, the prompt alone."),
               (_slots(_G_GIB, G.S_MAX, KV_MHA) * _LIFE_MEAN * KV_MHA / _GIB_RESERVE, _GIB_REMARK)],
     # (on the printed 62.5 GB budget it is 0.03% off: inside the tolerance, so not a mistake here)
-    forbid=(*_NAIVE_SHORTCUTS, "labsupport.ledger.naive_utilization_time_avg", "labsupport.ledger.life_lengths"),
+    forbid=(*_UTIL_SHORTCUTS, "labsupport.ledger.naive_utilization_time_avg", "labsupport.ledger.life_lengths"),
     derive="step the allocator's sequences through their decode steps and average the utilization you read",
 )
 
@@ -273,7 +292,7 @@ value(
                "decimal, 10**9 bytes per GB."),
               (_naive_tok_s(_G_GIB), _GIB_REMARK + " It leaves 28 slots, not 29.")],
     unit=" tok/s",
-    forbid=_STEP_SHORTCUTS,
+    forbid=(*_STEP_SHORTCUTS, *_COUNT_SHORTCUTS),
     derive="write the step's bytes (weights plus every sequence's KV) over the bandwidth, then B over that time",
 )
 
@@ -292,7 +311,7 @@ value(
               (_util(G, G.S_MAX_LONG, KV_MHA, PRINTED_BUDGET), "That is on the lecture's printed 62.5 GB budget; the "
                "exact one is 80e9 - 13.48e9 - 4e9 = 62.52e9 B, and the slots' bytes are divided by it."),
               (_util(_G_GIB, G.S_MAX_LONG, KV_MHA), _GIB_REMARK)],
-    forbid=_NAIVE_SHORTCUTS,
+    forbid=_UTIL_SHORTCUTS,
     derive="count the whole long slots in the budget and divide the bytes their tokens hold by the budget",
 )
 
@@ -311,7 +330,7 @@ value(
                "the exact one is 62.52e9 B."),
               (_util(_G_GIB, G.S_MAX_BROCHURE, KV_GQA8), _GIB_REMARK),
               (0.0, "Zero is the MHA answer; this part is about the GQA-8 model.")],
-    forbid=_NAIVE_SHORTCUTS,
+    forbid=_UTIL_SHORTCUTS,
     derive="size the GQA slot, count the whole slots in the budget and divide the bytes their tokens hold by it",
 )
 
@@ -329,7 +348,7 @@ value(
               (_paged(G, KV_MHA) / _slots(G, G.S_MAX, KV_MHA), "That is the MHA model at S_MAX; this part is "
                "GQA against the brochure's reservation."),
               (_paged(_G_GIB, KV_GQA8) / _slots(_G_GIB, G.S_MAX_BROCHURE, KV_GQA8), _GIB_REMARK)],
-    forbid=(*_NAIVE_SHORTCUTS, "labsupport.ledger.paged_concurrency"),
+    forbid=(*_NAIVE_SHORTCUTS, *_COUNT_SHORTCUTS, *_PAGED_SHORTCUTS),
     derive="count the GQA paged sequences and the brochure slots in the budget yourself, then take the ratio",
 )
 
@@ -356,7 +375,7 @@ value(
               (sum(share * min(SEQ, s) for s, share in _mix(G)) * KV_MHA, "That is what the requests fill; each "
                "reserves its declared S_max, not its tokens.")],
     unit=" B",
-    forbid=("labsupport.ledger.naive_slot_bytes",),
+    forbid=("labsupport.ledger.naive_slot_bytes", *_STATS_SHORTCUTS),
     derive="weight each declared slot (S_max x KV bytes per token) by its share",
 )
 
@@ -369,6 +388,10 @@ value(
     mistakes=[(_slots(G, G.S_MAX, KV_MHA), "That is everyone reserving S_MAX; here each request declares its own."),
               (sum(share * (BUDGET // (s * KV_MHA)) for s, share in _mix(G)), "That averages three pools, each full "
                "of one size; the requests share one pool, so divide the budget by the mean slot.")],
+    # budget / (mean tokens x KV) and the whole-slot counts are this answer in one call
+    forbid=("labsupport.ledger.batch_that_fits", "labsupport.viz.memory.fitting_batch",
+            "labsupport.ledger.naive_slot_bytes", *_COUNT_SHORTCUTS),
+    derive="divide the budget by the mean declared slot (2.9's bytes) yourself",
 )
 
 WASTES = ("external fragmentation", "internal fragmentation", "reserved for tokens not yet emitted")
@@ -397,6 +420,7 @@ value(
               ((G.BLOCK - 1) * KV_MHA // 1024 * 1000, "512 KiB per token is 524,288 B, not 512,000 B."),
               (G.BLOCK - 1, "That is the count of positions; give their bytes.")],
     unit=" B",
-    forbid=("labsupport.ledger.naive_slot_bytes",),
+    forbid=("labsupport.ledger.naive_slot_bytes", "labsupport.ledger.tail_waste_tokens",
+            "labsupport.ledger.mean_tail_waste_tokens", *_STATS_SHORTCUTS),
     derive="multiply the worst-case empty positions of the last block by the KV bytes per token",
 )

@@ -76,6 +76,19 @@ BUDGET = _budget(G)  # 62,520,000,000 B
 SEQ = G.PROMPT + G.OUTPUT
 
 # The real allocator's and kernels' own answers to "which slot holds this token".
+# The library's counts of a paged pool: whole blocks in the budget, blocks (table entries) per sequence,
+# sequences per pool.  3.5's answer is one of them, 3.7's and 3.8's one multiplication or division away.
+_POOL_SHORTCUTS = ("labsupport.ledger.paged_concurrency", "labsupport.ledger.paged_utilization",
+                   "labsupport.ledger.num_blocks", "labsupport.ledger.blocks_for",
+                   "labsupport.viz.slo.memory_ceiling", "labsupport.viz.slo.lecture_pool",
+                   "labsupport.viz.memory.fitting_batch")
+_ENTRY_SHORTCUTS = ("labsupport.ledger.block_table_bytes", "labsupport.ledger.block_table_entries",
+                    "labsupport.ledger.blocks_for", "labsupport.block_allocator.BlockAllocator.blocks_needed",
+                    "labsupport.viz.kernel.step_bytes", "labsupport.viz.board.tlb_bytes")
+# Replays that average a pool's shares over time (3.6 measures one sequence's life on the allocator instead).
+_REPLAY_SHORTCUTS = ("labsupport.fig2.simulate_breakdown", "labsupport.fig2.fig2_breakdown",
+                     "labsupport.viz.memory.measure_block_size", "labsupport.viz.memory.measure_workloads",
+                     "labsupport.viz.memory.replay_pool")
 _TABLE_SHORTCUTS = ("labsupport.block_allocator.BlockAllocator.slot_mapping",
                     "labsupport.block_allocator.BlockAllocator.append_slot",
                     "labsupport.block_allocator.BlockAllocator.append_slots",
@@ -280,7 +293,9 @@ value(
                "tails run 0 .. b - 1, not 1 .. b."),
               (G.BLOCK - 1, "That is the worst case, b - 1; the question asks for the mean.")],
     unit=" tokens",
-    forbid=("labsupport.ledger.mean_tail_waste_tokens", "labsupport.ledger.block_size_table"),
+    forbid=("labsupport.ledger.mean_tail_waste_tokens", "labsupport.ledger.block_size_table",
+            "labsupport.ledger.tail_waste_tokens", "labsupport.viz.memory.measure_block_size",
+            "labsupport.viz.memory.measure_workloads"),
     derive="average the tails the remainders 0 .. b - 1 leave",
 )
 
@@ -295,7 +310,7 @@ value(
               (BUDGET / (SEQ * KV_MHA), "A fraction of a sequence does not run: whole blocks, whole sequences."),
               (BUDGET // ((SEQ + G.BLOCK // 2) * KV_MHA), "That gives every sequence the lecture's mean b/2 = 8-token "
                "tail. 640 fills 40 blocks exactly: no tail at end of life, so count whole blocks.")],
-    forbid=("labsupport.ledger.paged_concurrency", "labsupport.ledger.paged_utilization"),
+    forbid=_POOL_SHORTCUTS,
     derive="count the whole blocks in the budget and divide by the blocks one sequence holds",
 )
 
@@ -331,7 +346,7 @@ value(
                "with an 8-token tail): the lecture's rule of thumb, not this pool. Step one sequence through its "
                "life and average what its blocks hold.")],
     forbid=("labsupport.ledger.paged_utilization_time_avg", "labsupport.ledger.paged_utilization",
-            "labsupport.ledger.life_lengths"),
+            "labsupport.ledger.life_lengths", *_REPLAY_SHORTCUTS),
     derive="step one sequence through its life on a BlockAllocator and average how full its blocks are",
 )
 
@@ -348,7 +363,7 @@ value(
     mistakes=[(_table_entries(G), "That is the number of entries; each entry takes several bytes."),
               (G.PRINTED_TABLE_BYTES, "That is the lecture's 2 KB; it assumes a different entry width than int32.")],
     unit=" B",
-    forbid=("labsupport.ledger.block_table_bytes",),
+    forbid=_ENTRY_SHORTCUTS,
     derive="multiply the table's entries by the bytes of one int32 entry",
 )
 
@@ -360,6 +375,8 @@ value(
     mistakes=[(G.PRINTED_TABLE_BYTES // _table_entries(G) * 8, "That is the width in bits; the question asks for "
                "bytes.")],
     unit=" B",
+    forbid=_ENTRY_SHORTCUTS,
+    derive="count the table's entries (whole blocks of TABLE_TOKENS) and divide the printed bytes by them",
 )
 
 

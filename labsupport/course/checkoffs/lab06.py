@@ -22,7 +22,10 @@ _PREEMPT_SHORTCUTS = ("labsupport.ledger.breakeven_link_bandwidth", "labsupport.
                       "labsupport.ledger.preempt_choice", "labsupport.ledger.recompute_s",
                       "labsupport.ledger.swap_round_trip_s", "labsupport.ledger.prefill_flops",
                       "labsupport.costmodel.CostModel", "labsupport.viz.engine.swap_recompute",
-                      "labsupport.viz.engine.breakeven_figure")
+                      "labsupport.viz.engine.breakeven_figure",
+                      # a group of one is one sequence: the fan-out versions give the same swap bytes, FLOPs, W*
+                      "labsupport.ledger.group_breakeven_link_bandwidth", "labsupport.ledger.group_recompute_flops",
+                      "labsupport.ledger.group_swap_bytes")
 _FP32_SMALL = ModelSpec("tiny-fp32", 4, 4, 2, 32, 0.8e6, dtype_bytes=4)
 
 
