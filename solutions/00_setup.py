@@ -152,19 +152,20 @@ check("0.1", kv_bytes)
 # %% [markdown]
 # ### Exercise 0.2 — your first function checkoff
 #
-# Where do 512 KiB per token come from? Attention at a new token needs, in **every layer**, the keys
-# and the values of every earlier token, so the cache keeps them. A layer's attention has
-# `num_kv_heads` KV heads; each head's key for one token is a vector of `head_dim` elements, and so is
-# its value; each element is `dtype_bytes` bytes (2 for bf16).
+# Where do 512 KiB per token come from? When the model produces a new token, attention in each of its
+# `num_layers` layers scores that token against every earlier token and mixes what the earlier
+# tokens contributed; the cache keeps, for each earlier token, exactly what that step reads back
+# instead of recomputing it. The arguments name the shape of what attention reads: `num_kv_heads`
+# heads of `head_dim` elements, each element `dtype_bytes` bytes (2 for bf16).
 #
-# Write `kv_bytes_per_token` from that description: the bytes the cache stores for one token, over
+# Write `kv_bytes_per_token`: the bytes the cache stores for one token, over
 # the whole model. The checkoff calls it on fourteen shapes — the lecture's 7B, its GQA-8 variant,
 # Llama 3 70B, fp32 and fp8 caches, toy shapes and six you have not seen — and compares each with an
 # independent count.
 
 # %%
 def kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes=2):
-    """Bytes of K and V the cache stores per token, over all layers and KV heads."""
+    """Bytes the KV cache stores per token, over the whole model."""
     ### BEGIN SOLUTION 0.2: return the KV bytes per token from the four arguments
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
     ### END SOLUTION

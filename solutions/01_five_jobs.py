@@ -53,9 +53,12 @@ print(f"GPU:   {H100.name}, {fmt_gb(H100.hbm_bytes, 0)} HBM at {H100.hbm_bandwid
 # ### Exercise 1.1 — the resource each job contends for
 #
 # Objective 1, in code: set `job_resources` to a dict from each of the five verbs (lower case) to the
-# one resource that job hands out, chosen from `"memory"` (KV space), `"arithmetic"` (FLOPs and
-# bandwidth), `"places"` (room in one forward pass, which is re-decided every iteration) and
-# `"latency"` (the per-step time a user sees). §10.1 gives each job a paragraph; the resource is in it, sometimes by name.
+# one resource that job hands out, chosen from `"memory"` (bytes that stay spoken for as long as
+# their holder lives), `"arithmetic"` (work the chip does per second while code executes on it),
+# `"places"` (a fixed number of seats that is dealt out afresh each time round) and `"latency"`
+# (time someone outside the machine spends waiting). A resource may serve more than one job. The
+# table's right column says what each job decides, not what it spends: §10.1 gives each job a
+# paragraph, and the resource is in it, sometimes by name.
 
 # %%
 ### BEGIN SOLUTION 1.1: set job_resources to {"admit": ..., "allocate": ..., "batch": ..., "run": ..., "stream": ...}, each value one of the four resources

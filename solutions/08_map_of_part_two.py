@@ -425,27 +425,35 @@ for label, runs in sweep.items():
 # ### Exercise 8.7 — your construction
 #
 # Write `utilization_workload()` returning a list of `(arrival_s, prompt_tokens, output_tokens)` (100 to
-# 1,500 requests, each within S_max = 4,096 tokens) on which the engine measures reserve-to-max
-# utilization between 10% and 20% (the claim starts near 15%), paged utilization ≥ 95%, throughputs
-# within 5% of each other — and a card that is actually busy: at its busiest the reserve-to-max
-# engine runs at least 20 of its 29 slots at once. (A nearly idle card keeps its throughput under any
-# allocator; the claim is interesting only where slots could have been the limit.)
-# `viz_slo.chat_requests(rate, num_requests)` builds the chat workload if you want it.
+# 1,500 requests, each within S_max = 4,096 tokens) that is **decode-heavy** — every request's output at
+# least as long as its prompt, the other way round from the sweep's chat requests — and on which the
+# engine measures reserve-to-max utilization between 10% and 20% (the claim starts near 15%), paged
+# utilization ≥ 95%, throughputs within 5% of each other — and a card that is actually busy: at its
+# busiest the reserve-to-max engine runs at least 20 of its 29 slots at once. (A nearly idle card keeps
+# its throughput under any allocator; the claim is interesting only where slots could have been the
+# limit.) The sweep above measured where the chat workload's slots fill; your requests live on the card
+# for a different number of steps, so read its measurement, do not copy its rate.
+# `viz_slo.chat_requests(rate, num_requests, prompt=..., output=...)` builds Poisson arrivals of fixed
+# lengths if you want it.
 
 # %%
 def utilization_workload():
     """A workload whose KV utilization jumps under paging while its throughput does not."""
     ### BEGIN SOLUTION 8.7: return a list of (arrival_s, prompt_tokens, output_tokens) tuples
-    return viz_slo.chat_requests(20, num_requests=300)
+    # the sweep: chat (128 output tokens) fills 28 slots at 20/s; 512 output tokens live 4x the steps
+    return viz_slo.chat_requests(20 * 128 / 512 * 1.25, num_requests=300, prompt=256, output=512)
     ### END SOLUTION
 
 
 check("8.7", utilization_workload)
 
 # %% [markdown]
-# Measured, the two utilizations are **14.0% and 98.7%**, both averaged over the run: the timing plan's
-# "14%", and a match for §10.3's printed 98.7%, which the lecture itself derives as 100% minus its 1.3%
-# internal fragmentation (lab 03) — while the throughputs agree to the token until 25 requests/s. What the construction tells you
+# On the sweep's chat workload the two utilizations measure **14.0% and 98.7%**, both averaged over the
+# run: the timing plan's "14%", and a match for §10.3's printed 98.7%, which the lecture itself derives
+# as 100% minus its 1.3% internal fragmentation (lab 03) — while the throughputs agree to the token until
+# 25 requests/s. Yours hold the same pattern at a different rate: concurrency is arrival rate × how long
+# a request lives on the card, and a decode-heavy request lives about as many steps as it emits tokens,
+# so four times the output fills the same 29 slots at about a quarter of the rate. What the construction tells you
 # about when to deploy paging: utilization converts into throughput
 # only when the naive engine was **turning requests away for lack of slots** — when memory, not
 # arrivals and not the SLO, is the binding constraint. On an under-loaded card the win is invisible;

@@ -2,8 +2,8 @@
 
 An open question has no expected value to hide, so its judge ships with the student release as it
 is and gives the same feedback there as in the repository.  Today that is discussion seed 4
-(checkoff 8.5): a workload whose utilization goes from about 15% to 99% under paging while its
-throughput barely moves, measured on the real engine.
+(checkoff 8.7): a decode-heavy workload whose utilization goes from about 15% to 99% under paging while
+its throughput barely moves on a busy card, measured on the real engine.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ BUSY_SLOTS = 20  # of reserve-to-max's 29 slots: a load at which slots could bin
 
 
 def utilization_workload_verdict(fn) -> None:
-    """Checkoff 8.5: run the student's workload naive (one S_max block per sequence) and paged (b = 16)."""
+    """Checkoff 8.7: run the student's workload naive (one S_max block per sequence) and paged (b = 16)."""
     workload = call(fn)
     try:
         requests = [(float(a), int(p), int(o)) for a, p, o in workload]
@@ -44,6 +44,13 @@ def utilization_workload_verdict(fn) -> None:
                            "least one prompt and one output token, and prompt + output within S_max = 4,096.")
     if sum(p + o for _, p, o in requests) > 3_000_000:
         raise Mismatch("your workload holds more than 3 million tokens in all; a smaller one makes the point.")
+    prefill_heavy = sum(o < p for _, p, o in requests)
+    if prefill_heavy:
+        raise Mismatch(f"{prefill_heavy} of your {len(requests)} requests have a prompt longer than their output; "
+                       "this construction asks for a decode-heavy workload, every output at least as long as its "
+                       "prompt (the sweep's chat requests are 512 in, 128 out, the other way round). Its rates do "
+                       "not carry over as they are: a request's life on the card is set by how many steps it "
+                       "decodes.")
     naive_util, naive_tput, naive_peak = _measure(requests, 4096)  # one S_max block per sequence: reserve-to-max
     paged_util, paged_tput, _ = _measure(requests, 16)
     if naive_util > 0.20:

@@ -223,13 +223,15 @@ def _tail_waste(fn, case):
 # with the student release (labsupport.course.open_answers).
 
 @function(
-    "8.7", "Discussion seed 4: utilization 15% → 99%, throughput unmoved",
+    "8.7", "Discussion seed 4: utilization 15% → 99%, throughput unmoved, decode-heavy",
     hint="Utilization is the share of reserved KV that holds tokens; throughput is tokens per second. Paging "
          "raises the first by reserving only what a sequence uses. It raises the second only if the naive "
          "engine was turning requests away for lack of slots. So: keep every sequence far shorter than S_max "
          "(a reserve-to-max slot is then mostly empty, near 15% full), and load the card until the naive engine "
          "runs at least 20 of its 29 slots at its busiest — an idle card proves nothing — without turning "
-         "requests away for lack of slots: think about the arrival rate.",
+         "requests away for lack of slots. How many sequences run at once is the arrival rate times how long "
+         "each one lives on the card, and a decode-heavy request lives as many steps as it has output tokens: "
+         "scale the sweep's measured rate by that.",
     formative={"open": "labsupport.course.open_answers:utilization_workload_verdict"},
 )
 def _utilization_workload(fn):
