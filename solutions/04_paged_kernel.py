@@ -396,14 +396,17 @@ check("4.2", my_kv_token_offset)
 #
 # ### Exercise 4.3 — bytes one decode step's attention moves
 #
-# For one layer: every cached key and value of every sequence is read once, the new token's query
-# is read, and the output is written. Leave the block table out (the panel after 4.4 prices it).
+# For one layer and one decode step of the batch: each sequence's new token attends over everything
+# its sequence has cached, and the layer's attention output for that token goes back to HBM for the
+# next operation. Count every byte that must cross HBM for that, reading each byte once (a kernel that
+# fits in on-chip memory needs nothing twice). Mind which head count describes what the cache holds and
+# which describes the new token. Leave the block table out (the panel after 4.4 prices it).
 # `dtype_bytes` is 2 for bf16.
 
 # %%
 def attention_step_bytes(batch, seq_len, num_q_heads, num_kv_heads, head_dim, dtype_bytes):
-    """HBM bytes of one layer's decode attention: K and V once, q in, out back."""
-    ### BEGIN SOLUTION 4.3: K and V of every sequence read once, plus the query read and the output written
+    """HBM bytes of one layer's decode attention over the batch, each byte moved once."""
+    ### BEGIN SOLUTION 4.3: return the bytes one layer's decode attention moves for the batch
     kv_bytes = 2 * batch * seq_len * num_kv_heads * head_dim * dtype_bytes
     q_out_bytes = 2 * batch * num_q_heads * head_dim * dtype_bytes
     return kv_bytes + q_out_bytes
@@ -411,6 +414,11 @@ def attention_step_bytes(batch, seq_len, num_q_heads, num_kv_heads, head_dim, dt
 
 
 check("4.3", attention_step_bytes)
+
+# %% [markdown]
+# Once it passes: every cached key and value of every sequence is read once
+# ($2\,B\,S\,H_{kv}\,D$ elements — the cache holds the KV heads, not the query heads), the new
+# token's query is read and its output written ($2\,B\,H_q\,D$), each element `dtype_bytes` bytes.
 
 # %% [markdown]
 # The benchmark (`labsupport.bench.kernel`) divides exactly this count by the measured time to get

@@ -199,18 +199,16 @@ viz_engine.watermark_panel(sweep, watermark=0.01)
 # ## 3. Two ways to break a promise: swap or recompute
 #
 # Evict a sequence's KV and you must either **swap** it to host memory and bring it back, or
-# **discard** it and redo its prefill when it is rescheduled. What each way costs, for one sequence of
+# **discard** it and redo its prefill when it is rescheduled. What each way spends, for one sequence of
 # $S$ tokens:
 #
-# * **swap** — the sequence's whole cache (every layer's K and V for every KV head, at the cache's bytes
-#   per value) crosses the host link twice: out now, back in when the sequence resumes;
-# * **recompute** — the prefill is redone at the rate a prefill actually achieves, `mfu` × the card's
-#   peak. It does 2 FLOP per parameter per token for the weights, plus attention's $QK^\top$ and $PV$:
-#   counted as the lecture (and Lecture 2) counts them, each of the $S$ tokens meets all $S$ keys in
-#   every query head, 2 FLOP per multiply-add, once for $QK^\top$ and once for $PV$. (A causal kernel
-#   pairs each token only with the keys before it, about half that; these labs keep the lecture's count.
-#   Grouped-query attention shares K and V between query heads: it shrinks the cache, not the
-#   arithmetic.)
+# * **swap** — moves the sequence's cache, all of it, over the host link: out to host memory now, and
+#   back before the sequence can decode again;
+# * **recompute** — moves nothing; it rebuilds the cache by running the sequence's prefill again, at the
+#   rate a prefill actually achieves, `mfu` × the card's peak. Count its arithmetic as the lecture (and
+#   Lecture 2) counts a prefill: the weights' work for every token, plus attention's $QK^\top$ and $PV$
+#   with every one of the $S$ queries meeting all $S$ keys (not only the earlier ones, as a causal
+#   kernel would).
 #
 # The swap's cost grows as the link gets slower; the recompute's does not depend on the link at all.
 # So there is one link bandwidth $W^\ast$ at which the two stalls are equal: on any faster link swap

@@ -112,15 +112,15 @@ for rid, rr in real.run().requests.items():
 #
 # ## 2. TPOT is a property of the batch, not of the request
 #
-# Lecture 2 §2.15: a decode step is memory-bound, and it streams every weight once plus the KV of
-# **every** sequence in the batch. Your own sequence is one of the $B$: the rest of the step is your
-# **neighbours'** KV. The lecture evaluates the step at its printed B = 199 with 0.328 GB per
-# sequence: 78.8 GB moved, **23.5 ms**.
+# Lecture 2 §2.15: a decode step is memory-bound — its time is the bytes it must read from HBM over the
+# card's bandwidth. In one step each of the $B$ sequences pushes its newest token through every layer of
+# the model, and in every layer that token's attention looks back over everything its own sequence has
+# cached. Your own sequence is one of the $B$.
 #
 # ### Exercise 7.1 — TPOT at B
 #
-# Write `tpot(model, gpu, batch, seq_tokens)` returning seconds, from that description of the step
-# (derive the formula; the engine below checks it against its own clock). Use the spec fields
+# Write `tpot(model, gpu, batch, seq_tokens)` returning seconds: work out what one step must read, and
+# which of it the $B$ sequences share (the engine below checks your formula against its own clock). Use the spec fields
 # (`model.num_params`, `model.dtype_bytes`, `model.num_layers`, `model.num_kv_heads`, `model.head_dim`,
 # `gpu.hbm_bandwidth` in bytes/s); the checkoff tries other models and cards.
 
@@ -134,6 +134,11 @@ def tpot(model, gpu, batch, seq_tokens):
 
 
 check("7.1", tpot)
+
+# %% [markdown]
+# Once it passes: the step streams every weight once, shared by the whole batch, plus the KV of
+# **every** sequence in it — the rest of your step is your **neighbours'** KV. The lecture evaluates it
+# at its printed B = 199 with 0.328 GB per sequence: 78.8 GB moved, **23.5 ms**.
 
 # %% [markdown]
 # The engine agrees. Below, B sequences that each hold 640 tokens decode one step together on the
@@ -324,7 +329,8 @@ viz_slo.goodput_slo_panel(replays, tpot_slo_ms=20, ttft_slo_s=1.0)
 #    drops further.
 # 3. **Capping B at the SLO-limited value does not help here**, because B was not the problem. The fix
 #    for this one is to bound the tokens a step may carry — `max_num_batched_tokens`, lab 08 — and,
-#    properly, disaggregation (Oct 14).
+#    properly, to stop prefills and decodes from sharing a step at all (which Part II lecture does that
+#    is lab 08's question).
 #
 # How much of point 2 rests on the clock? The engine's cost model lets a step's arithmetic and its
 # memory traffic overlap perfectly (the step takes the longer of the two), the kindest assumption for
@@ -343,7 +349,7 @@ for rp in (replays[1], additive):
 # traffic but not all of it. Under the additive clock nearly every step that carries a prefill is
 # late for everyone in it, and most requests miss a 20 ms SLO: how much goodput mixing costs depends
 # on that overlap, which is why the question of *whether* to mix (chunked prefill, lab 08) or to
-# separate the two kinds of work (disaggregation, Oct 14) is worth a lecture of its own.
+# separate the two kinds of work is worth a lecture of its own.
 #
 # ### Exercise 7.3 — goodput of a run
 #
@@ -458,15 +464,14 @@ print(f"{len(session)} steps, prompts {session.requests[0].prompt_tokens:,} -> {
 # Write `agent_session_ledger(model, gpu, context_tokens, submitted_tokens, block_size)` returning a
 # dict with
 #
-# * `"peak_kv_bytes"` — the KV the session holds at its largest context: every cached token keeps a
-#   key and a value in every layer, for every KV head, at the model's bytes per value;
+# * `"peak_kv_bytes"` — the KV the session holds at its largest context (lab 00's per-token count, on
+#   this model);
 # * `"sessions"` — how many such sessions a **paged** card holds at once. The card's memory first holds
-#   the weights and the lecture's 4 GB (decimal) reserve for activations and workspace; what is left is
-#   cut into whole blocks of `block_size` tokens, and a session is held only with every block its peak
-#   context needs (none at all when the weights leave nothing);
-# * `"prefill_s"` — the time to prefill every submitted token: each token passes through every weight
-#   once, a multiply and an add per parameter (the exercise leaves attention's arithmetic out), on a
-#   card that achieves half its peak FLOP rate.
+#   the weights and the lecture's 4 GB (decimal) reserve for activations and workspace; the rest is the
+#   pool of `block_size`-token blocks, and a session runs only with all of its peak context resident
+#   (none at all when the weights leave nothing);
+# * `"prefill_s"` — the time to prefill every submitted token, counting only the weights' arithmetic
+#   (leave attention's out), on a card that achieves half its peak FLOP rate.
 
 # %%
 def agent_session_ledger(model, gpu, context_tokens, submitted_tokens, block_size=16):
@@ -554,7 +559,7 @@ allocator made the cache fit, and the cache is still being recomputed from scrat
 #    is no longer the constraint.
 # 5. The misses came from prefills sharing steps with decodes, not from the batch size. Bounding the
 #    tokens per step (chunked prefill, `max_num_batched_tokens`) or separating prefill from decode
-#    (disaggregation, Oct 14) addresses it.
+#    addresses it (lab 08 places both on the map).
 #
 # </details>
 #

@@ -219,20 +219,27 @@ check("8.4", max_num_seqs_for)
 # %% [markdown]
 # ### Exercise 8.5 — `max_num_batched_tokens` → what one step may carry
 #
-# Every token a step processes — a decode token or a prompt token alike — costs the step the same
-# weight arithmetic (Lecture 2), done at $\text{mfu} \times$ peak. A step carrying more tokens than fit
-# in one TPOT SLO is late however small its batch: that is the spike. Write
-# `max_num_batched_tokens_for(model, gpu, tpot_slo_s, mfu=0.5)`, neglecting the attention FLOPs.
+# A step that carries a prefill pushes every one of its prompt tokens through the model alongside the
+# decode tokens, and with enough of them the step stops being memory-bound: its length is set by the
+# arithmetic its tokens need, done at $\text{mfu} \times$ peak. Everyone in that step waits for it —
+# that is the spike. Write `max_num_batched_tokens_for(model, gpu, tpot_slo_s, mfu=0.5)`: the most
+# tokens one step may carry and still end within the TPOT SLO, counting only the weights' arithmetic
+# (neglect attention's), in whole tokens.
 
 # %%
 def max_num_batched_tokens_for(model, gpu, tpot_slo_s, mfu=0.5):
-    """Tokens per step whose weight FLOPs fit in one TPOT SLO at mfu × peak."""
+    """The most tokens one step may carry and still end within the TPOT SLO."""
     ### BEGIN SOLUTION 8.5: return the most tokens one step may process and still finish within the TPOT SLO
     return math.floor(tpot_slo_s * mfu * gpu.peak_flops / (2 * model.num_params))
     ### END SOLUTION
 
 
 check("8.5", max_num_batched_tokens_for)
+
+# %% [markdown]
+# Once it passes: each token costs the step about $2N$ FLOP for the weights, a decode token and a prompt
+# token alike, so a step of $T$ tokens takes $2NT / (\text{mfu} \cdot F_{peak})$ and the cap is
+# $\lfloor \text{SLO} \cdot \text{mfu} \cdot F_{peak} / 2N \rfloor$.
 
 # %% [markdown]
 # Now set the knobs on the real engine and watch the ledger. The card runs at

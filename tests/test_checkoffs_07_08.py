@@ -101,11 +101,12 @@ def test_lab08_right_answers_pass(capsys):
     check("8.4", max_num_seqs)
     check("8.5", lambda m, g, slo, mfu=0.5: math.floor(slo * mfu * g.peak_flops / (2 * m.num_params)))
     check("8.6", lambda lengths, b: 1 - sum(lengths) / sum(-(-n // b) * b for n in lengths))
-    check("8.7", lambda: viz_slo.chat_requests(20, 300))  # 28 of 29 naive slots at its busiest
+    check("8.7", lambda: viz_slo.chat_requests(6, 300, prompt=256, output=512))  # decode-heavy, 24 slots busy
+    check("8.7", lambda: viz_slo.chat_requests(20 * 128 / 400, 400, prompt=300, output=400, seed=3))  # rate scaled by life
     check("8.2", "disaggregation")
     check("8.1", LECTURE_MAP_QUANTITIES)
     check("8.1", [f"  {q.upper()} " for q in LECTURE_MAP_QUANTITIES])  # as printed, case and spaces aside
-    assert capsys.readouterr().out.count("passed") == 8
+    assert capsys.readouterr().out.count("passed") == 9
 
 
 def test_lab08_wrong_answers_teach(fails):
@@ -117,12 +118,14 @@ def test_lab08_wrong_answers_teach(fails):
             (u * g.hbm_bytes - m.num_params * m.dtype_bytes - activation_bytes) / (bs * kv(m))))
     with fails("too low"):  # mean tail b/2 instead of the measured waste
         check("8.6", lambda lengths, b: 0.0)
-    with fails("should barely move"):  # past 29 slots the naive engine queues
-        check("8.7", lambda: viz_slo.chat_requests(60, 300))
+    with fails("decode-heavy"):  # the sweep's own workload, copied: prefill-heavy
+        check("8.7", lambda: viz_slo.chat_requests(20, 300))
+    with fails("should barely move"):  # the sweep's rate kept for 4x longer lives: past 29 slots it queues
+        check("8.7", lambda: viz_slo.chat_requests(20, 300, prompt=256, output=512))
     with fails("S_max"):
         check("8.7", lambda: [(0.0, 5000, 10)] * 100)
-    with fails("runs only 5 sequences of its 29 slots"):  # a lightly loaded card: nothing could move throughput
-        check("8.7", lambda: viz_slo.chat_requests(2, 300))
+    with fails("runs only .* sequences of its 29 slots"):  # a lightly loaded card: nothing could move throughput
+        check("8.7", lambda: viz_slo.chat_requests(1, 300, prompt=256, output=512))
     with fails("sequences so short"):  # 20-token sequences: 0.3% of a reserve-to-max slot
         check("8.7", lambda: [(i * 0.5, 10, 10) for i in range(200)])
     with fails("later lecture covers both"):
@@ -135,3 +138,71 @@ def test_lab08_wrong_answers_teach(fails):
         check("8.1", LECTURE_MAP_QUANTITIES[:8] + ["the block size"])
     with fails("a list of 9 quantities"):
         check("8.1", LECTURE_MAP_QUANTITIES[:8])
+
+
+# --- 7.1, 7.5, 8.5 posed without their formulas: two derivations pass, each slip is named ----------
+
+def test_7_1_two_derivations_and_named_slips(capsys, fails):
+    check("7.1", tpot)
+    check("7.1", lambda m, g, b, s: m.num_params * m.dtype_bytes / g.hbm_bandwidth
+          + sum(s * kv(m) for _ in range(b)) / g.hbm_bandwidth)  # the weights' time plus each sequence's KV time
+    assert capsys.readouterr().out.count("passed") == 2
+    for fn, words in ((lambda m, g, b, s: (b * m.num_params * m.dtype_bytes + b * s * kv(m)) / g.hbm_bandwidth,
+                       "once per sequence"),
+                      (lambda m, g, b, s: b * s * kv(m) / g.hbm_bandwidth, "too low. That leaves out the weights"),
+                      (lambda m, g, b, s: m.num_params * m.dtype_bytes / g.hbm_bandwidth, "KV of the B sequences"),
+                      (lambda m, g, b, s: (m.num_params * m.dtype_bytes + b * s * kv(m) * m.num_heads / m.num_kv_heads)
+                       / g.hbm_bandwidth, "only the KV heads")):
+        with fails(words):
+            check("7.1", fn)
+
+
+def _session(m, g, ctx, submitted, bs=16, **slip):
+    right = {"peak_kv_bytes": ctx * kv(m), "sessions": blocks(m, g, 1.0, bs) // math.ceil(ctx / bs),
+             "prefill_s": submitted * 2 * m.num_params / (0.5 * g.peak_flops)}
+    return dict(right, **{k: f(m, g, ctx, submitted, bs) for k, f in slip.items()})
+
+
+def test_7_5_two_derivations_and_named_slips(capsys, fails):
+    check("7.5", _session)
+
+    def block_by_block(m, g, ctx, submitted, bs=16):  # fill the pool session by session
+        pool, need = blocks(m, g, 1.0, bs), -(-ctx // bs)
+        held = 0
+        while pool >= need:
+            pool, held = pool - need, held + 1
+        return {"peak_kv_bytes": sum(kv(m) for _ in range(ctx)) if ctx < 100_000 else ctx * kv(m),
+                "sessions": held, "prefill_s": submitted * m.num_params * 2 / g.peak_flops * 2}
+
+    check("7.5", block_by_block)
+    assert capsys.readouterr().out.count("passed") == 2
+    for slip, words in (
+            (dict(peak_kv_bytes=lambda m, g, c, s, bs: c * kv(m) * m.num_heads // m.num_kv_heads), "only the KV heads"),
+            (dict(peak_kv_bytes=lambda m, g, c, s, bs: c * kv(m) // 2), "a key and a value"),
+            (dict(sessions=lambda m, g, c, s, bs: blocks(m, g, 1.0, bs, activation_bytes=0) // math.ceil(c / bs)),
+             "4 GB reserve"),
+            (dict(prefill_s=lambda m, g, c, s, bs: s * m.num_params / (0.5 * g.peak_flops)), "half the time"),
+            (dict(prefill_s=lambda m, g, c, s, bs: s * 2 * m.num_params / g.peak_flops), "half the time")):
+        with fails(words):
+            check("7.5", lambda m, g, c, s, bs=16, slip=slip: _session(m, g, c, s, bs, **slip))
+
+
+def test_8_5_two_derivations_and_named_slips(capsys, fails):
+    check("8.5", lambda m, g, slo, mfu=0.5: math.floor(slo * mfu * g.peak_flops / (2 * m.num_params)))
+    check("8.5", lambda m, g, slo, mfu=0.5: int((slo * mfu * g.peak_flops) // (2 * m.num_params)))
+    assert capsys.readouterr().out.count("passed") == 2
+    for fn, words in ((lambda m, g, slo, mfu=0.5: math.floor(slo * mfu * g.peak_flops / m.num_params), "one FLOP"),
+                      (lambda m, g, slo, mfu=0.5: math.floor(slo * g.peak_flops / (2 * m.num_params)), "peak"),
+                      (lambda m, g, slo, mfu=0.5: math.ceil(slo * mfu * g.peak_flops / (2 * m.num_params)), "rounds up"),
+                      (lambda m, g, slo, mfu=0.5: math.floor(slo * mfu * g.peak_flops / (2 * m.num_params
+                                                                                         * m.dtype_bytes)),
+                       "weights' bytes")):
+        with fails(words):
+            check("8.5", fn)
+
+
+def test_8_2_is_not_answered_in_lab_07():
+    from pathlib import Path
+
+    lab07 = (Path(__file__).resolve().parents[1] / "solutions" / "07_slo_ledger.py").read_text()
+    assert "disaggregation" not in lab07.lower()

@@ -56,3 +56,28 @@ def test_1_1_options_do_not_name_a_job():
     get("1.1").verdict(right, get("1.1").prepare(None))
     assert "is not one of: memory, arithmetic, places, latency" in _problem("1.1", dict(right, batch="batch slots"))
     assert get("1.1").fixed  # a map of names: nothing for givens to vary
+
+
+def test_1_1_glosses_do_not_mirror_the_job_table():
+    """Each option's gloss describes the resource, not the job: none of the table's own words reappear."""
+    import re
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[1] / "solutions" / "01_five_jobs.py").read_text()
+    prompt = source[source.index("### Exercise 1.1"):source.index("### BEGIN SOLUTION 1.1")]
+    prompt = re.sub(r"\s*\n#\s*", " ", prompt)
+    found = re.findall(r'`"(?:memory|arithmetic|places|latency)"` \(([^)]*)\)', prompt)
+    assert len(found) == 4, found
+    glosses = " ".join(found).lower()
+    for table_words in ("forward pass", "kv", "kernel", "token", "iteration", "prefill", "decode", "sequence",
+                        "flops", "bandwidth", "per-step"):
+        assert table_words not in glosses, table_words
+
+
+def test_0_2_prompt_does_not_list_the_factors():
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[1] / "solutions" / "00_setup.py").read_text()
+    prompt = source[source.index("### Exercise 0.2"):source.index("check(\"0.2\"")]
+    for spelled in ("keys\n# and the values", "and so is\n# its value", "every layer**", "K and V"):
+        assert spelled not in prompt, spelled

@@ -112,3 +112,37 @@ S = 16_384
 def test_each_plausible_wrong_answer_is_named(key, wrong, names, fails):
     with fails(names):
         check("6.3", dict(RIGHT, **{key: wrong}))
+
+
+# --- 6.1: the break-even bandwidth, posed as what each way spends (its terms are below the checkoff) --
+
+def _kv61(m, s):
+    return s * 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
+
+
+def _flops61(m, s, attention=4, heads=None):
+    return 2 * m.num_params * s + attention * m.num_layers * (heads or m.num_heads) * m.head_dim * s ** 2
+
+
+def test_6_1_two_derivations_pass(capsys):
+    check("6.1", lambda m, s, peak, mfu=0.5: 2 * _kv61(m, s) * mfu * peak / _flops61(m, s))
+
+    def by_times(m, s, peak, mfu=0.5):  # t_swap(W) = 2 KV / W equals t_recompute: solve at W = 1 and scale
+        t_swap_at_1 = 2 * _kv61(m, s) / 1.0
+        t_recompute = _flops61(m, s) / (mfu * peak)
+        return t_swap_at_1 / t_recompute
+
+    check("6.1", by_times)
+    assert capsys.readouterr().out.count("passed") == 2
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda m, s, peak, mfu=0.5: _kv61(m, s) * mfu * peak / _flops61(m, s), "two trips"),
+    (lambda m, s, peak, mfu=0.5: 2 * _kv61(m, s) * mfu * peak / _flops61(m, s, attention=2), "causally"),
+    (lambda m, s, peak, mfu=0.5: 2 * _kv61(m, s) * peak / _flops61(m, s), "mfu × peak"),
+    (lambda m, s, peak, mfu=0.5: 2 * _kv61(m, s) * mfu * peak / _flops61(m, s, heads=m.num_kv_heads),
+     "count query heads"),
+])
+def test_6_1_names_the_slip(fn, words, fails):
+    with fails(words):
+        check("6.1", fn)

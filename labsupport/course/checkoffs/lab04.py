@@ -328,6 +328,13 @@ def _step_bytes(fn, case):
                        "several query heads share one KV head, and the cache holds only the KV heads.")
     if got == kv_only:
         raise Mismatch(f"{what} returned {got:,.0f}: close, but the query and the output cross HBM too.")
+    one_row = _q_out_bytes(batch, hq, d, b) // 2
+    if got == want - one_row:
+        raise Mismatch(f"{what} returned {got:,.0f}: that counts the query read but not the output written "
+                       "back (or the other way round); both cross HBM, one row per sequence and query head.")
+    if got == want - _kv_bytes(batch, seq_len, hkv, d, b) // 2:
+        raise Mismatch(f"{what} returned {got:,.0f}: that reads the keys but not the values (or the other way "
+                       "round); the new token scores against every key and then mixes every value.")
     expect_close(got, want, what)
 
 

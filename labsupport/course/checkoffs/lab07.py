@@ -53,8 +53,21 @@ def _tpot_cases(rng):
 )
 def _tpot(fn, case):
     model, gpu, batch, seq, want = case
-    expect_close(call(fn, model, gpu, batch, seq), want,
-                 f"tpot({model.name}, {gpu.name}, batch={batch}, seq_tokens={seq})", rel_tol=1e-6)
+    what = f"tpot({model.name}, {gpu.name}, batch={batch}, seq_tokens={seq})"
+    got = as_number(call(fn, model, gpu, batch, seq), f"{what} returned a value that")
+    kv_all = batch * seq * _kv_per_token(model)
+    slips = [((batch * _weights(model) + kv_all) / gpu.hbm_bandwidth,
+              "That streams the weights once per sequence; one step reads each weight once and every sequence in "
+              "the batch uses it."),
+             (kv_all / gpu.hbm_bandwidth, "That leaves out the weights, which every step streams too."),
+             (_weights(model) / gpu.hbm_bandwidth, "That leaves out the KV of the B sequences in the step."),
+             ((_weights(model) + kv_all * model.num_heads / model.num_kv_heads) / gpu.hbm_bandwidth,
+              "That reads the KV of every query head; the cache holds only the KV heads (GQA shares them).")]
+    if batch > 1 and not math.isclose(got, want, rel_tol=1e-6):
+        for value, remark in slips:
+            if math.isclose(got, value, rel_tol=1e-6):
+                raise Mismatch(f"{what} returned {got:.6g} s, which is too {'high' if got > want else 'low'}. {remark}")
+    expect_close(got, want, what, rel_tol=1e-6)
 
 
 def _max_batch_hand(model, gpu, seq, slo, block_size):
@@ -269,8 +282,29 @@ def _exercise5(fn, case):
     got = call(fn, model, gpu, ctx, submitted, bs)
     if not isinstance(got, dict) or set(got) != set(want):
         raise Mismatch(f"{what} returned {got!r}; return a dict with exactly the keys {sorted(want)}.")
+    kv, heads = _kv_per_token(model), model.num_heads / model.num_kv_heads
+    budget = gpu.hbm_bytes - _weights(model) - _RESERVE
+    slips = {"peak_kv_bytes": [(ctx * kv * heads, "That keeps K and V for every query head; the cache holds only "
+                                "the KV heads.") if heads != 1 else None,
+                               (ctx * kv / 2, "That keeps one tensor; every layer caches a key and a value.")],
+             "sessions": [(max(0, math.floor((gpu.hbm_bytes - _weights(model)) / (bs * kv))) // math.ceil(ctx / bs),
+                           "That leaves out the 4 GB reserve for activations and workspace."),
+                          (max(0, math.floor(budget / (ctx * kv))),
+                           "That divides the bytes by the session's bytes; a paged session holds whole blocks, "
+                           "so its last block is held in full.")],
+             "prefill_s": [(want["prefill_s"] / 2, "That is half the time: it counts one FLOP per parameter per "
+                            "token (a multiply and an add are two), or it runs at the card's peak (this card "
+                            "achieves half of it)."),
+                           (want["prefill_s"] * 2, "That is twice the time: a token costs two FLOP per parameter, "
+                            "a multiply and an add, not four.")]}
     for key, value in want.items():
-        expect_close(got[key], value, f"{what}[{key!r}]", rel_tol=1e-6)
+        got_key = got[key]
+        if isinstance(got_key, (int, float)) and not math.isclose(got_key, value, rel_tol=1e-6):
+            for slip in slips[key]:
+                if slip and slip[1] and math.isclose(got_key, slip[0], rel_tol=1e-6):
+                    raise Mismatch(f"{what}[{key!r}] returned {fmt_number(got_key)}, which is too "
+                                   f"{'high' if got_key > value else 'low'}. {slip[1]}")
+        expect_close(got_key, value, f"{what}[{key!r}]", rel_tol=1e-6)
 
 
 choice(

@@ -177,6 +177,19 @@ def _max_batched_tokens(fn, case):
     model, gpu, slo, mfu, want = case
     what = f"max_num_batched_tokens_for({model.name}, {gpu.name}, tpot_slo_s={slo}, mfu={mfu})"
     got = _whole(call(fn, model, gpu, slo, mfu), what)
+    rate = slo * mfu * gpu.peak_flops
+    slips = [(math.floor(rate / model.num_params), "That counts one FLOP per parameter per token; a multiply and "
+              "an add are two."),
+             (math.floor(slo * gpu.peak_flops / (2 * model.num_params)), "That runs the step at the card's peak; "
+              "it achieves only mfu of it."),
+             (math.ceil(rate / (2 * model.num_params)), "That rounds up: one token more than fits makes the step "
+              "late. Round down."),
+             (math.floor(rate / (2 * model.num_params * model.dtype_bytes)), "That divides by the weights' bytes; "
+              "a step carrying many tokens is bound by their FLOPs, not by reading the weights.")]
+    if got != want:
+        for value, remark in slips:
+            if got == value != want:
+                raise Mismatch(f"{what} returned {got:,}, which is too {'high' if got > want else 'low'}. {remark}")
     expect_close(got, want, what)
 
 
