@@ -2,14 +2,15 @@
 
 tests/test_grade_shortcuts.py covers the value checkoffs; this is its pattern for the function ones.  An
 audit answered lab 01's 1.3 (the memory-limited batch) with `ReserveToMaxAllocator.from_budget(...).max_seqs`,
-and found the same kind of door open in labs 00, 01, 03, 04, 07 and 08: a cache's own KV bytes per token, the
-ridge batch with no KV, the pool's private slot arithmetic, the whole-block count (`blocks_for`,
-`num_blocks`, `naive_concurrency` at S_max = b).  Each lab that gained forbids gets one notebook here: its
-solution, with the affected checkoffs' `check()` moved into a new cell after the honest one that defines a
-shortcut function and hands that in (the honest function stays defined, so the cells after it still run).
-Each notebook is graded once; every shortcut must fail as "derive, don't call" naming what it used, and
-every other checkoff of the solution must still pass.  Every shortcut returns the right values on the
-lab's and the hidden cases (it passed before these forbids): the failure is the forbid, not a wrong answer.
+and found the same kind of door open in labs 00, 01, 03, 04, 07 and 08: a cache's own KV bytes per token,
+the ridge batch with no KV, the pool's private slot arithmetic, the whole-block count (`blocks_for`,
+`num_blocks`, `naive_concurrency` at S_max = b), a private copy of the interpolated percentile.  Each lab
+that gained forbids gets one notebook here: its solution, with the affected checkoffs' `check()` moved into a
+new cell after the honest one that defines a shortcut function and hands that in (the honest function stays
+defined, so the cells after it still run).  Each notebook is graded once; every shortcut must fail as
+"derive, don't call" naming what it used, and every other checkoff of the solution must still pass.  Every
+shortcut returns the right values on the lab's and the hidden cases (it passed before these forbids): the
+failure is the forbid, not a wrong answer.
 """
 from __future__ import annotations
 
@@ -93,6 +94,12 @@ SHORTCUTS = {
                 "    by_slo = max(0, math.floor((tpot_slo_s * gpu.hbm_bandwidth - weights) / (seq_tokens * kv)))\n"
                 "    return min(by_memory, by_slo)",
                 "num_blocks"),
+        "7.4": ("def short(requests, ttft_slo_s):\n"
+                "    from labsupport.viz.engine import _percentile\n"
+                "    ttfts = [q.first_token_time - q.arrival_time for q in requests if q.status == 'finished']\n"
+                "    return {'mean_s': sum(ttfts) / len(ttfts), 'p99_s': _percentile(ttfts, 99),\n"
+                "            'miss_share': sum(t > ttft_slo_s for t in ttfts) / len(ttfts)}",
+                "_percentile"),
         "7.5": ("def short(model, gpu, context_tokens, submitted_tokens, block_size=16):\n"
                 "    from labsupport import ledger\n"
                 "    kv = model.kv_bytes_per_token\n"
