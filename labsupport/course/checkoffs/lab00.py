@@ -51,7 +51,10 @@ def _kv_slips(layers, kv_heads, head_dim, dtype_bytes, got) -> str:
     hint="For every token the cache keeps, each layer stores one key vector and one value vector per KV head; "
          "each vector has head_dim elements of dtype_bytes bytes. Count them all, in bytes.",
     cases=_shape_cases,
-    forbid=("labsupport.ledger.kv_bytes_per_token", "labsupport.specs.ModelSpec"),
+    # the KV caches price their own token (`PagedKVCache(...).kv_bytes_per_token`, `pool_bytes`) from the same
+    # four counts, with the bytes per element read off a torch dtype: the whole answer in one attribute
+    forbid=("labsupport.ledger.kv_bytes_per_token", "labsupport.specs.ModelSpec", "labsupport.kvcache._KVShape",
+            "labsupport.kvcache.PagedKVCache", "labsupport.kvcache.ContiguousKVCache"),
     derive="multiply the four counts and the two tensors yourself rather than asking labsupport's ModelSpec or ledger",
 )
 def _kv_bytes_per_token(fn, case):

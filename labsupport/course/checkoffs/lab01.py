@@ -78,7 +78,9 @@ def _ridge_cases(rng):
          "function of B, and find the B at which it equals the ratio the GPU can sustain: peak FLOP/s over HBM "
          "bytes/s. Use the model's and the GPU's fields, not typed-in constants.",
     cases=_ridge_cases,
-    forbid=("labsupport.ledger.ridge_batch", "labsupport.viz.roofline.batch_gap"),
+    # with no KV read (S = 0) the KV-aware ridge is this one, and decode_intensity(model, B, 0) is 2B / b itself
+    forbid=("labsupport.ledger.ridge_batch", "labsupport.viz.roofline.batch_gap", "labsupport.ledger.ridge_batch_with_kv",
+            "labsupport.ledger.decode_intensity"),
     derive="set the step's FLOP per byte, 2B / dtype_bytes, equal to peak / bandwidth and solve for B",
     formative={"abs_tol": 1.0},
 )
@@ -88,6 +90,19 @@ def _ridge_batch(fn, case):
     # Rounding the batch either way is fine: it is a count at the roofline's corner.
     expect_close(got, want, f"ridge_batch({model.name}, {gpu.name})", abs_tol=1.0)
 
+
+# Whole S_max slots in a budget, counted by the library: the ledger's naive count, and every whole-unit count that
+# is the same floor with the unit set to one slot (a "block" of S_max tokens, a ReserveToMaxAllocator's max_seqs or
+# the token slots of a pool priced at S_max x KV a token, an allocator filled to refusal, a workload of one length).
+_SLOT_COUNT_SHORTCUTS = ("labsupport.ledger.naive_concurrency", "labsupport.ledger.kv_budget_bytes",
+                         "labsupport.ledger.naive_slot_bytes", "labsupport.viz.roofline.batch_gap",
+                         "labsupport.ledger.num_blocks", "labsupport.ledger.paged_concurrency",
+                         "labsupport.ledger.batch_that_fits", "labsupport.contiguous.ReserveToMaxAllocator.max_seqs",
+                         "labsupport.contiguous.ReserveToMaxAllocator.from_budget",
+                         "labsupport.contiguous.ContiguousAllocator.from_budget",
+                         "labsupport.viz.memory.fill_reserve_to_max", "labsupport.viz.memory.naive_measurement",
+                         "labsupport.viz.memory.fitting_batch", "labsupport.viz.slo.memory_ceiling",
+                         "labsupport.viz.slo.lecture_pool")
 
 _MEMORY_CASES = [(LECTURE_7B, "h100", 4096), (LECTURE_7B_GQA8, "h100", 4096), (LECTURE_7B, "h100", 32_768),
                  (LECTURE_7B, "h100", 131_072), (LECTURE_7B_GQA8, "h100", 131_072), (LLAMA3_8B, "a100-40gb", 8192),
@@ -115,8 +130,7 @@ def _memory_cases(rng):
          "however short the sequence really is. The batch is the number of whole slots that fit in the budget — "
          "and zero when the weights leave no budget at all.",
     cases=_memory_cases,
-    forbid=("labsupport.ledger.naive_concurrency", "labsupport.ledger.kv_budget_bytes",
-            "labsupport.ledger.naive_slot_bytes", "labsupport.viz.roofline.batch_gap"),
+    forbid=_SLOT_COUNT_SHORTCUTS,
     derive="subtract the weights and the reserve from the card's memory and count whole S_max slots yourself",
 )
 def _memory_batch(fn, case):

@@ -93,7 +93,14 @@ _TABLE_SHORTCUTS = ("labsupport.block_allocator.BlockAllocator.slot_mapping",
                     "labsupport.block_allocator.BlockAllocator.append_slot",
                     "labsupport.block_allocator.BlockAllocator.append_slots",
                     "labsupport.kvcache.PagedKVCache.prepare_decode",
-                    "labsupport.kernels.kv_token_offsets", "labsupport.kernels.kv_token_offset")
+                    "labsupport.kernels.kv_token_offsets", "labsupport.kernels.kv_token_offset",
+                    # the paged cache's own slot arithmetic (prepare_prefill's and prepare_decode's), which reads
+                    # nothing of the cache but its block size: any object with one answers 3.1
+                    "labsupport.kvcache.PagedKVCache._slots")
+# One sequence's tail read off the library: its whole blocks (then * b - n), an allocator's or a cache's internal
+# bytes, the replays' tail-waste columns.
+_TAIL_SHORTCUTS = ("labsupport.ledger.tail_waste_tokens", *_ENTRY_SHORTCUTS, *_REPLAY_SHORTCUTS,
+                   "labsupport.block_allocator.BlockAllocator.stats", "labsupport.kvcache.PagedKVCache.stats")
 
 
 def _churn(alloc: BlockAllocator, rng: random.Random, ops: int, max_prompt: int) -> None:
@@ -265,7 +272,7 @@ def _tail_cases(rng):
     hint="A sequence of n tokens holds ceil(n / b) blocks; the slots it does not fill are all in its last block. "
          "Check your formula on a length that is an exact multiple of b, and on n = 0.",
     cases=_tail_cases,
-    forbid=("labsupport.ledger.tail_waste_tokens", *_TABLE_SHORTCUTS),
+    forbid=(*_TAIL_SHORTCUTS, *_TABLE_SHORTCUTS),
     derive="count the slots of ceil(n / b) blocks and take away the n tokens",
 )
 def _tail_waste(fn, case):
@@ -421,8 +428,10 @@ def _row_cases(rng):
          "sequences waste, as a fraction of BUDGET; and the block-table entries of the median and of the "
          "TAIL_TOKENS-token sequence (whole blocks).",
     cases=_row_cases,
+    # the row's tail is 3.4's mean of one-sequence tails and its entries are whole blocks: every library count of
+    # either (`tail_waste_tokens`, `blocks_for`, `blocks_needed`, the replays' columns, `exercise3`'s rows)
     forbid=("labsupport.ledger.block_size_table", "labsupport.ledger.mean_tail_waste_tokens",
-            "labsupport.ledger.lognormal_params", "labsupport.ledger.block_table_entries"),
+            "labsupport.ledger.lognormal_params", "labsupport.ledger.exercise3", *_TAIL_SHORTCUTS),
     derive="compute the row's four numbers from b, the batch, 3.4's mean tail and the two lengths",
 )
 def _exercise3_row(fn, case):

@@ -92,8 +92,10 @@ def _address_cases(rng: random.Random | None = None):
 
 
 # The kernels' own address line and the helper that runs it: the exercises ask for that line.
+# The paged cache's private slot arithmetic too: stride_block is block_size * stride_slot in every pool, so its
+# slots (block * b + offset, int64) times stride_slot are the offsets.
 _OFFSET_SHORTCUTS = ("labsupport.kernels.kv_token_offset", "labsupport.kernels.kv_token_offsets",
-                     "labsupport.block_allocator.BlockAllocator.slot_mapping")
+                     "labsupport.block_allocator.BlockAllocator.slot_mapping", "labsupport.kvcache.PagedKVCache._slots")
 
 def _kernel_call(fn, fn_name: str, kernel, *args, **kwargs):
     """Run a labsupport kernel with the student's line compiled in; Triton's errors become a Mismatch."""

@@ -12,10 +12,21 @@ from labsupport.units import fmt_number
 
 _ACTIVATIONS = 4 * GB  # the lecture's reserve for activations and workspace
 # One-call answers in the ledger and the lab's helpers to "what does this knob become".
+# 8.3's whole blocks are floor(left / (b x KV)): num_blocks, and every whole-unit count that is the same floor with
+# the unit set to one block (naive_concurrency or a ReserveToMaxAllocator's max_seqs at S_max = b, an allocator's
+# token slots at b x KV a token, batch_that_fits / fitting_batch of b-token sequences); 8.4 adds the blocks per
+# sequence and lab 07's B.
 _KNOB_SHORTCUTS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes",
                    "labsupport.ledger.paged_concurrency", "labsupport.ledger.max_batch_for_tpot",
                    "labsupport.ledger.tpot_s", "labsupport.viz.slo.memory_ceiling", "labsupport.viz.slo.lecture_pool",
-                   "labsupport.costmodel.CostModel")
+                   "labsupport.costmodel.CostModel", "labsupport.ledger.naive_concurrency",
+                   "labsupport.ledger.batch_that_fits", "labsupport.ledger.blocks_for",
+                   "labsupport.ledger.block_table_entries", "labsupport.block_allocator.BlockAllocator.blocks_needed",
+                   "labsupport.contiguous.ReserveToMaxAllocator.max_seqs",
+                   "labsupport.contiguous.ReserveToMaxAllocator.from_budget",
+                   "labsupport.contiguous.ContiguousAllocator.from_budget",
+                   "labsupport.viz.memory.fill_reserve_to_max", "labsupport.viz.memory.fitting_batch",
+                   "labsupport.viz.slo.three_columns", "labsupport.ledger.exercise5")
 
 
 # §10.7's table as the lecture prints it: each row's "still broken after today", then "the quantity".
@@ -170,7 +181,9 @@ def _tokens_cases(rng):
          "more is compute-bound past the SLO however small its batch. Neglect the attention FLOPs and round "
          "down to whole tokens.",
     cases=_tokens_cases,
-    forbid=("labsupport.costmodel.CostModel", "labsupport.ledger.prefill_flops", "labsupport.ledger.recompute_s"),
+    # Exercise 5 prices a prompt token's weight FLOPs at mfu x peak (`prefill_s` of one token): 8.5 is one division
+    forbid=("labsupport.costmodel.CostModel", "labsupport.ledger.prefill_flops", "labsupport.ledger.recompute_s",
+            "labsupport.ledger.exercise5"),
     derive="divide what mfu × peak FLOP/s does in one SLO by the 2 × N FLOP a token costs, and round down",
 )
 def _max_batched_tokens(fn, case):
@@ -219,8 +232,13 @@ def _waste_cases(rng):
          "Over the whole set of sequences, the waste fraction is the unfilled slots divided by all the slots "
          "the blocks hold. Lengths that are exact multiples of the block size waste nothing.",
     cases=_waste_cases,
+    # each length's whole blocks are the ledger's blocks_for (and its table entries, and the table-byte counts at
+    # one byte an entry); the replays read the same tails off a pool
     forbid=("labsupport.ledger.tail_waste_tokens", "labsupport.block_allocator.BlockAllocator",
-            "labsupport.viz.memory.measure_block_size"),
+            "labsupport.viz.memory.measure_block_size", "labsupport.ledger.blocks_for",
+            "labsupport.ledger.block_table_entries", "labsupport.ledger.block_table_bytes",
+            "labsupport.viz.kernel.step_bytes", "labsupport.viz.board.tlb_bytes",
+            "labsupport.viz.memory.measure_workloads", "labsupport.viz.memory.replay_pool"),
     derive="count each length's whole blocks, and divide the unfilled slots by all the slots",
     formative={"rel_tol": 1e-9, "abs_tol": 1e-12},
 )
