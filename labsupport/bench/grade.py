@@ -47,7 +47,7 @@ def bench(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - start
     full = sum(g.passed == g.total and not g.error for g in grades)
     each = sorted(g.seconds for g in grades)
-    print(f"{lab.name}: {args.students} notebooks, --jobs {args.jobs}: {wall / 60:.0f} min {wall % 60:02.0f} s "
+    print(f"{lab.name}: {args.students} notebooks, --jobs {args.jobs}: {int(wall // 60)} min {int(wall % 60):02d} s "
           f"(target for 30 with --jobs 2: ≤ 6 min); per notebook median {each[len(each) // 2]:.1f} s, "
           f"slowest {each[-1]:.1f} s; {full} of {args.students} earned every checkoff")
     return 0 if full == args.students else 1
