@@ -14,17 +14,11 @@ failure is the forbid, not a wrong answer.
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
-import nbformat
 import pytest
-
-from labsupport.course import grade as G
+from test_grade_shortcuts import grade_shortcuts
 
 pytestmark = pytest.mark.slow
 
-SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
 
 # lab notebook -> {checkoff: (a shortcut function named `short`, a word its detail names)}
 SHORTCUTS = {
@@ -124,31 +118,15 @@ SHORTCUTS = {
 }
 
 
-def _with_shortcuts(source: Path, shortcuts: dict, dest: Path) -> Path:
-    nb = nbformat.read(source, as_version=4)
-    for cid, (code, _) in shortcuts.items():
-        call = re.compile(rf"^check\(\s*[\"']{re.escape(cid)}[\"'].*$", re.M)
-        at = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and call.search(c.source)]
-        assert len(at) == 1, f"{source.name}: no single cell checks {cid}"
-        cell = nb.cells[at[0]]
-        cell.source = call.sub("", cell.source).rstrip() or "pass"
-        name = "short_" + cid.replace(".", "_")
-        nb.cells.insert(at[0] + 1, nbformat.v4.new_code_cell(
-            f"{code.replace('def short(', f'def {name}(', 1)}\n\n\ncheck({cid!r}, {name})"))
-    nbformat.write(nb, dest)
-    return dest
+def _function_cell(cid: str, code: str) -> str:
+    """The shortcut function, renamed for its checkoff, then check() on the function itself."""
+    name = "short_" + cid.replace(".", "_")
+    return f"{code.replace('def short(', f'def {name}(', 1)}\n\n\ncheck({cid!r}, {name})"
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    grader = G.Grader(timeout=120, secret=bytes(32))
-    paths = {name: _with_shortcuts(SOLUTIONS / name, shortcuts, tmp_path_factory.mktemp(name[:2]) / name)
-             for name, shortcuts in SHORTCUTS.items()}
-    try:  # two at a time, as `grade --jobs 2` grades a class
-        grades = G.grade_all(grader, [G.Submission(p, "alice") for p in paths.values()], jobs=2, progress=False)
-    finally:
-        grader.close()
-    return {name: {c.id: c for c in g.checkoffs} for name, g in zip(paths, grades)}
+    return grade_shortcuts(SHORTCUTS, tmp_path_factory, _function_cell)
 
 
 CASES = [(name, cid) for name, shortcuts in SHORTCUTS.items() for cid in shortcuts]

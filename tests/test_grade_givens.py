@@ -49,20 +49,25 @@ ATTACKS = {  # each hands in the right number on the lecture's givens
 }
 
 
+def _lab_notebook(path, sources: list[str]):
+    """A notebook of the made-up lab: check() imported, the givens cell, then one cell per source."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell("from labsupport.course.checkoff import check"),
+                nbformat.v4.new_code_cell(GIVENS_CELL, metadata={"tags": ["givens"]})]
+    nb.cells += [nbformat.v4.new_code_cell(src) for src in sources]
+    nbformat.write(nb, path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     givens(lecture=LECTURE, hidden=_hidden, lab=LAB)
     for cid in [*HONEST, *ATTACKS]:
         value(cid, f"whole slots ({cid})", expected=lambda g: g.BUDGET // (g.S_MAX * g.KV_BYTES),
               hint="Count the whole slots of S_MAX tokens that fit in the budget.")
-    nb = nbformat.v4.new_notebook()
-    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell("from labsupport.course.checkoff import check"),
-                nbformat.v4.new_code_cell(GIVENS_CELL, metadata={"tags": ["givens"]})]
-    nb.cells += [nbformat.v4.new_code_cell(src) for src in HONEST.values()]
-    nb.cells += [nbformat.v4.new_code_cell(src) for src, _ in ATTACKS.values()]
-    path = tmp_path_factory.mktemp("lab97") / "97_slots.ipynb"
-    nbformat.write(nb, path)
+    path = _lab_notebook(tmp_path_factory.mktemp("lab97") / "97_slots.ipynb",
+                         [*HONEST.values(), *(src for src, _ in ATTACKS.values())])
     grader = G.Grader(timeout=120, secret=bytes(32))
     try:
         result = grader.grade(path, "alice")
@@ -106,13 +111,7 @@ def test_a_notebooks_answers_share_one_time_budget_however_many_hang(tmp_path):
     for cid in ids:
         value(cid, f"whole slots ({cid})", expected=lambda g: g.BUDGET // (g.S_MAX * g.KV_BYTES),
               hint="Count the whole slots of S_MAX tokens that fit in the budget.")
-    nb = nbformat.v4.new_notebook()
-    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell("from labsupport.course.checkoff import check"),
-                nbformat.v4.new_code_cell(GIVENS_CELL, metadata={"tags": ["givens"]})]
-    nb.cells += [nbformat.v4.new_code_cell(HOG.format(i=i)) for i in range(1, 4)]
-    path = tmp_path / "96_hog.ipynb"
-    nbformat.write(nb, path)
+    path = _lab_notebook(tmp_path / "96_hog.ipynb", [HOG.format(i=i) for i in range(1, 4)])
     grader = G.Grader(timeout=15, secret=bytes(32))
     try:
         result = grader.grade(path, "alice")

@@ -70,7 +70,15 @@ SHORTCUTS = {
 }
 
 
-def _with_shortcuts(source: Path, shortcuts: dict, dest: Path) -> Path:
+def _value_cell(cid: str, code: str) -> str:
+    """The shortcut's code, then check() on the value it leaves in `short`."""
+    prelude = "from labsupport import ledger\nfrom labsupport.block_allocator import BlockAllocator\n" \
+              "from labsupport.contiguous import ReserveToMaxAllocator\n"
+    return f"{prelude}{code}\ncheck({cid!r}, short)"
+
+
+def _with_shortcuts(source: Path, shortcuts: dict, dest: Path, shortcut_cell) -> Path:
+    """The solution `source`, each checkoff of `shortcuts` handed in by a new cell after its honest one."""
     nb = nbformat.read(source, as_version=4)
     for cid, (code, _) in shortcuts.items():
         call = re.compile(rf"^check\(\s*[\"']{re.escape(cid)}[\"'].*$", re.M)
@@ -78,23 +86,27 @@ def _with_shortcuts(source: Path, shortcuts: dict, dest: Path) -> Path:
         assert len(at) == 1, f"{source.name}: no single cell checks {cid}"
         cell = nb.cells[at[0]]
         cell.source = call.sub("", cell.source).rstrip() or "pass"
-        prelude = "from labsupport import ledger\nfrom labsupport.block_allocator import BlockAllocator\n" \
-                  "from labsupport.contiguous import ReserveToMaxAllocator\n"
-        nb.cells.insert(at[0] + 1, nbformat.v4.new_code_cell(f"{prelude}{code}\ncheck({cid!r}, short)"))
+        nb.cells.insert(at[0] + 1, nbformat.v4.new_code_cell(shortcut_cell(cid, code)))
     nbformat.write(nb, dest)
     return dest
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def grade_shortcuts(shortcuts_by_lab: dict, tmp_path_factory, shortcut_cell) -> dict:
+    """Each lab's solution with its shortcuts, graded two at a time (as `grade --jobs 2` grades a class):
+    notebook name -> checkoff id -> its result."""
     grader = G.Grader(timeout=120, secret=bytes(32))
-    paths = {name: _with_shortcuts(SOLUTIONS / name, shortcuts, tmp_path_factory.mktemp(name[:2]) / name)
-             for name, shortcuts in SHORTCUTS.items()}
-    try:  # two at a time, as `grade --jobs 2` grades a class
+    paths = {name: _with_shortcuts(SOLUTIONS / name, shortcuts, tmp_path_factory.mktemp(name[:2]) / name,
+                                   shortcut_cell) for name, shortcuts in shortcuts_by_lab.items()}
+    try:
         grades = G.grade_all(grader, [G.Submission(p, "alice") for p in paths.values()], jobs=2, progress=False)
     finally:
         grader.close()
     return {name: {c.id: c for c in g.checkoffs} for name, g in zip(paths, grades)}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    return grade_shortcuts(SHORTCUTS, tmp_path_factory, _value_cell)
 
 
 CASES = [(name, cid) for name, shortcuts in SHORTCUTS.items() for cid in shortcuts]

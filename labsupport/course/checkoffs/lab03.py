@@ -75,7 +75,6 @@ KV_MHA = _kv(G)  # 524,288 B per token
 BUDGET = _budget(G)  # 62,520,000,000 B
 SEQ = G.PROMPT + G.OUTPUT
 
-# The real allocator's and kernels' own answers to "which slot holds this token".
 # The library's counts of a paged pool: whole blocks in the budget, blocks (table entries) per sequence,
 # sequences per pool.  3.5's answer is one of them, 3.7's and 3.8's one multiplication or division away.
 _POOL_SHORTCUTS = ("labsupport.ledger.paged_concurrency", "labsupport.ledger.paged_utilization",
@@ -89,6 +88,7 @@ _ENTRY_SHORTCUTS = ("labsupport.ledger.block_table_bytes", "labsupport.ledger.bl
 _REPLAY_SHORTCUTS = ("labsupport.fig2.simulate_breakdown", "labsupport.fig2.fig2_breakdown",
                      "labsupport.viz.memory.measure_block_size", "labsupport.viz.memory.measure_workloads",
                      "labsupport.viz.memory.replay_pool")
+# The real allocator's and kernels' own answers to "which slot holds this token".
 _TABLE_SHORTCUTS = ("labsupport.block_allocator.BlockAllocator.slot_mapping",
                     "labsupport.block_allocator.BlockAllocator.append_slot",
                     "labsupport.block_allocator.BlockAllocator.append_slots",
