@@ -509,7 +509,7 @@ class Grader:
                             owner=slot.own if slot is not None else None)
 
     def _decide(self, nb: A.Notebook, checkoff: Checkoff, prepared, run: Run, worker,
-                hidden: list[tuple[dict, dict]] = (), deadline: float | None = None) -> tuple[str, str]:
+                hidden: list[tuple[dict, dict]], deadline: float) -> tuple[str, str]:
         calls = nb.calls.get(checkoff.id, [])
         if not calls:
             return NOT_ATTEMPTED, "no cell of this notebook calls check() for it"
@@ -538,18 +538,17 @@ class Grader:
                 return FAILED, (f"your answer depends on {names}, which no cell before check() defines in code the "
                                 "grader can read; compute it in the notebook's own cells.\nHint: " + checkoff.hint)
         needs_worker = function_answer or checkoff.expect is not None
-        left = (lambda: deadline - time.monotonic()) if deadline is not None else (lambda: float(self.timeout))
-        if needs_worker and left() <= 0:
+        if needs_worker and deadline <= time.monotonic():
             return FAILED, (f"the grader's time for re-running this notebook's answers (--timeout {self.timeout} s, all "
                             "of them together) ran out before this one: an earlier answer's code ran that long")
         try:
             if function_answer:  # its cases are its own; the givens it reads as globals are the lecture's
                 bound = _given_lines(givens.lecture) if givens is not None else ""
                 answer = worker.load(checkoff.id, bound + program.source(), checkoff.forbidden,
-                                     program.function_source(), max(1.0, left()))
+                                     program.function_source(), _seconds_to(deadline))
             checkoff.verdict(answer, prepared)
             if checkoff.expect is not None and not function_answer:
-                self._rederive(checkoff, program, answer, prepared, givens, hidden, worker, left)
+                self._rederive(checkoff, program, answer, prepared, givens, hidden, worker, deadline)
         except Forbidden as exc:
             return FAILED, _derive_text(checkoff, [str(exc)])
         except NotImplementedError as exc:
@@ -562,12 +561,12 @@ class Grader:
 
 
     def _rederive(self, checkoff: Checkoff, program: A.Program, answer, prepared, givens, hidden, worker,
-                  left=None) -> None:
-        """Re-run the answer's code on the lecture's givens and on the hidden ones; raise Mismatch where it is off.
-        `left()` is the seconds the notebook's answers have left."""
+                  deadline: float) -> None:
+        """Re-run the answer's code on the lecture's givens and on the hidden ones, before the notebook's answers'
+        `deadline`; raise Mismatch where it is off."""
         source = program.source()
-        budget = (lambda: max(1.0, left())) if left is not None else (lambda: float(self.timeout))
-        lecture = worker.value(checkoff.id, _given_lines(givens.lecture) + source, checkoff.forbidden, budget())
+        lecture = worker.value(checkoff.id, _given_lines(givens.lecture) + source, checkoff.forbidden,
+                               _seconds_to(deadline))
         try:
             checkoff.verdict(lecture, prepared)
         except Mismatch:
@@ -575,7 +574,7 @@ class Grader:
                            f"{_shown(answer)} your notebook handed to check(): the answer must come from the code "
                            "above the check() call, run top to bottom") from None
         for values, expected in hidden:
-            got = worker.value(checkoff.id, _given_lines(values) + source, checkoff.forbidden, budget())
+            got = worker.value(checkoff.id, _given_lines(values) + source, checkoff.forbidden, _seconds_to(deadline))
             try:
                 checkoff.verdict(got, expected[checkoff.id])
             except Mismatch:
@@ -586,6 +585,11 @@ class Grader:
                     + (f"gave the same {_shown(got)} again: a number typed or copied in, not computed. "
                        if same else f"gave {_shown(got)}, which is not what those givens make it. ")
                     + f"Compute it from the givens cell's names ({names}), not from numbers written out") from None
+
+
+def _seconds_to(deadline: float) -> float:
+    """A worker call's budget: what is left before `deadline`, at least a second (the call itself says it ran out)."""
+    return max(1.0, deadline - time.monotonic())
 
 
 def _given_lines(values: dict) -> str:
