@@ -8,6 +8,8 @@ each problem.  Exit code 0 when the labs can run,
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
 import os
 import platform
 import sys
@@ -16,11 +18,13 @@ from labsupport.cli.parser import OneLineParser, dumps_strict, run_command, stri
 
 
 def _version(module: str) -> str | None:
+    """The installed version, read without importing the package (jupyterlab alone takes seconds to import)."""
     try:
-        mod = importlib.import_module(module)
+        if importlib.util.find_spec(module) is None:
+            return None
+        return importlib.metadata.version(module)
     except Exception:  # a broken install counts as missing; the report says so
         return None
-    return getattr(mod, "__version__", "installed")
 
 
 def report() -> dict:
@@ -84,11 +88,13 @@ def report() -> dict:
         problems.append("Triton was imported before labsupport with no GPU and no TRITON_INTERPRET: restart the "
                         "kernel and `import labsupport` first (it sets TRITON_INTERPRET=1 on CPU machines).")
     try:
-        from labsupport.course.sandbox import Sandbox, describe
+        from labsupport.course.sandbox import Sandbox
     except ModuleNotFoundError:  # the student release leaves the grading tooling out
         info["grading_isolation"] = "not in this copy (course staff grade with the full repository)"
     else:
-        info["grading_isolation"] = describe(Sandbox.for_this_machine(prepare=False))  # as `grade` would run
+        sandbox = Sandbox.for_this_machine()  # as `grade` would run here
+        info["grading_isolation"] = sandbox.describe() if sandbox else (
+            "none: bubblewrap cannot run here, so `grade` refuses untrusted notebooks (--trusted runs them as you)")
     info["ok"] = not problems
     return info
 

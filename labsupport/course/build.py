@@ -67,7 +67,9 @@ from pathlib import Path
 import nbformat
 
 from labsupport.cli.parser import OneLineParser, UsageError
-from labsupport.course.checkoff import NOT_ATTEMPTED_LINE, PASS_LINE, PROMPT_WORD, load_lab, plain
+from labsupport.course import record
+from labsupport.course.checkoff import NOT_ATTEMPTED_LINE, PASS_LINE, PROMPT_WORD, plain
+from labsupport.course.checkoffs import load_lab
 
 BEGIN_MARK = "### BEGIN SOLUTION"
 END_MARK = "### END SOLUTION"
@@ -132,6 +134,7 @@ class Region:
     checkoff_id: str
     prompt: str
     cell: int
+    cell_id: str = ""
 
 
 @dataclass
@@ -141,6 +144,7 @@ class Parsed:
     student: nbformat.NotebookNode
     regions: list[Region] = field(default_factory=list)
     checkoffs: dict[str, int] = field(default_factory=dict)  # checkoff id -> solution cell index
+    check_cells: dict[str, str] = field(default_factory=dict)  # checkoff id -> its check() cell's id
 
 
 # --- discovering labs ---------------------------------------------------------------------------
@@ -388,7 +392,7 @@ def parse(lab: Lab) -> Parsed:
     student_code = {position: strip_regions(cell.source) for position, cell in enumerate(source_nb.cells)
                     if cell.cell_type == "code" and TAG_SOLUTION_ONLY not in cell.metadata.get("tags", [])}
     uses_of = {position: first_uses(code) for position, code in student_code.items()}
-    sol_cells, stu_cells, regions, checkoffs = [], [], [], {}
+    sol_cells, stu_cells, regions, checkoffs, check_cells = [], [], [], {}, {}
     for position, cell in enumerate(source_nb.cells):
         where = f"{lab.source.name}, cell {position + 1}"
         body = cell.source
@@ -408,6 +412,7 @@ def parse(lab: Lab) -> Parsed:
         extra = [TAG_CHECKOFF, TAG_NBVAL_CHECK] if ids else []
         meta = _clean_metadata(cell.metadata, extra)
         cid = cell_id(lab.name, position)
+        check_cells.update({i: cid for i in ids})
         if cell.cell_type == "markdown":
             if BEGIN_MARK in body:
                 raise BuildError(f"{where}: solution regions belong in code cells; tag a markdown answer "
@@ -417,7 +422,7 @@ def parse(lab: Lab) -> Parsed:
         elif cell.cell_type == "code":
             later = [uses for other, uses in uses_of.items() if other > position]
             student_body, found = cut_solutions(body, where, later)
-            regions += [Region(i, p, len(sol_cells)) for i, p in found]
+            regions += [Region(i, p, len(sol_cells), cid) for i, p in found]
             for checkoff_id, _ in found:
                 if int(checkoff_id.split(".")[0]) != lab.number:
                     raise BuildError(f"{where}: solution region {checkoff_id} is not a checkoff of lab {lab.number:02d}")
@@ -442,7 +447,7 @@ def parse(lab: Lab) -> Parsed:
     sol_cells.insert(first_code, colab_cell(lab))
     first_code = next((i for i, c in enumerate(stu_cells) if c.cell_type == "code"), len(stu_cells))
     stu_cells.insert(first_code, colab_cell(lab))
-    parsed = Parsed(lab, _notebook(sol_cells), _notebook(stu_cells), regions, checkoffs)
+    parsed = Parsed(lab, _notebook(sol_cells), _notebook(stu_cells), regions, checkoffs, check_cells)
     _validate(parsed)
     return parsed
 
@@ -525,11 +530,12 @@ TAG_GIVENS = "givens"
 
 
 def check_givens(parsed: Parsed) -> None:
-    """A lab with givens has one cell tagged ``givens`` binding each of them, to the lecture's value, and nothing else."""
-    from labsupport.course.registry import GIVENS
+    """A lab with givens has exactly one cell tagged ``givens``, binding constants only, each of which its
+    graders' hidden generator varies (labsupport.course.registry reads the lecture's values from that cell)."""
+    from labsupport.course.registry import GIVENS, case_rng, givens_cell
 
     lab = parsed.lab
-    cells = [(i, c) for i, c in enumerate(parsed.solution.cells) if TAG_GIVENS in c.metadata.get("tags", [])]
+    cells = [c for c in parsed.solution.cells if TAG_GIVENS in c.metadata.get("tags", [])]
     declared = GIVENS.get(lab.number)
     if declared is None:
         if cells:
@@ -539,22 +545,33 @@ def check_givens(parsed: Parsed) -> None:
     if len(cells) != 1:
         raise BuildError(f"{lab.name}: lab {lab.number:02d} declares givens, so exactly one code cell must be tagged "
                          f"'{TAG_GIVENS}' (found {len(cells)})")
-    index, cell = cells[0]
-    where = f"{lab.source.name}, the givens cell"
-    bound = {}
-    for stmt in ast.parse(cell.source).body:
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
-            raise BuildError(f"{where}, line {stmt.lineno}: a givens cell holds only 'NAME = value' lines")
-        try:
-            bound[stmt.targets[0].id] = eval(compile(ast.Expression(stmt.value), where, "eval"), {"__builtins__": {}})
-        except Exception as exc:  # noqa: BLE001 - any name or call: not a constant
-            raise BuildError(f"{where}, line {stmt.lineno}: {stmt.targets[0].id} must be a constant "
-                             f"({type(exc).__name__}: {exc})") from None
-    if set(bound) != set(declared.lecture):
-        raise BuildError(f"{where}: binds {sorted(bound)}, but the lab's givens are {sorted(declared.lecture)}")
-    wrong = [n for n in bound if bound[n] != declared.lecture[n]]
-    if wrong:
-        raise BuildError(f"{where}: {', '.join(f'{n} = {bound[n]!r} (the givens say {declared.lecture[n]!r})' for n in wrong)}")
+    try:
+        givens_cell(cells[0].source, f"{lab.source.name}, the givens cell")
+        declared.draw(case_rng("givens", b"build"), 2)
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
+
+
+def record_of(parsed: Parsed) -> dict:
+    """The lab's public record (labsupport.course.record), worked out from its graders on the lecture's
+    givens and the lab's own cases."""
+    from labsupport.course.registry import GIVENS, case_rng
+
+    lab = parsed.lab
+    entries = []
+    for c in load_lab(lab.number):
+        regions = [r for r in parsed.regions if r.checkoff_id == c.id]
+        payload = ({"cases": [{"input": k.input(), "spec": k.public_spec(c.name)} for k in c.cases(case_rng(c.id))]}
+                   if c.kind == "function" else {"spec": c.value_spec()})
+        entries.append({"id": c.id, "title": c.title, "hint": c.hint, "kind": c.kind,
+                        "prompts": list(dict.fromkeys(r.prompt for r in regions)),
+                        "cells": list(dict.fromkeys([r.cell_id for r in regions] + [parsed.check_cells[c.id]])),
+                        "forbid": list(c.forbid), "derive": c.derive, "sealed": record.seal(payload, lab.number)})
+    rec = {"lab": lab.number, "checkoffs": entries}
+    if lab.number in GIVENS:
+        rec["givens"] = GIVENS[lab.number].lecture
+        rec["givens_cell"] = next(c.id for c in parsed.solution.cells if TAG_GIVENS in c.metadata.get("tags", []))
+    return rec
 
 
 # --- executing ---------------------------------------------------------------------------------
@@ -751,6 +768,11 @@ def check_labs(labs: list[Lab], root: Path) -> list[str]:
                 diffs.append(f"{rel}: missing (run `python -m labsupport build {lab.name}`)")
                 continue
             diffs += compare(expected, nbformat.read(path, as_version=4), str(rel), outputs)
+        if not lab.instructor:
+            path = record_path(root, lab.number)
+            if not path.is_file() or path.read_text(encoding="utf-8") != record.dumps(record_of(parsed)):
+                diffs.append(f"{path.relative_to(root)}: the lab's public record is missing or stale "
+                             f"(run `python -m labsupport build {lab.name}`)")
     if len(labs) == len(discover(root)):
         sources = {lab.name for lab in labs}
         for folder in ("notebooks", "solutions"):
@@ -771,6 +793,22 @@ def _say_if_on_stand_ins(lab: Lab, solution: nbformat.NotebookNode) -> None:
               f"(`{FETCH_COMMAND}` fetches the traces)", file=sys.stderr, flush=True)
 
 
+def record_path(root: Path, lab: int) -> Path:
+    return Path(root) / "labsupport" / "course" / "records" / f"lab{lab:02d}.json"
+
+
+def write_record(parsed: Parsed) -> None:
+    """The lab's public record, written before anything runs: the notebooks' check() reads it."""
+    if parsed.lab.instructor:
+        return
+    path = record_path(parsed.lab.root, parsed.lab.number)
+    text = record.dumps(record_of(parsed))
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    record.read.cache_clear()
+
+
 def build_lab(lab: Lab, run: bool = True, progress: bool = True) -> tuple[float, float]:
     """Write both notebooks of one lab; returns the seconds spent running the solution and the student copy.
 
@@ -779,6 +817,7 @@ def build_lab(lab: Lab, run: bool = True, progress: bool = True) -> tuple[float,
     last cell with every checkoff "not attempted".
     """
     parsed = parse(lab)
+    write_record(parsed)
     seconds = (0.0, 0.0)
     if run:
         _say_if_on_stand_ins(lab, parsed.solution)

@@ -1,25 +1,10 @@
 """Checkoffs: `check("2.1", answer)` gives instant feedback on a student's number or function (every lab).
 
-A checkoff is registered once, in ``labsupport/course/checkoffs/labNN.py`` for lab NN, with one of
-
-    value("2.1", "title", expected=lambda: ..., rel_tol=..., abs_tol=..., unit=" B", hint="...")
-    choice("1.4", "title", answer="admit", options=JOBS, hint="...")
-    @function("3.2", "title", hint="...", cases=lambda rng: [...])
-    def _(student_fn, case): ...   # call it through `call(...)`, raise `Mismatch` on a wrong result
-
-The expected value, or a function checkoff's cases with their expected results, is computed there,
-from first principles (spec fields, hand formulas, or the real mechanism the student's code must
-agree with), never by calling the student's code.  A checkoff is two steps, kept apart so that
-`python -m labsupport grade` can do the first before any student code runs:
-
-    prepare(rng)               the expected value, or the cases (the lab's own inputs plus random
-                               ones drawn from `rng`: a fixed seed here, a secret one when grading)
-    verdict(answer, prepared)  compare; raise `Mismatch` saying what is wrong
-
-A checkoff may also name library functions its answer must not call (``forbid=``, with ``derive=``
-saying what to work out instead): `grade` reads the student's code and fails an answer that reaches
-for them.  The module is imported the first time one of its checkoffs is asked for, so a lab only has
-to exist.
+check() reads the lab's public record (labsupport.course.record: the expected value on the
+lecture's givens, the lab's own cases, the remarks), scans the exercise's cells for a direct call of
+the library function that would answer it (labsupport.course.scan), runs a function on the lab's own
+cases (labsupport.course.harness) and judges (labsupport.course.judge).  The same record, scan,
+harness and judge serve the repository and the student release; no grader is ever imported here.
 
 `check` is formative.  It prints one line and never raises for the answer, so Run All reaches the
 end of a lab:
@@ -28,17 +13,15 @@ end of a lab:
     ⬜ Checkoff 2.1 not attempted — <the exercise's prompt>
     ❌ Checkoff 2.1: <what was wrong> Hint: <how to think about it, never the answer>
 
-The pass line is the checkoff cell's stored output in the student copy (`pytest --nbval-lax`
-compares it).  "Not attempted" means the answer is still the student copy's placeholder, `...`
-(alone or inside a list, tuple, set or dict), or the student's function raises NotImplementedError.
-After a ❌ line come, only when the student's own code raised, the frames of that traceback that
-are in the student's code (never labsupport's).  Outcomes are kept in `results()` for this kernel
-only (the scoreboard reads them); the grade is decided by `labsupport.course.grade`, in a process
-of its own, from the answers alone.
+"Not attempted" means the answer is still the student copy's placeholder, `...` (alone or inside a
+list, tuple, set or dict), or the student's function raises NotImplementedError.  After a ❌ line
+come, only when the student's own code raised, the frames of that traceback that are in the
+student's code (never labsupport's).  Outcomes are kept in `results()` for this kernel only (the
+scoreboard reads them).  While `grade` runs a notebook, check() only hands the answer over
+(`collect`); the verdict is reached outside the notebook's sandbox (labsupport.course.grade).
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import linecache
 import os
@@ -47,14 +30,8 @@ import sysconfig
 import traceback
 from pathlib import Path
 
-from labsupport.course import formative
-from labsupport.course.codec import contains_unfinished
-# the kinds of checkoff and the registry, re-exported: the graders and the labs import them from here
-from labsupport.course.registry import (ALWAYS_FORBIDDEN, Checkoff, Forbidden, ID_PATTERN, Mismatch,
-                                       PUBLIC_SEED, REGISTRY, RemoteAnswer, RemoteError, answer_source,
-                                       as_number, call, call_with, case_rng, choice, describe_call,
-                                       expect_close, function, givens, is_triton_function, raise_if_unfinished,
-                                       register, tolerance_text, units_slip, validate_id, value)  # noqa: F401
+from labsupport.course import data, harness, judge, record, scan
+from labsupport.course.judge import Mismatch
 
 PASS_LINE = "✅ Checkoff {id} passed"
 NOT_ATTEMPTED_LINE = "⬜ Checkoff {id} not attempted — {prompt}"
@@ -65,79 +42,98 @@ PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 SYMBOLS = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⬜"}
 
 _RESULTS: dict[str, dict] = {}  # this kernel's outcomes, for the scoreboard
+collect = None  # while grading: the runner's collector, handed every check() call instead
 
 
-# --- looking up and checking ----------------------------------------------------------------
-
-def lab_module_name(lab: int) -> str:
-    return f"labsupport.course.checkoffs.lab{lab:02d}"
-
-
-def load_lab(lab: int) -> list[Checkoff]:
-    """Import lab `lab`'s checkoff module (if it has one) and return its checkoffs in order.
-
-    Where the graders are not installed (the student release), the lab's sealed formative record
-    stands in for them (labsupport.course.formative).
-    """
-    try:
-        importlib.import_module(lab_module_name(lab))
-    except ModuleNotFoundError as exc:
-        if exc.name not in (lab_module_name(lab), "labsupport.course.checkoffs"):
-            raise
-        if exc.name == "labsupport.course.checkoffs":
-            formative.register_lab(lab)
-    return sorted((c for c in REGISTRY.values() if c.lab == lab), key=lambda c: c.order)
+def load_lab(lab: int) -> list[dict]:
+    """Lab `lab`'s checkoffs, in order, as its record describes them."""
+    rec = record.read(lab)
+    return sorted(rec["checkoffs"], key=lambda e: tuple(map(int, e["id"].split(".")))) if rec else []
 
 
-def get(checkoff_id: str) -> Checkoff:
-    validate_id(checkoff_id)
-    lab = int(checkoff_id.split(".")[0])
-    if checkoff_id not in REGISTRY:
-        load_lab(lab)
-    if checkoff_id not in REGISTRY:
-        known = ", ".join(c.id for c in load_lab(lab)) or "none"
-        raise KeyError(f"unknown checkoff {checkoff_id!r}; lab {lab} registers: {known}")
-    return REGISTRY[checkoff_id]
+def get(checkoff_id: str) -> dict:
+    if not isinstance(checkoff_id, str) or not re.match(r"^\d+\.\d+$", checkoff_id):
+        raise ValueError(f"checkoff id must look like '2.1' (lab.number), got {checkoff_id!r}")
+    found = record.entry(checkoff_id)
+    if found is None:
+        known = ", ".join(e["id"] for e in load_lab(int(checkoff_id.split(".")[0]))) or "none"
+        raise KeyError(f"unknown checkoff {checkoff_id!r}; lab {checkoff_id.split('.')[0]} has: {known}")
+    return found
+
+
+def verdict(entry: dict, answer, exercise: list[str] = (), everything: list[str] = ()) -> None:
+    """Raise Mismatch (or judge.Unfinished) unless `answer` passes `entry`'s scan and its record's spec."""
+    found = scan.hits(list(exercise), list(everything), entry.get("forbid", ()))
+    if found:
+        raise Mismatch(forbidden_text(found, entry))
+    if entry["kind"] != "function":
+        judge.verdict(data.parse(data.dumps(answer)), judge.readable(entry["spec"]))
+        return
+    if not callable(answer):
+        raise Mismatch(f"this checkoff wants your function itself (no parentheses); you gave {judge.echo(answer)}.")
+    for case in entry["cases"]:
+        judge.observed(data.parse(data.dumps(harness.observe(answer, case["input"]))), judge.readable(case["spec"]))
+
+
+def forbidden_text(names: list[str], entry: dict) -> str:
+    derive = entry.get("derive") or "work it out from the quantities you have"
+    return (f"your code for {entry['id']} calls {', '.join(names)}, which answers this exercise in one call. "
+            f"Derive it instead: {derive}.")
 
 
 def check(checkoff_id: str, answer) -> None:
-    """Grade `answer` (a value, or your function) for checkoff `checkoff_id` and print one line.
-
-    Never raises for a wrong or missing answer, so Run All always reaches the end of a lab:
-
-        ✅ Checkoff 2.1 passed
-        ⬜ Checkoff 2.1 not attempted — <the exercise's prompt>
-        ❌ Checkoff 2.1: <what was wrong> Hint: <how to think about it>
-           (then, only when your own code raised, its frames: never labsupport's)
-    """
+    """Judge `answer` (a value, or your function) for checkoff `checkoff_id` and print one line; never raises."""
     __tracebackhide__ = True
-    checkoff = get(checkoff_id)
-    if contains_unfinished(answer):  # `slot_bytes = ...`, as the student copy left it
-        prompt = prompt_of(checkoff, caller=inspect.currentframe().f_back)
-        _RESULTS[checkoff_id] = {"status": NOT_ATTEMPTED, "detail": prompt}
-        print(plain(NOT_ATTEMPTED_LINE.format(id=checkoff_id, prompt=prompt)))
+    if collect is not None:
+        collect(checkoff_id, answer)
         return
-    raised = None
+    entry = get(checkoff_id)
+    caller = inspect.currentframe().f_back
+    if data.contains_unfinished(answer):  # `slot_bytes = ...`, as the student copy left it
+        _not_attempted(checkoff_id, prompt_of(entry, None, caller))
+        return
+    harness.LAST_ERROR = None
     try:
-        checkoff.grade(answer)
-    except NotImplementedError as exc:
-        _RESULTS[checkoff_id] = {"status": NOT_ATTEMPTED, "detail": str(exc)}
-        print(plain(NOT_ATTEMPTED_LINE.format(id=checkoff_id, prompt=prompt_of(checkoff, exc,
-                                                                              inspect.currentframe().f_back))))
+        verdict(entry, answer, _exercise_sources(caller, answer), _history())
+    except judge.Unfinished as exc:
+        _not_attempted(checkoff_id, prompt_of(entry, str(exc), caller))
         return
     except Mismatch as exc:
-        problem, raised = str(exc), exc.__context__  # `call` keeps the student's exception as the context
-    except Exception as exc:  # a student function called without `call`: still the student's error
-        problem, raised = f"your answer raised {type(exc).__name__}: {exc}", exc
+        problem = str(exc)
     else:
         _RESULTS[checkoff_id] = {"status": PASSED, "detail": ""}
         print(PASS_LINE.format(id=checkoff_id))
         return
-    _RESULTS[checkoff_id] = {"status": FAILED, "detail": f"{problem}\nHint: {checkoff.hint}"}
+    _RESULTS[checkoff_id] = {"status": FAILED, "detail": f"{problem}\nHint: {entry['hint']}"}
     sentence = problem.rstrip() if problem.rstrip().endswith((".", "!", "?")) else problem.rstrip() + "."
-    print(plain(FAIL_LINE.format(id=checkoff_id, problem=sentence, hint=checkoff.hint)))
-    for line in student_traceback(raised):
+    print(plain(FAIL_LINE.format(id=checkoff_id, problem=sentence, hint=entry["hint"])))
+    for line in student_traceback(harness.LAST_ERROR):
         print(line)
+
+
+def _not_attempted(checkoff_id: str, prompt: str) -> None:
+    _RESULTS[checkoff_id] = {"status": NOT_ATTEMPTED, "detail": prompt}
+    print(plain(NOT_ATTEMPTED_LINE.format(id=checkoff_id, prompt=prompt)))
+
+
+def _exercise_sources(caller, answer) -> list[str]:
+    """The cells that are the exercise: the one calling check() and, for a function, the one defining it."""
+    sources = ["".join(linecache.getlines(caller.f_code.co_filename))] if caller is not None else []
+    code = getattr(getattr(answer, "fn", answer), "__code__", None)
+    if code is not None:
+        sources.append("".join(linecache.getlines(code.co_filename)))
+    return sources
+
+
+def _history() -> list[str]:
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        history = shell.user_ns.get("In", []) if shell is not None else []
+    except (ImportError, AttributeError):
+        history = []
+    return [h for h in history if isinstance(h, str)]
 
 
 # --- cells that use a student's answer ----------------------------------------------------------
@@ -148,14 +144,12 @@ def passed(*checkoff_ids: str) -> bool:
 
 
 def unlocked(*checkoff_ids: str) -> bool:
-    """`passed`, for a cell that runs the student's own code: until then it prints one ⬜ line saying
-    what it waits for, and Run All goes on."""
+    """`passed`, for a cell that runs the student's own code: until then one ⬜ line says what it waits for."""
     return _waits_for(checkoff_ids, "runs your answer")
 
 
 def revealed(*checkoff_ids: str) -> bool:
-    """`passed`, for a cell that confirms an exercise's value with labsupport: the formula and the
-    number stay hidden (one ⬜ line instead) until the student has derived them."""
+    """`passed`, for a cell that confirms an exercise's value: the number stays hidden until it is derived."""
     return _waits_for(checkoff_ids, "shows the answer")
 
 
@@ -176,45 +170,29 @@ _EMPHASIS = re.compile(r"(?<![\w*])\*{1,2}([^\s*](?:[^*]*[^\s*])?)\*{1,2}(?![\w*
 
 
 def plain(text: str) -> str:
-    """A feedback line as plain text: a print shows Markdown's `code` and *emphasis* marks literally,
-    so they are dropped (2**31 and a*b, which are not emphasis, stay)."""
+    """A feedback line as plain text: Markdown's `code` and *emphasis* marks dropped (2**31 and a*b stay)."""
     return _EMPHASIS.sub(r"\1", _CODE.sub(r"\1", text))
 
 
-def prompt_of(checkoff: Checkoff, raised: BaseException | None = None, caller=None) -> str:
-    """The exercise's one-line prompt, as the student copy shows it, else the checkoff's title.
-
-    The build writes ``# <to-do word> N.M: <prompt>`` above each placeholder and into each
-    NotImplementedError.  The prompt comes from the error's message; else from the source of the
-    cell that called check() (`caller`, a frame: its cell usually holds the placeholder); else from
-    the latest cell in IPython's input history that carries the comment.
-    """
-    pattern = re.compile(rf"{PROMPT_WORD} {re.escape(checkoff.id)}: *(.+)")
-    found = pattern.match(str(raised)) if raised is not None else None
+def prompt_of(entry: dict, raised: str | None = None, caller=None) -> str:
+    """The exercise's one-line prompt: from the NotImplementedError's message, else the calling cell's
+    ``# <to-do word> N.M:`` comment, else the latest cell of the input history with one, else the title."""
+    pattern = re.compile(rf"{PROMPT_WORD} {re.escape(entry['id'])}: *(.+)")
+    found = pattern.match(raised) if raised else None
     if found:
         return found[1].strip()
     comment = re.compile(rf"^[ \t]*# {pattern.pattern}$", re.M)
     sources = ["".join(linecache.getlines(caller.f_code.co_filename))] if caller is not None else []
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        history = shell.user_ns.get("In", []) if shell is not None else []
-    except (ImportError, AttributeError):
-        history = []
-    sources += reversed(history) if isinstance(history, list) else []
-    for source in sources:
-        found = comment.search(source) if isinstance(source, str) else None
+    for source in sources + list(reversed(_history())):
+        found = comment.search(source)
         if found:
             return found[1].strip()
-    return checkoff.title
+    prompts = entry.get("prompts") or [entry["title"]]
+    return prompts[-1]
 
 
 def student_traceback(exc: BaseException | None) -> list[str]:
-    """The frames of `exc`'s traceback that are the student's code (never labsupport, Python or a library).
-
-    Empty when no frame of the student's is in it: then the one-line problem already says it all.
-    """
+    """The frames of `exc`'s traceback that are the student's code (never labsupport, Python or a library)."""
     if exc is None:
         return []
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _library_file(f.filename)]
@@ -230,7 +208,7 @@ def student_traceback(exc: BaseException | None) -> list[str]:
 
 
 def _library_dirs() -> tuple[str, ...]:
-    paths = {str(Path(__file__).resolve().parents[1])}  # labsupport itself
+    paths = {str(Path(__file__).resolve().parents[1])}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         try:
             paths.add(str(Path(sysconfig.get_path(key)).resolve()))
@@ -243,10 +221,9 @@ def _library_file(filename: str) -> bool:
     if filename.startswith("<frozen "):
         return True
     try:
-        resolved = str(Path(filename).resolve())
+        return str(Path(filename).resolve()).startswith(_library_dirs())
     except (OSError, ValueError):
         return False
-    return resolved.startswith(_library_dirs())
 
 
 def _where(filename: str) -> str:

@@ -1,324 +1,372 @@
-"""Where student code runs while `grade` grades it: a sandbox per notebook (every lab).
+"""Where a handed-in notebook runs while `grade` grades it: one sandbox per notebook, every resource bounded.
 
-Every process of a notebook being graded (kernel, worker, anything they start) runs in the best
-of three modes this machine allows, probed once per run (GRADING.md, "Isolation"):
+Three modes (GRADING.md, "Isolation"); `grade` prints the one it uses:
 
-  bubblewrap  its own pid, network, IPC and UTS namespaces, its own user id, no capabilities, and
-              a read-only view of only the system, the interpreter, the private labsupport and the
-              data, plus its own scratch and /tmp.  Killing its bwrap process kills it all.
-  uid         no namespaces here: its own user id, no capabilities, the graders' files root-only;
-              that user's processes are killed after the notebook.
-  none        not root and no bubblewrap: student code runs as you.
+  bubblewrap  (the default where it works) Debian's bwrap: its own user namespace (no capabilities,
+              no user namespaces of its own), pid, network, IPC, UTS and cgroup namespaces, and a
+              read-only view of the system, the interpreter and its packages, labsupport with its
+              graders masked out, the labs' data and the notebook's folder.  Everything it may write
+              is a sized tmpfs of its own: its scratch (/scratch), /tmp and /dev/shm; /dev is read-only.
+  container   (Gradescope: one container per submission, run as root) the grader deletes the graders
+              from disk before the notebook starts (`forget_graders`) and runs it as an unprivileged
+              user with no capabilities through util-linux's setpriv, bounded by prlimit.
+  trusted     (``--trusted``) no isolation: the notebook runs as you.  For notebooks you wrote.
 
-User ids are lent machine-wide: each has a lock file in a root-only folder (LOCKS), flocked by the
-slot holding it, so two `grade` runs never share one.  $LABSUPPORT_GRADE_ISOLATION=uid|none forces a mode.
-
-    python -I sandbox.py UID -- COMMAND...   (inside the sandbox: become UID, then run COMMAND)
-    python -I sandbox.py UID --kill-all      (uid mode: kill, as UID, every process of UID)
+Bounds (`Bounds`), each named in the row of a notebook that meets it: memory, tmpfs pages included
+(a cgroup's memory.max or memory.limit_in_bytes; without a cgroup, RLIMIT_AS per process);
+processes (pids.max, else RLIMIT_NPROC); CPU seconds (RLIMIT_CPU); bytes per file (RLIMIT_FSIZE);
+the sizes of scratch, /tmp and /dev/shm; and wall time (the grader kills the sandbox).  The
+notebook's output goes nowhere; its events come back on one pipe the grader reads with a cap.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import fcntl
+import json
 import os
+import secrets
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-UIDS = range(61000, 61256)  # the user ids lent to student code, machine-wide
-LOCKS = Path("/run" if os.path.isdir("/run") else tempfile.gettempdir()) / "labsupport-grade-uids"
-MODE_ENV = "LABSUPPORT_GRADE_ISOLATION"
-LAUNCHER = Path(__file__).read_bytes()  # this file as the grader read it, copied into each job as launch.py
+PACKAGE = Path(__file__).resolve().parents[1]
+GRADERS = PACKAGE / "course" / "checkoffs"  # never seen by student code
 SYSTEM = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
-# per-process limits for student code: processes of its user (a fork bomb), bytes per file, no core dumps
-LIMITS = {"RLIMIT_NPROC": 256, "RLIMIT_FSIZE": 4 * 2**30, "RLIMIT_CORE": 0}
+NOBODY = 65534
+MAX_EVENTS_BYTES = 256 * 2**20  # read back from one sandbox; the rest is dropped
+MAX_LINE = 17 * 2**20
+MiB, GiB = 2**20, 2**30
 
 
-def drop_to(uid: int) -> None:
-    """Become `uid` (and its own group) for good, with no capabilities and no way to gain any."""
-    import resource
+@dataclass(frozen=True)
+class Bounds:
+    memory: int = 4 * GiB
+    processes: int = 256
+    scratch: int = 1 * GiB
+    tmp: int = 512 * MiB
+    shm: int = 64 * MiB
+    file: int = 512 * MiB
+    cpu_s: int = 3600
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    for name, limit in LIMITS.items():
-        resource.setrlimit(getattr(resource, name), (limit, limit))
-    for cap in range(64):  # the bounding set too, so nothing executed later can hold one
-        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)  # without PR_SET_KEEPCAPS this clears every capability
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    if os.getuid() != uid or os.geteuid() != uid:
-        raise OSError("the user id did not change")
+    def describe(self) -> str:
+        return (f"{self.memory // MiB:,} MiB of memory, {self.processes} processes, {self.scratch // MiB:,} MiB of "
+                f"scratch, {self.tmp // MiB} MiB of /tmp, {self.cpu_s:,} CPU seconds")
 
 
-class SandboxError(OSError):
-    """The machine-wide lock folder cannot be trusted (the message says why, in one line)."""
+# --- cgroups: a memory and a process bound that count everything the sandbox does -------------------------
 
+class Cgroup:
+    """One sandbox's cgroup(s): v2 where delegated (one folder), else v1's memory and pids hierarchies."""
 
-def _lock_folder(folder: Path) -> int:
-    """A descriptor of `folder`, made if missing; refused unless it is this user's own and no one else's."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(folder, 0o700)
-    try:  # never through a symlink planted at its name
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SandboxError(f"{folder}: cannot open the user-id lock folder ({exc.strerror}); remove it") from None
-    info = os.fstat(fd)
-    if info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        os.close(fd)
-        raise SandboxError(f"{folder}: the user-id lock folder must be a folder of user {os.geteuid()} that no one "
-                           f"else may enter (it is owned by {info.st_uid}, mode {info.st_mode & 0o777:o}); remove it")
-    return fd
+    def __init__(self, folders: dict[str, Path]):
+        self.folders = folders  # "memory" / "pids" / "v2" -> its folder
 
-
-def kill_all_of(uid: int) -> None:
-    """SIGKILL every process of `uid`, from a process of `uid`: kill(-1) reaches only what it may signal.
-
-    It returns once /proc lists none of them (not even as a zombie, which still counts against the
-    next holder's process limit), or after a few seconds.
-    """
-    subprocess.run([sys.executable, "-I", str(Path(__file__).resolve()), str(uid), "--kill-all"],
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
-                   env={}, timeout=60, check=False)
-
-
-def _kill_everything_i_may() -> None:
-    me = os.getpid()
-    for _ in range(150):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(-1, signal.SIGKILL)
-        if not [pid for pid in _processes_of(os.getuid()) if pid != me]:
-            return
-        time.sleep(0.02)
-
-
-def _processes_of(uid: int) -> list[int]:
-    def owner(entry: Path) -> int | None:
-        with contextlib.suppress(OSError):
-            return entry.stat().st_uid
-    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and owner(e) == uid]
-
-
-def _within(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
-def link(real: Path, seen: Path) -> None:
-    """`seen` becomes a link to the folder `real` (where nothing is bound: uid mode, or no sandbox)."""
-    seen.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        seen.symlink_to(real, target_is_directory=True)
-
-
-class Slot:
-    """One notebook's sandbox: a user id held by this process (an flock on its lock file) until `release`."""
-
-    def __init__(self, sandbox: "Sandbox", uid: int, lock_fd: int):
-        self.sandbox, self.uid, self._lock_fd = sandbox, uid, lock_fd
-        self.job: Path | None = None  # the notebook's folder (`enter`): the only one of the grader's the sandbox sees
-        self.data: list[tuple[Path, Path]] = []  # (real folder, where the labs look for it), read-only
-
-    def enter(self, job: Path) -> None:
-        """Run in `job`: the one folder of the grader's the sandbox sees (its *_site folders read-only)."""
-        self.job = Path(job)
-        (self.job / "launch.py").write_bytes(LAUNCHER)
-        if os.geteuid() == 0:  # the slot's user passes through to its own folders, listing none
-            os.chmod(self.job.parent, 0o711)
-            os.chmod(self.job, 0o711)
-
-    def show(self, real: Path, seen: Path) -> None:
-        """Let the sandbox see the folder `real`, read-only, at `seen`."""
-        if self.sandbox.mode != "bubblewrap":
-            return link(real, seen)
-        seen.mkdir(parents=True, exist_ok=True)  # a mount point, bound over: never a link out
-        self.data.append((real, seen))
-
-    def command(self, argv: list[str], rooms: list[Path] | None = None) -> list[str]:
-        """`argv` as it runs in this slot's sandbox: with `rooms`, it sees only those folders of the job
-        (writable) and the job's sites, not the whole job (the worker never sees what the kernel wrote)."""
-        if self.sandbox.mode == "uid":  # this file run as a script, isolated: the standard library only
-            return [sys.executable, "-I", str(Path(__file__).resolve()), str(self.uid), "--", *argv]
-        if self.job is None:
-            raise RuntimeError("a bubblewrap slot runs in a job folder: enter() it first")
-        args = [shutil.which("bwrap") or "/usr/bin/bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net",
-                "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-                "--unsetenv", "JPY_PARENT_PID"]  # ipykernel must not watch for a parent it cannot see
-        for p in filter(os.path.lexists, SYSTEM):
-            args += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
-        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
-        args += [a for d in map(str, sorted(Path("/dev").glob("nvidia*"))) for a in ("--dev-bind", d, d)]
-        binds = [("--ro-bind", Path(p), Path(p)) for p in (sys.base_prefix, sys.prefix)]
-        if rooms is None:
-            binds += [("--bind", self.job, self.job)]
-        else:
-            launcher = self.job / "launch.py"
-            binds += [("--ro-bind", launcher, launcher)] + [("--bind", Path(r), Path(r)) for r in rooms]
-        binds += [("--ro-bind", s, s) for s in sorted(self.job.glob("*_site"))]
-        binds += [("--ro-bind", real, seen) for real, seen in self.data]
-        system = [Path(p) for p in SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
-        bound, made = list(system), {Path("/tmp")}  # folders whose insides are real (nothing is made there)
-        for flag, real, seen in binds:
-            if real == seen and any(_within(seen, s) for s in system):
-                continue  # already in view (an interpreter under /usr)
-            for folder in reversed(seen.parents[:-1]):  # the folders above it: empty, passable
-                if folder not in made and not any(_within(folder, b) for b in bound):
-                    args += ["--perms", "0755", "--dir", str(folder)]
-                    made.add(folder)
-            args += [flag, str(real), str(seen)]
-            bound.append(seen)
-        inside = [sys.executable, "-I", str(self.job / "launch.py"), str(self.uid), "--"] if self._lock_fd >= 0 else \
-            ["--unshare-user", "--cap-drop", "ALL"]  # root becomes the slot's user inside; others stay themselves
-        return [*args, *inside, *argv]
-
-    def own(self, *paths: Path) -> None:
-        """Give the slot's user the folders it must write (its scratch, its copy of the notebook's folder)."""
-        if os.geteuid() != 0:
-            return
-        for top in map(Path, paths):
-            if not top.exists():
-                continue
-            os.chown(top, self.uid, self.uid)
-            for root, dirs, files in os.walk(top):
-                for name in dirs + files:
+    @classmethod
+    def make(cls, bounds: Bounds) -> "Cgroup | None":
+        name = f"labsupport-{os.getpid()}-{secrets.token_hex(4)}"
+        made: dict[str, Path] = {}
+        try:
+            for kind, folder in _cgroup_parents().items():
+                path = folder / name
+                path.mkdir()
+                made[kind] = path
+            group = cls(made)
+            for kind, path in made.items():
+                if kind == "v2":
+                    (path / "memory.max").write_text(str(bounds.memory))
+                    (path / "pids.max").write_text(str(bounds.processes))
                     with contextlib.suppress(OSError):
-                        os.chown(os.path.join(root, name), self.uid, self.uid, follow_symlinks=False)
+                        (path / "memory.swap.max").write_text("0")
+                elif kind == "memory":
+                    (path / "memory.limit_in_bytes").write_text(str(bounds.memory))
+                elif kind == "pids":
+                    (path / "pids.max").write_text(str(bounds.processes))
+            return group if made else None
+        except OSError:
+            cls(made).remove()
+            return None
 
-    def kill_all(self) -> None:
-        """uid mode: every process of this slot's user, and only those (in bubblewrap a sandbox dies with its bwrap)."""
-        if self.sandbox.mode != "uid":
-            return
-        if self._lock_fd < 0:
-            raise RuntimeError(f"user {self.uid} is no longer held by this process")
-        kill_all_of(self.uid)
+    @property
+    def procs(self) -> list[Path]:
+        return [p / "cgroup.procs" for p in self.folders.values()]
 
-    def release(self) -> None:
-        if self._lock_fd < 0:
-            return
-        self.kill_all()
-        os.close(self._lock_fd)  # the lock goes with it
-        self._lock_fd = -1
+    def covers(self) -> set[str]:
+        return {"memory", "pids"} if "v2" in self.folders else set(self.folders)
+
+    def out_of_memory(self) -> bool:
+        for kind, path in self.folders.items():
+            text = _read(path / ("memory.events" if kind == "v2" else "memory.oom_control"))
+            for line in text.splitlines():
+                key, _, count = line.partition(" ")
+                if key == "oom_kill" and count.strip() not in ("", "0"):
+                    return True
+        return False
+
+    def out_of_processes(self) -> bool:
+        path = self.folders.get("v2") or self.folders.get("pids")
+        text = _read(path / "pids.events") if path else ""
+        return any(line.split() and line.split()[0] == "max" and line.split()[-1] != "0" for line in text.splitlines())
+
+    def kill(self) -> None:
+        for procs in self.procs:
+            for pid in _read(procs).split():
+                with contextlib.suppress(OSError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+    def remove(self) -> None:
+        for path in self.folders.values():
+            for _ in range(50):
+                self.kill()
+                try:
+                    path.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _cgroup_parents() -> dict[str, Path]:
+    """Where this process may make child cgroups: v2 with memory and pids delegated, else v1's pair."""
+    lines = _read(Path("/proc/self/cgroup")).splitlines()
+    mine = {parts[1]: parts[2] for parts in (line.split(":", 2) for line in lines) if len(parts) == 3}
+    for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        here = Path(mount + mine.get("", "/"))
+        if {"memory", "pids"} <= set(_read(here / "cgroup.subtree_control").split()) and os.access(here, os.W_OK):
+            return {"v2": here}
+    found = {}
+    for kind in ("memory", "pids"):
+        here = Path(f"/sys/fs/cgroup/{kind}{mine.get(kind, '/')}")
+        if (here / "cgroup.procs").exists() and os.access(here, os.W_OK):
+            found[kind] = here
+    return found
+
+
+# --- the sandbox -------------------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    """What came back from one sandbox: its events, and why it stopped early when it did."""
+
+    events: list = field(default_factory=list)
+    stopped: str = ""  # a bound it met, in words ("" when the runner finished)
+    dropped: int = 0  # events lost to a cap (too long a line, too much in all)
 
 
 class Sandbox:
-    """Sandboxes for student code, one `Slot` per notebook; `for_this_machine` returns the best mode that works."""
-
-    def __init__(self, mode: str = "bubblewrap", locks: Path = LOCKS, uids: range = UIDS):
-        self.mode, self.locks, self.uids = mode, Path(locks), uids
+    def __init__(self, mode: str, bounds: Bounds = Bounds()):
+        self.mode, self.bounds = mode, bounds
 
     @classmethod
-    def for_this_machine(cls, prepare: bool = True) -> "Sandbox | None":
-        """bubblewrap where it runs, else (as root) a user id of its own, else None (student code runs as you).
-
-        Without `prepare` (doctor), uid mode is not readied (nor tried, as it then may not run yet).
-        """
-        forced = os.environ.get(MODE_ENV, "")
-        if sys.platform != "linux" or forced == "none":
-            return None
-        if forced != "uid" and (sandbox := cls("bubblewrap")).works():
+    def for_this_machine(cls, trusted: bool = False, container: bool = False, bounds: Bounds = Bounds()) -> "Sandbox | None":
+        """The mode asked for; else bubblewrap when it works here; else None (grade refuses)."""
+        if container:
+            return cls("container", bounds)
+        sandbox = cls("bubblewrap", bounds)
+        if sys.platform == "linux" and shutil.which("bwrap") and sandbox.works():
             return sandbox
-        if os.geteuid() != 0:
-            return None
-        sandbox = cls("uid")
-        if prepare:
-            sandbox.prepare_machine()
-        return sandbox if not prepare or sandbox.works() else None
-
-    def prepare_machine(self) -> None:
-        """uid mode: the graders' files root-only, and the interpreter's folders passable (not listable) by all."""
-        import labsupport
-
-        repo = Path(labsupport.__file__).resolve().parent.parent
-        for folder in (repo / "labsupport" / "course" / "checkoffs", repo / "solutions"):
-            with contextlib.suppress(OSError):
-                if folder.is_dir() and folder.stat().st_uid == 0:
-                    os.chmod(folder, 0o700)
-        for prefix in {Path(sys.base_prefix), Path(sys.prefix)}:  # a pyenv under /root, say
-            for folder in prefix.parents:
-                with contextlib.suppress(OSError):
-                    mode = folder.stat().st_mode
-                    if not mode & 0o001:
-                        os.chmod(folder, (mode & 0o7777) | 0o001)
+        return cls("trusted", bounds) if trusted else None
 
     def works(self) -> bool:
-        """Can a slot's user run this interpreter (and numpy) here?"""
-        slot = self.acquire()
-        scratch = Path(tempfile.mkdtemp(prefix="labsupport-probe-"))
+        """Can bwrap start this interpreter here (user namespaces allowed, labsupport in view)?"""
+        probe = "import json, os, sys, labsupport; os.write(json.load(sys.stdin)['events_fd'], b'ok\\n')"
         try:
-            (scratch / "job").mkdir()
-            slot.enter(scratch / "job")
-            probe = subprocess.run(slot.command([sys.executable, "-c", "import os, numpy; print(os.getuid())"]),
-                                   capture_output=True, text=True, timeout=120, cwd="/")
-        except (OSError, subprocess.TimeoutExpired):
+            out = self.run({}, Path(tempfile.gettempdir()), deadline=time.monotonic() + 120,
+                           command=[sys.executable, "-I", "-c", probe])
+        except OSError:
             return False
-        finally:
-            slot.release()
-            shutil.rmtree(scratch, ignore_errors=True)
-        return probe.returncode == 0 and probe.stdout.strip() == str(slot.uid)
+        return out.events == ["ok"]
 
     def describe(self) -> str:
-        who = f"a user id of its own ({self.uids.start}-{self.uids.stop - 1})" if os.geteuid() == 0 else "your user id"
+        cg = _cgroup_parents()
+        memory = "a cgroup" if cg else "RLIMIT_AS per process (no cgroup to make here)"
         if self.mode == "bubblewrap":
-            return f"bubblewrap ({who}, no capabilities, own pid/net/ipc namespaces, read-only view, own scratch and /tmp)"
-        return f"uid (no namespaces here: {who}, no capabilities, graders root-only; /proc shows the grader's argv)"
+            return (f"bubblewrap (own user, pid, net, ipc namespaces, no capabilities, read-only view, graders "
+                    f"masked; bounds: {self.bounds.describe()}; memory counted by {memory})")
+        if self.mode == "container":
+            return (f"container (graders deleted before the notebook runs, user {NOBODY} without capabilities; "
+                    f"bounds: {self.bounds.describe()}; memory counted by {memory})")
+        return "trusted (--trusted: no isolation, the notebook runs as you; grade only notebooks you trust this way)"
 
-    def try_acquire(self) -> Slot | None:
-        """A user id no process on this machine holds now, or None when every one is taken."""
-        if os.geteuid() != 0:  # no user ids to lend: bubblewrap maps the sandbox to this user's own
-            return Slot(self, os.getuid(), -1)
-        folder = _lock_folder(self.locks)
+    # --- building the command ---------------------------------------------------------------------------
+    def _limits(self, cgroup: Cgroup | None) -> list[str]:
+        b = self.bounds
+        limits = [f"--cpu={b.cpu_s}", f"--fsize={b.file}", "--core=0"]
+        covered = cgroup.covers() if cgroup else set()
+        if "memory" not in covered:
+            limits.append(f"--as={b.memory}")
+        if "pids" not in covered and self.mode != "trusted":
+            limits.append(f"--nproc={b.processes}")
+        return [shutil.which("prlimit"), *limits, "--"] if shutil.which("prlimit") else []
+
+    def _bwrap(self, folder: Path, argv: list[str]) -> list[str]:
+        b = self.bounds
+        args = [shutil.which("bwrap") or "bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                "--uid", "1000", "--gid", "1000", "--hostname", "sandbox"]
+        system = [p for p in SYSTEM if os.path.lexists(p)]
+        for p in system:
+            args += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
+        views = [Path(sys.base_prefix), Path(sys.prefix), PACKAGE] + _data_dirs()
+        for real in dict.fromkeys(v.resolve() for v in views if v.exists()):
+            if not any(str(real).startswith(s + "/") for s in system if not os.path.islink(s)):
+                args += ["--ro-bind", str(real), str(real)]
+        if GRADERS.exists():
+            args += ["--tmpfs", str(GRADERS)]  # the graders, masked by an empty folder
+        args += ["--ro-bind", str(folder), "/submission", "--proc", "/proc", "--dev", "/dev",
+                 "--size", str(b.shm), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+                 "--size", str(b.tmp), "--tmpfs", "/tmp", "--size", str(b.scratch), "--tmpfs", "/scratch"]
+        args += [a for d in map(str, sorted(Path("/dev").glob("nvidia*"))) for a in ("--dev-bind", d, d)]
+        args += ["--chdir", "/scratch", "--clearenv"]
+        for key, val in self._env("/scratch").items():
+            args += ["--setenv", key, val]
+        return [*args, *argv]
+
+    def _env(self, home: str) -> dict[str, str]:
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PLOTLY_RENDERER": "plotly_mimetype",
+               "MPLBACKEND": "Agg", "BROWSER": "true", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+        env.update({k: os.environ[k] for k in ("LABSUPPORT_DATA", "LABSUPPORT_HIDE_TRACES", "TRITON_INTERPRET",
+                                                "CUDA_VISIBLE_DEVICES") if k in os.environ})
+        return env
+
+    def command(self, folder: Path, scratch: Path, cgroup: Cgroup | None, argv: list[str]) -> tuple[list[str], dict]:
+        """The whole command line, and the environment it starts with."""
+        attach = "".join(f'echo $$ > "{p}" && ' for p in (cgroup.procs if cgroup else []))
+        inner = self._limits(cgroup)
+        if self.mode == "bubblewrap":
+            inner += self._bwrap(folder, argv)
+        elif self.mode == "container":
+            inner += [shutil.which("setpriv") or "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
+                      "--bounding-set=-all", "--no-new-privs", "--", *argv]
+        else:
+            inner += argv
+        env = {} if self.mode == "bubblewrap" else dict(self._env(str(scratch)), PATH=os.environ.get("PATH", ""))
+        return ["/bin/sh", "-c", attach + 'exec "$@"', "sh", *inner], env
+
+    # --- running ------------------------------------------------------------------------------------------
+    def run(self, job: dict, folder: Path, deadline: float, command: list[str] | None = None) -> Outcome:
+        """Run the runner (or `command`) on `job` in a fresh sandbox; its events, whatever happens."""
+        scratch = Path(tempfile.mkdtemp(prefix="labsupport-grade-"))
+        cgroup = Cgroup.make(self.bounds) if self.mode != "trusted" else None
+        if self.mode != "bubblewrap":
+            job = dict(job, work=str(scratch / "work"), folder=str(folder))
+            if self.mode == "container":
+                _give(scratch, NOBODY)
+        else:
+            job = dict(job, work="/scratch/work", folder="/submission")
+        argv = command or [sys.executable, "-I", "-m", "labsupport.course.runner"]
+        line, env = self.command(folder, scratch, cgroup, argv)
+        read_end, write_end = os.pipe()
+        job["events_fd"] = write_end  # inherited as it is, through the launcher and bwrap
+        outcome = Outcome()
         try:
-            for uid in self.uids:
-                fd = os.open(f"uid-{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                             dir_fd=folder)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                slot = Slot(self, uid, fd)
-                slot.kill_all()  # uid mode: whatever a holder that died left running
-                return slot
+            proc = subprocess.Popen(line, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    pass_fds=(write_end,), start_new_session=True, cwd=str(scratch), env=env)
         finally:
-            os.close(folder)
+            os.close(write_end)
+        try:
+            _feed(proc, job)
+            self._collect(proc, read_end, deadline, outcome)
+        finally:
+            os.close(read_end)
+            _stop(proc, cgroup, self.mode)
+            if cgroup is not None:
+                if cgroup.out_of_memory() and not outcome.stopped:
+                    outcome.stopped = f"it ran out of its memory bound ({self.bounds.memory // MiB:,} MiB)"
+                elif cgroup.out_of_processes() and not outcome.stopped:
+                    outcome.stopped = f"it met its process bound ({self.bounds.processes} processes)"
+                cgroup.remove()
+            shutil.rmtree(scratch, ignore_errors=True)
+        return outcome
+
+    def _collect(self, proc, fd: int, deadline: float, outcome: Outcome) -> None:
+        buffer, total, skipping = b"", 0, False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                outcome.stopped = "it ran past its time (--timeout)"
+                return
+            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return
+            total += len(chunk)
+            if total > MAX_EVENTS_BYTES:
+                outcome.dropped += 1
+                outcome.stopped = f"it sent more than {MAX_EVENTS_BYTES // MiB} MiB of answers"
+                return
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if skipping:
+                    skipping = False
+                    continue
+                outcome.events.append(_event(line))
+            if len(buffer) > MAX_LINE:
+                buffer, skipping = b"", True
+                outcome.dropped += 1
+
+
+def _event(line: bytes):
+    try:
+        text = line.decode("utf-8")
+        return json.loads(text, parse_constant=lambda c: None) if text.startswith("{") else text
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
 
-    def acquire(self) -> Slot:
-        while (slot := self.try_acquire()) is None:
-            time.sleep(0.5)
-        return slot
+
+def _feed(proc, job: dict) -> None:
+    try:
+        proc.stdin.write(json.dumps(job, ensure_ascii=True).encode())
+        proc.stdin.close()
+    except OSError:  # the sandbox did not start, or ended at once: its events say what they can
+        pass
 
 
-def describe(sandbox: Sandbox | None) -> str:
-    """The isolation mode in one line (grade prints it at start; doctor reports it)."""
-    if sandbox is not None:
-        return sandbox.describe()
-    why = "forced by $" + MODE_ENV if os.environ.get(MODE_ENV) == "none" else \
-        "not root, and bubblewrap cannot run here"
-    return f"none ({why}): student code runs as you and could change your files; grade untrusted work as root"
+def _stop(proc, cgroup: Cgroup | None, mode: str) -> None:
+    for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+        with contextlib.suppress(OSError):
+            target()
+    if cgroup is not None:
+        cgroup.kill()
+    if mode == "container":
+        _kill_user(NOBODY)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 2 and argv[1] == "--kill-all":
-        drop_to(int(argv[0]))
-        if os.getuid() == 0 or os.geteuid() == 0:  # kill(-1) as root would reach every process there is
-            return 2
-        _kill_everything_i_may()
-        return 0
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -I sandbox.py UID -- COMMAND... | UID --kill-all", file=sys.stderr)
-        return 2
-    drop_to(int(argv[0]))
-    os.execv(argv[2], argv[2:])
-    return 127  # pragma: no cover - execv does not return
+def _kill_user(uid: int) -> None:
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if entry.name.isdigit() and entry.stat().st_uid == uid:
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _give(folder: Path, uid: int) -> None:
+    os.chown(folder, uid, uid)
+
+
+def _data_dirs() -> list[Path]:
+    from labsupport.workloads import trace_search_dirs
+
+    return [PACKAGE.parent / "data"] + [d for _, d in trace_search_dirs()]
+
+
+def forget_graders() -> None:
+    """Container mode: delete the graders (and the lab sources) from disk once they are loaded, so that
+    nothing of the student's that runs later can read them."""
+    for folder in (GRADERS, PACKAGE.parent / "solutions"):
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,14 +1,10 @@
 """Lab 00 checkoffs: the units every later number is written in (Lecture 2's 512 KiB per token)."""
 from __future__ import annotations
 
-from labsupport.course.checkoff import Mismatch, call, expect_close, function, value
-from labsupport.course.registry import givens
+from labsupport.course.registry import case, function, givens, value
 
 # The one given: the KV the lecture's model stores per token, as the lecture writes it, in KiB.
-G = givens(
-    lecture=dict(KV_KIB=512),
-    hidden=lambda rng: dict(KV_KIB=rng.choice((64, 96, 128, 160, 192, 256, 320, 640, 1024, 1280))),
-)
+G = givens(hidden=lambda rng: dict(KV_KIB=rng.choice((64, 96, 128, 160, 192, 256, 320, 640, 1024, 1280))))
 
 value(
     "0.1", "KV per token in bytes",
@@ -27,45 +23,34 @@ _SHAPES = [(32, 32, 128, 2), (32, 8, 128, 2), (80, 8, 128, 2), (32, 32, 128, 4),
            (1, 1, 1, 1), (2, 3, 5, 4), (24, 16, 64, 2)]
 
 
-def _shape_cases(rng):
-    hidden = [(rng.randint(1, 128), rng.randint(1, 96), rng.choice((8, 40, 64, 80, 96, 112, 128, 256)),
-               rng.choice((1, 2, 4, 8))) for _ in range(6)]
-    # K and V, every layer and KV head
-    return [(shape, 2 * shape[0] * shape[1] * shape[2] * shape[3]) for shape in _SHAPES + hidden]
-
-
-def _kv_slips(layers, kv_heads, head_dim, dtype_bytes, got) -> str:
-    """What a wrong per-token count left out, checked against this very case (every reading it fits is named:
+def _slips(layers, kv_heads, head_dim, dtype_bytes) -> list[tuple[int, str]]:
+    """What a wrong per-token count left out, for this very case (every reading a number fits is named:
     at 2 bytes per element, one tensor's bytes and both tensors' elements are the same number)."""
     readings = [(layers * kv_heads * head_dim * dtype_bytes,
                  "one tensor's bytes: every layer keeps a key vector and a value vector, two tensors"),
                 (2 * kv_heads * head_dim * dtype_bytes, "one layer's K and V: every layer keeps its own"),
                 (2 * layers * kv_heads * head_dim, "the elements without their bytes: each element is dtype_bytes bytes")]
     want = 2 * layers * kv_heads * head_dim * dtype_bytes
-    found = [text for count, text in readings if got == count != want]
-    return (" That is " + "; or ".join(found) + ".") if found else ""
+    counts = dict.fromkeys(count for count, _ in readings if count != want)
+    return [(count, "That is " + "; or ".join(text for c, text in readings if c == count) + ".") for count in counts]
 
 
 @function(
     "0.2", "KV bytes per token",
     hint="For every token the cache keeps, each layer stores one key vector and one value vector per KV head; "
          "each vector has head_dim elements of dtype_bytes bytes. Count them all, in bytes.",
-    cases=_shape_cases,
     # the KV caches price their own token (`PagedKVCache(...).kv_bytes_per_token`, `pool_bytes`) from the same
     # four counts, with the bytes per element read off a torch dtype: the whole answer in one attribute
     forbid=("labsupport.ledger.kv_bytes_per_token", "labsupport.specs.ModelSpec", "labsupport.kvcache._KVShape",
             "labsupport.kvcache.PagedKVCache", "labsupport.kvcache.ContiguousKVCache"),
     derive="multiply the four counts and the two tensors yourself rather than asking labsupport's ModelSpec or ledger",
+    name="kv_bytes_per_token",
 )
-def _kv_bytes_per_token(fn, case):
-    (layers, kv_heads, head_dim, dtype_bytes), want = case
-    got = call(fn, layers, kv_heads, head_dim, dtype_bytes)
-    if isinstance(got, float) and not got.is_integer():
-        raise Mismatch(f"kv_bytes_per_token({layers}, {kv_heads}, {head_dim}, {dtype_bytes}) returned {got}: "
-                       "a count of bytes is a whole number.")
-    what = f"kv_bytes_per_token(num_layers={layers}, num_kv_heads={kv_heads}, head_dim={head_dim}, dtype_bytes={dtype_bytes})"
-    if isinstance(got, (int, float)) and got != want:
-        slip = _kv_slips(layers, kv_heads, head_dim, dtype_bytes, got)
-        if slip:
-            raise Mismatch(f"{what} returned {got:,.0f}, which is too {'high' if got > want else 'low'}.{slip}")
-    expect_close(got, want, what)
+def _kv_bytes_per_token(rng):
+    hidden = [(rng.randint(1, 128), rng.randint(1, 96), rng.choice((8, 40, 64, 80, 96, 112, 128, 256)),
+               rng.choice((1, 2, 4, 8))) for _ in range(6)]
+    for layers, kv_heads, head_dim, dtype_bytes in _SHAPES + hidden:
+        yield case(layers, kv_heads, head_dim, dtype_bytes, want=2 * layers * kv_heads * head_dim * dtype_bytes,
+                   whole=True, mistakes=_slips(layers, kv_heads, head_dim, dtype_bytes),
+                   what=f"kv_bytes_per_token(num_layers={layers}, num_kv_heads={kv_heads}, head_dim={head_dim}, "
+                        f"dtype_bytes={dtype_bytes})")

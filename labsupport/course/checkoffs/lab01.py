@@ -4,10 +4,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function, value
 from labsupport.course.checkoffs._hidden import random_pair
+from labsupport.course.registry import case, choice, function, value
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
-from labsupport.units import fmt_number
 
 JOBS = ("admit", "allocate", "batch", "run", "stream")
 # What each job hands out, in the lecture's words (§10.1): KV space; FLOPs and bandwidth; places in the
@@ -31,44 +30,15 @@ _FP32 = replace(LECTURE_7B, name="lecture-7b-fp32-weights", dtype_bytes=4)
 _FP8 = replace(LECTURE_7B, name="lecture-7b-fp8-weights", dtype_bytes=1)
 
 
-def _grade_resources(answer, want) -> None:
-    if not isinstance(answer, dict):
-        raise Mismatch(f"answer with a dict from each of the five jobs to its resource, e.g. "
-                       f"{{'admit': '...', ...}}; you gave a {type(answer).__name__}.")
-    keys = {}
-    for key, resource in answer.items():
-        if not isinstance(key, str) or key.strip().lower() not in JOBS:
-            raise Mismatch(f"{key!r} is not one of the five jobs: {', '.join(JOBS)}.")
-        if not isinstance(resource, str) or resource.strip().lower() not in RESOURCES:
-            raise Mismatch(f"the resource of {key!r}, {resource!r}, is not one of: {', '.join(RESOURCES)}.")
-        keys[key.strip().lower()] = resource.strip().lower()
-    missing = [job for job in JOBS if job not in keys]
-    if missing:
-        raise Mismatch(f"{len(missing)} of the five jobs {'is' if len(missing) == 1 else 'are'} missing: "
-                       f"{', '.join(missing)}.")
-    wrong = [job for job in JOBS if keys[job] != want[job]]
-    if wrong:
-        remarks = " ".join(_RESOURCE_REMARKS[(job, keys[job])] for job in wrong if (job, keys[job]) in _RESOURCE_REMARKS)
-        raise Mismatch(f"{len(wrong)} of the five {'is' if len(wrong) == 1 else 'are'} not right"
-                       f" ({', '.join(wrong)})." + (f" {remarks}" if remarks else ""))
-
-
 value(
     "1.1", "The resource each of the five jobs contends for",
-    expected=lambda: dict(_RESOURCE_OF), judge=_grade_resources,
+    expected=lambda: dict(_RESOURCE_OF), judge_name="matching", options=RESOURCES, noun="job",
+    remarks={f"{job}={resource}": why for (job, resource), why in _RESOURCE_REMARKS.items()},
     fixed="a map from the lecture's five jobs to named resources: a reading of §10.1, nothing to vary",
     hint="For each verb ask what the engine hands out when it does this job, and what runs out first if it "
          "hands out too much: a promise or a grant of KV space, arithmetic, a place in the next forward pass, "
          "or time the user waits for. The lecture counts two jobs about memory and one about arithmetic.",
 )
-
-
-def _ridge_cases(rng):
-    pairs = [(m, g) for m in (LECTURE_7B, LLAMA3_70B, _FP32, _FP8)
-             for g in (GPUS["h100"], GPUS["a100-80gb"], GPUS["l4"], GPUS["t4"])]
-    pairs += [random_pair(rng) for _ in range(6)]
-    # B * 2 * N FLOP over N * b bytes equals peak / bandwidth.
-    return [(model, gpu, gpu.peak_flops / gpu.hbm_bandwidth * model.dtype_bytes / 2) for model, gpu in pairs]
 
 
 @function(
@@ -77,18 +47,18 @@ def _ridge_cases(rng):
          "the B sequences does 2 FLOP per weight (a multiply and an add). Write the step's FLOP per byte as a "
          "function of B, and find the B at which it equals the ratio the GPU can sustain: peak FLOP/s over HBM "
          "bytes/s. Use the model's and the GPU's fields, not typed-in constants.",
-    cases=_ridge_cases,
     # with no KV read (S = 0) the KV-aware ridge is this one, and decode_intensity(model, B, 0) is 2B / b itself
     forbid=("labsupport.ledger.ridge_batch", "labsupport.viz.roofline.batch_gap", "labsupport.ledger.ridge_batch_with_kv",
             "labsupport.ledger.decode_intensity"),
     derive="set the step's FLOP per byte, 2B / dtype_bytes, equal to peak / bandwidth and solve for B",
-    formative={"abs_tol": 1.0},
+    name="ridge_batch",
 )
-def _ridge_batch(fn, case):
-    model, gpu, want = case
-    got = call(fn, model, gpu)
-    # Rounding the batch either way is fine: it is a count at the roofline's corner.
-    expect_close(got, want, f"ridge_batch({model.name}, {gpu.name})", abs_tol=1.0)
+def _ridge_batch(rng):
+    pairs = [(m, g) for m in (LECTURE_7B, LLAMA3_70B, _FP32, _FP8)
+             for g in (GPUS["h100"], GPUS["a100-80gb"], GPUS["l4"], GPUS["t4"])]
+    pairs += [random_pair(rng) for _ in range(6)]
+    for model, gpu in pairs:  # B * 2 * N FLOP over N * b bytes equals peak / bandwidth; rounding either way is fine
+        yield case(model, gpu, want=gpu.peak_flops / gpu.hbm_bandwidth * model.dtype_bytes / 2, abs_tol=1.0)
 
 
 # Whole S_max slots in a budget, counted by the library: the ledger's naive count, and every whole-unit count that
@@ -110,40 +80,26 @@ _MEMORY_CASES = [(LECTURE_7B, "h100", 4096), (LECTURE_7B_GQA8, "h100", 4096), (L
                  (LECTURE_7B, "t4", 512)]
 
 
-def _memory_cases(rng):
-    cases = [(model, GPUS[name], s_max) for model, name, s_max in _MEMORY_CASES]
-    cases += [(*random_pair(rng, fits=True), rng.choice((256, 1000, 2048, 4096, 6000, 8192, 32_768)))
-              for _ in range(5)]
-    cases.append((*random_pair(rng, fits=False), 4096))  # the weights leave nothing: zero sequences
-    out = []
-    for model, gpu, s_max in cases:
-        kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
-        budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4 * GB
-        out.append((model, gpu, s_max, max(0, math.floor(budget / (s_max * kv_per_token)))))
-    return out
-
-
 @function(
     "1.3", "The memory-limited batch",
     hint="Start from the card's HBM and take away the weights (num_params × dtype_bytes) and the 4 GB reserve: "
          "that is the KV budget. A reserve-to-max slot holds S_max tokens at the model's KV bytes per token, "
          "however short the sequence really is. The batch is the number of whole slots that fit in the budget — "
          "and zero when the weights leave no budget at all.",
-    cases=_memory_cases,
     forbid=_SLOT_COUNT_SHORTCUTS,
     derive="subtract the weights and the reserve from the card's memory and count whole S_max slots yourself",
+    name="memory_batch",
 )
-def _memory_batch(fn, case):
-    model, gpu, s_max, want = case
-    what = f"memory_batch({model.name}, {gpu.name}, s_max={s_max})"
-    got = as_number(call(fn, model, gpu, s_max), f"{what} returned a value that")
-    if not got.is_integer():
-        raise Mismatch(f"{what} returned {got:,.4g}: a batch counts whole slots, and a fraction of a slot holds "
-                       "no sequence.")
-    if got < 0:
-        raise Mismatch(f"{what} returned {fmt_number(got)}: when the weights leave no KV budget, zero sequences fit, "
-                       "not a negative number.")
-    expect_close(got, want, what)
+def _memory_batch(rng):
+    cases = [(model, GPUS[name], s_max) for model, name, s_max in _MEMORY_CASES]
+    cases += [(*random_pair(rng, fits=True), rng.choice((256, 1000, 2048, 4096, 6000, 8192, 32_768)))
+              for _ in range(5)]
+    cases.append((*random_pair(rng, fits=False), 4096))  # the weights leave nothing: zero sequences
+    for model, gpu, s_max in cases:
+        kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+        budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4 * GB
+        yield case(model, gpu, s_max, want=max(0, math.floor(budget / (s_max * kv_per_token))), whole=True,
+                   at_least=0, what=f"memory_batch({model.name}, {gpu.name}, s_max={s_max})")
 
 
 choice(

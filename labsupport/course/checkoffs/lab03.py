@@ -1,7 +1,7 @@
 """Lab 03 checkoffs: PagedAttention's block table (§10.3, Exercise 3).
 
 3.1  slot_mapping: token position -> physical slot through the block table (checked against the real
-     allocator's own mapping, and by writing K/V through it into a real PagedKVCache and gathering back)
+     allocator's own mapping, which is where the real PagedKVCache writes each token)
 3.2  append: one more token, a new block exactly when the last one is full (in lockstep with the real
      BlockAllocator on random workloads)
 3.3  tail waste of one sequence (against the blocks the real allocator hands out)
@@ -15,7 +15,8 @@
 3.11 Exercise 3: the two measurements that decide
 
 Expected values are functions of the lab's givens (`G`), written out here with Python integers; the
-function checkoffs compare with `labsupport`'s real allocator and cache, never with the student's code.
+function checkoffs compare with `labsupport`'s real allocator, never with the student's code (3.2 runs in
+lockstep with it: labsupport.course.harness's "append").
 """
 from __future__ import annotations
 
@@ -24,13 +25,8 @@ import random
 import types
 from statistics import NormalDist
 
-import torch
-
 from labsupport.block_allocator import BlockAllocator
-from labsupport.course.checkoff import Mismatch, as_number, call, choice, expect_close, function, value
-from labsupport.course.registry import givens
-from labsupport.kvcache import PagedKVCache
-from labsupport.units import fmt_number
+from labsupport.course.registry import case, choice, function, givens, value
 
 
 def _kv(g) -> int:
@@ -65,12 +61,7 @@ def _hidden(rng):
             return g
 
 
-G = givens(
-    lecture=dict(LAYERS=32, KV_HEADS=32, HEAD_DIM=128, DTYPE_BYTES=2, HBM_BYTES=80 * 10**9, PARAMS=6_740_000_000,
-                 WEIGHT_BYTES=2, RESERVE_BYTES=4 * 10**9, PROMPT=512, OUTPUT=128, BLOCK=16, TABLE_TOKENS=4096,
-                 ENTRY_BYTES=4, PRINTED_TABLE_BYTES=2048, MEDIAN_TOKENS=800, TAIL_TOKENS=20_000, TAIL_SHARE=0.05),
-    hidden=_hidden,
-)
+G = givens(hidden=_hidden)
 KV_MHA = _kv(G)  # 524,288 B per token
 BUDGET = _budget(G)  # 62,520,000,000 B
 SEQ = G.PROMPT + G.OUTPUT
@@ -122,81 +113,33 @@ def _churn(alloc: BlockAllocator, rng: random.Random, ops: int, max_prompt: int)
             alloc.free(rng.choice(live))
 
 
-def _check_mapping(fn, table, block_size, start, end, want) -> None:
-    what = f"slot_mapping({table}, block_size={block_size}, start={start}, end={end})"
-    got = call(fn, list(table), block_size, start, end)
-    try:
-        got = [int(x) for x in got]
-    except (TypeError, ValueError, OverflowError):
-        raise Mismatch(f"{what} returned {got!r}; return a list of integer slots, one per position.") from None
-    if len(got) != len(want):
-        raise Mismatch(f"{what} returned {len(got)} slots for {end - start} positions [{start}, {end}).")
-    for pos, (g, w) in enumerate(zip(got, want), start=start):
-        if g != w:
-            raise Mismatch(f"{what}: position {pos} (logical block {pos // block_size}, offset {pos % block_size}) "
-                           f"got slot {g}, which the real cache does not use for it.")
-
-
-def _mapping_cases(rng):
-    """Tables left scattered by random traffic, block sizes 1..128 and some the lab never shows; then
-    sequences of a real cache, whose K/V the judge writes through the student's slots."""
-    cases = []
-    for block_size in (1, 3, 4, 16, 128, rng.randint(2, 40), rng.randint(41, 300)):  # 3: not a power of two
-        alloc = BlockAllocator(96, block_size)
-        _churn(alloc, rng, 300, 3 * block_size + 5)
-        for s, table in alloc.block_tables.items():
-            n = alloc.seq_lens[s]
-            for start, end in ((0, n), (n // 2, n), (n, n)):
-                cases.append(("map", list(table), block_size, start, end, alloc.slot_mapping(s, start, end)))
-    cache = PagedKVCache(48, 4, num_layers=2, num_kv_heads=2, head_dim=4)
-    _churn(cache.allocator, rng, 200, 14)
-    gen = torch.Generator().manual_seed(rng.getrandbits(62))
-    for s, table in cache.allocator.block_tables.items():
-        n = cache.allocator.seq_lens[s]
-        k, v = torch.randn(2, n, 2, 4, generator=gen), torch.randn(2, n, 2, 4, generator=gen)
-        cases.append(("cache", cache, s, list(table), n, k, v))
-    return cases
-
-
 @function(
     "3.1", "slot_mapping through the block table",
     hint="A position lives in logical block position // b, at offset position % b inside it. The table turns the "
          "logical block into a physical one; the pool numbers slots block after block, b to a block. Nothing "
          "about the physical blocks is contiguous, so look each one up.",
-    cases=_mapping_cases,
     forbid=_TABLE_SHORTCUTS,
     derive="look each position's logical block up in the table and add its offset inside the block",
+    name="slot_mapping",
 )
-def _slot_mapping(fn, case):
-    if case[0] == "map":
-        _, table, block_size, start, end, want = case
-        _check_mapping(fn, table, block_size, start, end, want)
-        return
-    # through a real cache: write K/V at the student's slots, read the sequence back through its table
-    _, cache, s, table, n, k, v = case
-    slots = call(fn, list(table), 4, 0, n)
-    try:
-        slots_t = torch.tensor([int(x) for x in slots], dtype=torch.long)
-    except (TypeError, ValueError, OverflowError):
-        raise Mismatch(f"slot_mapping returned {slots!r}; return a list of integer slots.") from None
-    if slots_t.numel() != n:
-        raise Mismatch(f"slot_mapping({table}, 4, 0, {n}) returned {slots_t.numel()} slots for {n} tokens.")
-    if n and (int(slots_t.min()) < 0 or int(slots_t.max()) >= cache.num_blocks * 4):
-        raise Mismatch(f"slot_mapping({table}, 4, 0, {n}) returned a slot outside the pool of "
-                       f"{cache.num_blocks * 4} slots.")
-    for layer in range(2):
-        cache.write(layer, slots_t, k[layer], v[layer])
-    gk, gv = cache.gather(s)
-    if not (torch.equal(gk, k) and torch.equal(gv, v)):
-        raise Mismatch(f"K/V written at your slots for a sequence with block table {table} did not come back "
-                       "when the real cache gathered it through the table: some token went to a slot of "
-                       "another block.")
+def _slot_mapping(rng):
+    """Tables left scattered by random traffic, block sizes 1..300 (3: not a power of two), each checked
+    against the slots the real allocator (and so the real cache) uses."""
+    for block_size in (1, 3, 4, 16, 128, rng.randint(2, 40), rng.randint(41, 300)):
+        alloc = BlockAllocator(96, block_size)
+        _churn(alloc, rng, 300, 3 * block_size + 5)
+        for s, table in alloc.block_tables.items():
+            n = alloc.seq_lens[s]
+            for start, end in ((0, n), (n // 2, n), (n, n)):
+                yield case(list(table), block_size, start, end, want=alloc.slot_mapping(s, start, end),
+                           what=f"slot_mapping({list(table)}, block_size={block_size}, start={start}, end={end})")
 
 
-def _append_cases(rng):
-    # each case: a block size and the random stream of its lockstep run
-    sizes = (1, 2, 4, 5, 16, rng.randint(3, 64))
-    return [(block_size, random.Random(rng.getrandbits(64))) for block_size in sizes]
+def _reference_append(table, seq_len, block_size, take_free_block):
+    """What the real allocator does, written as 3.2's function (the expected run is this one's)."""
+    if seq_len == len(table) * block_size:
+        table.append(take_free_block())
+    return table[seq_len // block_size] * block_size + seq_len % block_size
 
 
 @function(
@@ -204,56 +147,29 @@ def _append_cases(rng):
     hint="Before writing token number seq_len, ask whether the sequence's last block still has a free slot. The "
          "sequence's blocks hold len(block_table) * b slots; if seq_len has reached that, take one block from the "
          "free pool, append it to the table, and only then compute the slot (block id * b + offset).",
-    cases=_append_cases,
     forbid=_TABLE_SHORTCUTS,
     derive="compare seq_len with the slots the table's blocks hold, and compute the slot from the table",
+    name="append",
 )
-def _append(fn, case):
-    block_size, rng = case
-    alloc = BlockAllocator(80, block_size)
-    _churn(alloc, rng, 120, 2 * block_size + 3)
-    for step in range(400):
-        live = list(alloc.block_tables)
-        if rng.random() < 0.1 or not live:
-            if alloc.num_free_blocks:
-                alloc.allocate(f"new{step}", 0)  # a sequence with no tokens yet: its first append takes a block
-            continue
-        s = rng.choice(live)
-        n = alloc.seq_lens[s]
-        if n % block_size == 0 and not alloc.num_free_blocks:
-            alloc.free(s)
-            continue
-        before = list(alloc.block_tables[s])
-        real = alloc.append_slot(s)
-        after = alloc.block_tables[s]
-        grew = len(after) > len(before)
-        taken: list[int] = []
-        spurious: list[int] = []
+def _append(rng):
+    """A lockstep run against the real BlockAllocator per block size (labsupport.course.harness's "append")."""
+    from labsupport.course.harness import HARNESSES
 
-        def take_free_block():
-            if grew and not taken:
-                taken.append(after[-1])
-                return after[-1]
-            spurious.append(1)
-            return alloc.num_blocks + 1000  # a block id no pool has: the call was not needed
-
-        table = list(before)
-        what = f"append(table={before}, seq_len={n}, block_size={block_size}, take_free_block)"
-        got = call(fn, table, n, block_size, take_free_block)
-        if spurious:
-            raise Mismatch(f"{what} asked for a new block "
-                           f"{'a second time' if grew else 'although its last block still had room'}.")
-        if grew and not taken:
-            raise Mismatch(f"{what} did not take a new block, but the last block was full "
-                           f"({len(before)} blocks x {block_size} slots hold {len(before) * block_size} tokens).")
-        if table != after:
-            raise Mismatch(f"{what} left the table as {table}; the real allocator's table is now {after}. "
-                           "Append the new block to the table you were given (modify it in place).")
-        expect_close(got, real.slot, what)
+    for block_size in (1, 2, 4, 5, 16, rng.randint(3, 64)):
+        run = {"block_size": block_size, "seed": rng.getrandbits(32)}
+        want = HARNESSES["append"](_reference_append, run)["result"]
+        yield case(harness="append", data=run, want=want, judge="append", block_size=block_size)
 
 
-def _tail_cases(rng):
-    cases = []
+@function(
+    "3.3", "Tail waste of one sequence",
+    hint="A sequence of n tokens holds ceil(n / b) blocks; the slots it does not fill are all in its last block. "
+         "Check your formula on a length that is an exact multiple of b, and on n = 0.",
+    forbid=(*_TAIL_SHORTCUTS, *_TABLE_SHORTCUTS),
+    derive="count the slots of ceil(n / b) blocks and take away the n tokens",
+    name="tail_waste",
+)
+def _tail_waste(rng):
     for block_size in (1, 2, 7, 16, 64, 256, rng.randint(3, 500)):
         probe = BlockAllocator(64, block_size)
         lengths = {0, 1, block_size - 1, block_size, block_size + 1, 3 * block_size} | {
@@ -262,28 +178,10 @@ def _tail_cases(rng):
             if probe.blocks_needed(n) > probe.num_blocks:
                 continue
             table = probe.allocate("probe", n)
-            cases.append((n, block_size, len(table) * block_size - n))  # what the real allocator leaves empty
+            want = len(table) * block_size - n  # what the real allocator leaves empty
             probe.free("probe")
-    return cases
-
-
-@function(
-    "3.3", "Tail waste of one sequence",
-    hint="A sequence of n tokens holds ceil(n / b) blocks; the slots it does not fill are all in its last block. "
-         "Check your formula on a length that is an exact multiple of b, and on n = 0.",
-    cases=_tail_cases,
-    forbid=(*_TAIL_SHORTCUTS, *_TABLE_SHORTCUTS),
-    derive="count the slots of ceil(n / b) blocks and take away the n tokens",
-)
-def _tail_waste(fn, case):
-    n, block_size, want = case
-    got = as_number(call(fn, n, block_size), f"tail_waste({n}, {block_size}) returned a value that")
-    if got != want:
-        extra = " (a full last block wastes nothing)" if n % block_size == 0 else ""
-        raise Mismatch(f"tail_waste({n}, {block_size}) returned {fmt_number(got)}, which is not what the real "
-                       f"allocator leaves empty{extra}.")
-    if not 0 <= got <= block_size - 1:
-        raise Mismatch(f"tail_waste({n}, {block_size}) returned {fmt_number(got)}, outside 0..b-1.")
+            mistakes = [(block_size, "A full (or empty) last block wastes nothing.")] if n % block_size == 0 else []
+            yield case(n, block_size, want=want, whole=True, mistakes=mistakes)
 
 
 def _mean_tail(g) -> float:
@@ -408,17 +306,10 @@ value(
 )
 
 
-def _row(block_size: int, batch: int) -> tuple[float, float, int, int]:
-    tail = (block_size - 1) / 2  # lengths uniform modulo b (3.4)
+def _row(block_size: int, batch: int, tail=None) -> tuple[float, float, int, int]:
+    tail = (block_size - 1) / 2 if tail is None else tail  # lengths uniform modulo b (3.4)
     return (tail * KV_MHA, batch * tail * KV_MHA / BUDGET, math.ceil(G.MEDIAN_TOKENS / block_size),
             math.ceil(G.TAIL_TOKENS / block_size))
-
-
-def _row_cases(rng):
-    sizes = [8, 16, 64, 256, 1, 32, rng.randint(2, 7), rng.randint(9, 200), rng.choice((512, 1024))]
-    batches = [21, 199, 1, rng.randint(2, 500)]
-    return [(block_size, batch, _row(block_size, batch)) for block_size in sizes for batch in batches[:2]] + \
-        [(rng.choice(sizes), batch, None) for batch in batches[2:]]
 
 
 @function(
@@ -427,37 +318,26 @@ def _row_cases(rng):
          "not fill, on average over lengths spread evenly modulo b (3.4's question at any b); what `batch` such "
          "sequences waste, as a fraction of BUDGET; and the block-table entries of the median and of the "
          "TAIL_TOKENS-token sequence (whole blocks).",
-    cases=_row_cases,
     # the row's tail is 3.4's mean of one-sequence tails and its entries are whole blocks: every library count of
-    # either (`tail_waste_tokens`, `blocks_for`, `blocks_needed`, the replays' columns, `exercise3`'s rows)
+    # either (`tail_waste_tokens`, `blocks_for`, `blocks_needed`, the replays' columns)
     forbid=("labsupport.ledger.block_size_table", "labsupport.ledger.mean_tail_waste_tokens",
-            "labsupport.ledger.lognormal_params", "labsupport.ledger.exercise3", *_TAIL_SHORTCUTS),
+            "labsupport.ledger.lognormal_params", *_TAIL_SHORTCUTS),
     derive="compute the row's four numbers from b, the batch, 3.4's mean tail and the two lengths",
+    name="exercise3_row",
 )
-def _exercise3_row(fn, case):
-    block_size, batch, want = case
-    if want is None:
-        want = _row(block_size, batch)
-    names = (f"mean tail bytes", f"waste at B = {batch} (fraction of budget)", "entries at the median",
-             "entries at the tail length")
-    what = f"exercise3_row({block_size}, batch={batch})"
-    got = call(fn, block_size, batch)
-    try:
-        got = tuple(got)
-    except TypeError:
-        raise Mismatch(f"{what} returned {got!r}; return a tuple of four numbers.") from None
-    if len(got) != 4:
-        raise Mismatch(f"{what} returned {len(got)} values; four are expected.")
-    for name, g, w in zip(names, got, want):
-        g = as_number(g, f"{what}'s {name}")
-        half = block_size / 2 * KV_MHA
-        if name == "mean tail bytes" and math.isclose(g, half, rel_tol=1e-9) and block_size > 1:
-            raise Mismatch(f"{what}: you used b/2 (the lecture's rounding); a length that is a multiple of b "
-                           "leaves no tail, so the mean tail is (b − 1)/2 tokens (3.4's mean).")
-        if name.startswith("waste") and want[0] and batch != 199 and math.isclose(g, 199 * want[0] / BUDGET, rel_tol=1e-6):
-            raise Mismatch(f"{what}: that is the waste of 199 sequences, the lecture's chat batch; use the batch "
-                           "you are given.")
-        expect_close(g, w, f"{what}'s {name}", rel_tol=1e-9 if isinstance(w, int) else 1e-6)
+def _exercise3_row(rng):
+    sizes = [8, 16, 64, 256, 1, 32, rng.randint(2, 7), rng.randint(9, 200), rng.choice((512, 1024))]
+    for block_size, batch in [(b, n) for b in sizes for n in (21, 199)] + [(rng.choice(sizes), 1),
+                                                                           (rng.choice(sizes), rng.randint(2, 500))]:
+        mistakes = [(_row(block_size, batch, block_size / 2), "You used b/2 (the lecture's rounding); a length that is "
+                     "a multiple of b leaves no tail, so the mean tail is (b − 1)/2 tokens (3.4's mean).")] \
+            if block_size > 1 else []
+        if batch != 199 and block_size > 1:
+            wrong = _row(block_size, batch)
+            mistakes.append(((wrong[0], 199 * wrong[0] / BUDGET, wrong[2], wrong[3]), "That is the waste of 199 "
+                             "sequences, the lecture's chat batch; use the batch you are given."))
+        yield case(block_size, batch, want=_row(block_size, batch), rel_tol=1e-6, mistakes=mistakes,
+                   what=f"exercise3_row({block_size}, batch={batch})")
 
 
 MEASUREMENTS = ("kernel_bandwidth", "fork_rate", "tail_waste", "table_size", "hbm_size")

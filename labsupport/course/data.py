@@ -1,0 +1,273 @@
+"""Plain data: what a checkoff's inputs and a student's answers become on their way across (every lab).
+
+Answers leave the student's process as strict JSON and nothing else, so the grader never holds an
+object of the student's (never unpickles, never calls a method the student defined).  `plain`
+turns a value into that data, in whatever process the value lives; `parse` reads it back, with
+bounds, as the grader's own built-in types:
+
+    None, bools, ints, finite floats, text      as themselves
+    list, tuple                                 a list
+    a dict with text keys                       a dict
+    nan, inf, -inf                              {"$": "float", "v": "nan"}
+    a set, a dict with other keys               {"$": "set", "items": [...]}, {"$": "dict", "items": [[k, v], ...]}
+    a torch tensor or numpy array               {"$": "tensor", "dtype": "int64", "shape": [...], "values": [...]}
+    the placeholder ``...``                     {"$": "unfinished"}
+    a function, anything else                   {"$": "function", "name": ...}, {"$": "object", "type": ...}
+
+A function checkoff's inputs go the other way, into the sandbox, as data too.  An input that is one
+of labsupport's own objects (a ModelSpec, an allocator in the middle of serving) travels as the
+recipe that makes it — ``{"$": "new", "make": "labsupport.contiguous:ContiguousAllocator",
+"args": [...], "kwargs": {...}, "calls": [["allocate", [0, 4096], {"num_tokens": 12}], ...]}`` —
+written by `live` (or, for a frozen dataclass, by `plain` itself) and rebuilt by `build`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+
+MAX_DEPTH = 40
+MAX_ITEMS = 2_000_000  # list items, dict entries and tensor elements in one answer
+MAX_TEXT = 64 * 2**20  # characters of JSON read back
+
+
+class DataError(ValueError):
+    """Text that is not plain data in the agreed shape, or too much of it."""
+
+
+def is_unfinished(value) -> bool:
+    """The student copy's placeholder: ``...`` (checked by identity: nothing of the student's runs)."""
+    return value is Ellipsis
+
+
+def contains_unfinished(value, _depth: int = 0) -> bool:
+    """``...`` alone or inside built-in containers (only exact built-in types are opened)."""
+    if value is Ellipsis:
+        return True
+    if _depth > MAX_DEPTH:
+        return False
+    if type(value) is dict:
+        return any(contains_unfinished(v, _depth + 1) for v in value.values())
+    if type(value) in (list, tuple, set, frozenset):
+        return any(contains_unfinished(v, _depth + 1) for v in value)
+    return False
+
+
+# --- turning a value into plain data ----------------------------------------------------------------
+
+def _number(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return {"$": "float", "v": "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")}
+    return x
+
+
+def _tensor(x) -> dict | None:
+    kind = type(x).__module__.split(".")[0]
+    if kind == "torch" and type(x).__name__ in ("Tensor", "Parameter"):
+        t = x.detach().cpu()
+        dtype, shape = str(t.dtype).replace("torch.", ""), list(t.shape)
+        values = t.float().reshape(-1).tolist() if dtype == "bfloat16" else t.reshape(-1).tolist()
+    elif kind == "numpy" and type(x).__name__ == "ndarray":
+        dtype, shape, values = str(x.dtype), list(x.shape), x.reshape(-1).tolist()
+    else:
+        return None
+    return {"$": "tensor", "dtype": dtype, "shape": shape, "values": [_number(v) for v in values]}
+
+
+def plain(x, _depth: int = 0, _count: list | None = None):
+    """`x` as plain data (see the module's docstring); a value too deep or too large raises DataError."""
+    count = _count if _count is not None else [0]
+    count[0] += 1
+    if count[0] > MAX_ITEMS or _depth > MAX_DEPTH:
+        raise DataError("the answer is too large or too deeply nested to hand over")
+    if x is None or type(x) in (bool, int, str):
+        return x
+    if type(x) is float:
+        return _number(x)
+    if x is Ellipsis:
+        return {"$": "unfinished"}
+    if type(x) in (list, tuple):
+        return [plain(v, _depth + 1, count) for v in x]
+    if type(x) is dict:
+        if all(type(k) is str and not k.startswith("$") for k in x):
+            return {k: plain(v, _depth + 1, count) for k, v in x.items()}
+        return {"$": "dict", "items": [[plain(k, _depth + 1, count), plain(v, _depth + 1, count)] for k, v in x.items()]}
+    if type(x) in (set, frozenset):
+        return {"$": "set", "items": [plain(v, _depth + 1, count) for v in x]}
+    if isinstance(x, Live):
+        return x.recipe(count)
+    tensor = _tensor(x)
+    if tensor is not None:
+        count[0] += len(tensor["values"])
+        if count[0] > MAX_ITEMS:
+            raise DataError("the answer is too large to hand over")
+        return tensor
+    item = getattr(type(x), "item", None)
+    if type(x).__module__.split(".")[0] == "numpy" and item is not None:  # a numpy scalar
+        return plain(x.item(), _depth, count)
+    if dataclasses.is_dataclass(x) and type(x).__module__.startswith("labsupport.") \
+            and getattr(type(x), "__dataclass_params__").frozen:
+        fields = {f.name: plain(getattr(x, f.name), _depth + 1, count) for f in dataclasses.fields(x) if f.init}
+        return {"$": "new", "make": f"{type(x).__module__}:{type(x).__qualname__}", "args": [], "kwargs": fields,
+                "calls": []}
+    if callable(x):
+        return {"$": "function", "name": str(getattr(x, "__name__", "function"))[:80]}
+    return {"$": "object", "type": str(type(x).__name__)[:80]}
+
+
+def dumps(x) -> str:
+    """`x` as one line of strict JSON (lone surrogates escaped, so any text survives)."""
+    return json.dumps(plain(x), ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
+# --- reading plain data back (the grader's side) -----------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """A tensor as handed over: its dtype's name, shape and values (flat), compared as data."""
+
+    dtype: str
+    shape: tuple
+    values: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Other:
+    """Something plain data has no word for: a function (`kind` "function") or an object of some type."""
+
+    kind: str
+    name: str
+
+
+UNFINISHED = Other("unfinished", "...")
+
+
+def _reject_constant(name):
+    raise DataError(f"not strict JSON ({name})")
+
+
+def parse(text: str | bytes):
+    """Strict JSON back into built-in types, `Tensor` and `Other`; DataError on anything else."""
+    if len(text) > MAX_TEXT:
+        raise DataError(f"{len(text):,} characters of data, more than the {MAX_TEXT:,} read back")
+    try:
+        raw = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise DataError(f"not strict JSON ({str(exc)[:80]})") from None
+    return unplain(raw)
+
+
+def unplain(data, _depth: int = 0, _count: list | None = None):
+    count = _count if _count is not None else [0]
+    count[0] += 1
+    if count[0] > MAX_ITEMS or _depth > MAX_DEPTH:
+        raise DataError("the data is too large or too deeply nested")
+    if data is None or type(data) in (bool, int, float, str):
+        return data
+    if type(data) is list:
+        return [unplain(v, _depth + 1, count) for v in data]
+    if type(data) is not dict:
+        raise DataError(f"unexpected {type(data).__name__}")
+    tag = data.get("$")
+    if tag is None:
+        return {k: unplain(v, _depth + 1, count) for k, v in data.items()}
+    try:
+        if tag == "float":
+            return float({"nan": "nan", "inf": "inf", "-inf": "-inf"}[data["v"]])
+        if tag == "set":
+            return frozenset(_hashable(unplain(v, _depth + 1, count)) for v in data["items"])
+        if tag == "dict":
+            return {_hashable(unplain(k, _depth + 1, count)): unplain(v, _depth + 1, count) for k, v in data["items"]}
+        if tag == "tensor":
+            values = tuple(unplain(v, _depth + 1, count) for v in data["values"])
+            count[0] += len(values)
+            shape = tuple(int(n) for n in data["shape"])
+            if math.prod(shape) != len(values) or not all(type(v) in (bool, int, float) for v in values):
+                raise DataError("a tensor whose shape and values disagree")
+            return Tensor(str(data["dtype"])[:40], shape, values)
+        if tag == "unfinished":
+            return UNFINISHED
+        if tag in ("function", "object"):
+            return Other(tag, str(data.get("name", data.get("type", "")))[:80])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"a malformed {tag!r} item ({type(exc).__name__})") from None
+    raise DataError(f"an unknown tag {str(tag)[:40]!r}")
+
+
+def _hashable(x):
+    if isinstance(x, list):
+        return tuple(_hashable(v) for v in x)
+    if isinstance(x, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in x.items()))
+    return x
+
+
+# --- a checkoff's inputs: labsupport's objects as the recipe that makes them ------------------------------
+
+class Live:
+    """One of labsupport's objects, made in the grader, that remembers how it was made.
+
+    ``alloc = live(ContiguousAllocator, 4096, kv_bytes_per_token=KV)`` behaves as the allocator (every
+    attribute and method is the real one's) and records each method called on it, so `plain` can
+    write it as a recipe and `build` make the same object, in the same state, where the student's
+    function runs.  The mechanisms are deterministic, so replaying the calls gives the same state.
+    """
+
+    def __init__(self, make, *args, **kwargs):
+        self._make, self._args, self._kwargs, self._calls = make, args, kwargs, []
+        self.real = make(*args, **kwargs)
+
+    def __getattr__(self, name):
+        value = getattr(self.real, name)
+        if not callable(value) or name.startswith("__"):
+            return value
+
+        def recorded(*args, **kwargs):
+            self._calls.append((name, args, kwargs))
+            return value(*args, **kwargs)
+        return recorded
+
+    def recipe(self, count: list) -> dict:
+        make = f"{self._make.__module__}:{self._make.__qualname__}"
+        return {"$": "new", "make": make, "args": plain(list(self._args), 1, count),
+                "kwargs": plain(self._kwargs, 1, count),
+                "calls": [[n, plain(list(a), 1, count), plain(k, 1, count)] for n, a, k in self._calls]}
+
+
+def live(make, *args, **kwargs) -> Live:
+    return Live(make, *args, **kwargs)
+
+
+def build(data):
+    """Plain input data as the objects a student's function is called with (in the student's process).
+
+    Recipes may only make what labsupport's modules define; tensors become torch tensors."""
+    if type(data) is list:
+        return [build(v) for v in data]
+    if type(data) is not dict:
+        return data
+    tag = data.get("$")
+    if tag is None:
+        return {k: build(v) for k, v in data.items()}
+    if tag == "new":
+        module, _, name = data["make"].partition(":")
+        if not module.startswith("labsupport.") or module.startswith("labsupport.course"):
+            raise DataError(f"a recipe may only make labsupport's objects, not {data['make']!r}")
+        make = importlib.import_module(module)
+        for part in name.split("."):
+            make = getattr(make, part)
+        obj = make(*build(data["args"]), **build(data["kwargs"]))
+        for method, args, kwargs in data["calls"]:
+            getattr(obj, method)(*build(args), **build(kwargs))
+        return obj
+    if tag == "tensor":
+        import torch
+
+        values = [float(unplain(v)) if isinstance(v, dict) else v for v in data["values"]]
+        return torch.tensor(values, dtype=getattr(torch, data["dtype"])).reshape(data["shape"])
+    if tag == "dict":
+        return {_hashable(build(k)): build(v) for k, v in data["items"]}
+    if tag == "set":
+        return {_hashable(build(v)) for v in data["items"]}
+    return unplain(data)

@@ -1,0 +1,185 @@
+"""The grade's reports: the table, JSON, the gradebook CSV and Gradescope's results.json (every lab).
+
+Everything a report holds that came from a notebook — values, type names, messages, file and
+folder names in any encoding — goes through `safe` first: lone surrogates, control characters and
+bidirectional overrides become visible escapes, so writing a report never fails on a row's content
+and no row can disguise itself or another.  Files are written to a fresh private folder beside the
+target and renamed into place.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
+SYMBOLS = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⬜"}
+MAX_TEXT_CHARS = 2000  # of one detail or error a report keeps
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
+
+
+def safe(text, limit: int = MAX_TEXT_CHARS) -> str:
+    """`text` as a report may hold it: escapes for what could break a file or fool a reader, and cut."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "backslashreplace")
+    text = _UNSAFE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), str(text))
+    return text if len(text) <= limit else f"{text[:limit]}… [cut: {len(text) - limit:,} more characters]"
+
+
+def safe_path(path) -> str:
+    return safe(os.fsdecode(path) if isinstance(path, (bytes, os.PathLike)) else path, 500)
+
+
+@dataclass
+class CheckoffResult:
+    id: str
+    title: str
+    status: str
+    detail: str = ""
+
+    def __post_init__(self):
+        self.detail = safe(self.detail)
+
+
+@dataclass
+class NotebookGrade:
+    path: str
+    lab: int | None
+    student: str = ""
+    seconds: float = 0.0
+    error: str = ""
+    invalid: bool = False  # the file is not a notebook that can be graded
+    not_graded: str = ""  # why this notebook was not graded (another of the student's counts for the lab)
+    notes: list[str] = field(default_factory=list)
+    checkoffs: list[CheckoffResult] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.path, self.student = safe_path(self.path), safe(self.student, 200)
+
+    @property
+    def passed(self) -> int:
+        return sum(c.status == PASSED for c in self.checkoffs)
+
+    @property
+    def failed(self) -> int:
+        return sum(c.status == FAILED for c in self.checkoffs)
+
+    @property
+    def total(self) -> int:
+        return len(self.checkoffs)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.update(error=safe(self.error), not_graded=safe(self.not_graded), notes=[safe(n) for n in self.notes],
+                   passed=self.passed, failed=self.failed, total=self.total, seconds=round(self.seconds, 3))
+        return out
+
+
+def format_grade(grade: NotebookGrade) -> str:
+    lab = f"lab {grade.lab:02d}" if grade.lab is not None else "lab ?"
+    who = f"{grade.student}: " if grade.student else ""
+    if grade.not_graded:
+        return f"{who}{grade.path}  ({lab}) not graded: {safe(grade.not_graded)}"
+    lines = [f"{who}{grade.path}  ({lab}, graded in {grade.seconds:.1f} s)"]
+    for c in grade.checkoffs:
+        lines.append(f"  {SYMBOLS[c.status]} {c.id:<5} {c.status:<14} {c.title}")
+        if c.status != PASSED and c.detail:
+            lines += [f"        {line}" for line in c.detail.splitlines()]
+    lines += [f"  ! {safe(line)}" for line in [grade.error, *grade.notes] if line]
+    lines.append(f"  score {grade.passed}/{grade.total}")
+    return "\n".join(lines)
+
+
+def summary(grades: list[NotebookGrade]) -> dict:
+    passed, failed = sum(g.passed for g in grades), sum(g.failed for g in grades)
+    total = sum(g.total for g in grades)
+    return {"notebooks": [g.as_dict() for g in grades], "passed": passed, "failed": failed,
+            "not_attempted": total - passed - failed, "total": total}
+
+
+def _cell(text: str) -> str:
+    """A CSV cell a spreadsheet shows as text (never a formula)."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def rows(grades: list[NotebookGrade]) -> tuple[list[str], list[dict]]:
+    """One row per graded notebook (one per student × lab); the notebooks not graded are named in it."""
+    skipped: dict[tuple, list[NotebookGrade]] = {}
+    for g in grades:
+        if g.not_graded:
+            skipped.setdefault((g.student, g.lab), []).append(g)
+    ids = sorted({c.id for g in grades for c in g.checkoffs}, key=lambda i: tuple(int(x) for x in i.split(".")))
+    header = ["student", "lab", "notebook", "passed", "total", "score", "error", *ids]
+    out = []
+    for g in grades:
+        if g.not_graded:
+            continue
+        notes = [safe(n) for n in g.notes] + [f"also handed in {o.path} (not graded)" for o in skipped.get((g.student, g.lab), [])]
+        row = {"student": _cell(g.student), "lab": "" if g.lab is None else f"{g.lab:02d}", "notebook": _cell(g.path),
+               "passed": g.passed, "total": g.total, "score": f"{g.passed}/{g.total}",
+               "error": _cell("; ".join([safe(g.error), *notes] if g.error else notes))}
+        row.update({c.id: c.status for c in g.checkoffs})
+        out.append(row)
+    return header, out
+
+
+def csv_text(grades: list[NotebookGrade]) -> str:
+    header, table = rows(grades)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=header, restval="", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(table)
+    return buf.getvalue()
+
+
+def gradescope(grades: list[NotebookGrade], visibility: str = "visible") -> dict:
+    """Gradescope's results.json: one test per checkoff, one point each, the detail and hint as its output."""
+    tests, notes = [], []
+    for g in grades:
+        where = Path(g.path).name
+        if g.not_graded:
+            notes.append(f"{where}: not graded: {safe(g.not_graded)}")
+            continue
+        notes += [f"{where}: {safe(n)}" for n in [g.error, *g.notes] if n]
+        for c in g.checkoffs:
+            output = {PASSED: "passed", NOT_ATTEMPTED: f"not attempted: {c.detail}" if c.detail else "not attempted",
+                      FAILED: c.detail}[c.status]
+            tests.append({"name": f"Checkoff {c.id}: {c.title}", "number": c.id, "score": float(c.status == PASSED),
+                          "max_score": 1.0, "status": "passed" if c.status == PASSED else "failed",
+                          "output": output, "visibility": visibility})
+    if not grades:
+        notes.append("no notebook (.ipynb) was found in the submission")
+    score = sum(t["score"] for t in tests)
+    return {"score": score, "output": "\n".join(notes) or f"{int(score)} of {len(tests)} checkoffs passed",
+            "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
+
+
+def dump(data) -> str:
+    return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+@contextlib.contextmanager
+def into_place(path: Path):
+    """A path to write `path`'s new content at, renamed over `path` once written (through a fresh
+    private folder beside it, so nothing planted at a guessable name is written through)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        tmp = folder / "new"
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_into_place(path: Path, text: str) -> None:
+    with into_place(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")

@@ -1,0 +1,239 @@
+"""The runner: a handed-in notebook run whole, once per set of givens, inside its sandbox (every lab).
+
+    python -I -m labsupport.course.runner < job.json      (events go out as JSON lines on the job's events_fd)
+
+The job holds the notebook's code cells, which of them is the givens cell, the runs (the lecture's
+givens, then the hidden sets), the inputs of the function checkoffs' hidden cases, and where the
+notebook's folder is.  The runner copies the folder into its scratch, then executes the cells in an
+IPython shell, as a kernel's Run All does, errors and all (``%%time``, ``!ls``, helper modules in the
+folder: the same), except that nothing is formatted for display (nobody reads the outputs).  The cells
+before the givens cell run once; at the givens cell the process forks,
+one child per run, and each child binds that run's givens in the cell's place and runs the rest.
+A run that passes the time it is given is killed and the next one starts.
+
+check() is a collector here: it hands each answer over as plain data, a function's as what it did
+on the hidden cases (labsupport.course.harness, on the lecture's givens only).  Nothing is judged
+in the sandbox, and nothing in it knows an expected value.  Events:
+
+    {"e": "cell", "run": r, "cell": n}                  cell n (the notebook's numbering) starts
+    {"e": "error", "run": r, "cell": n, "ename", "evalue"}
+    {"e": "answer", "run": r, "cell": n, "id": "2.1", "value" | "observations" | "unfinished"}
+    {"e": "end", "run": r} / {"e": "stop", "run": r, "why": "..."}
+
+``run`` is null for the cells before the fork, shared by every run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+
+EVENTS_FD = 3  # the job names the descriptor the grader's pipe arrived on
+MAX_EVENT = 16 * 2**20  # characters of one event; a larger answer is sent as too large
+COPY_BYTES = 256 * 2**20  # of the notebook's folder copied into the scratch
+COPY_DEPTH = 4
+STARTED = time.monotonic()
+_run = None  # the run this process is, once forked
+_cell = None
+
+
+def emit(**event) -> None:
+    text = json.dumps(event, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    if len(text) > MAX_EVENT:
+        text = json.dumps({k: v for k, v in event.items() if k in ("e", "run", "cell", "id")} | {"too_large": len(text)})
+    data = (text + "\n").encode()
+    while data:
+        try:
+            data = data[os.write(EVENTS_FD, data):]
+        except OSError:
+            return
+
+
+def copy_folder(src: str, dest: str) -> None:
+    """The notebook's folder, as much as fits (links copied as links: inside the sandbox they lead nowhere)."""
+    budget = COPY_BYTES
+    for root, dirs, files in os.walk(src):
+        rel = os.path.relpath(root, src)
+        depth = 0 if rel == "." else rel.count(os.sep) + 1
+        dirs[:] = [d for d in dirs if depth < COPY_DEPTH and d not in (".git", "__pycache__", ".ipynb_checkpoints")]
+        os.makedirs(os.path.join(dest, rel), exist_ok=True)
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                if os.path.islink(path):
+                    os.symlink(os.readlink(path), os.path.join(dest, rel, name))
+                    continue
+                size = os.path.getsize(path)
+                if size <= budget:
+                    shutil.copyfile(path, os.path.join(dest, rel, name))
+                    budget -= size
+            except OSError:
+                continue
+
+
+def collector(job: dict):
+    from labsupport.course import data, harness
+
+    cases, seconds = job.get("cases", {}), job.get("case_seconds", harness.CASE_SECONDS)
+
+    def collect(checkoff_id, answer) -> None:
+        cid = checkoff_id if isinstance(checkoff_id, str) and len(checkoff_id) <= 12 else repr(checkoff_id)[:12]
+        event = {"run": _run, "cell": _cell, "id": cid}
+        if data.contains_unfinished(answer):
+            emit(e="answer", unfinished=True, **event)
+        elif cid in cases:
+            if _run == 0:  # a function is tried on the lecture's givens, where its cases are posed
+                observations = [harness.observe(answer, case, seconds) if callable(answer)
+                                else {"result": data.plain(answer)} for case in cases[cid]]
+                emit(e="answer", observations=observations, **event)
+        else:
+            try:
+                emit(e="answer", value=data.plain(answer), **event)
+            except data.DataError as exc:
+                emit(e="answer", unreadable=str(exc), **event)
+    return collect
+
+
+def shell():
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    config = Config()
+    config.HistoryManager.enabled = False
+    config.InteractiveShell.colors = "NoColor"
+    sh = InteractiveShell.instance(config=config)
+    sh.display_formatter.format = lambda *args, **kwargs: ({}, {})  # nobody reads the outputs: format none
+    return sh
+
+
+def run_cells(sh, cells: list, start: int) -> None:
+    global _cell
+    for number, source in cells[start:]:
+        _cell = number
+        emit(e="cell", run=_run, cell=number, t=round(time.monotonic() - STARTED, 3))
+        result = sh.run_cell(source, store_history=True)
+        error = result.error_before_exec or result.error_in_exec
+        if error is not None:
+            emit(e="error", run=_run, cell=number, ename=_text(type(error).__name__, 200), evalue=_text(error, 500))
+
+
+def _text(x, limit: int) -> str:
+    try:
+        return str(x)[:limit]
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
+        return "?"
+
+
+def givens_source(values: dict) -> str:
+    return "\n".join(f"{name} = {value!r}" for name, value in values.items()) + "\n"
+
+
+def one_run(sh, job: dict, run: int, cells: list, fork_at: int) -> None:
+    """This process is run `run` from the givens cell on: bind its givens there, then the rest."""
+    global _run, _cell
+    _run = run
+    emit(e="cell", run=run, cell=cells[fork_at][0] if fork_at < len(cells) else None)
+    _cell = cells[fork_at][0] if fork_at < len(cells) else None
+    sh.run_cell(givens_source(job["runs"][run]), store_history=True)
+    run_cells(sh, cells, fork_at + (job.get("givens_cell") is not None))
+    emit(e="end", run=run)
+
+
+WARM = ("plotly.graph_objects", "plotly.io._renderers", "ipywidgets", "anywidget")  # what the labs import first
+
+
+def warm() -> None:
+    """Import, once before the runs fork, the libraries the labs import first (jsonschema alone, through
+    plotly's renderers, takes seconds): each run then finds them loaded, as a kernel's second cell does."""
+    import importlib
+
+    for name in WARM:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a library that is not there is the notebook's business
+            pass
+
+
+def single_threaded() -> bool:
+    """No Python thread but this one (torch's own native helper thread is fork-safe, as its DataLoader relies on)."""
+    import threading
+
+    return threading.active_count() == 1
+
+
+def main(argv: list[str]) -> int:
+    global EVENTS_FD
+    job = json.loads(sys.stdin.read())
+    EVENTS_FD = job.get("events_fd", EVENTS_FD)
+    os.makedirs(job["work"], exist_ok=True)
+    if job["folder"] != job["work"]:
+        copy_folder(job["folder"], job["work"])
+    home = os.path.join(job["work"], job.get("cwd", ""))
+    os.chdir(home)
+    sys.path.insert(0, home)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    from labsupport.course import checkoff
+
+    checkoff.collect = collector(job)
+    sh = shell()
+    cells = [(n, s) for n, s in job["cells"]]
+    fork_at = next((i for i, (n, _) in enumerate(cells) if n == job.get("givens_cell")), None)
+    if fork_at is None:  # no givens cell: the givens are bound before the first cell
+        job["givens_cell"], fork_at = None, 0
+    alone = next((int(a.split("=")[1]) for a in argv if a.startswith("--run=")), None)
+    if alone is not None:  # the slow path: this whole process is one run
+        run_cells(sh, cells[:fork_at], 0)
+        one_run(sh, job, alone, cells, fork_at)
+        return 0
+    run_cells(sh, cells[:fork_at], 0)
+    warm()
+    for run in range(len(job["runs"])):
+        deadline = time.monotonic() + job["timeout"]
+        if single_threaded():
+            pid = os.fork()
+            if pid == 0:
+                os.setpgid(0, 0)
+                try:
+                    one_run(sh, job, run, cells, fork_at)
+                finally:
+                    os._exit(0)
+        else:  # a thread started before the givens cell: forking could deadlock, so start afresh
+            import subprocess
+
+            with open(os.path.join(job["work"], ".job.json"), "w") as f:
+                json.dump(job, f)
+            pid = subprocess.Popen([sys.executable, "-I", "-m", "labsupport.course.runner", f"--run={run}"],
+                                   stdin=open(os.path.join(job["work"], ".job.json")), pass_fds=(EVENTS_FD,),
+                                   start_new_session=True).pid
+        why = wait(pid, deadline)
+        if why:
+            emit(e="stop", run=run, why=why)
+    return 0
+
+
+def wait(pid: int, deadline: float) -> str:
+    """'' when run `pid` ended by itself in time, else why it did not."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            if os.WIFSIGNALED(status):
+                return f"killed by signal {os.WTERMSIG(status)}"
+            return ""
+        if time.monotonic() > deadline:
+            for target in (-pid, pid):
+                try:
+                    os.kill(target, signal.SIGKILL)
+                except OSError:
+                    pass
+            os.waitpid(pid, 0)
+            return "timeout"
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
