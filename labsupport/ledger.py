@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from labsupport import checks
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, LECTURE_MFU, LECTURE_RESERVED_BYTES, GPUSpec, ModelSpec
 
 
@@ -453,152 +452,6 @@ def ridge_reachable_tokens(model: ModelSpec, gpu: GPUSpec) -> float:
     return 2 * model.num_params / denominator if denominator > 0 else math.inf
 
 
-# --- The whole ledger for one configuration ---------------------------------------------------
-
-@dataclass(frozen=True)
-class Scenario:
-    """Everything the lecture's "Numbers worth memorizing" depend on; defaults are the lecture's."""
-
-    model: ModelSpec = LECTURE_7B
-    gpu: GPUSpec = LECTURE_GPU
-    kv_budget: float | None = None  # bytes; None -> HBM - weights - 4 GB
-    prompt: int = 512
-    output: int = 128
-    s_max: int = 4096
-    block_size: int = 16
-    link_bandwidth: float | None = None  # bytes/s; None -> the GPU's host link
-    mfu: float = LECTURE_MFU
-    tpot_slo_s: float = 0.020
-    fanout_n: int = 8
-    fanout_prompt: int = 4096
-    fanout_output: int = 256
-
-    def __post_init__(self):
-        _check_scenario(self)
-
-    @property
-    def budget(self) -> float:
-        return kv_budget_bytes(self.model, self.gpu) if self.kv_budget is None else self.kv_budget
-
-    @property
-    def link(self) -> float:
-        return self.gpu.link_bandwidth if self.link_bandwidth is None else self.link_bandwidth
-
-    @property
-    def seq_tokens(self) -> int:
-        return self.prompt + self.output
-
-
-def _check_scenario(sc: Scenario) -> None:
-    """Every field of a Scenario the right type, finite and consistent; ValueError names the field."""
-    if not isinstance(sc.model, ModelSpec) or not isinstance(sc.gpu, GPUSpec):
-        raise ValueError(f"Scenario needs a ModelSpec and a GPUSpec, got {type(sc.model).__name__} and "
-                         f"{type(sc.gpu).__name__}")
-    for name in ("prompt", "s_max", "block_size", "fanout_n"):
-        checks.as_count(name, getattr(sc, name), 1)
-    for name in ("output", "fanout_prompt", "fanout_output"):
-        checks.as_count(name, getattr(sc, name), 0)
-    for name in ("kv_budget", "link_bandwidth"):
-        if getattr(sc, name) is not None:
-            checks.as_real(name, getattr(sc, name), above=0)
-    checks.as_real("tpot_slo_s", sc.tpot_slo_s, above=0)
-    checks.as_fraction("mfu", sc.mfu, include_zero=False, include_one=True)
-    if sc.s_max < sc.prompt + sc.output:
-        raise ValueError(f"s_max={sc.s_max:,} is below prompt + output = {sc.prompt + sc.output:,}: a "
-                         f"reserve-to-max slot must hold the whole sequence")
-    if sc.fanout_prompt + sc.fanout_output == 0:
-        raise ValueError("fanout_prompt and fanout_output are both 0: a fan-out needs at least one token")
-
-
-def compute(sc: Scenario) -> dict:
-    """The lecture's headline numbers for one scenario, as a flat dict in base units."""
-    kv = kv_bytes_per_token(sc.model)
-    budget = sc.budget
-    if budget <= 0:
-        raise ValueError(f"KV budget is {budget:,.0f} bytes: the weights alone do not leave room for a KV cache")
-    if budget < sc.block_size * kv:
-        raise ValueError(f"KV budget {budget:,.0f} bytes is smaller than one block ({sc.block_size * kv:,} bytes)")
-    seq = sc.seq_tokens
-    if blocks_for(seq, sc.block_size) > num_blocks(budget, sc.block_size, kv):
-        raise ValueError(f"a {seq}-token sequence does not fit in the {budget:,.0f}-byte KV budget")
-    peak = sc.gpu.peak_flops
-    paged_b = paged_concurrency(budget, seq, sc.block_size, kv)
-    tpot = tpot_s(sc.model, paged_b, seq, sc.gpu.hbm_bandwidth)
-    unshared, shared = fanout_tokens(sc.fanout_n, sc.fanout_prompt, sc.fanout_output)
-    naive_b = naive_concurrency(budget, sc.s_max, kv)
-    return {
-        "model": sc.model.name,
-        "gpu": sc.gpu.name,
-        "kv_bytes_per_token": kv,
-        "weight_bytes": sc.model.weight_bytes,
-        "kv_budget_bytes": budget,
-        "seq_tokens": seq,
-        "naive_slot_bytes": naive_slot_bytes(sc.s_max, kv),
-        "naive_concurrency": naive_b,
-        "naive_utilization": naive_utilization(budget, sc.s_max, seq, kv),
-        "naive_utilization_time_avg": naive_utilization_time_avg(budget, sc.s_max, sc.prompt, sc.output, kv),
-        "num_blocks": num_blocks(budget, sc.block_size, kv),
-        "paged_concurrency": paged_b,
-        "paged_utilization": paged_utilization(budget, seq, sc.block_size, kv),
-        "paged_utilization_time_avg": paged_utilization_time_avg(budget, sc.prompt, sc.output, sc.block_size, kv),
-        "concurrency_gain": paged_b / naive_b if naive_b else math.inf,
-        "mean_tail_waste_tokens": mean_tail_waste_tokens(sc.block_size),
-        "block_table_entries": block_table_entries(sc.s_max, sc.block_size),
-        "block_table_bytes": block_table_bytes(sc.s_max, sc.block_size),
-        "fanout_tokens_unshared": unshared,
-        "fanout_tokens_shared": shared,
-        "fanout_factor": unshared / shared,
-        "swap_round_trip_s": swap_round_trip_s(sc.s_max * kv, sc.link),
-        "recompute_flops": prefill_flops(sc.model, sc.s_max),
-        "recompute_s": recompute_s(sc.model, sc.s_max, peak, sc.mfu),
-        "breakeven_link_gbs": breakeven_link_bandwidth(sc.model, sc.s_max, peak, sc.mfu) / GB,
-        "crossover_tokens": crossover_tokens(sc.model, sc.link, peak, sc.mfu),
-        "tpot_s": tpot,
-        "throughput_tok_s": throughput_tok_s(paged_b, tpot),
-        "max_batch_for_slo": max_batch_for_tpot(sc.model, seq, sc.tpot_slo_s, sc.gpu.hbm_bandwidth),
-        "ridge_batch": ridge_batch(sc.model, sc.gpu),
-    }
-
-
-# --- The exercises ----------------------------------------------------------------------------
-
-def exercise1(model: ModelSpec = LECTURE_7B, gqa_model: ModelSpec | None = None, gpu: GPUSpec = LECTURE_GPU,
-              s_max: int = 131_072, prompt: int = 512, output: int = 128, block_size: int = 16) -> dict:
-    """Exercise 1, the long-context brochure: S_max = 128K under MHA, then GQA-8, naive vs paged."""
-    from labsupport.specs import LECTURE_7B_GQA8
-
-    gqa_model = gqa_model or LECTURE_7B_GQA8
-    budget = kv_budget_bytes(model, gpu)
-    seq = prompt + output
-    out = {"budget_bytes": budget}
-    for tag, m in (("mha", model), ("gqa", gqa_model)):
-        kv = m.kv_bytes_per_token
-        out[f"{tag}_slot_bytes"] = naive_slot_bytes(s_max, kv)
-        out[f"{tag}_naive_concurrency"] = naive_concurrency(budget, s_max, kv)
-        out[f"{tag}_naive_utilization"] = naive_utilization(budget, s_max, seq, kv)
-        out[f"{tag}_occupancy_bytes"] = seq * kv
-        out[f"{tag}_paged_concurrency"] = paged_concurrency(budget, seq, block_size, kv)
-    out["gqa_cost_factor"] = out["gqa_paged_concurrency"] / out["gqa_naive_concurrency"]
-    return out
-
-
-def exercise2(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU,
-              mix: tuple[tuple[int, float], ...] = ((512, 0.70), (4096, 0.25), (32_768, 0.05))) -> dict:
-    """Exercise 2, per-request S_max: mean slot size and mean concurrency of a declared-length mix."""
-    total = sum(p for _, p in mix)
-    if abs(total - 1) > 1e-9:
-        raise ValueError(f"mix proportions must sum to 1, got {total}")
-    kv = model.kv_bytes_per_token
-    budget = kv_budget_bytes(model, gpu)
-    mean_slot = sum(s * kv * p for s, p in mix)
-    return {
-        "slot_bytes": [s * kv for s, _ in mix],
-        "mean_slot_bytes": mean_slot,
-        "mean_concurrency": budget / mean_slot,
-        "naive_concurrency_4k": naive_concurrency(budget, 4096, kv),
-    }
-
-
 def lognormal_params(median: float = 800, tail_length: float = 20_000, tail_fraction: float = 0.05) -> tuple[float, float]:
     """Exercise 3: (mu, sigma) of a lognormal with the given median and P(X > tail_length) = tail_fraction."""
     from statistics import NormalDist
@@ -633,61 +486,6 @@ def batch_that_fits(budget: float, mean_tokens: float, kv_per_token: int) -> flo
     _positive("mean_tokens", mean_tokens)
     _positive("kv_per_token", kv_per_token)
     return budget / (mean_tokens * kv_per_token)
-
-
-def exercise3(block_sizes=(8, 16, 64, 256), batch: int = 199, model: ModelSpec = LECTURE_7B,
-              gpu: GPUSpec = LECTURE_GPU, median: float = 800, tail_fraction: float = 0.05,
-              tail_length: float = 20_000) -> list[dict]:
-    """Exercise 3: the block-size table for the lognormal workload (median and p95 lengths)."""
-    mu, sigma = lognormal_params(median, tail_length, tail_fraction)
-    p95 = math.exp(mu + sigma * 1.6448536269514722)
-    budget = kv_budget_bytes(model, gpu)
-    kv = model.kv_bytes_per_token
-    rows = []
-    for r in block_size_table(block_sizes, batch, budget, kv):
-        rows.append({**asdict(r),
-                     "entries_at_median": block_table_entries(math.ceil(median), r.block_size),
-                     "entries_at_p95": block_table_entries(math.ceil(p95 - 1e-6), r.block_size)})
-    return rows
-
-
-def exercise4(model_gqa: ModelSpec | None = None, model_mha: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU,
-              seq_tokens: int = 16_384, link: float = 32 * GB, mfu: float = LECTURE_MFU) -> dict:
-    """Exercise 4: 16K GQA-8 swap vs recompute, and the MHA crossover length on a 32 GB/s link."""
-    from labsupport.specs import LECTURE_7B_GQA8
-
-    m = model_gqa or LECTURE_7B_GQA8
-    kv = seq_tokens * m.kv_bytes_per_token
-    swap = swap_round_trip_s(kv, gpu.link_bandwidth)
-    rec = recompute_s(m, seq_tokens, gpu.peak_flops, mfu)
-    return {
-        "kv_bytes": kv,
-        "swap_s": swap,
-        "recompute_flops": prefill_flops(m, seq_tokens),
-        "recompute_s": rec,
-        "swap_advantage": rec / swap,
-        "breakeven_link_bandwidth": breakeven_link_bandwidth(m, seq_tokens, gpu.peak_flops, mfu),
-        "mha_crossover_tokens": crossover_tokens(model_mha, link, gpu.peak_flops, mfu),
-    }
-
-
-def exercise5(model: ModelSpec | None = None, gpu: GPUSpec = LECTURE_GPU, context_tokens: int = 7_700,
-              submitted_prompt_tokens: int = 97_000, reserve_s_max: int = 16_384, block_size: int = 16,
-              mfu: float = LECTURE_MFU) -> dict:
-    """Exercise 5: the 20-step agent session under GQA-8 — peak KV, sessions per card, prefill cost."""
-    from labsupport.specs import LECTURE_7B_GQA8
-
-    m = model or LECTURE_7B_GQA8
-    kv = m.kv_bytes_per_token
-    budget = kv_budget_bytes(m, gpu)
-    weight_flops = submitted_prompt_tokens * 2 * m.num_params  # Lecture 2's flat weight term alone
-    return {
-        "peak_kv_bytes": context_tokens * kv,
-        "sessions_paged": paged_concurrency(budget, context_tokens, block_size, kv),
-        "sessions_naive": naive_concurrency(budget, reserve_s_max, kv),
-        "prefill_flops": weight_flops,
-        "prefill_s": weight_flops / (gpu.peak_flops * mfu),
-    }
 
 
 # --- Printed figures: the conventions that reproduce them, and the errata no convention does -------

@@ -87,8 +87,9 @@ viz_board.segment_view(6, board_data)
 # %%
 from IPython.display import Markdown  # noqa: E402
 from labsupport import ledger  # noqa: E402
+from labsupport.cli import ledger as staff_ledger  # noqa: E402
 
-gain = ledger.compute(ledger.Scenario())
+gain = staff_ledger.compute(staff_ledger.Scenario())
 Markdown(f"*\"Paging was the easy 7× — a known solution to a known problem, findable by anyone who had looked at "
          "where the memory went. Nobody had measured the utilization.\"* (The lecture's 7× is its printed 199 "
          f"over 29; exact: {gain['naive_concurrency']} → {gain['paged_concurrency']} is "

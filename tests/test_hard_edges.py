@@ -107,7 +107,7 @@ def test_scenario_checks_its_fields():
                            (dict(prompt=True), "prompt"), (dict(mfu=math.nan), "mfu"),
                            (dict(kv_budget=math.inf), "kv_budget"), (dict(tpot_slo_s="0.02"), "tpot_slo_s")]:
         with pytest.raises(ValueError, match=needle):
-            L.Scenario(**kwargs)
+            ledger_cli.Scenario(**kwargs)
     with pytest.raises(ValueError, match="0 prompt and 0 output"):
         L.sharing_factor(4, 0, 0)
     with pytest.raises(ValueError, match="block_size"):

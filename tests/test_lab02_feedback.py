@@ -14,8 +14,10 @@ import types
 
 import pytest
 
-from labsupport.course.checkoff import get
-from labsupport.course.registry import GIVENS, Mismatch, case_rng, namespace
+from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
+from labsupport.course.checkoffs import get
+from labsupport.course.judge import Mismatch, close
+from labsupport.course.registry import GIVENS, case_rng, namespace
 
 KV, KV_GQA, BUDGET, SEQ = 524_288, 131_072, 62_520_000_000, 640
 LECTURE = dict(HBM_BYTES=80 * 10**9, PARAMS=6_740_000_000, DTYPE_BYTES=2, RESERVE_BYTES=4 * 10**9, LAYERS=32,
@@ -175,10 +177,90 @@ def test_hidden_givens_are_plausible_and_quick():
 
 @pytest.mark.parametrize("lab", [0, 2])
 def test_no_listed_mistake_is_a_right_answer(lab):
-    from labsupport.course.checkoff import load_lab
+    from labsupport.course.checkoffs import load_lab
     for c in load_lab(lab):
-        if c.kind != "value" or "mistakes" not in c.formative:
+        if c.kind == "value":
+            spec = c.value_spec()
+            specs = [(spec, spec["want"])]
+        elif c.kind == "function":
+            specs = [(k.spec, k.want) for k in c.cases(case_rng(c.id))]
+        else:
             continue
-        want, tol = c.prepare(case_rng(c.id)), c.formative
-        for wrong, remark in tol["mistakes"]:
-            assert not math.isclose(wrong, want, rel_tol=tol["rel_tol"], abs_tol=tol["abs_tol"]), (c.id, remark)
+        for spec, want in specs:
+            for wrong, remark in spec.get("mistakes", ()):
+                assert not close(wrong, want, spec.get("rel_tol", 1e-9), spec.get("abs_tol", 0.0)), (c.id, remark)
+
+
+# --- 2.3: utilization over live allocators mid-serve ----------------------------------------------------
+
+def _held_over_budget(alloc, budget_bytes):
+    return sum(slot.length for slot in alloc.slots.values()) * alloc.kv_bytes_per_token / budget_bytes
+
+
+def _held_by_layout(alloc, budget_bytes):
+    """The other derivation: walk the address space and count each live slot's tokens, byte by byte."""
+    held = 0
+    for _offset, _size, sid in alloc.layout():
+        if sid is not None:
+            held += alloc.slots[sid].length * alloc.kv_bytes_per_token
+    return held / budget_bytes
+
+
+def _reserved_over_budget(alloc, budget_bytes):
+    return sum(slot.size for slot in alloc.slots.values()) * alloc.kv_bytes_per_token / budget_bytes
+
+
+def _problem_fn(fn) -> str:
+    checkoff = get("2.3")
+    with pytest.raises(Mismatch) as err:
+        checkoff.verdict(fn, checkoff.prepare(case_rng("2.3")))
+    return str(err.value)
+
+
+def test_2_3_two_derivations_pass_on_the_labs_and_on_hidden_cases():
+    checkoff = get("2.3")
+    for rng in (case_rng("2.3"), case_rng("2.3", b"a grading secret", "nb")):
+        cases = checkoff.prepare(rng)
+        for fn in (_held_over_budget, _held_by_layout):
+            checkoff.verdict(fn, cases)
+
+
+def test_2_3_cases_are_live_allocators_and_data_only():
+    """Each case's allocator travels as its recipe (made, then changed through its methods), never with a want."""
+    import json
+
+    from labsupport.course import data
+
+    cases = get("2.3").prepare(case_rng("2.3"))
+    kinds = {type(c.args[0].real) for c in cases}
+    assert kinds == {ReserveToMaxAllocator, ContiguousAllocator}
+    assert any(not c.args[0].real.slots for c in cases)  # an empty pool: utilization 0
+    for c in cases:
+        text = json.dumps(c.input())
+        assert '"want"' not in text and "mistakes" not in text
+        rebuilt = data.build(c.input()["args"])[0]
+        assert {s: (v.size, v.length) for s, v in rebuilt.slots.items()} == \
+            {s: (v.size, v.length) for s, v in c.args[0].real.slots.items()}
+
+
+def test_2_3_the_lecture_allocator_by_hand():
+    """The first case is the lecture's pool: 62.52e9 // (4,096 x 524,288) = 29 reserve-to-max slots; its want is
+    the tokens the live slots hold x 524,288 B over 62.52e9 B (never what the slots reserve)."""
+    first = get("2.3").prepare(case_rng("2.3"))[0]
+    alloc, budget = first.args[0].real, first.args[1]
+    assert alloc.max_seqs == 29 and budget == 62_520_000_000 and alloc.kv_bytes_per_token == 524_288
+    tokens = sum(slot.length for slot in alloc.slots.values())
+    assert 0 < len(alloc.slots) < 29 and first.want == pytest.approx(tokens * 524_288 / 62.52e9, rel=1e-12)
+    assert first.what == f"utilization(<allocator with {len(alloc.slots)} live sequences>, budget_bytes=62,520,000,000)"
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_reserved_over_budget, "share of the budget *reserved* by slots"),
+    (lambda a, b: sum(s.length for s in a.slots.values()) / max(1, sum(s.size for s in a.slots.values())),
+     "share of the reserved slots that holds tokens"),
+    (lambda a, b: 100 * _held_over_budget(a, b), "not a percentage"),
+    (lambda a, b: _held_over_budget(a, b) / 2, "too low"),
+], ids=["reserved", "slot-share", "percentage", "half"])
+def test_2_3_a_plausible_wrong_function_is_told_what_it_is(fn, words):
+    problem = _problem_fn(fn)
+    assert words in problem and problem.startswith("utilization(<allocator with "), problem

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from labsupport import ledger as L
+from labsupport.cli import ledger as LC
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, ModelSpec, get_gpu
 
 H100 = GPUS["h100-sxm-80gb"]
@@ -130,7 +131,7 @@ def test_decode_cadence_and_slo():
 
 
 def test_compute_lecture_scenario():
-    r = L.compute(L.Scenario())
+    r = LC.compute(LC.Scenario())
     assert r["naive_concurrency"] == 29 and r["paged_concurrency"] == 186
     assert r["kv_budget_bytes"] == pytest.approx(62.52e9)
     assert r["swap_round_trip_s"] == pytest.approx(0.067108864)
@@ -141,7 +142,7 @@ def test_compute_lecture_scenario():
 def test_other_configuration_llama3_8b_on_h200():
     kv = 2 * 32 * 8 * 128 * 2
     budget = 141e9 - 8.03e9 * 2 - 4e9  # 120.94 GB
-    r = L.compute(L.Scenario(model=LLAMA3_8B, gpu=H200))
+    r = LC.compute(LC.Scenario(model=LLAMA3_8B, gpu=H200))
     assert r["kv_bytes_per_token"] == kv == 131_072
     assert r["kv_budget_bytes"] == pytest.approx(budget)
     assert r["naive_slot_bytes"] == 4096 * kv
@@ -157,20 +158,20 @@ def test_other_configuration_llama3_8b_on_h200():
 
 
 def test_exercises():
-    e1 = L.exercise1()
+    e1 = LC.exercise1()
     assert e1["mha_slot_bytes"] == 131_072 * 524_288 and e1["mha_naive_concurrency"] == 0
     assert e1["gqa_slot_bytes"] == 131_072 * 131_072 and e1["gqa_naive_concurrency"] == 3
     assert e1["gqa_naive_utilization"] == pytest.approx(3 * 640 * 131_072 / 62.52e9)
     # 62.52e9 / (16 * 131,072) = 29,811.9 -> 29,811 blocks // 40 = 745
     assert e1["gqa_paged_concurrency"] == 745
-    e2 = L.exercise2()
+    e2 = LC.exercise2()
     mean = 0.7 * 512 * KV_MHA + 0.25 * 4096 * KV_MHA + 0.05 * 32768 * KV_MHA
     assert e2["mean_slot_bytes"] == pytest.approx(mean)
     assert int(e2["mean_concurrency"]) == 39
     mu, sigma = L.lognormal_params()
     assert math.exp(mu) == pytest.approx(800)
     assert sigma == pytest.approx(math.log(25) / 1.6448536, rel=1e-6)
-    e3 = {r["block_size"]: r for r in L.exercise3()}
+    e3 = {r["block_size"]: r for r in LC.exercise3()}
     assert [e3[b]["entries_at_median"] for b in (8, 16, 64, 256)] == [100, 50, 13, 4]
     assert [e3[b]["entries_at_p95"] for b in (8, 16, 64, 256)] == [2500, 1250, 313, 79]
     # mean tail (b - 1) / 2 tokens of 524,288 B, at B = 199 sequences, over the 62.52 GB budget
@@ -179,7 +180,7 @@ def test_exercises():
         assert e3[b]["waste_at_batch_bytes"] == 199 * (b - 1) / 2 * 524_288
         assert e3[b]["waste_fraction_of_budget"] == pytest.approx(199 * (b - 1) / 2 * 524_288 / 62.52e9)
     assert e3[16]["waste_at_batch_bytes"] == 782_499_840  # 0.78 GB = 1.25% (the lecture's 0.80 GB, 1.3%)
-    e4 = L.exercise4()
+    e4 = LC.exercise4()
     assert e4["kv_bytes"] == 16384 * 131_072 == 2_147_483_648
     rec = 2 * 6.74e9 * 16384 + 4 * 32 * 32 * 128 * 16384**2
     assert e4["recompute_flops"] == pytest.approx(rec) and rec == pytest.approx(361.6e12, rel=1e-3)
@@ -189,7 +190,7 @@ def test_exercises():
     assert e4["swap_s"] == pytest.approx(2 * 2_147_483_648 / 64e9)  # the same 67 ms as a 4K MHA sequence
     assert e4["mha_crossover_tokens"] == pytest.approx((2 * 524_288 * 494.5e12 / 32e9 - 13.48e9) / 524_288)
     assert e2["slot_bytes"] == [512 * KV_MHA, 4096 * KV_MHA, 32768 * KV_MHA]
-    e5 = L.exercise5()
+    e5 = LC.exercise5()
     assert e5["peak_kv_bytes"] == 7700 * 131_072
     assert e5["sessions_paged"] == 29_811 // math.ceil(7700 / 16) == 61
     assert e5["sessions_naive"] == 29
@@ -315,7 +316,7 @@ def test_utilization_over_the_life_by_brute_force():
 
 
 def test_ledger_json_reports_both_conventions():
-    r = L.compute(L.Scenario())
+    r = LC.compute(LC.Scenario())
     assert r["naive_utilization"] == pytest.approx(29 * 640 * 524_288 / 62.52e9)
     assert r["naive_utilization_time_avg"] == pytest.approx(29 * 575.5 * 524_288 / 62.52e9)
     assert r["paged_utilization"] == pytest.approx(186 * 640 * 524_288 / 62.52e9)
@@ -332,7 +333,7 @@ def test_ledger_json_reports_both_conventions():
     lambda: L.swap_round_trip_s(1e9, 0),
     lambda: L.fanout_tokens(0, 4096, 256),
     lambda: L.max_batch_for_tpot(LECTURE_7B, 640, -0.02, 3350e9),
-    lambda: L.exercise2(mix=((512, 0.5), (4096, 0.4))),
+    lambda: LC.exercise2(mix=((512, 0.5), (4096, 0.4))),
     lambda: L.naive_utilization(float("nan"), 4096, 640, KV_MHA),
 ])
 def test_bad_input_is_a_clear_value_error(call):

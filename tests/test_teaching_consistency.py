@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from labsupport import ledger as L
+from labsupport.cli import ledger as LC
 from labsupport.viz import board as viz_board
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,8 +267,8 @@ def teaching_texts() -> dict[str, list[str]]:
     """Every place that states the four figures, split into statements."""
     from labsupport.cli.ledger import render_markdown, render_text
 
-    sc = L.Scenario()
-    r = L.compute(sc)
+    sc = LC.Scenario()
+    r = LC.compute(sc)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     readme_tables = "\n".join(line for line in readme.splitlines() if line.startswith("|"))
     ledger_rows = [" ".join((c.quantity, c.printed, c.convention, c.default, c.why)) for c in L.CONVENTIONS]

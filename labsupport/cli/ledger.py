@@ -1,20 +1,229 @@
-"""`python -m labsupport ledger`: the lecture's "Numbers worth memorizing" for any model and GPU.
+"""`python -m labsupport ledger`: the lecture's "Numbers worth memorizing" for any model and GPU (staff side).
 
 Instructors regenerate the table for their own card (§10.2–§10.6 and the exercises); defaults
-reproduce the lecture's configuration exactly, beside the lecture's printed figures.
+reproduce the lecture's configuration exactly, beside the lecture's printed figures.  `compute`
+(the whole table for one `Scenario`) and `exercise1`…`exercise5` (each exercise solved in one call)
+live here, not in `labsupport.ledger`: they answer the labs' exercises whole, so the student release
+leaves them out (with this command and LEDGER.md); the ledger keeps the closed form of each quantity.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from dataclasses import asdict, dataclass
 
+from labsupport import checks
 from labsupport import ledger as L
 from labsupport.checks import MAX_TOKENS
 from labsupport.cli.parser import OneLineParser, UsageError, dumps_strict, int_flag, real_flag, run_command, strict_json
-from labsupport.specs import GB, GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model
+from labsupport.specs import (GB, GPUS, LECTURE_7B, LECTURE_GPU, LECTURE_MFU, MODELS, GPUSpec, ModelSpec, get_gpu,
+                              get_model)
 from labsupport.units import fmt_pct
 
 PROG = "ledger"
+
+
+# --- The whole ledger for one configuration ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything the lecture's "Numbers worth memorizing" depend on; defaults are the lecture's."""
+
+    model: ModelSpec = LECTURE_7B
+    gpu: GPUSpec = LECTURE_GPU
+    kv_budget: float | None = None  # bytes; None -> HBM - weights - 4 GB
+    prompt: int = 512
+    output: int = 128
+    s_max: int = 4096
+    block_size: int = 16
+    link_bandwidth: float | None = None  # bytes/s; None -> the GPU's host link
+    mfu: float = LECTURE_MFU
+    tpot_slo_s: float = 0.020
+    fanout_n: int = 8
+    fanout_prompt: int = 4096
+    fanout_output: int = 256
+
+    def __post_init__(self):
+        _check_scenario(self)
+
+    @property
+    def budget(self) -> float:
+        return L.kv_budget_bytes(self.model, self.gpu) if self.kv_budget is None else self.kv_budget
+
+    @property
+    def link(self) -> float:
+        return self.gpu.link_bandwidth if self.link_bandwidth is None else self.link_bandwidth
+
+    @property
+    def seq_tokens(self) -> int:
+        return self.prompt + self.output
+
+
+def _check_scenario(sc: Scenario) -> None:
+    """Every field of a Scenario the right type, finite and consistent; ValueError names the field."""
+    if not isinstance(sc.model, ModelSpec) or not isinstance(sc.gpu, GPUSpec):
+        raise ValueError(f"Scenario needs a ModelSpec and a GPUSpec, got {type(sc.model).__name__} and "
+                         f"{type(sc.gpu).__name__}")
+    for name in ("prompt", "s_max", "block_size", "fanout_n"):
+        checks.as_count(name, getattr(sc, name), 1)
+    for name in ("output", "fanout_prompt", "fanout_output"):
+        checks.as_count(name, getattr(sc, name), 0)
+    for name in ("kv_budget", "link_bandwidth"):
+        if getattr(sc, name) is not None:
+            checks.as_real(name, getattr(sc, name), above=0)
+    checks.as_real("tpot_slo_s", sc.tpot_slo_s, above=0)
+    checks.as_fraction("mfu", sc.mfu, include_zero=False, include_one=True)
+    if sc.s_max < sc.prompt + sc.output:
+        raise ValueError(f"s_max={sc.s_max:,} is below prompt + output = {sc.prompt + sc.output:,}: a "
+                         f"reserve-to-max slot must hold the whole sequence")
+    if sc.fanout_prompt + sc.fanout_output == 0:
+        raise ValueError("fanout_prompt and fanout_output are both 0: a fan-out needs at least one token")
+
+
+def compute(sc: Scenario) -> dict:
+    """The lecture's headline numbers for one scenario, as a flat dict in base units."""
+    kv = L.kv_bytes_per_token(sc.model)
+    budget = sc.budget
+    if budget <= 0:
+        raise ValueError(f"KV budget is {budget:,.0f} bytes: the weights alone do not leave room for a KV cache")
+    if budget < sc.block_size * kv:
+        raise ValueError(f"KV budget {budget:,.0f} bytes is smaller than one block ({sc.block_size * kv:,} bytes)")
+    seq = sc.seq_tokens
+    if L.blocks_for(seq, sc.block_size) > L.num_blocks(budget, sc.block_size, kv):
+        raise ValueError(f"a {seq}-token sequence does not fit in the {budget:,.0f}-byte KV budget")
+    peak = sc.gpu.peak_flops
+    paged_b = L.paged_concurrency(budget, seq, sc.block_size, kv)
+    tpot = L.tpot_s(sc.model, paged_b, seq, sc.gpu.hbm_bandwidth)
+    unshared, shared = L.fanout_tokens(sc.fanout_n, sc.fanout_prompt, sc.fanout_output)
+    naive_b = L.naive_concurrency(budget, sc.s_max, kv)
+    return {
+        "model": sc.model.name,
+        "gpu": sc.gpu.name,
+        "kv_bytes_per_token": kv,
+        "weight_bytes": sc.model.weight_bytes,
+        "kv_budget_bytes": budget,
+        "seq_tokens": seq,
+        "naive_slot_bytes": L.naive_slot_bytes(sc.s_max, kv),
+        "naive_concurrency": naive_b,
+        "naive_utilization": L.naive_utilization(budget, sc.s_max, seq, kv),
+        "naive_utilization_time_avg": L.naive_utilization_time_avg(budget, sc.s_max, sc.prompt, sc.output, kv),
+        "num_blocks": L.num_blocks(budget, sc.block_size, kv),
+        "paged_concurrency": paged_b,
+        "paged_utilization": L.paged_utilization(budget, seq, sc.block_size, kv),
+        "paged_utilization_time_avg": L.paged_utilization_time_avg(budget, sc.prompt, sc.output, sc.block_size, kv),
+        "concurrency_gain": paged_b / naive_b if naive_b else math.inf,
+        "mean_tail_waste_tokens": L.mean_tail_waste_tokens(sc.block_size),
+        "block_table_entries": L.block_table_entries(sc.s_max, sc.block_size),
+        "block_table_bytes": L.block_table_bytes(sc.s_max, sc.block_size),
+        "fanout_tokens_unshared": unshared,
+        "fanout_tokens_shared": shared,
+        "fanout_factor": unshared / shared,
+        "swap_round_trip_s": L.swap_round_trip_s(sc.s_max * kv, sc.link),
+        "recompute_flops": L.prefill_flops(sc.model, sc.s_max),
+        "recompute_s": L.recompute_s(sc.model, sc.s_max, peak, sc.mfu),
+        "breakeven_link_gbs": L.breakeven_link_bandwidth(sc.model, sc.s_max, peak, sc.mfu) / GB,
+        "crossover_tokens": L.crossover_tokens(sc.model, sc.link, peak, sc.mfu),
+        "tpot_s": tpot,
+        "throughput_tok_s": L.throughput_tok_s(paged_b, tpot),
+        "max_batch_for_slo": L.max_batch_for_tpot(sc.model, seq, sc.tpot_slo_s, sc.gpu.hbm_bandwidth),
+        "ridge_batch": L.ridge_batch(sc.model, sc.gpu),
+    }
+
+
+# --- The exercises ----------------------------------------------------------------------------
+
+def exercise1(model: ModelSpec = LECTURE_7B, gqa_model: ModelSpec | None = None, gpu: GPUSpec = LECTURE_GPU,
+              s_max: int = 131_072, prompt: int = 512, output: int = 128, block_size: int = 16) -> dict:
+    """Exercise 1, the long-context brochure: S_max = 128K under MHA, then GQA-8, naive vs paged."""
+    from labsupport.specs import LECTURE_7B_GQA8
+
+    gqa_model = gqa_model or LECTURE_7B_GQA8
+    budget = L.kv_budget_bytes(model, gpu)
+    seq = prompt + output
+    out = {"budget_bytes": budget}
+    for tag, m in (("mha", model), ("gqa", gqa_model)):
+        kv = m.kv_bytes_per_token
+        out[f"{tag}_slot_bytes"] = L.naive_slot_bytes(s_max, kv)
+        out[f"{tag}_naive_concurrency"] = L.naive_concurrency(budget, s_max, kv)
+        out[f"{tag}_naive_utilization"] = L.naive_utilization(budget, s_max, seq, kv)
+        out[f"{tag}_occupancy_bytes"] = seq * kv
+        out[f"{tag}_paged_concurrency"] = L.paged_concurrency(budget, seq, block_size, kv)
+    out["gqa_cost_factor"] = out["gqa_paged_concurrency"] / out["gqa_naive_concurrency"]
+    return out
+
+
+def exercise2(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU,
+              mix: tuple[tuple[int, float], ...] = ((512, 0.70), (4096, 0.25), (32_768, 0.05))) -> dict:
+    """Exercise 2, per-request S_max: mean slot size and mean concurrency of a declared-length mix."""
+    total = sum(p for _, p in mix)
+    if abs(total - 1) > 1e-9:
+        raise ValueError(f"mix proportions must sum to 1, got {total}")
+    kv = model.kv_bytes_per_token
+    budget = L.kv_budget_bytes(model, gpu)
+    mean_slot = sum(s * kv * p for s, p in mix)
+    return {
+        "slot_bytes": [s * kv for s, _ in mix],
+        "mean_slot_bytes": mean_slot,
+        "mean_concurrency": budget / mean_slot,
+        "naive_concurrency_4k": L.naive_concurrency(budget, 4096, kv),
+    }
+
+
+def exercise3(block_sizes=(8, 16, 64, 256), batch: int = 199, model: ModelSpec = LECTURE_7B,
+              gpu: GPUSpec = LECTURE_GPU, median: float = 800, tail_fraction: float = 0.05,
+              tail_length: float = 20_000) -> list[dict]:
+    """Exercise 3: the block-size table for the lognormal workload (median and p95 lengths)."""
+    mu, sigma = L.lognormal_params(median, tail_length, tail_fraction)
+    p95 = math.exp(mu + sigma * 1.6448536269514722)
+    budget = L.kv_budget_bytes(model, gpu)
+    kv = model.kv_bytes_per_token
+    rows = []
+    for r in L.block_size_table(block_sizes, batch, budget, kv):
+        rows.append({**asdict(r),
+                     "entries_at_median": L.block_table_entries(math.ceil(median), r.block_size),
+                     "entries_at_p95": L.block_table_entries(math.ceil(p95 - 1e-6), r.block_size)})
+    return rows
+
+
+def exercise4(model_gqa: ModelSpec | None = None, model_mha: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU,
+              seq_tokens: int = 16_384, link: float = 32 * GB, mfu: float = LECTURE_MFU) -> dict:
+    """Exercise 4: 16K GQA-8 swap vs recompute, and the MHA crossover length on a 32 GB/s link."""
+    from labsupport.specs import LECTURE_7B_GQA8
+
+    m = model_gqa or LECTURE_7B_GQA8
+    kv = seq_tokens * m.kv_bytes_per_token
+    swap = L.swap_round_trip_s(kv, gpu.link_bandwidth)
+    rec = L.recompute_s(m, seq_tokens, gpu.peak_flops, mfu)
+    return {
+        "kv_bytes": kv,
+        "swap_s": swap,
+        "recompute_flops": L.prefill_flops(m, seq_tokens),
+        "recompute_s": rec,
+        "swap_advantage": rec / swap,
+        "breakeven_link_bandwidth": L.breakeven_link_bandwidth(m, seq_tokens, gpu.peak_flops, mfu),
+        "mha_crossover_tokens": L.crossover_tokens(model_mha, link, gpu.peak_flops, mfu),
+    }
+
+
+def exercise5(model: ModelSpec | None = None, gpu: GPUSpec = LECTURE_GPU, context_tokens: int = 7_700,
+              submitted_prompt_tokens: int = 97_000, reserve_s_max: int = 16_384, block_size: int = 16,
+              mfu: float = LECTURE_MFU) -> dict:
+    """Exercise 5: the 20-step agent session under GQA-8 — peak KV, sessions per card, prefill cost."""
+    from labsupport.specs import LECTURE_7B_GQA8
+
+    m = model or LECTURE_7B_GQA8
+    kv = m.kv_bytes_per_token
+    budget = L.kv_budget_bytes(m, gpu)
+    weight_flops = submitted_prompt_tokens * 2 * m.num_params  # Lecture 2's flat weight term alone
+    return {
+        "peak_kv_bytes": context_tokens * kv,
+        "sessions_paged": L.paged_concurrency(budget, context_tokens, block_size, kv),
+        "sessions_naive": L.naive_concurrency(budget, reserve_s_max, kv),
+        "prefill_flops": weight_flops,
+        "prefill_s": weight_flops / (gpu.peak_flops * mfu),
+    }
+
 
 # Each flag's range keeps every product the ledger forms finite (a 2**31-token S_max on a 4,096-layer
 # model at 1 MB/s is still a number); values outside it are refused by the parser, naming the flag.
@@ -55,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def scenario_from_args(args) -> L.Scenario:
+def scenario_from_args(args) -> Scenario:
     """Turn parsed flags (each already in its range) into a Scenario, checking they agree; UsageError names the flags."""
     base = get_model(args.model)
     overrides = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _) in MODEL_FLAGS.items()}
@@ -81,7 +290,7 @@ def scenario_from_args(args) -> L.Scenario:
         link_bandwidth=args.link_gbs * GB,
         bf16=g.bf16,
     )
-    return L.Scenario(
+    return Scenario(
         model=model, gpu=gpu, kv_budget=None if args.kv_budget_gb is None else args.kv_budget_gb * GB,
         prompt=args.prompt, output=args.output, s_max=args.s_max, block_size=args.block_size,
         link_bandwidth=args.link_gbs * GB, mfu=args.mfu, tpot_slo_s=args.tpot_slo_ms / 1e3,
@@ -89,7 +298,7 @@ def scenario_from_args(args) -> L.Scenario:
     )
 
 
-def notes_for(sc: L.Scenario, r: dict) -> list[str]:
+def notes_for(sc: Scenario, r: dict) -> list[str]:
     """Why a figure of this scenario is undefined (null in JSON, n/a in the table)."""
     notes = []
     if r["naive_concurrency"] == 0:
@@ -103,7 +312,7 @@ def _gain(r: dict) -> str:
     return f"{r['concurrency_gain']:.2f}x" if r["naive_concurrency"] else "n/a: no naive slot fits"
 
 
-def rows(sc: L.Scenario, r: dict) -> list[tuple[str, str, str, str]]:
+def rows(sc: Scenario, r: dict) -> list[tuple[str, str, str, str]]:
     """(quantity, exact value, lecture's printed value, section): the "Numbers worth memorizing"."""
     u32k = L.naive_utilization(r["kv_budget_bytes"], 8 * sc.s_max, sc.seq_tokens, r["kv_bytes_per_token"])
     kv = r["kv_bytes_per_token"]
@@ -151,7 +360,7 @@ def rows(sc: L.Scenario, r: dict) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def render_text(sc: L.Scenario, r: dict) -> str:
+def render_text(sc: Scenario, r: dict) -> str:
     head = (f"Numbers worth memorizing — {sc.model.name} on {sc.gpu.name} "
             f"(GB = 1e9 B, GiB = 2^30 B; 'lecture' is the printed figure for the lecture's configuration)")
     table = rows(sc, r)
@@ -166,7 +375,7 @@ def labelled(quantity: str, section: str) -> str:
     return quantity if quantity.endswith(f"({section})") else f"{quantity} ({section})"
 
 
-def render_markdown(sc: L.Scenario, r: dict) -> str:
+def render_markdown(sc: Scenario, r: dict) -> str:
     out = ["| Quantity | Exact | Lecture printed | Section |", "|---|---|---|---|"]
     out += [f"| {q} | {e} | {p} | {s} |" for q, e, p, s in rows(sc, r)]
     out += ["", "Printed figures that another stated convention reproduces (neither reading is wrong):", "",
@@ -188,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     sc = scenario_from_args(args)
-    r = L.compute(sc)
+    r = compute(sc)
     if args.json:
         notes = notes_for(sc, r)
         out = strict_json(r, notes)

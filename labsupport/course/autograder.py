@@ -12,9 +12,10 @@ Specifications"): the bundle's ``setup.sh`` runs once, as root, when the image i
 
 Each checkoff is one Gradescope test worth one point; its output is the grader's detail and hint.
 The paths are configurable for testing: ``AUTOGRADER_ROOT`` (default /autograder) and
-``LABSUPPORT_PYTHON`` (default python3).  The grader runs as root in Gradescope's container, and
-runs the student's kernel and worker under bubblewrap (setup.sh installs it), or where namespaces
-cannot be made there, as a user of their own (labsupport.course.sandbox).
+``LABSUPPORT_PYTHON`` (default python3).  The grader runs as root in Gradescope's container, one
+container per submission, in `grade`'s container mode (labsupport.course.sandbox): it loads the
+graders and works out every expected value, deletes the graders and lab sources from the container's
+disk, then runs the notebook as an unprivileged user (util-linux's setpriv, bounded by prlimit).
 """
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ python3 -m pip install --upgrade pip
 # the CPU build of torch: a plain `torch` requirement would pull several GB of CUDA wheels
 python3 -m pip install --index-url https://download.pytorch.org/whl/cpu {torch_requirement}
 python3 -m pip install -e /autograder/source
-# bubblewrap: the sandbox student code is graded in (without it, the fallback is a user id of its own)
-command -v bwrap >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) \
-  || echo "setup.sh: could not install bubblewrap; grading falls back to a user id of its own" >&2
+# util-linux's setpriv and prlimit run the notebook as an unprivileged user, bounded (container mode)
+command -v setpriv >/dev/null && command -v prlimit >/dev/null \
+  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq util-linux)
 python3 -m labsupport doctor || true
 """
 
@@ -105,7 +106,7 @@ def build_bundle(out: Path, lab: int | None = None, timeout: int = 300, traces: 
     """Write the bundle; returns the names inside it."""
     out = Path(out)
     names = []
-    from labsupport.course.grade import into_place
+    from labsupport.course.report import into_place
 
     with into_place(out) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         def add_text(name: str, text: str, executable: bool = False) -> None:
@@ -126,9 +127,11 @@ def build_bundle(out: Path, lab: int | None = None, timeout: int = 300, traces: 
 
 # --- inside the container -----------------------------------------------------------------------------------
 
-def run(root: Path, lab: int | None = None, timeout: int = 300) -> dict:
+def run(root: Path, lab: int | None = None, timeout: int = 300, mode: str = "container") -> dict:
     """Grade ``root/submission`` into ``root/results/results.json``; whatever happens, a results.json is written."""
     from labsupport.course import grade as G
+    from labsupport.course import report
+    from labsupport.course.sandbox import Sandbox
 
     results = root / "results" / "results.json"
     results.parent.mkdir(parents=True, exist_ok=True)
@@ -136,26 +139,23 @@ def run(root: Path, lab: int | None = None, timeout: int = 300) -> dict:
     try:
         submission = root / "submission"
         notebooks = G.notebooks_in(submission) if submission.is_dir() else []
-        from labsupport.course.sandbox import Sandbox, describe
-
-        sandbox = Sandbox.for_this_machine()
-        print(f"grade: isolation: {describe(sandbox)}", file=sys.stderr)
-        grader = G.Grader(timeout=timeout, sandbox=sandbox)
-        try:  # one notebook per lab, the newest (grade.choose); with --lab, that lab's only
-            grades = G.grade_all(grader, [G.Submission(p, "submission", G.refusal(p, submission)) for p in notebooks], jobs=1, progress=False,
-                                 lab=lab)
-        finally:
-            grader.close()
+        sandbox = Sandbox.for_this_machine(container=mode == "container", trusted=mode == "trusted")
+        print(f"grade: isolation: {sandbox.describe()}", file=sys.stderr)
+        grader = G.Grader(sandbox, timeout=timeout)
+        submissions = [G.Submission(p, "submission", G.refusal(p, submission)) for p in notebooks]
+        if mode == "container":
+            G.prepare_then_forget(grader, submissions)
+        grades = G.grade_all(grader, submissions, jobs=1, progress=False, lab=lab)
         if lab is not None:
             grades = _for_lab(grades, lab)
-        data = G.gradescope(grades)
+        data = report.gradescope(grades)
     except BaseException as exc:  # noqa: BLE001 - Gradescope needs a results.json whatever went wrong
         data = {"score": 0.0, "output": f"The autograder failed: {type(exc).__name__}: {exc}. Please tell the course staff.",
                 "tests": []}
         if isinstance(exc, KeyboardInterrupt):
             raise
     data["execution_time"] = round(time.time() - start, 1)
-    G.write_into_place(results, json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    report.write_into_place(results, report.dump(data))
     for test in data.get("tests", []):
         print(f"{test['score']:.0f}/{test['max_score']:.0f}  {test['name']}")
     return data
@@ -164,8 +164,8 @@ def run(root: Path, lab: int | None = None, timeout: int = 300) -> dict:
 def _for_lab(grades, lab: int):
     """The assignment's lab only.  When no gradable notebook of it was handed in, every checkoff is
     there, not attempted, with the reason (Gradescope shows the same tests to everyone)."""
-    from labsupport.course import grade as G
-    from labsupport.course.checkoff import NOT_ATTEMPTED, load_lab
+    from labsupport.course.checkoffs import load_lab
+    from labsupport.course.report import NOT_ATTEMPTED, CheckoffResult, NotebookGrade
 
     ours = [g for g in grades if g.lab == lab and not g.not_graded]
     if ours and ours[0].checkoffs:
@@ -176,8 +176,8 @@ def _for_lab(grades, lab: int):
         why = f"no notebook of lab {lab:02d} (NN_topic.ipynb) was found in the submission" + (
             f"; found: {', '.join(Path(g.path).name + (f' ({g.not_graded})' if g.not_graded else '') for g in grades)}"
             if grades else "")
-    empty = G.NotebookGrade(f"lab {lab:02d}", lab, "submission", error=why)
-    empty.checkoffs = [G.CheckoffResult(c.id, c.title, NOT_ATTEMPTED, why) for c in load_lab(lab)]
+    empty = NotebookGrade(f"lab {lab:02d}", lab, "submission", error=why)
+    empty.checkoffs = [CheckoffResult(c.id, c.title, NOT_ATTEMPTED, why) for c in load_lab(lab)]
     return [empty]
 
 
@@ -196,10 +196,11 @@ def main(argv: list[str] | None = None) -> int:
                       description="Build the Gradescope autograder bundle (setup.sh, run_autograder, the package).")
     p.add_argument("out", nargs="?", help="the .zip to write")
     p.add_argument("--lab", type=_lab, help="grade only this lab's notebook (an assignment per lab)")
-    p.add_argument("--timeout", type=positive_int, default=300, help="seconds one cell or one checkoff may run")
+    p.add_argument("--timeout", type=positive_int, default=300, help="seconds one run of a notebook may take")
     p.add_argument("--no-traces", action="store_true", help="leave the real traces out (the labs fall back to synthetic)")
     p.add_argument("--torch", metavar="REQUIREMENT", help="the torch requirement setup.sh installs (default: this torch)")
     p.add_argument("--run", metavar="ROOT", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=("container", "bubblewrap", "trusted"), default="container", help=argparse.SUPPRESS)
     try:
         args = p.parse_args(argv)
     except UsageError as exc:
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             print("autograder: --run takes no output file", file=sys.stderr)
             return 2
-        run(Path(args.run), args.lab, args.timeout)
+        run(Path(args.run), args.lab, args.timeout, args.mode)
         return 0
     if not args.out:
         print("autograder: give the .zip to write, e.g. python -m labsupport autograder autograder.zip", file=sys.stderr)
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autograder: {args.out}: cannot write a file there", file=sys.stderr)
         return 2
     if args.lab is not None:
-        from labsupport.course.checkoff import load_lab
+        from labsupport.course.checkoffs import load_lab
 
         if not load_lab(args.lab):
             print(f"autograder: --lab {args.lab:02d}: that lab has no checkoffs", file=sys.stderr)

@@ -503,9 +503,38 @@ def scoreboard_cells(lab: Lab, position: int) -> list:
     return [heading, board]
 
 
+def _graders(lab: Lab) -> list:
+    """The lab's checkoffs, or a BuildError naming what is wrong in its grader module."""
+    try:
+        return load_lab(lab.number)
+    except (ValueError, TypeError, AttributeError, NameError, SyntaxError) as exc:
+        raise BuildError(f"{lab.name}: labsupport/course/checkoffs/lab{lab.number:02d}.py: {exc}") from None
+
+
+def check_hidden_givens(lab: Lab, checkoffs: list, draws: int = 8) -> None:
+    """Every value checkoff with givens has another answer on each hidden set: a number typed in from the
+    lecture's givens must fail there.  The error names the checkoff and the set."""
+    from labsupport.course import data, judge
+    from labsupport.course.registry import GIVENS, case_rng, namespace
+
+    if lab.number not in GIVENS:
+        return
+    sets = GIVENS[lab.number].draw(case_rng("givens", b"build check"), draws)
+    for c in (c for c in checkoffs if c.takes_givens):
+        lecture = data.parse(data.dumps(c.expect()))
+        for g in sets:
+            try:
+                judge.verdict(lecture, judge.readable(c.value_spec(namespace(g))))
+            except judge.Mismatch:
+                continue
+            raise BuildError(f"{lab.name}: checkoff {c.id} has the same answer on the lecture's givens and on hidden "
+                             f"givens {g}: its hidden generator must change every answer (see COURSE_AUTHORING.md)")
+
+
 def _validate(parsed: Parsed) -> None:
     lab = parsed.lab
-    registered = {c.id for c in load_lab(lab.number)}
+    checkoffs = _graders(lab)
+    registered = {c.id for c in checkoffs}
     used = set(parsed.checkoffs)
     if not used and not registered and not lab.instructor:
         raise BuildError(f"{lab.name} has no checkoffs: register them in labsupport/course/checkoffs/"
@@ -524,6 +553,7 @@ def _validate(parsed: Parsed) -> None:
     if orphan:
         raise BuildError(f"{lab.name}: solution regions {orphan} serve no check() cell")
     check_givens(parsed)
+    check_hidden_givens(lab, checkoffs)
 
 
 TAG_GIVENS = "givens"
@@ -559,7 +589,7 @@ def record_of(parsed: Parsed) -> dict:
 
     lab = parsed.lab
     entries = []
-    for c in load_lab(lab.number):
+    for c in _graders(lab):
         regions = [r for r in parsed.regions if r.checkoff_id == c.id]
         payload = ({"cases": [{"input": k.input(), "spec": k.public_spec(c.name)} for k in c.cases(case_rng(c.id))]}
                    if c.kind == "function" else {"spec": c.value_spec()})

@@ -209,7 +209,8 @@ class Live:
     """One of labsupport's objects, made in the grader, that remembers how it was made.
 
     ``alloc = live(ContiguousAllocator, 4096, kv_bytes_per_token=KV)`` behaves as the allocator (every
-    attribute and method is the real one's) and records each method called on it, so `plain` can
+    attribute and method is the real one's) and records each method called on it — only method calls:
+    change it through its methods, never through an attribute it hands out — so `plain` can
     write it as a recipe and `build` make the same object, in the same state, where the student's
     function runs.  The mechanisms are deterministic, so replaying the calls gives the same state.
     """
@@ -229,7 +230,9 @@ class Live:
         return recorded
 
     def recipe(self, count: list) -> dict:
-        make = f"{self._make.__module__}:{self._make.__qualname__}"
+        owner = getattr(self._make, "__self__", None)  # a classmethod: named through the class it was called on
+        make = (f"{owner.__module__}:{owner.__qualname__}.{self._make.__name__}" if isinstance(owner, type)
+                else f"{self._make.__module__}:{self._make.__qualname__}")
         return {"$": "new", "make": make, "args": plain(list(self._args), 1, count),
                 "kwargs": plain(self._kwargs, 1, count),
                 "calls": [[n, plain(list(a), 1, count), plain(k, 1, count)] for n, a, k in self._calls]}
@@ -242,7 +245,7 @@ def live(make, *args, **kwargs) -> Live:
 def build(data):
     """Plain input data as the objects a student's function is called with (in the student's process).
 
-    Recipes may only make what labsupport's modules define; tensors become torch tensors."""
+    Recipes may only make what labsupport's public modules define; tensors become torch tensors."""
     if type(data) is list:
         return [build(v) for v in data]
     if type(data) is not dict:
@@ -252,7 +255,7 @@ def build(data):
         return {k: build(v) for k, v in data.items()}
     if tag == "new":
         module, _, name = data["make"].partition(":")
-        if not module.startswith("labsupport.") or module.startswith("labsupport.course"):
+        if not module.startswith("labsupport.") or module.startswith("labsupport.course.checkoffs"):
             raise DataError(f"a recipe may only make labsupport's objects, not {data['make']!r}")
         make = importlib.import_module(module)
         for part in name.split("."):

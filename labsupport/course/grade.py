@@ -232,8 +232,8 @@ class Grader:
             grade.checkoffs.append(CheckoffResult(c.id, c.title, status, detail))
 
     def decide(self, c, entry: dict, nb: Notebook, plan: Plan, runs: list[Run]) -> tuple[str, str]:
-        calls = nb.calling(c.id)
-        if not calls:
+        calls = nb.calling(c.id)  # its check() calls as written (a call in a loop over ids names none)
+        if not calls and c.id not in runs[0].answers:
             return NOT_ATTEMPTED, "no cell of this notebook calls check() for it"
         exercise = [cell.source for cell in nb.cells if cell in calls or cell.id in entry.get("cells", ())]
         found = scan.hits(exercise, [cell.source for cell in nb.cells], c.forbid)
@@ -296,6 +296,8 @@ def _without(run: Run, calls: list[Cell], answer, number: int) -> tuple[str, str
     """Why a run has no answer for a checkoff whose check() call is in the notebook."""
     if answer is not None:
         return NOT_ATTEMPTED, "the exercise still holds the student copy's placeholder"
+    if not calls:
+        return FAILED, f"no answer was handed to check() (the run reached cell {run.reached})"
     first = min(c.number for c in calls)
     for cell in sorted(run.errors):
         if cell <= max(c.number for c in calls) and (cell in {c.number for c in calls} or cell < first):
@@ -534,11 +536,11 @@ def main(argv: list[str] | None = None) -> int:
     secret = hashlib.sha256(f"seed {args.seed}".encode()).digest() if args.seed is not None else None
     grader = Grader(sandbox, timeout=args.timeout, secret=secret)
     if args.container:
-        _prepare_then_forget(grader, submissions)
+        prepare_then_forget(grader, submissions)
     return _report(args, grader, submissions)
 
 
-def _prepare_then_forget(grader: Grader, submissions: list[Submission]) -> None:
+def prepare_then_forget(grader: Grader, submissions: list[Submission]) -> None:
     """Container mode: load every graded lab's graders while they are on disk, then delete them."""
     from labsupport.course.checkoffs import load_lab
 

@@ -98,7 +98,10 @@ def judge(name: str):
     return register
 
 
-# --- 3.2: append, in lockstep with the real allocator ---------------------------------------------------------
+# --- lab 02 --------------------------------------------------------------------------------------------------
+
+
+# --- lab 03: 3.2's append, in lockstep with the real allocator ---------------------------------------------------------
 
 def append_steps(block_size: int, seed: int, steps: int = 300):
     """The random traffic 3.2's append is driven through: yields (the allocator before the step, the sequence).
@@ -202,7 +205,7 @@ def _matching(got, spec) -> None:
     else:
         if not isinstance(got, list) or len(got) != len(want):
             raise Mismatch(f"answer with a list of {len(want)}, one per {noun} in its order; you gave {echo(got)}.")
-        pairs = [(str(i), g, w) for i, (g, w) in enumerate(got, start=1)]
+        pairs = [(str(i), g, w) for i, (g, w) in enumerate(zip(got, want), start=1)]
     for key, value, _ in pairs:
         if _normal(value) not in options:
             raise Mismatch(f"{noun} {key}: {echo(value)} is not one of the options listed above the exercise.")
@@ -211,3 +214,582 @@ def _matching(got, spec) -> None:
         remarks = " ".join(spec.get("remarks", {}).get(f"{k}={v}", "") for k, v in wrong).strip()
         raise Mismatch(f"{len(wrong)} of the {len(pairs)} {'is' if len(wrong) == 1 else 'are'} not right "
                        f"({', '.join(k for k, _ in wrong)})." + (f" {remarks}" if remarks else ""))
+
+
+# --- lab 04: 4.1's offsets, and 4.2's address line compiled into the real kernels ---------------------------------
+
+_EXERCISE_RAISE = r'raise\s+NotImplementedError\(\s*(?P<message>"(?:[^"\\\n]|\\.)*")'
+NOT_JIT = ("this checkoff wants a @triton.jit function with kv_token_offset's signature (table_row, token, valid, "
+           "BLOCK_SIZE, stride_block, stride_slot); decorate yours with @triton.jit.")
+
+
+def raise_if_unfinished(fn) -> None:
+    """Raise the exercise's own NotImplementedError while ``fn``'s body still holds it.
+
+    Triton does not let an exception raised inside a kernel through as itself (the interpreter wraps
+    it in an InterpreterError; the GPU compiler rejects the raise), so an unfinished ``@triton.jit``
+    exercise is recognised from its source before anything runs: 'not attempted', not 'failed'."""
+    import inspect
+    import json
+    import re
+
+    try:
+        source = inspect.getsource(getattr(fn, "fn", fn))
+    except (OSError, TypeError):
+        return
+    found = re.search(_EXERCISE_RAISE, source)
+    if found:
+        try:
+            message = json.loads(found["message"])
+        except ValueError:
+            message = found["message"]
+        raise NotImplementedError(message)
+    if "raise NotImplementedError" in source:
+        name = getattr(getattr(fn, "fn", fn), "__name__", "this function")
+        raise NotImplementedError(f"{name} still raises NotImplementedError")
+
+
+def address_case_tensors(case: dict, device=None):
+    """4.2's address case as the kernels take it: the block table (int32, padded as a real batch's is, wide
+    enough that no lane of a tile reads past it) and the lengths, from plain lists."""
+    import torch
+
+    table, lens, block_size = case["table"], case["seq_lens"], case["block_size"]
+    width = max(len(table[0]), -(-256 // block_size)) + 1
+    table_t = torch.zeros(len(table), width, dtype=torch.int32)
+    table_t[:, :len(table[0])] = torch.tensor(table, dtype=torch.int32)
+    return table_t.to(device or "cpu"), torch.tensor(lens, dtype=torch.int32, device=device or "cpu")
+
+
+def kernel_case_tensors(case: dict, device=None):
+    """4.2's kernel case, (q, k_cache, v_cache, block_tables, seq_lens), made from its seed with Python's own
+    random (the same tensors on every machine): a pool whose blocks are a random permutation, with NaN in
+    every slot no sequence owns (a kernel that reads one returns NaN), lengths k*b - 1, k*b, k*b + 1."""
+    import random
+
+    import torch
+
+    rng = random.Random(case["seed"])
+
+    def normal() -> float:  # a standard normal in steps of 1/64: exact in float32, short in the record
+        return round(rng.gauss(0.0, 1.0) * 64) / 64
+
+    block_size, hq, hkv, d, lens = case["block_size"], case["q_heads"], case["kv_heads"], case["head_dim"], case["seq_lens"]
+    need = [-(-n // block_size) for n in lens]
+    num_blocks = sum(need) + 3
+    ids = list(range(num_blocks))
+    rng.shuffle(ids)
+    width = max(max(need), -(-256 // block_size)) + 1  # even lanes past a sequence's end stay inside the table
+    table = [[0] * width for _ in lens]
+    row = hkv * d
+    k, v = [float("nan")] * (num_blocks * block_size * row), [float("nan")] * (num_blocks * block_size * row)
+    cursor = 0
+    for b, n in enumerate(lens):
+        blocks = ids[cursor:cursor + need[b]]
+        cursor += need[b]
+        table[b][:len(blocks)] = blocks
+        for j, block in enumerate(blocks):
+            for slot in range(min(block_size, n - j * block_size)):
+                start = (block * block_size + slot) * row
+                k[start:start + row] = [normal() for _ in range(row)]
+                v[start:start + row] = [normal() for _ in range(row)]
+    q = [normal() for _ in range(len(lens) * hq * d)]
+    shape = (num_blocks, block_size, hkv, d)
+    tensors = (torch.tensor(q, dtype=torch.float32).reshape(len(lens), hq, d),
+               torch.tensor(k, dtype=torch.float32).reshape(shape), torch.tensor(v, dtype=torch.float32).reshape(shape),
+               torch.tensor(table, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32))
+    return tuple(t.to(device or "cpu") for t in tensors)
+
+
+def _kernel_run(kernel, fn, *args) -> dict:
+    """One labsupport kernel run with `fn` compiled in as its address line: {"result": ...} or {"raised": ...}."""
+    global LAST_ERROR
+    try:
+        out = kernel(*args, token_offset_fn=fn)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the interpreter or the compiler met an error in the student's line
+        kind, text = type(exc).__name__, str(exc)
+        if "NotImplementedError" in text:
+            raise NotImplementedError(f"{getattr(getattr(fn, 'fn', fn), '__name__', 'your function')} still raises "
+                                      "NotImplementedError") from None
+        LAST_ERROR = exc
+        return {"raised": [kind, text.strip().splitlines()[-1][:300] if text.strip() else kind]}
+    return {"result": out}
+
+
+@harness("triton_offset")
+def _triton_offset(fn, case) -> dict:
+    """4.2: the real kernels recompiled with the student's @triton.jit line.  An address case runs
+    kv_token_offsets (each sequence's offsets, its own tokens only); a kernel case runs paged_gather and
+    then paged_decode_attention on a pool made from the case's seed.  Never holds an expected value."""
+    import torch
+
+    from labsupport import kernels as K
+
+    raise_if_unfinished(fn)
+    if not callable(getattr(fn, "fn", None)):
+        return {"result": {"not_jit": True}}
+    name = str(getattr(getattr(fn, "fn", fn), "__name__", "function"))[:80]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    runs = {}
+    if case["kind"] == "addresses":
+        table_t, lens_t = address_case_tensors(case, device)
+        seen = _kernel_run(K.kv_token_offsets, fn, table_t, lens_t, case["block_size"], case["stride_block"],
+                           case["stride_slot"])
+        if "result" in seen:
+            got = seen["result"].cpu()
+            seen = {"result": [got[b, :n].tolist() for b, n in enumerate(case["seq_lens"])]}
+        runs["kv_token_offsets"] = seen
+    else:
+        q, k, v, table, seq_lens = kernel_case_tensors(case, device)
+        runs["paged_gather"] = _kernel_run(K.paged_gather, fn, k, table, seq_lens)
+        runs["paged_decode_attention"] = _kernel_run(K.paged_decode_attention, fn, q, k, v, table, seq_lens)
+    for seen in runs.values():
+        if "result" in seen and not isinstance(seen["result"], list):
+            seen["result"] = tensor_values(seen["result"])
+    return {"result": {"name": name, "runs": runs}}
+
+
+def tensor_values(t) -> dict | str:
+    """A kernel's output as 4.2's observations and references hold it: its shape, its values in order (None
+    for NaN), whether any is NaN; a type name when it is not a tensor."""
+    import math
+
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    values = t.detach().cpu().float().reshape(-1).tolist()
+    return {"shape": list(t.shape), "nan": any(math.isnan(x) for x in values),
+            "values": [None if math.isnan(x) else x for x in values]}
+
+
+@judge("triton_offset")
+def _triton_offset_judge(got, spec) -> None:
+    """4.2, kernel by kernel: the addresses exactly; the gather bit for bit; attention within 1e-5 of the
+    torch reference.  spec: want ({kernel: its reference output}), block_size, seq_lens, huge (block ids
+    near 2**31), q_heads and kv_heads (a kernel case)."""
+    import math
+
+    from labsupport.units import fmt_number
+
+    if not isinstance(got, dict):
+        raise Mismatch("the kernels' run with your function did not come back.")
+    if got.get("not_jit"):
+        raise Mismatch(NOT_JIT)
+    name, runs, bs = str(got.get("name", "function"))[:80], got.get("runs") or {}, spec["block_size"]
+    for kernel in ("kv_token_offsets", "paged_gather", "paged_decode_attention"):
+        if kernel not in spec["want"]:
+            continue
+        want, seen = spec["want"][kernel], runs.get(kernel) or {}
+        if "raised" in seen:
+            kind, text = (list(seen["raised"]) + ["", ""])[:2]
+            raise Mismatch(f"{kernel} with your {name} raised {str(kind)[:80]}: {str(text)[:300]}")
+        out = seen.get("result")
+        if kernel == "kv_token_offsets":
+            if not isinstance(out, list) or len(out) != len(want):
+                raise Mismatch(f"kv_token_offsets with your {name} returned {echo(out)}, not a tensor of offsets.")
+            for b, (row, real) in enumerate(zip(out, want)):
+                row = row if isinstance(row, list) else []
+                if row == real:
+                    continue
+                t = next((t for t, (g, w) in enumerate(zip(row, real)) if g != w), min(len(row), len(real)))
+                shown = f"{row[t]:,}" if t < len(row) and isinstance(row[t], int) else "nothing"
+                raise Mismatch(f"with block_size={bs}, token {t} of sequence {b} got offset {shown}, not the address "
+                               "of its keys." + (" The block ids here are near 2**31: widen before you multiply."
+                                                 if spec.get("huge") else ""))
+            continue
+        if not isinstance(out, dict) or not isinstance(out.get("values"), list):
+            raise Mismatch(f"{kernel} with your {name} returned {echo(out)}, not a tensor.")
+        pairs = list(zip(out["values"], want["values"])) if out.get("shape") == want["shape"] else None
+        if kernel == "paged_gather":
+            if pairs is None or any(g is None or g != w for g, w in pairs):
+                raise Mismatch(f"paged_gather with your {name} (block_size={bs}, seq_lens={spec['seq_lens']}) copied "
+                               "the wrong values: some token was read from the wrong slot of the pool.")
+            continue
+        gaps = [abs(g - w) if isinstance(g, (int, float)) and not isinstance(g, bool) and math.isfinite(g) else math.inf
+                for g, w in pairs or [(None, 0.0)]]
+        if pairs is None or any(gap > 1e-5 + 1e-5 * abs(w) for gap, (_, w) in zip(gaps, pairs)):
+            raise Mismatch(f"paged_decode_attention with your {name} (block_size={bs}, Hq={spec['q_heads']}, "
+                           f"Hkv={spec['kv_heads']}, seq_lens={spec['seq_lens']}) differs from the reference by up to "
+                           f"{fmt_number(float(format(max(gaps), '.3g')))}." + (
+                               " It produced NaN: it read pool slots no sequence owns (they hold NaN)."
+                               if out.get("nan") else ""))
+
+
+@judge("kv_offsets")
+def _kv_offsets_judge(got, spec) -> None:
+    """4.1: a tensor of int64 offsets, one per position, each where its token's keys are.  spec: want (the
+    offsets), what, positions (the call's, for the message), huge (block ids near 2**31)."""
+    from labsupport.course.data import Tensor
+
+    want, what = spec["want"], spec["what"]
+    if not isinstance(got, Tensor):
+        raise Mismatch(f"{what} returned {echo(got)}; return a tensor of offsets, one per position.")
+    if got.shape != want.shape:
+        raise Mismatch(f"{what} returned shape {tuple(got.shape)}, expected one offset per position: "
+                       f"({', '.join(map(str, want.shape))}).")
+    if got.dtype != "int64":
+        raise Mismatch(f"{what} returned {got.dtype} offsets. The kernel's offsets are int64: in a large pool a block "
+                       "id times stride_block does not fit in 32 bits.")
+    width = want.shape[1]
+    bad = next((i for i, (g, w) in enumerate(zip(got.values, want.values)) if g != w), None)
+    if bad is not None:
+        b, t = divmod(bad, width)
+        raise Mismatch(f"{what}: position {spec['positions'][b][t]} of sequence {b} gave offset {got.values[bad]:,}, "
+                       "which is not where that token's keys are." + (
+                           " This pool's block ids are close to 2**31: did the product overflow a 32-bit integer "
+                           "before you widened it?" if spec.get("huge") else ""))
+
+
+# --- lab 05: 5.1's copy-on-write append on a scripted fork/append/free world; 5.3's reference counts; 5.4's history
+
+class CowWorld:
+    """The plain data structures 5.1's `cow_append` edits, and the operations around it (the pool's free list
+    is taken from the front and given back at the end)."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.block_size = block_size
+        self.tables: dict = {}
+        self.seq_lens: dict = {}
+        self.ref_counts = [0] * num_blocks
+        self.free_blocks = list(range(num_blocks))
+
+    def allocate(self, seq, tokens):
+        table = [self.free_blocks.pop(0) for _ in range(-(-tokens // self.block_size))]
+        for b in table:
+            self.ref_counts[b] = 1
+        self.tables[seq], self.seq_lens[seq] = table, tokens
+
+    def fork(self, parent, child):
+        self.tables[child] = list(self.tables[parent])
+        self.seq_lens[child] = self.seq_lens[parent]
+        for b in self.tables[child]:
+            self.ref_counts[b] += 1
+
+    def free(self, seq):
+        for b in reversed(self.tables.pop(seq)):
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                self.free_blocks.append(b)
+        del self.seq_lens[seq]
+
+    def state(self) -> dict:
+        """As 5.1's observations hold a pool: tables and lengths as [seq, value] pairs (no tagged data), every
+        block's ref_count, and how many blocks are free."""
+        return {"tables": [[data.plain(s), data.plain(t)] for s, t in self.tables.items()],
+                "seq_lens": [[data.plain(s), data.plain(n)] for s, n in self.seq_lens.items()],
+                "ref_counts": data.plain(self.ref_counts), "free": len(self.free_blocks)}
+
+
+@harness("cow_append")
+def _cow_append(fn, case) -> dict:
+    """5.1: the script's operations on the plain structures, the student's function doing every append.
+    Per step: the structures after it (and what the function returned).  A step the function raised on, or
+    that its structures could no longer carry, ends the run."""
+    global LAST_ERROR
+    world, bs, steps = CowWorld(case["num_blocks"], case["block_size"]), case["block_size"], []
+    for op in case["ops"]:
+        try:
+            if op[0] == "alloc":
+                world.allocate(op[1], op[2])
+            elif op[0] == "fork":
+                world.fork(op[1], op[2])
+            elif op[0] == "free":
+                world.free(op[1])
+        except Exception as exc:  # noqa: BLE001 - structures the function left in a shape the script cannot use
+            steps.append({"broken": [type(exc).__name__, str(exc)[:200]]})
+            break
+        step = {}
+        if op[0] == "append":
+            try:
+                step["returned"] = data.plain(fn(op[1], world.tables, world.seq_lens, world.ref_counts,
+                                                 world.free_blocks, bs))
+            except NotImplementedError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the student's bug, reported at its step
+                LAST_ERROR = exc
+                steps.append({"raised": [type(exc).__name__, _last_line(exc)]})
+                break
+        step.update(world.state())
+        steps.append(step)
+    return {"result": steps}
+
+
+def _pairs(items) -> dict:
+    out = {}
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, list) and len(item) == 2:
+            key = tuple(item[0]) if isinstance(item[0], list) else item[0]
+            if not isinstance(key, dict):
+                out[key] = item[1]
+    return out
+
+
+def _count(counts: list, block) -> object:
+    return counts[block] if isinstance(block, int) and 0 <= block < len(counts) else None
+
+
+def _compare_pool(seen: dict, real: dict, where: str) -> None:
+    """The student's structures against the real allocator's, up to renaming of block ids."""
+    tables, lens, counts = _pairs(seen.get("tables")), _pairs(seen.get("seq_lens")), seen.get("ref_counts")
+    counts = counts if isinstance(counts, list) else []
+    real_tables, real_lens = _pairs(real["tables"]), _pairs(real["seq_lens"])
+    rename: dict = {}
+    for seq, table in real_tables.items():
+        mine = tables.get(seq)
+        if not isinstance(mine, list) or len(mine) != len(table):
+            raise Mismatch(f"{where}: sequence {seq!r} should hold {len(table)} block(s); your block table has "
+                           f"{'none' if not isinstance(mine, list) else len(mine)}.")
+        if lens.get(seq) != real_lens[seq]:
+            raise Mismatch(f"{where}: seq_lens[{seq!r}] is {echo(lens.get(seq))}, it should be {real_lens[seq]}: the "
+                           "append must count the token it placed.")
+        for i, (m, r) in enumerate(zip(mine, table)):
+            if isinstance(m, (list, dict)) or rename.setdefault(m, r) != r:
+                raise Mismatch(f"{where}: your block table makes {seq!r}'s block {i} the same physical block as another "
+                               "entry that should be a different block — a block is shared that should have been "
+                               "copied (or the other way round).")
+    if len(set(rename.values())) != len(rename):
+        raise Mismatch(f"{where}: two entries that should share one physical block name different blocks in your "
+                       "tables — something was copied that is still shared.")
+    for m, r in rename.items():
+        if _count(counts, m) != real["ref_counts"][r]:
+            holders = sum(m in t for t in tables.values() if isinstance(t, list))
+            raise Mismatch(f"{where}: a block held by {holders} table entr(ies) has ref_count {echo(_count(counts, m))} "
+                           f"in your structures; it should be {real['ref_counts'][r]}.")
+    used = sum(1 for c in counts if isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0)
+    real_used = sum(1 for c in real["ref_counts"] if c > 0)
+    if used != real_used or seen.get("free") != real["free"]:
+        raise Mismatch(f"{where}: {used} blocks are in use and {echo(seen.get('free'))} free in your structures; the "
+                       f"pool should have {real_used} in use and {real['free']} free (a block taken from the free list "
+                       "must get ref_count 1, and only one block per append).")
+
+
+@judge("cow_append")
+def _cow_append_steps(got, spec) -> None:
+    """5.1, step by step against the real BlockAllocator's run of the same script (as `want`): the slot and the
+    copy each append reports, then every table, length and reference count, up to renaming of block ids.
+    spec: want (the real run's steps), name (the script's), ops, block_size."""
+    bs, ops, want = spec["block_size"], spec["ops"], spec["want"]
+    got = got if isinstance(got, list) else []
+    before: dict = {}
+    for number, (op, real) in enumerate(zip(ops, want), start=1):
+        where = f"In '{spec['name']}', step {number} ({op[0]} {', '.join(map(repr, op[1:]))})"
+        seen = got[number - 1] if number - 1 < len(got) and isinstance(got[number - 1], dict) else {}
+        if "raised" in seen:
+            kind, text = (list(seen["raised"]) + ["", ""])[:2]
+            raise Mismatch(f"{where}: cow_append raised {str(kind)[:80]}: {str(text)[:300]}".rstrip(": ") + ".")
+        if "broken" in seen:
+            kind, text = (list(seen["broken"]) + ["", ""])[:2]
+            raise Mismatch(f"{where}: your structures could not carry this operation ({str(kind)[:80]}: "
+                           f"{str(text)[:200]}).")
+        if "tables" not in seen:
+            raise Mismatch(f"{where}: the run stopped before this step.")
+        if op[0] == "append":
+            returned, (real_slot, real_cow) = seen.get("returned"), real["returned"]
+            if not isinstance(returned, list) or len(returned) != 2:
+                raise Mismatch(f"{where}: cow_append returned {echo(returned)}; return a pair (slot, cow).")
+            slot, cow = returned
+            if not isinstance(slot, int):
+                raise Mismatch(f"{where}: the slot is {echo(slot)}; it is one integer, block_id * block_size + offset.")
+            table = _pairs(seen["tables"]).get(op[1])
+            table = table if isinstance(table, list) else []
+            if slot % bs != real_slot % bs:
+                raise Mismatch(f"{where}: your slot {slot} sits at offset {slot % bs} of its block; the token belongs "
+                               f"at offset {real_slot % bs} (the sequence's length modulo the block size).")
+            if not table or slot // bs != table[-1]:
+                raise Mismatch(f"{where}: your slot {slot} is in block {slot // bs}, but the token must go into the "
+                               "sequence's last block as its table names it after the append.")
+            if (cow is None) != (real_cow is None):
+                raise Mismatch(f"{where}: you " + ("copied a block" if real_cow is None else "did not copy")
+                               + "; this append " + ("must write without copying" if real_cow is None
+                                                     else "lands in a block someone else still names") + ".")
+            old = before.get(op[1])
+            if cow is not None and (not isinstance(cow, list) or not isinstance(old, list) or not old
+                                    or cow != [old[-1], table[-1]]):
+                raise Mismatch(f"{where}: cow is {echo(cow)}; it should be (the block you copy from, the block you "
+                               "copy into) — the old last block and the new one.")
+        _compare_pool(seen, real, where)
+        before = _pairs(seen["tables"])
+
+
+def _ints(values) -> bool:
+    return isinstance(values, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in values)
+
+
+@judge("refcounts_in_use")
+def _refcounts_in_use(got, spec) -> None:
+    """5.3's 'refcounts': every in-use block's ref_count, in any order.  spec: want (sorted), writers,
+    mistakes (sorted wrong pictures of the pool, with the remark naming each)."""
+    want, writers = spec["want"], spec["writers"]
+    if isinstance(got, (frozenset, tuple)):
+        got = list(got)
+    if not isinstance(got, list):
+        raise Mismatch(f"list the ref_count of every block in use, e.g. [8, 8, 1]; you gave {echo(got)}.")
+    if not _ints(got):
+        raise Mismatch(f"reference counts are whole numbers; you gave {echo(got)}.")
+    if 0 in got:
+        raise Mismatch("you list a block with ref_count 0; a block nobody names is free, not in use — leave it out.")
+    got = sorted(got)
+    if got == want:
+        return
+    if len(got) != len(want):
+        problem = f"you list {len(got)} blocks in use; the pool holds {len(want)} after those {writers} writes."
+    else:
+        problem = "you have the right number of blocks in use, but not their reference counts."
+    remark = next((r for w, r in spec.get("mistakes", ()) if w == got), "")
+    raise Mismatch(problem + (f" {remark}" if remark else ""))
+
+
+def chat_hash_ids(seed: int, requests: int) -> list[list[int]]:
+    """5.4's long input: a conversation-like history of prompts as block ids, in arrival order (the Mooncake
+    conversation trace's shape, made up so that it is the same on every machine, trace file or not).  A few
+    system prompts are shared by many sessions; a follow-up turn is its session's previous prompt plus new
+    blocks; a regenerated turn repeats part of an earlier prompt and then differs.  An id names its whole
+    prefix, as Mooncake's hash ids do."""
+    import random
+
+    rng, made, out = random.Random(seed), [0], []
+
+    def fresh(k: int) -> list[int]:
+        made[0] += k
+        return list(range(made[0] - k, made[0]))
+
+    systems = [fresh(rng.randint(1, 6)) for _ in range(8)]
+    sessions: list[list[int]] = []
+    for _ in range(requests):
+        r = rng.random()
+        if sessions and r < 0.6:  # the next turn of a conversation: everything before, then the new blocks
+            i = rng.randrange(len(sessions))
+            ids = sessions[i] = sessions[i] + fresh(rng.randint(1, 4))
+        elif sessions and r < 0.75:  # a regenerated or edited turn: part of an earlier prompt, then new blocks
+            base = rng.choice(sessions)
+            ids = base[:rng.randint(1, len(base))] + fresh(rng.randint(0, 3))
+        else:  # a new conversation on one of the system prompts
+            ids = rng.choice(systems) + fresh(rng.randint(1, 8))
+            sessions.append(ids)
+            if len(sessions) > 40:
+                sessions.pop(rng.randrange(len(sessions)))
+        out.append(list(ids))
+    return out
+
+
+
+
+# --- lab 06 --------------------------------------------------------------------------------------------------
+
+@judge("preemption_plan")
+def _preemption_plan(got, spec) -> None:
+    """6.2: the victims in the engine's order, each with its way out.  Says whether the order, the set of
+    victims or one decision is wrong.  spec: want ([[name, "swap" or "recompute"], ...]), what,
+    blocks_needed, tokens ({name: its tokens}, for the remark on a wrong decision)."""
+    want, what, need = spec["want"], spec["what"], spec["blocks_needed"]
+    if isinstance(got, str) or not isinstance(got, list):
+        raise Mismatch(f"{what} returned {echo(got)}; return a list of (name, 'swap' or 'recompute') pairs.")
+    if any(not isinstance(x, list) or len(x) != 2 for x in got):
+        raise Mismatch(f"{what} returned {echo(got)}; each entry is a pair (name, 'swap' or 'recompute').")
+    names_got, names_want = [x[0] for x in got], [x[0] for x in want]
+    if names_got != names_want:
+        if sorted(map(repr, names_got)) == sorted(map(repr, names_want)):
+            raise Mismatch(f"{what}: you preempt the right sequences in the wrong order.")
+        raise Mismatch(f"{what}: you preempt {echo(names_got, 200)}; that is "
+                       f"{'too many' if len(names_got) > len(names_want) else 'not the right set'} for {need} "
+                       "block(s) under the engine's first-come-first-served policy.")
+    for (name, kind), (_, want_kind) in zip(got, want):
+        if not isinstance(kind, str) or kind.strip().lower() not in ("swap", "recompute"):
+            raise Mismatch(f"{what}: the decision for {name!r} is {echo(kind)}; answer 'swap' or 'recompute'.")
+        if kind.strip().lower() != want_kind:
+            raise Mismatch(f"{what}: {name!r} ({spec['tokens'][name]:,} tokens) should not be preempted by "
+                           f"{kind!r} on this link.")
+
+
+# --- lab 07 --------------------------------------------------------------------------------------------------
+
+def engine_requests(seed: int, rate: float, blocks: int, n_req: int) -> list:
+    """A small run of the real engine (7.3's and 7.4's inputs): `n_req` requests arriving at `rate` per second,
+    prompts of 16 to 3,000 tokens, 1, 2, 40 or 200 new tokens, then one 200,000-token prompt that never fits (it
+    is rejected), on a pool of `blocks` blocks of 16 tokens, clocked by the cost model (the lecture's H100).
+    The run's RequestResults, in request order; the same config gives the same run anywhere."""
+    import random
+
+    from labsupport.costmodel import CostModel
+    from labsupport.engine import Engine
+
+    rng = random.Random(seed)
+    engine = Engine(cost_model=CostModel(), num_blocks=blocks, block_size=16)
+    t = 0.0
+    for _ in range(n_req):
+        t += rng.expovariate(rate)
+        engine.add_request(prompt_len=rng.randint(16, 3000), max_new_tokens=rng.choice([1, 2, 40, 200]), arrival_time=t)
+    engine.add_request(prompt_len=200_000, max_new_tokens=10, arrival_time=t)  # never fits: rejected
+    return list(engine.run().requests.values())
+
+
+# --- lab 08 --------------------------------------------------------------------------------------------------
+# 8.7, discussion seed 4: an open question (any decode-heavy workload with the property passes), so its
+# judge holds no answer.  It runs outside the sandbox, on the workload as data: the real engine, naive
+# (one S_max block per sequence) and paged (b = 16), on the lecture's H100 pool (cost-model clock).
+
+UTILIZATION_BUSY_SLOTS = 20  # of reserve-to-max's 29 slots: a load at which slots could bind, so "unmoved" is a finding
+
+
+def _utilization_measure(requests, block_size: int) -> tuple[float, float, int]:
+    """(time-averaged share of reserved KV slots holding tokens, output tokens/s, the most sequences
+    running at once), read off the real engine."""
+    from labsupport.viz.slo import utilization_run
+
+    try:
+        run = utilization_run(requests, block_size)
+    except ValueError as exc:
+        raise Mismatch(f"your workload does not run: {exc}") from None
+    return run.utilization, run.throughput_tok_s, run.peak_running
+
+
+@judge("utilization_workload")
+def _utilization_workload(got, spec) -> None:
+    """Checkoff 8.7: the returned (arrival_s, prompt_tokens, output_tokens) workload, run naive and paged."""
+    import math
+
+    try:
+        requests = [(float(a), int(p), int(o)) for a, p, o in got]
+    except (TypeError, ValueError, OverflowError):
+        raise Mismatch("utilization_workload() must return a list of (arrival_s, prompt_tokens, output_tokens) "
+                       "tuples.") from None
+    if not 100 <= len(requests) <= 1500:
+        raise Mismatch(f"your workload has {len(requests)} requests; use between 100 and 1,500 so the "
+                       "comparison means something and the grader stays quick.")
+    for a, p, o in requests:
+        if not math.isfinite(a) or a < 0 or p < 1 or o < 1 or p + o > 4096:
+            raise Mismatch(f"request (arrival {a}, prompt {p}, output {o}) is not allowed: arrivals >= 0, at "
+                           "least one prompt and one output token, and prompt + output within S_max = 4,096.")
+    if sum(p + o for _, p, o in requests) > 3_000_000:
+        raise Mismatch("your workload holds more than 3 million tokens in all; a smaller one makes the point.")
+    prefill_heavy = sum(o < p for _, p, o in requests)
+    if prefill_heavy:
+        raise Mismatch(f"{prefill_heavy} of your {len(requests)} requests have a prompt longer than their output; "
+                       "this construction asks for a decode-heavy workload, every output at least as long as its "
+                       "prompt (the sweep's chat requests are 512 in, 128 out, the other way round). Its rates do "
+                       "not carry over as they are: a request's life on the card is set by how many steps it "
+                       "decodes.")
+    naive_util, naive_tput, naive_peak = _utilization_measure(requests, 4096)  # one S_max block: reserve-to-max
+    paged_util, paged_tput, _ = _utilization_measure(requests, 16)
+    if naive_util > 0.20:
+        raise Mismatch(f"under reserve-to-max your workload already uses {naive_util:.1%} of what it reserves; the "
+                       "claim starts near 15%.")
+    if naive_util < 0.10:
+        raise Mismatch(f"under reserve-to-max your workload uses only {naive_util:.1%} of what it reserves; the claim "
+                       "starts near 15% — sequences so short are not the workload the lecture means (its chat "
+                       "sequences hold 640 of 4,096 tokens).")
+    if naive_peak < UTILIZATION_BUSY_SLOTS:
+        raise Mismatch(f"at its busiest the reserve-to-max engine runs only {naive_peak} sequences of its 29 slots: "
+                       "on a card that idle nothing could move throughput, and the claim says nothing. Raise the "
+                       f"arrival rate until the naive engine runs at least {UTILIZATION_BUSY_SLOTS} at once, and "
+                       "see whether throughput still holds.")
+    if paged_util < 0.95:
+        raise Mismatch(f"paged utilization is only {paged_util:.1%}; the claim ends near 99%.")
+    if not naive_tput > 0:
+        raise Mismatch("no request of your workload finished under reserve-to-max; the engine produced no tokens.")
+    if abs(paged_tput / naive_tput - 1) > 0.05:
+        raise Mismatch(f"throughput moved from {naive_tput:,.0f} to {paged_tput:,.0f} tok/s "
+                       f"({paged_tput / naive_tput - 1:+.1%}); it should barely move (within 5%).")

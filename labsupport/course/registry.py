@@ -129,10 +129,13 @@ def lecture_givens(lab: int) -> dict:
     return dict(found)
 
 
-def givens(*, hidden: Callable[[random.Random], dict], lab: int | None = None) -> types.SimpleNamespace:
-    """Declare the calling lab's hidden givens; returns the lecture's as a namespace (``G.S_MAX``)."""
+def givens(*, hidden: Callable[[random.Random], dict], lab: int | None = None,
+           lecture: dict | None = None) -> types.SimpleNamespace:
+    """Declare the calling lab's hidden givens; returns the lecture's as a namespace (``G.S_MAX``).
+
+    The lecture's values come from the lab source's givens cell (`lecture` only for a lab with no source)."""
     lab = _lab_of_caller() if lab is None else lab
-    GIVENS[lab] = Givens(lab, lecture_givens(lab), hidden)
+    GIVENS[lab] = Givens(lab, dict(lecture) if lecture is not None else lecture_givens(lab), hidden)
     return namespace(GIVENS[lab].lecture)
 
 
@@ -275,6 +278,8 @@ class Checkoff:
 
 def register(checkoff: Checkoff) -> Checkoff:
     validate_id(checkoff.id)
+    if checkoff.expected is Ellipsis or "..." in (checkoff.hint, checkoff.title) or checkoff.make_cases is Ellipsis:
+        raise ValueError(f"checkoff {checkoff.id} still holds the scaffold's `...`: write its formula, title and hint")
     if not checkoff.hint.strip() or not checkoff.title.strip():
         raise ValueError(f"checkoff {checkoff.id}: a title and a hint are required")
     old = REGISTRY.get(checkoff.id)

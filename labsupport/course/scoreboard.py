@@ -70,6 +70,6 @@ def scoreboard(notebook: str) -> Scoreboard:
     if not match:
         raise ValueError(f"scoreboard wants a lab's name like '02_naive_allocator', got {notebook!r}")
     session = results()
-    rows = tuple(Row(c.id, c.title, session.get(c.id, {}).get("status", NOT_ATTEMPTED))
+    rows = tuple(Row(c["id"], c["title"], session.get(c["id"], {}).get("status", NOT_ATTEMPTED))
                  for c in load_lab(int(match[1])))
     return Scoreboard(notebook, rows)

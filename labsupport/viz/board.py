@@ -26,6 +26,7 @@ from typing import Sequence
 import plotly.graph_objects as go
 
 from labsupport import ledger
+from labsupport.cli import ledger as staff_ledger
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LLAMA3_70B, KiB
 from labsupport.viz import FONT_SIZE, PALETTE, TITLE_SIZE, styled
 
@@ -388,7 +389,7 @@ class Segment:
 
 def _segments() -> tuple[Segment, ...]:
     """The timing plan, with every number on the board computed by the ledger (printed figure beside)."""
-    r = ledger.compute(ledger.Scenario())
+    r = staff_ledger.compute(staff_ledger.Scenario())
     kv, budget = r["kv_bytes_per_token"], r["kv_budget_bytes"]
     seq_bytes = r["seq_tokens"] * kv
     util_32k = ledger.naive_utilization(budget, 32_768, r["seq_tokens"], kv)

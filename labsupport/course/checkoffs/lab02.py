@@ -11,8 +11,10 @@ Every value checkoff is a function of the lab's givens (the lecture's: an 80 GB 
 parameters, a 4 GB reserve, 32 layers x 32 KV heads x 128, 512 + 128 tokens, S_max 4,096 / 32,768 /
 131,072, 16-token blocks, 3,350 GB/s, Exercise 2's 70/25/5 mix), multiplied out here with Python
 integers, never read from labsupport.ledger or from the student's code.  The wrong answers named in
-`mistakes=` are worked out on the lecture's givens.  2.3 drives real allocators and keeps its own
-record of every token it stored.
+`mistakes=` are worked out on the lecture's givens.  2.3's cases are real allocators mid-serve,
+made with `live(...)` and changed only through their methods; the grader keeps its own record of
+every token it stored, and each case's slips (the reserved share, the slot share, a percentage) are
+worked out from that record.
 """
 from __future__ import annotations
 
@@ -20,9 +22,8 @@ import math
 import random
 
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
-from labsupport.course.checkoff import Mismatch, as_number, call, choice, function, value
-from labsupport.course.registry import givens, namespace
-from labsupport.units import fmt_number
+from labsupport.course.data import live
+from labsupport.course.registry import case, choice, function, givens, namespace, value
 
 
 def _kv(g, kv_heads=None) -> int:
@@ -66,13 +67,7 @@ def _hidden(rng: random.Random) -> dict:
             return g
 
 
-G = givens(
-    lecture=dict(HBM_BYTES=80 * 10**9, PARAMS=6_740_000_000, DTYPE_BYTES=2, RESERVE_BYTES=4 * 10**9,
-                 LAYERS=32, KV_HEADS=32, GQA_KV_HEADS=8, HEAD_DIM=128, HBM_BW=3_350 * 10**9,
-                 PROMPT=512, OUTPUT=128, S_MAX=4_096, S_MAX_LONG=32_768, S_MAX_BROCHURE=131_072, BLOCK=16,
-                 S_MAX_SHORT=512, SHARE_SHORT=0.70, SHARE_LONG=0.05),
-    hidden=_hidden,
-)
+G = givens(hidden=_hidden)  # the lecture's: solutions/02_naive_allocator.py's givens cell
 
 KV_MHA = _kv(G)  # 524,288 B: the lecture's 7B, every layer and head, K and V, bf16
 KV_GQA8 = _kv(G, G.GQA_KV_HEADS)  # 131,072 B: the same model with 8 KV heads
@@ -176,8 +171,25 @@ value(
 )
 
 
-def _live_allocators(rng: random.Random):
-    """Allocators in the middle of serving, with our own record of the tokens each sequence holds."""
+_RESERVED_REMARK = ("That is the share of the budget *reserved* by slots; utilization counts only the tokens stored "
+                    "in them.")
+_SLOT_SHARE_REMARK = ("That is the share of the reserved slots that holds tokens, a fair reading (lab 08's seed 4 "
+                      "uses it) but not this one: here, as in §10.2's 15.2%, utilization is over the whole KV budget.")
+_PERCENT_REMARK = "Return a fraction (0.1556 for 15.56%), not a percentage."
+
+
+@function(
+    "2.3", "Utilization, measured over a live allocator",
+    hint="Utilization counts bytes that hold real tokens — what each live sequence has stored so far, not the slot it "
+         "reserved — over the whole KV budget. The allocator knows its live slots (`alloc.slots`, a dict of `Slot`s "
+         "with `.length` and `.size`) and its bytes per token (`alloc.kv_bytes_per_token`).",
+    forbid=("labsupport.contiguous.ContiguousAllocator.stats", *_NAIVE_SHORTCUTS),
+    derive="add up the tokens the live slots hold (`slot.length`) and convert them to bytes yourself",
+    name="utilization",
+)
+def _utilization(rng: random.Random):
+    """Allocators in the middle of serving (made with `live`, changed only through their methods), with our
+    own record of the tokens each sequence holds: the want and the slips come from that record."""
     configs = [(KV_MHA, 4096, BUDGET), (KV_GQA8, 4096, BUDGET), (KV_MHA, 32_768, BUDGET), (KV_MHA, 512, BUDGET),
                (KV_GQA8, 16_384, 40 * 10**9), (KV_MHA, 2048, 10**10)]
     for _ in range(4):  # shapes and budgets the lab never shows
@@ -186,9 +198,9 @@ def _live_allocators(rng: random.Random):
         configs.append((kv, s_max, kv * s_max * rng.randint(1, 24) + rng.randrange(kv * s_max)))
     cases = []
     for kv, s_max, budget in configs:
-        alloc = ReserveToMaxAllocator.from_budget(budget, kv, s_max=s_max)
+        alloc = live(ReserveToMaxAllocator, int(budget // kv), s_max, kv_bytes_per_token=kv)
         held: dict[int, int] = {}
-        for sid in range(alloc.max_seqs):
+        for sid in range(alloc.real.max_seqs):
             n = rng.randint(0, s_max // 2)
             alloc.allocate(sid, num_tokens=n)
             held[sid] = n
@@ -201,46 +213,25 @@ def _live_allocators(rng: random.Random):
             held[sid] += grow
         cases.append((alloc, budget, held, kv))
     # per-request S_max (Exercise 2's allocator) and an empty pool
-    alloc = ContiguousAllocator(200_000, kv_bytes_per_token=KV_MHA)
+    alloc = live(ContiguousAllocator, 200_000, kv_bytes_per_token=KV_MHA)
     held = {}
     for sid, size in enumerate((512, 4096, 32_768, 512, 4096, 512)):
         n = rng.randint(1, size)
         alloc.allocate(sid, size, num_tokens=n)
         held[sid] = n
     cases.append((alloc, 200_000 * KV_MHA + 123_456, held, KV_MHA))
-    cases.append((ReserveToMaxAllocator.from_budget(BUDGET, KV_MHA, s_max=4096), BUDGET, {}, KV_MHA))
-    # what each case must give, and what the usual wrong readings give, worked out now
-    return [(alloc, budget, len(held), sum(held.values()) * kv / budget,
-             sum(s.size for s in alloc.slots.values()) * kv / budget if held else None,
-             sum(held.values()) / sum(s.size for s in alloc.slots.values()) if held else None)
-            for alloc, budget, held, kv in cases]
-
-
-@function(
-    "2.3", "Utilization, measured over a live allocator",
-    hint="Utilization counts bytes that hold real tokens — what each live sequence has stored so far, not the slot it "
-         "reserved — over the whole KV budget. The allocator knows its live slots (`alloc.slots`, a dict of `Slot`s "
-         "with `.length` and `.size`) and its bytes per token (`alloc.kv_bytes_per_token`).",
-    cases=_live_allocators,
-    forbid=("labsupport.contiguous.ContiguousAllocator.stats", *_NAIVE_SHORTCUTS),
-    derive="add up the tokens the live slots hold (`slot.length`) and convert them to bytes yourself",
-)
-def _utilization(fn, case):
-    alloc, budget, live, want, reserved_share, slot_share = case
-    what = f"utilization(<allocator with {live} live sequences>, budget_bytes={budget:,})"
-    got = as_number(call(fn, alloc, budget), f"{what} returned a value that")
-    if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15):
-        return
-    if reserved_share is not None and math.isclose(got, reserved_share, rel_tol=1e-9):
-        raise Mismatch(f"{what} returned {got:.6f}: that is the share of the budget *reserved* by slots; "
-                       "utilization counts only the tokens stored in them.")
-    if slot_share is not None and math.isclose(got, slot_share, rel_tol=1e-9):
-        raise Mismatch(f"{what} returned {got:.6f}: that is the share of the reserved slots that holds tokens, "
-                       "a fair reading (lab 08's seed 4 uses it) but not this one: here, as in §10.2's 15.2%, "
-                       "utilization is over the whole KV budget.")
-    if math.isclose(got, 100 * want, rel_tol=1e-9):
-        raise Mismatch(f"{what} returned {got:.6f}: return a fraction (0.1556), not a percentage.")
-    raise Mismatch(f"{what} returned {fmt_number(got)}, which is too {'high' if got > want else 'low'}.")
+    empty = live(ReserveToMaxAllocator, int(BUDGET // KV_MHA), 4096, kv_bytes_per_token=KV_MHA)
+    cases.append((empty, BUDGET, {}, KV_MHA))
+    for alloc, budget, held, kv in cases:
+        want = sum(held.values()) * kv / budget
+        mistakes = []
+        if held:  # the usual wrong readings, worked out from our record and the slots the allocator reserved
+            reserved = sum(s.size for s in alloc.real.slots.values())
+            mistakes = [(reserved * kv / budget, _RESERVED_REMARK),
+                        (sum(held.values()) / reserved, _SLOT_SHARE_REMARK),
+                        (100 * want, _PERCENT_REMARK)]
+        yield case(alloc, budget, want=want, rel_tol=1e-9, abs_tol=1e-15, mistakes=mistakes,
+                   what=f"utilization(<allocator with {len(held)} live sequences>, budget_bytes={budget:,})")
 
 
 # Over a life the sequence holds PROMPT, PROMPT + 1, ... PROMPT + OUTPUT - 1 tokens while its OUTPUT decode steps
