@@ -68,8 +68,8 @@ endif
 bubblewrap:
 	@command -v bwrap >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null \
-		|| echo "make: could not install bubblewrap; grade falls back to a weaker sandbox"; \
-	else echo "make: no bubblewrap (apt-get install bubblewrap); grade falls back to a weaker sandbox"; fi; }
+		|| echo "make: could not install bubblewrap; grade will refuse untrusted notebooks"; \
+	else echo "make: no bubblewrap (apt-get install bubblewrap); grade will refuse untrusted notebooks"; fi; }
 
 test: $(STAMP) chromium bubblewrap
 	$(PY) -m pytest tests $(PYTEST_ARGS)

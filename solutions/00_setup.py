@@ -112,9 +112,11 @@ else:
 # pytest --nbval-lax notebooks/00_setup.ipynb                  # runs it, and compares each checkoff's line
 # ```
 #
-# `grade` runs your saved notebook from top to bottom in a fresh kernel, ignoring whatever outputs are
-# stored in it, so **save before grading**, and make sure the notebook runs from a fresh start
-# (*Kernel → Restart Kernel and Run All Cells*), not only in the order you happened to run it.
+# `grade` runs your saved notebook from top to bottom in a sandbox (Linux's bubblewrap; on a machine
+# without it, add `--trusted`: it is your own notebook), once on the lecture's givens and again on
+# hidden ones, ignoring whatever outputs are stored in it, so **save before grading**, and make sure the
+# notebook runs from a fresh start (*Kernel → Restart Kernel and Run All Cells*), not only in the order
+# you happened to run it.
 
 # %% [markdown]
 # ## 3. Bytes, and the three ways to write a thousand of them

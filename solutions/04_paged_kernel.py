@@ -44,7 +44,8 @@ from labsupport import viz
 from labsupport.bench import kernel as kernel_bench
 from IPython.display import Markdown, display
 
-from labsupport.course.checkoff import check, raise_if_unfinished, revealed, unlocked
+from labsupport.course.checkoff import check, revealed, unlocked
+from labsupport.course.harness import raise_if_unfinished
 from labsupport.kvcache import PagedKVCache
 from labsupport.viz import kernel as viz_kernel
 

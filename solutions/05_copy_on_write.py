@@ -462,7 +462,8 @@ viz_sharing.prefix_capacity_figure(bounded, head_unbounded).show()
 # index would serve. A block counts only if the request's **whole prefix** up to and including it was
 # seen before — an id seen after a *different* prefix is a different block. Keep it linear in the
 # number of blocks (chain a hash rather than storing whole prefixes). The checkoff compares with the
-# allocator's index on small tricky lists and on the first 2,000 requests of the trace.
+# allocator's index on small tricky lists and on a 2,000-request history shaped like the trace's
+# conversations (shared system prompts, multi-turn sessions); the cell after it runs yours on the trace.
 
 # %%
 def prefix_hit_blocks(requests):

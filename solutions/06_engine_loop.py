@@ -556,13 +556,15 @@ check("6.3", exercise4)
 
 # %%
 if revealed("6.3"):
-    ex4 = ledger.exercise4()
+    kv16 = 16_384 * LECTURE_7B_GQA8.kv_bytes_per_token
+    swap16 = ledger.swap_round_trip_s(kv16, H100.link_bandwidth)
+    recompute16 = ledger.recompute_s(LECTURE_7B_GQA8, 16_384, H100.peak_flops)
     w16 = 2 * LECTURE_7B_GQA8.num_params * 16_384
-    print(f"16K GQA-8: KV {ex4['kv_bytes'] / GB:.3f} GB; swap {1e3 * ex4['swap_s']:.1f} ms; recompute "
-          f"({w16 / 1e12:.1f} + {(ex4['recompute_flops'] - w16) / 1e12:.1f}) TFLOP ÷ {rate / 1e12:.1f} TFLOP/s = "
-          f"{1e3 * ex4['recompute_s']:.1f} ms; swap wins {ex4['swap_advantage']:.1f}×; "
-          f"W* = {ex4['breakeven_link_bandwidth'] / GB:.2f} GB/s (printed 5.9)")
-    print(f"MHA crossover on 32 GB/s: {ex4['mha_crossover_tokens']:,.2f} tokens")
+    print(f"16K GQA-8: KV {kv16 / GB:.3f} GB; swap {1e3 * swap16:.1f} ms; recompute "
+          f"({w16 / 1e12:.1f} + {(ledger.prefill_flops(LECTURE_7B_GQA8, 16_384) - w16) / 1e12:.1f}) TFLOP ÷ "
+          f"{rate / 1e12:.1f} TFLOP/s = {1e3 * recompute16:.1f} ms; swap wins {recompute16 / swap16:.1f}×; "
+          f"W* = {ledger.breakeven_link_bandwidth(LECTURE_7B_GQA8, 16_384, H100.peak_flops) / GB:.2f} GB/s (printed 5.9)")
+    print(f"MHA crossover on 32 GB/s: {ledger.crossover_tokens(LECTURE_7B, 32 * GB, H100.peak_flops):,.2f} tokens")
     erratum = next(e for e in ledger.ERRATA if e.quantity.startswith("Crossover"))
     print(f"ledger.ERRATA — {erratum.quantity} ({erratum.section}): printed {erratum.printed!r}, exact {erratum.exact}")
 

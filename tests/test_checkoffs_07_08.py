@@ -91,6 +91,67 @@ def test_lab07_wrong_answers_teach(fails):
             [r.first_token_time - r.arrival_time for r in reqs if r.status == "finished"]))))
 
 
+def test_7_2_counts_whole_sequences_and_never_fewer_than_none(fails):
+    # the first case, 20 ms: (0.020 x 3.35e12 - 13.48e9) / (640 x 524,288) = 159.5, so 159 sequences (the pool holds 186)
+    with fails("returned 159.5: it counts whole things"):
+        check("7.2", lambda m, g, s, slo, bs=16: max_batch(m, g, s, slo, bs) + 0.5)
+    with fails(r"tpot_slo_s=0.003.*returned -\d+: it cannot be below 0"):  # 3 ms: the weights alone take 4.0 ms
+        check("7.2", lambda m, g, s, slo, bs=16: min(blocks(m, g, 1.0, bs) // math.ceil(s / bs), math.floor(
+            (slo * g.hbm_bandwidth - m.num_params * m.dtype_bytes) / (s * kv(m)))))
+
+
+def test_7_3_and_7_4_take_a_run_by_its_config_and_rebuild_it_in_the_sandbox():
+    """The cases carry the run's config (seed, rate, blocks, requests) as a recipe of the public builder, and the
+    SLOs: no expected number travels with them. Rebuilt from the recipe the run is the same one; the first run
+    is 60 requests at 40/s plus the 200,000-token prompt, which a pool of 7,452 x 16 = 119,232 slots rejects."""
+    import json
+
+    from labsupport.course import data
+    from labsupport.course.checkoffs import get
+    from labsupport.course.harness import engine_requests
+    from labsupport.course.registry import case_rng
+
+    for cid, slos in (("7.3", 2), ("7.4", 1)):
+        cases = get(cid).cases(case_rng(cid))
+        for c in cases:
+            sent = json.loads(json.dumps(c.input()))  # what goes into the sandbox, exactly: nothing else
+            assert set(sent) == {"args", "kwargs"} and sent["kwargs"] == {} and len(sent["args"]) == 1 + slos
+            recipe = sent["args"][0]
+            assert recipe == {"$": "new", "make": "labsupport.course.harness:engine_requests", "kwargs": {},
+                              "calls": [], "args": recipe["args"]}
+            assert len(recipe["args"]) == 4 and all(isinstance(a, (int, float)) for a in recipe["args"])
+            assert all(isinstance(a, float) for a in sent["args"][1:])  # the SLOs
+        first = cases[0].input()["args"][0]
+        assert first["args"] == [1, 40.0, 7452, 60]
+        rebuilt, here = data.build(first), engine_requests(1, 40.0, 7452, 60)
+        assert len(rebuilt) == 61 and [r.status for r in rebuilt].count("rejected") == 1
+        assert rebuilt[-1].prompt_len == 200_000 and rebuilt[-1].status == "rejected"
+        assert [(r.arrival_time, r.first_token_time, r.finish_time, r.tpot_s) for r in rebuilt] == \
+            [(r.arrival_time, r.first_token_time, r.finish_time, r.tpot_s) for r in here]
+
+
+def test_7_4_names_the_slips_on_hidden_runs_too():
+    """On a hidden draw (an unseen run among them) the slips of 7.4 are worked out per case and named."""
+    import pytest
+
+    from labsupport.course.checkoffs import get
+    from labsupport.course.judge import Mismatch
+    from labsupport.course.registry import case_rng
+
+    c = get("7.4")
+    hidden = c.prepare(case_rng("7.4", b"lab07 test secret"))
+    assert len({k.input()["args"][0]["args"][0] for k in hidden}) == 4  # three fixed seeds and an unseen one
+    c.verdict(ttft_tail, hidden)
+    with pytest.raises(Mismatch, match="nearest-rank"):
+        c.verdict(lambda reqs, slo: dict(ttft_tail(reqs, slo), p99_s=float(np.percentile(
+            [r.first_token_time - r.arrival_time for r in reqs if r.status == "finished"], 99,
+            method="inverted_cdf"))), hidden)
+    with pytest.raises(Mismatch, match="counts the rejected requests as misses"):
+        c.verdict(lambda reqs, slo: dict(ttft_tail(reqs, slo), miss_share=(
+            sum(r.status != "finished" or r.first_token_time - r.arrival_time > slo for r in reqs) / len(reqs))),
+            hidden)
+
+
 def test_lab08_right_answers_pass(capsys):
     check("8.3", blocks)
 
@@ -113,7 +174,7 @@ def test_lab08_wrong_answers_teach(fails):
     with fails("GiB|too"):
         check("8.3", lambda m, g, u, bs=16, activation_bytes=4e9: max(0, math.floor(
             (u * g.hbm_bytes - m.num_params * m.dtype_bytes - activation_bytes) / (bs * kv(m) * 1.0737))))
-    with fails("negative|too"):
+    with fails(r"returned -[\d,]+: it cannot be below 0 \(when nothing fits, the answer is 0\)"):  # negative blocks
         check("8.3", lambda m, g, u, bs=16, activation_bytes=4e9: math.floor(
             (u * g.hbm_bytes - m.num_params * m.dtype_bytes - activation_bytes) / (bs * kv(m))))
     with fails("too low"):  # mean tail b/2 instead of the measured waste
@@ -132,12 +193,38 @@ def test_lab08_wrong_answers_teach(fails):
         check("8.2", "batching")
     swapped = list(LECTURE_MAP_QUANTITIES)
     swapped[1], swapped[2] = swapped[2], swapped[1]
-    with fails(r"2 of the nine rows are matched to the wrong quantity \(rows 2, 3\)"):
+    with fails(r"2 of the 9 are not right \(2, 3\)"):  # rows 2 and 3 matched to each other's quantity
         check("8.1", swapped)
-    with fails("not one of the nine quantities"):
+    with fails("row 9: 'the block size' is not one of the options listed above the exercise"):
         check("8.1", LECTURE_MAP_QUANTITIES[:8] + ["the block size"])
-    with fails("a list of 9 quantities"):
+    with fails("a list of 9, one per row in its order"):
         check("8.1", LECTURE_MAP_QUANTITIES[:8])
+
+
+def test_lab08_hidden_cases_and_the_open_judge():
+    """The graders' hidden cases (a grading secret's) pass the right functions too; 8.7's one case carries no
+    answer, only the name of its public judge, which runs the real engine on the returned workload."""
+    import pytest
+
+    from labsupport.course.checkoffs import get
+    from labsupport.course.judge import Mismatch
+    from labsupport.course.registry import case_rng
+
+    def max_num_seqs(m, g, u, s, slo, bs=16):
+        slo_b = max(0, math.floor((slo * g.hbm_bandwidth - m.num_params * m.dtype_bytes) / (s * kv(m))))
+        return min(blocks(m, g, u, bs) // math.ceil(s / bs), slo_b)
+
+    right = {"8.3": blocks, "8.4": max_num_seqs,
+             "8.5": lambda m, g, slo, mfu=0.5: math.floor(slo * mfu * g.peak_flops / (2 * m.num_params)),
+             "8.6": lambda lengths, b: 1 - sum(lengths) / sum(-(-n // b) * b for n in lengths)}
+    for cid, fn in right.items():
+        checkoff = get(cid)
+        checkoff.verdict(fn, checkoff.prepare(case_rng(cid, b"a grading secret", "nb")))
+    [only] = get("8.7").cases(case_rng("8.7"))
+    assert only.want is None and only.spec["judge"] == "utilization_workload" and not only.args
+    get("8.7").verdict(lambda: viz_slo.chat_requests(6, 300, prompt=256, output=512), [only])
+    with pytest.raises(Mismatch, match="already uses"):  # 4,000-token sequences nearly fill a 4,096-token slot
+        get("8.7").verdict(lambda: viz_slo.chat_requests(6, 300, prompt=2000, output=2000), [only])
 
 
 # --- 7.1, 7.5, 8.5 posed without their formulas: two derivations pass, each slip is named ----------

@@ -1,14 +1,32 @@
-"""Checkoff 4.3, posed as what one decode step's attention must move (not as its terms): two different
-correct derivations pass, and the plausible wrong counts are rejected with a remark naming the slip.
+"""Lab 04's checkoffs on the new grading design.
+
+4.3, posed as what one decode step's attention must move (not as its terms): two different correct
+derivations pass, and the plausible wrong counts are rejected with a remark naming the slip.
 By hand, the headline point (B = 64, S = 8,192, GQA-8, D = 128, bf16): K and V 2 × 64 × 8,192 × 8 × 128
-× 2 = 2,147,483,648 B, query and output 2 × 64 × 32 × 128 × 2 = 1,048,576 B."""
+× 2 = 2,147,483,648 B, query and output 2 × 64 × 32 × 128 × 2 = 1,048,576 B; gather-then-attend moves the
+K/V bytes three times: 3 × 2,147,483,648 + 1,048,576 = 6,443,499,520 B.
+
+4.1 and 4.2: their cases are data only (4.2's tensors are made from a seed where the student's line runs,
+and its expected outputs are the kernels' torch references outside); the slips the old graders named
+(int32 offsets, a product that overflows near 2**31, a line that is not @triton.jit, an unfinished one)
+are still named.
+"""
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+import torch
+
+import labsupport  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
 from labsupport.course import checkoff as C
-from labsupport.course.checkoff import check, get
-from labsupport.course.registry import Mismatch, case_rng
+from labsupport.course.checkoff import check
+from labsupport.course.checkoffs import get
+from labsupport.course.judge import Mismatch, Unfinished, close
+from labsupport.course.registry import GIVENS, case_rng, namespace
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -59,3 +77,181 @@ def test_4_3_two_derivations_pass(capsys):
 ])
 def test_4_3_names_the_slip(fn, words):
     assert words in _problem("4.3", fn)
+
+
+# --- 4.4 -------------------------------------------------------------------------------------------
+
+def test_4_4_headline_by_hand_and_two_derivations_on_hidden_givens():
+    c = get("4.4")
+    assert c.expect() == 6_443_499_520
+    for g in [GIVENS[4].lecture, *GIVENS[4].draw(case_rng("givens", b"lab04 test", "x"), 4)]:
+        n = namespace(g)
+        fused = kv(n.BATCH, n.SEQ_LEN, n.KV_HEADS, n.HEAD_DIM, n.DTYPE_BYTES) + q_out(n.BATCH, n.Q_HEADS, n.HEAD_DIM,
+                                                                                     n.DTYPE_BYTES)
+        # pool read, buffer write, buffer read; then the query and the output once
+        c.verdict(3 * fused - 2 * q_out(n.BATCH, n.Q_HEADS, n.HEAD_DIM, n.DTYPE_BYTES), c.expect(n))
+        per_sequence = sum(3 * 2 * n.SEQ_LEN * n.KV_HEADS * n.HEAD_DIM * n.DTYPE_BYTES
+                           + 2 * n.Q_HEADS * n.HEAD_DIM * n.DTYPE_BYTES for _ in range(n.BATCH))
+        c.verdict(per_sequence, c.expect(n))
+
+
+@pytest.mark.parametrize("answer, words", [
+    (kv(64, 8192, 8, 128, 2) + q_out(64, 32, 128, 2), "fused paged kernel"),
+    (2 * kv(64, 8192, 8, 128, 2) + q_out(64, 32, 128, 2), "gather's read and write"),
+    (3 * kv(64, 8192, 8, 128, 2), "query and the output cross HBM too"),
+    (3 * (kv(64, 8192, 8, 128, 2) + q_out(64, 32, 128, 2)), "copies only K and V"),
+    (3 * kv(64, 8192, 32, 128, 2) + q_out(64, 32, 128, 2), "KV heads, not query heads"),
+])
+def test_4_4_names_the_slip(answer, words, fails):
+    with fails(words):
+        check("4.4", answer)
+
+
+def test_4_4_no_listed_mistake_is_right_on_any_givens():
+    c = get("4.4")
+    for g in GIVENS[4].draw(case_rng("givens", b"lab04 mistakes", "x"), 8):
+        spec = c.value_spec(namespace(g))
+        assert spec["mistakes"] and not any(close(w, spec["want"]) for w, _ in spec["mistakes"])
+
+
+# --- 4.1 -------------------------------------------------------------------------------------------
+
+def kv_offsets(block_tables, positions, block_size, stride_block, stride_slot):
+    physical = torch.gather(block_tables.long(), 1, positions // block_size)
+    return physical * stride_block + positions % block_size * stride_slot
+
+
+def kv_offsets_by_loops(block_tables, positions, block_size, stride_block, stride_slot):
+    """The other derivation: one Python integer per position, then a tensor."""
+    rows = [[int(block_tables[b, int(p) // block_size]) * stride_block + int(p) % block_size * stride_slot
+             for p in row] for b, row in enumerate(positions)]
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def test_4_1_two_derivations_pass_on_the_labs_and_on_hidden_cases():
+    c = get("4.1")
+    for rng in (case_rng("4.1"), case_rng("4.1", b"a grading secret", "nb")):
+        cases = c.prepare(rng)
+        for fn in (kv_offsets, kv_offsets_by_loops):
+            c.verdict(fn, cases)
+
+
+def test_4_1_cases_are_data_and_one_pool_sits_near_2_31():
+    cases = get("4.1").prepare(case_rng("4.1"))
+    for k in cases:
+        assert '"want"' not in json.dumps(k.input()) and "mistakes" not in json.dumps(k.input())
+    assert any(k.spec["huge"] for k in cases) and any(not k.spec["huge"] for k in cases)
+    # by hand, the pool near 2**31: block id 2**31 - 1 - i times 16 x 8 x 128 = 16,384 elements per block
+    huge = next(k for k in cases if k.spec["huge"])
+    assert huge.args[3] == 16_384 and int(huge.args[0].max()) >= 2**31 - 6
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda t, p, b, sb, ss: kv_offsets(t, p, b, sb, ss).to(torch.int32), "int64"),
+    # the product in int32 first (it wraps near 2**31), widened only afterwards
+    (lambda t, p, b, sb, ss: (torch.gather(t, 1, p // b) * sb).long() + p % b * ss, "overflow a 32-bit integer"),
+    (lambda t, p, b, sb, ss: (lambda out: (t.zero_(), out)[1])(kv_offsets(t, p, b, sb, ss)), "changed the block table"),
+    (lambda t, p, b, sb, ss: kv_offsets(t, p, b, sb, ss).tolist(), "return a tensor of offsets"),
+    (lambda t, p, b, sb, ss: torch.gather(t.long(), 1, p // b) * sb + p * ss, "not where that token's keys are"),
+])
+def test_4_1_names_the_slip(fn, words):
+    assert words in _problem("4.1", fn)
+
+
+# --- 4.2 -------------------------------------------------------------------------------------------
+
+@triton.jit
+def my_kv_token_offset(table_row, token, valid, BLOCK_SIZE: tl.constexpr, stride_block, stride_slot):
+    logical_block = token // BLOCK_SIZE
+    physical_block = tl.load(table_row + logical_block, mask=valid, other=0)
+    slot = token % BLOCK_SIZE
+    return physical_block.to(tl.int64) * stride_block + slot.to(tl.int64) * stride_slot
+
+
+@triton.jit
+def through_slots(table_row, token, valid, BLOCK_SIZE: tl.constexpr, stride_block, stride_slot):
+    """The other derivation: the pool slot (block * b + offset) times the elements per slot."""
+    block = tl.load(table_row + token // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    return (block * BLOCK_SIZE + (token % BLOCK_SIZE).to(tl.int64)) * (stride_block // BLOCK_SIZE)
+
+
+@triton.jit
+def narrow_product(table_row, token, valid, BLOCK_SIZE: tl.constexpr, stride_block, stride_slot):
+    block = tl.load(table_row + token // BLOCK_SIZE, mask=valid, other=0)
+    return (block * stride_block + (token % BLOCK_SIZE) * stride_slot).to(tl.int64)
+
+
+@triton.jit
+def next_entry(table_row, token, valid, BLOCK_SIZE: tl.constexpr, stride_block, stride_slot):
+    block = tl.load(table_row + token // BLOCK_SIZE + 1, mask=valid, other=0)
+    return block.to(tl.int64) * stride_block + (token % BLOCK_SIZE).to(tl.int64) * stride_slot
+
+
+@triton.jit
+def unfinished(table_row, token, valid, BLOCK_SIZE: tl.constexpr, stride_block, stride_slot):
+    raise NotImplementedError("exercise 4.2: the same four steps in Triton")
+
+
+def not_jit(table_row, token, valid, BLOCK_SIZE, stride_block, stride_slot):
+    return table_row
+
+
+def test_4_2_two_derivations_pass():
+    c = get("4.2")
+    cases = c.prepare(case_rng("4.2"))
+    for fn in (my_kv_token_offset, through_slots):
+        c.verdict(fn, cases)
+
+
+def test_4_2_cases_are_data_and_the_kernels_see_nan_where_no_sequence_lives():
+    from labsupport.course.harness import kernel_case_tensors
+
+    cases = get("4.2").prepare(case_rng("4.2"))
+    kinds = [k.data["kind"] for k in cases]
+    assert "addresses" in kinds and "kernels" in kinds
+    for k in cases:
+        assert '"want"' not in json.dumps(k.input())
+    run = next(k.data for k in cases if k.data["kind"] == "kernels")
+    q, k_cache, v_cache, table, seq_lens = kernel_case_tensors(run)
+    again = kernel_case_tensors(run)  # the same seed makes the same tensors (here and in the sandbox)
+    assert torch.equal(q, again[0]) and torch.equal(table, again[3])
+    owned = sum(-(-n // run["block_size"]) for n in run["seq_lens"])
+    assert int(torch.isnan(k_cache).any(dim=(1, 2, 3)).sum()) >= k_cache.shape[0] - owned
+
+
+@pytest.mark.parametrize("fn, words", [
+    (narrow_product, "widen before you multiply"),
+    (next_entry, "not the address of its keys"),
+    (not_jit, "decorate yours with @triton.jit"),
+])
+def test_4_2_names_the_slip(fn, words):
+    assert words in _problem("4.2", fn)
+
+
+def test_4_2_an_unfinished_line_is_not_attempted():
+    c = get("4.2")
+    with pytest.raises(Unfinished, match="the same four steps"):
+        c.verdict(unfinished, c.prepare(case_rng("4.2"))[:1])
+
+
+def test_4_2_a_wrong_kernel_read_is_named_by_the_judge():
+    """The gather and attention judges by themselves: a token read from the wrong slot, NaN from a slot no
+    sequence owns (the observations as the harness writes them)."""
+    from labsupport.course.judge import JUDGES
+
+    spec = {"block_size": 4, "seq_lens": [5], "q_heads": 2, "kv_heads": 1,
+            "want": {"paged_gather": {"shape": [1, 2], "values": [1.0, 2.0]},
+                     "paged_decode_attention": {"shape": [1, 2], "values": [0.5, 0.25]}}}
+
+    def seen(gather, attention, nan=False):
+        return {"name": "mine", "runs": {"paged_gather": {"result": {"shape": [1, 2], "values": gather}},
+                                         "paged_decode_attention": {"result": {"shape": [1, 2], "values": attention,
+                                                                              "nan": nan}}}}
+
+    JUDGES["triton_offset"](seen([1.0, 2.0], [0.5, 0.25]), spec)
+    with pytest.raises(Mismatch, match="read from the wrong slot"):
+        JUDGES["triton_offset"](seen([2.0, 2.0], [0.5, 0.25]), spec)
+    with pytest.raises(Mismatch, match="It produced NaN"):
+        JUDGES["triton_offset"](seen([1.0, 2.0], [None, 0.25], nan=True), spec)
+    with pytest.raises(Mismatch, match="differs from the reference by up to 0.001"):
+        JUDGES["triton_offset"](seen([1.0, 2.0], [0.501, 0.25]), spec)

@@ -1,15 +1,26 @@
-"""Checkoff 5.3 (reference counts after a divergence), posed on lab 05's givens: two different correct
-derivations pass on the lecture's givens and on hidden ones; each plausible wrong picture of the pool is
-rejected with a remark that names it.  Expected numbers here are worked by hand from the mechanism."""
+"""Lab 05's checkoffs on the new grading design.
+
+5.3 (reference counts after a divergence), posed on lab 05's givens: two different correct derivations pass
+on the lecture's givens and on hidden ones; each plausible wrong picture of the pool is rejected with a
+remark that names it.  Expected numbers here are worked by hand from the mechanism.
+
+5.1 runs scripted fork/append/free histories through the student's function (a harness, on plain data) and
+compares with the real allocator's run up to renaming of block ids; 5.2 and 5.4 are cases of plain data,
+5.4's long history the same whether or not the Mooncake trace is on the machine.
+"""
 from __future__ import annotations
 
+import json
 import random
+import re
 
 import pytest
 
 from labsupport.course import checkoff as C
 from labsupport.course.checkoff import check
-from labsupport.course.registry import GIVENS, Mismatch, case_rng, namespace
+from labsupport.course.checkoffs import get
+from labsupport.course.judge import Mismatch, close
+from labsupport.course.registry import GIVENS, case_rng, namespace
 
 LECTURE = dict(N_BRANCHES=8, BLOCK=16, PROMPT_TOKENS=100, WRITERS=5)
 
@@ -67,7 +78,7 @@ def test_the_lecture_case_by_hand():
 def test_two_correct_derivations_pass_on_the_lecture_and_hidden_givens(derive, capsys):
     check("5.3", derive(LECTURE))
     assert capsys.readouterr().out == "✅ Checkoff 5.3 passed\n"
-    c = C.get("5.3")
+    c = get("5.3")
     for g in GIVENS[5].draw(case_rng("givens", b"lab05 test", "x"), 4) + [
             dict(N_BRANCHES=4, BLOCK=8, PROMPT_TOKENS=32, WRITERS=2)]:  # a full last block: nothing copied
         c.verdict(derive(g), c.expect(namespace(g)))
@@ -75,7 +86,7 @@ def test_two_correct_derivations_pass_on_the_lecture_and_hidden_givens(derive, c
 
 
 def test_a_typed_lecture_answer_fails_on_hidden_givens():
-    c = C.get("5.3")
+    c = get("5.3")
     for g in GIVENS[5].draw(random.Random(7), 2):
         with pytest.raises(Mismatch):
             c.verdict(closed_form(LECTURE), c.expect(namespace(g)))
@@ -93,3 +104,225 @@ def test_a_typed_lecture_answer_fails_on_hidden_givens():
 def test_each_plausible_wrong_picture_is_named(answer, names, fails):
     with fails(names):
         check("5.3", answer)
+
+
+@pytest.mark.parametrize("answer, names", [
+    ({"refcounts": [8] * 6 + [3, 0] + [1] * 5, "copies": 7}, "ref_count 0; a block nobody names is free"),
+    ({"refcounts": [8] * 6 + [2, 2] + [1] * 4, "copies": 7}, "right number of blocks in use, but not their"),
+    ({"refcounts": [8] * 6 + [3] + [1] * 5}, "exactly the keys"),
+    ({"refcounts": [8] * 6 + [3] + [1] * 5, "copies": 9}, "9 block copies is too many for all 8 branches"),
+    ({"refcounts": [8] * 6 + [3] + [1] * 5, "copies": 6}, "too few for all 8 branches"),
+])
+def test_the_pool_picture_problems_are_named(answer, names, fails):
+    with fails(names):
+        check("5.3", answer)
+
+
+def test_no_listed_mistake_is_right_on_any_givens():
+    c = get("5.3")
+    for g in [GIVENS[5].lecture, *GIVENS[5].draw(case_rng("givens", b"lab05 mistakes", "x"), 8)]:
+        spec = c.value_spec(namespace(g))
+        for key, sub in spec["keys"].items():
+            assert not any(close(w, spec["want"][key]) for w, _ in sub["mistakes"]), (g, key)
+
+
+# --- 5.1: copy-on-write append, beside the real allocator -------------------------------------------
+
+def cow_append(seq, tables, seq_lens, ref_counts, free_blocks, block_size):
+    table, n = tables[seq], seq_lens[seq]
+    offset, cow = n % block_size, None
+    if offset == 0:  # the last block is full (or there is none): a fresh block, nothing copied
+        block = free_blocks.pop(0)
+        ref_counts[block] = 1
+        table.append(block)
+    else:
+        block = table[-1]
+        if ref_counts[block] > 1:  # someone else still names it: copy before writing
+            new = free_blocks.pop(0)
+            ref_counts[new], ref_counts[block] = 1, ref_counts[block] - 1
+            table[-1], cow, block = new, (block, new), new
+    seq_lens[seq] = n + 1
+    return block * block_size + offset, cow
+
+
+def cow_append_from_the_end(seq, tables, seq_lens, ref_counts, free_blocks, block_size):
+    """The other derivation: blocks taken from the END of the free list (other ids; the same sharing)."""
+    n = seq_lens[seq]
+    table = tables[seq]
+    cow = None
+    if n == len(table) * block_size:
+        table.append(free_blocks.pop())
+        ref_counts[table[-1]] = 1
+    elif ref_counts[table[-1]] != 1:
+        old = table[-1]
+        table[-1] = free_blocks.pop()
+        ref_counts[table[-1]] = 1
+        ref_counts[old] -= 1
+        cow = (old, table[-1])
+    seq_lens[seq] = n + 1
+    return table[n // block_size] * block_size + n % block_size, cow
+
+
+def test_5_1_two_derivations_pass_on_the_labs_and_on_hidden_scripts():
+    c = get("5.1")
+    for rng in (case_rng("5.1"), case_rng("5.1", b"a grading secret", "nb")):
+        cases = c.prepare(rng)
+        for fn in (cow_append, cow_append_from_the_end):
+            c.verdict(fn, cases)
+
+
+def test_5_1_cases_are_scripts_as_data():
+    cases = get("5.1").prepare(case_rng("5.1"))
+    assert len(cases) == 8  # the lab's six situations, then two random histories
+    for k in cases:
+        assert k.harness == "cow_append" and set(k.data) == {"block_size", "num_blocks", "ops"}
+        assert '"want"' not in json.dumps(k.input())
+    # by hand, the first script (block size 4): p holds 6 tokens in 2 blocks, forked twice (3 holders each);
+    # a's first append lands in the shared half-filled tail: a copy
+    first = cases[0]
+    assert first.want[3]["returned"][1] is not None and first.want[2]["ref_counts"].count(3) == 2
+
+
+def _always_copies(seq, tables, seq_lens, ref_counts, free_blocks, block_size):
+    n, table = seq_lens[seq], tables[seq]
+    if n % block_size == 0:
+        return cow_append(seq, tables, seq_lens, ref_counts, free_blocks, block_size)
+    old = table[-1]
+    table[-1] = free_blocks.pop(0)
+    ref_counts[table[-1]], ref_counts[old] = 1, ref_counts[old] - 1
+    seq_lens[seq] = n + 1
+    return table[-1] * block_size + n % block_size, (old, table[-1])
+
+
+def _keeps_the_reference(seq, tables, seq_lens, ref_counts, free_blocks, block_size):
+    old = tables[seq][-1] if tables[seq] else None
+    slot, cow = cow_append(seq, tables, seq_lens, ref_counts, free_blocks, block_size)
+    if cow is not None:
+        ref_counts[old] += 1  # the copy never moved a reference off the old block
+    return slot, cow
+
+
+def _forgets_the_length(seq, tables, seq_lens, ref_counts, free_blocks, block_size):
+    out = cow_append(seq, tables, seq_lens, ref_counts, free_blocks, block_size)
+    seq_lens[seq] -= 1
+    return out
+
+
+def _writes_in_place(seq, tables, seq_lens, ref_counts, free_blocks, block_size):
+    n, table = seq_lens[seq], tables[seq]
+    if n % block_size == 0:
+        return cow_append(seq, tables, seq_lens, ref_counts, free_blocks, block_size)
+    seq_lens[seq] = n + 1
+    return table[-1] * block_size + n % block_size, None
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_always_copies, "you copied a block; this append must write without copying"),
+    (_writes_in_place, "did not copy; this append lands in a block someone else still names"),
+    (_keeps_the_reference, "ref_count"),
+    (_forgets_the_length, "the append must count the token it placed"),
+    (lambda *args: cow_append(*args)[0], "return a pair (slot, cow)"),
+    (lambda seq, *args: {}[seq], "cow_append raised KeyError"),
+])
+def test_5_1_names_the_slip(fn, words):
+    c = get("5.1")
+    with pytest.raises(Mismatch, match=re.escape(words)):
+        c.verdict(fn, c.prepare(case_rng("5.1")))
+
+
+# --- 5.2 and 5.4 ----------------------------------------------------------------------------------------
+
+def fanout_blocks(n, prompt, output, block_size):
+    per_branch = -(-(prompt + output) // block_size)
+    full = prompt // block_size
+    return n * per_branch, full + n * (per_branch - full)
+
+
+def fanout_by_walking(n, prompt, output, block_size):
+    """The other derivation: walk one branch's tokens block by block; full prompt blocks counted once."""
+    own = sum(1 for start in range(0, prompt + output, block_size) if start + block_size > prompt)
+    return n * -(-(prompt + output) // block_size), (prompt // block_size) + n * own
+
+
+def test_5_2_by_hand_and_two_derivations():
+    # n = 8, prompt 100, output 40, b = 16: 140 tokens are 9 blocks a branch (72 unshared); the 6 full prompt
+    # blocks are shared once and each branch owns its 3 others: 6 + 8 x 3 = 30
+    assert fanout_blocks(8, 100, 40, 16) == (72, 30)
+    c = get("5.2")
+    for rng in (case_rng("5.2"), case_rng("5.2", b"a grading secret", "nb")):
+        for fn in (fanout_blocks, fanout_by_walking):
+            c.verdict(fn, c.prepare(rng))
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda n, p, o, b: (n * -(-(p + o) // b), -(-p // b) + n * -(-o // b)), "stayed shared"),
+    (lambda n, p, o, b: (n * (p + o), p + n * o), "count of tokens"),
+    (lambda n, p, o, b: (n * -(-(p + o) // b), 0), "your shared count is 0, the allocator holds a different number"),
+    (lambda n, p, o, b: n * -(-(p + o) // b), "return a pair"),
+])
+def test_5_2_names_the_slip(fn, words, fails):
+    with fails(words):
+        check("5.2", fn)
+
+
+def prefix_hit_blocks(requests):
+    seen, hits = set(), 0
+    for ids in requests:
+        key, leading = None, True
+        for block_id in ids:
+            key = (key, block_id)
+            leading = leading and key in seen
+            hits += leading
+            seen.add(key)
+    return hits
+
+
+def prefix_by_chain_ids(requests):
+    """The other derivation: a trie of dicts, one level per block."""
+    root, hits = {}, 0
+    for ids in requests:
+        node, leading = root, True
+        for block_id in ids:
+            leading = leading and block_id in node
+            hits += leading
+            node = node.setdefault(block_id, {})
+    return hits
+
+
+def test_5_4_by_hand_and_two_derivations():
+    # [1,2,3] misses all; [1,2,4] hits 1,2; [5,2,3] misses (2 after 5 is new); [1,2,3,9] hits 3; [1] hits 1;
+    # [2,3] misses: 0 + 2 + 0 + 3 + 1 + 0 = 6
+    assert prefix_hit_blocks([[1, 2, 3], [1, 2, 4], [5, 2, 3], [1, 2, 3, 9], [1], [2, 3]]) == 6
+    c = get("5.4")
+    for rng in (case_rng("5.4"), case_rng("5.4", b"a grading secret", "nb")):
+        for fn in (prefix_hit_blocks, prefix_by_chain_ids):
+            c.verdict(fn, c.prepare(rng))
+
+
+def test_5_4_an_id_counted_without_its_prefix_is_wrong(fails):
+    def by_id(requests):
+        seen, hits = set(), 0
+        for ids in requests:
+            for block_id in ids:
+                hits += block_id in seen
+                seen.add(block_id)
+        return hits
+
+    with fails("the allocator's prefix index serves fewer"):
+        check("5.4", by_id)
+
+
+def test_5_4_public_cases_do_not_depend_on_the_traces(monkeypatch):
+    """`build --check` must write the same record on a machine without the traces."""
+    from labsupport.workloads import HIDE_TRACES_ENV
+
+    def public():
+        cases = get("5.4").prepare(case_rng("5.4"))
+        return json.dumps([[k.input(), k.public_spec("prefix_hit_blocks")] for k in cases], sort_keys=True)
+
+    monkeypatch.delenv(HIDE_TRACES_ENV, raising=False)
+    with_traces = public()
+    monkeypatch.setenv(HIDE_TRACES_ENV, "1")
+    assert public() == with_traces
+    long = get("5.4").prepare(case_rng("5.4"))[3]
+    assert len(long.args[0].real) == 2000 and 0 < long.want < sum(map(len, long.args[0].real))

@@ -11,7 +11,9 @@ import pytest
 
 from labsupport.course import checkoff as C
 from labsupport.course.checkoff import check
-from labsupport.course.registry import GIVENS, Mismatch, case_rng, namespace
+from labsupport.course.checkoffs import get
+from labsupport.course.judge import Mismatch
+from labsupport.course.registry import GIVENS, case_rng, namespace
 from labsupport.specs import ModelSpec
 
 LECTURE = dict(LAYERS=32, HEADS=32, GQA_KV_HEADS=8, HEAD_DIM=128, DTYPE_BYTES=2, PARAMS=6.74e9,
@@ -72,13 +74,13 @@ def test_the_lecture_case_by_hand():
 def test_two_correct_derivations_pass_on_the_lecture_and_hidden_givens(derive, capsys):
     check("6.3", derive(LECTURE))
     assert capsys.readouterr().out == "✅ Checkoff 6.3 passed\n"
-    c = C.get("6.3")
+    c = get("6.3")
     for g in GIVENS[6].draw(case_rng("givens", b"lab06 test", "x"), 4):
         c.verdict(derive(g), c.expect(namespace(g)))
 
 
 def test_a_typed_lecture_answer_fails_on_hidden_givens():
-    c = C.get("6.3")
+    c = get("6.3")
     for g in GIVENS[6].draw(random.Random(7), 2):
         with pytest.raises(Mismatch):
             c.verdict(written_out(LECTURE), c.expect(namespace(g)))
@@ -146,3 +148,58 @@ def test_6_1_two_derivations_pass(capsys):
 def test_6_1_names_the_slip(fn, words, fails):
     with fails(words):
         check("6.1", fn)
+
+
+@pytest.mark.parametrize("crossover, named", [(2600, True), (2550, True), (2655, True), (2700, False)])
+def test_6_3_the_lecture_printed_crossover_is_named(crossover, named, fails):
+    with fails("printed figure" if named else r"too low\.[^A-Z]*Hint"):
+        check("6.3", dict(RIGHT, crossover_tokens=crossover))
+
+
+def test_6_3_names_the_slips_on_hidden_givens_too():
+    """The slips are worked out on each run's givens: a causal count is named on a hidden set as well."""
+    from labsupport.course import data, judge
+
+    c = get("6.3")
+    for g in GIVENS[6].draw(case_rng("givens", b"lab06 test", "slips"), 3):
+        spec = judge.readable(c.value_spec(namespace(g)))
+        judge.verdict(data.parse(data.dumps(written_out(g))), spec)
+        for key, wrong, words in (("crossover_tokens", written_out(g, attention=2)["crossover_tokens"], "causally"),
+                                  ("swap_advantage", 2 * written_out(g)["swap_advantage"], "one-way trip")):
+            with pytest.raises(Mismatch, match=words):
+                judge.verdict(data.parse(data.dumps(dict(written_out(g), **{key: wrong}))), spec)
+
+
+# --- 6.2: the preemption plan, written out by hand (latest arrival first, W* per victim) ---------------------
+
+def _plan(running, need, bs, m, gpu, link, mfu=0.5, latest_first=True, flip=False, one_more=False):
+    plan, freed = [], 0
+    for name, _, tokens in sorted(running, key=lambda r: r[1], reverse=latest_first):
+        if freed >= need:
+            if not one_more:
+                break
+            one_more = False
+        recompute = _flops61(m, tokens) / (mfu * gpu.peak_flops) < 2 * _kv61(m, tokens) / link
+        plan.append((name, "recompute" if recompute != flip else "swap"))
+        freed += -(-tokens // bs)
+    return plan
+
+
+def test_6_2_the_plan_passes_and_each_wrong_part_is_named(capsys, fails):
+    check("6.2", _plan)
+    check("6.2", lambda *a: [[n, f"  {d.upper()} "] for n, d in _plan(*a)])  # pairs as lists, case and spaces aside
+    assert capsys.readouterr().out.count("passed") == 2
+    with fails("wrong order"):
+        check("6.2", lambda *a: list(reversed(_plan(*a))))
+    with fails("not the right set .* first-come-first-served"):
+        check("6.2", lambda *a: _plan(*a, latest_first=False))
+    with fails("that is too many"):
+        check("6.2", lambda *a: _plan(*a, one_more=True))
+    # the first case frees 1 block on 32 GB/s: 'f' (2,048 tokens, the latest) swaps in 2 x 1.07 GB / 32 GB/s = 67 ms
+    # and recomputes in (27.6 + 2.2) TFLOP / 494.5 TFLOP/s = 60 ms, so it is recomputed
+    with fails(r"'f' \(2,048 tokens\) should not be preempted by 'swap'"):
+        check("6.2", lambda *a: _plan(*a, flip=True))
+    with fails("answer 'swap' or 'recompute'"):
+        check("6.2", lambda *a: [(n, "evict") for n, _ in _plan(*a)])
+    with fails("list of \\(name, 'swap' or 'recompute'\\) pairs"):
+        check("6.2", lambda *a: "recompute")

@@ -27,7 +27,7 @@ def _copies(folder: Path, notebook: Path, n: int) -> list[Submission]:
     out = []
     for i in range(n):
         path = folder / f"student{i:03d}" / notebook.name
-        path.parent.mkdir()
+        path.parent.mkdir(parents=True)
         shutil.copyfile(notebook, path)
         out.append(Submission(path, path.parent.name))
     return out

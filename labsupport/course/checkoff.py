@@ -63,16 +63,20 @@ def get(checkoff_id: str) -> dict:
 
 def verdict(entry: dict, answer, exercise: list[str] = (), everything: list[str] = ()) -> None:
     """Raise Mismatch (or judge.Unfinished) unless `answer` passes `entry`'s scan and its record's spec."""
-    found = scan.hits(list(exercise), list(everything), entry.get("forbid", ()))
+    found = scan.hits(list(exercise), list(exercise) + list(everything), entry.get("forbid", ()))
     if found:
         raise Mismatch(forbidden_text(found, entry))
     if entry["kind"] != "function":
-        judge.verdict(data.parse(data.dumps(answer)), judge.readable(entry["spec"]))
+        try:
+            got = data.parse(data.dumps(answer))
+        except data.DataError as exc:  # as grade says of it: the answer fails, and check() never raises
+            raise Mismatch(f"the answer handed to check() could not be read as plain data ({exc})") from None
+        judge.verdict(got, judge.readable(entry["spec"]))
         return
     if not callable(answer):
         raise Mismatch(f"this checkoff wants your function itself (no parentheses); you gave {judge.echo(answer)}.")
     for case in entry["cases"]:
-        judge.observed(data.parse(data.dumps(harness.observe(answer, case["input"]))), judge.readable(case["spec"]))
+        judge.observed(data.reread(harness.observe(answer, case["input"])), judge.readable(case["spec"]))
 
 
 def forbidden_text(names: list[str], entry: dict) -> str:
@@ -117,12 +121,20 @@ def _not_attempted(checkoff_id: str, prompt: str) -> None:
 
 
 def _exercise_sources(caller, answer) -> list[str]:
-    """The cells that are the exercise: the one calling check() and, for a function, the one defining it."""
-    sources = ["".join(linecache.getlines(caller.f_code.co_filename))] if caller is not None else []
+    """The cells that are the exercise: the one calling check() and, for a function, the one defining it
+    (outside a notebook: the calling function's and the handed-in function's own source)."""
+    sources = [_cell_or_source(caller.f_code)] if caller is not None else []
     code = getattr(getattr(answer, "fn", answer), "__code__", None)
-    if code is not None:
-        sources.append("".join(linecache.getlines(code.co_filename)))
-    return sources
+    return sources + ([_cell_or_source(code)] if code is not None else [])
+
+
+def _cell_or_source(code) -> str:
+    if _where(code.co_filename).startswith("Cell In["):
+        return "".join(linecache.getlines(code.co_filename))
+    try:
+        return inspect.getsource(code)
+    except (OSError, TypeError):
+        return ""
 
 
 def _history() -> list[str]:

@@ -121,6 +121,11 @@ def dumps(x) -> str:
     return json.dumps(plain(x), ensure_ascii=True, allow_nan=False, separators=(",", ":"))
 
 
+def reread(already_plain):
+    """Plain data (an observation, an answer event) as the grader reads it back off the pipe."""
+    return parse(json.dumps(already_plain, ensure_ascii=True, allow_nan=False))
+
+
 # --- reading plain data back (the grader's side) -----------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)

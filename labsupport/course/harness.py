@@ -274,7 +274,8 @@ def kernel_case_tensors(case: dict, device=None):
     def normal() -> float:  # a standard normal in steps of 1/64: exact in float32, short in the record
         return round(rng.gauss(0.0, 1.0) * 64) / 64
 
-    block_size, hq, hkv, d, lens = case["block_size"], case["q_heads"], case["kv_heads"], case["head_dim"], case["seq_lens"]
+    block_size, hq, hkv, d = case["block_size"], case["q_heads"], case["kv_heads"], case["head_dim"]
+    lens = case["seq_lens"]
     need = [-(-n // block_size) for n in lens]
     num_blocks = sum(need) + 3
     ids = list(range(num_blocks))
@@ -426,7 +427,8 @@ def _kv_offsets_judge(got, spec) -> None:
 
     want, what = spec["want"], spec["what"]
     if not isinstance(got, Tensor):
-        raise Mismatch(f"{what} returned {echo(got)}; return a tensor of offsets, one per position.")
+        kind = {list: "a list", dict: "a dict", str: "a str", int: "an int", float: "a float"}.get(type(got), echo(got))
+        raise Mismatch(f"{what} returned {kind}; return a tensor of offsets, one per position.")
     if got.shape != want.shape:
         raise Mismatch(f"{what} returned shape {tuple(got.shape)}, expected one offset per position: "
                        f"({', '.join(map(str, want.shape))}).")
@@ -547,17 +549,17 @@ def _compare_pool(seen: dict, real: dict, where: str) -> None:
                            "append must count the token it placed.")
         for i, (m, r) in enumerate(zip(mine, table)):
             if isinstance(m, (list, dict)) or rename.setdefault(m, r) != r:
-                raise Mismatch(f"{where}: your block table makes {seq!r}'s block {i} the same physical block as another "
-                               "entry that should be a different block — a block is shared that should have been "
-                               "copied (or the other way round).")
+                raise Mismatch(f"{where}: your block table makes {seq!r}'s block {i} the same physical block as "
+                               "another entry that should be a different block — a block is shared that should have "
+                               "been copied (or the other way round).")
     if len(set(rename.values())) != len(rename):
         raise Mismatch(f"{where}: two entries that should share one physical block name different blocks in your "
                        "tables — something was copied that is still shared.")
     for m, r in rename.items():
         if _count(counts, m) != real["ref_counts"][r]:
             holders = sum(m in t for t in tables.values() if isinstance(t, list))
-            raise Mismatch(f"{where}: a block held by {holders} table entr(ies) has ref_count {echo(_count(counts, m))} "
-                           f"in your structures; it should be {real['ref_counts'][r]}.")
+            raise Mismatch(f"{where}: a block held by {holders} table entr(ies) has ref_count "
+                           f"{echo(_count(counts, m))} in your structures; it should be {real['ref_counts'][r]}.")
     used = sum(1 for c in counts if isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0)
     real_used = sum(1 for c in real["ref_counts"] if c > 0)
     if used != real_used or seen.get("free") != real["free"]:
@@ -640,6 +642,48 @@ def _refcounts_in_use(got, spec) -> None:
         problem = "you have the right number of blocks in use, but not their reference counts."
     remark = next((r for w, r in spec.get("mistakes", ()) if w == got), "")
     raise Mismatch(problem + (f" {remark}" if remark else ""))
+
+
+@judge("copies_after_all_write")
+def _copies_after_all_write(got, spec) -> None:
+    """5.3's 'copies': block copies once every branch has written one token.  spec: want, branches,
+    mistakes (wrong counts with the remark naming each)."""
+    want, n = spec["want"], spec["branches"]
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
+        raise Mismatch(f"give a whole number of block copies; you gave {echo(got)}.")
+    if got == want:
+        return
+    remark = next((r for w, r in spec.get("mistakes", ()) if w == got), "")
+    raise Mismatch(f"{int(got)} block copies is too {'many' if got > want else 'few'} for all {n} branches to have "
+                   "written one token each." + (f" {remark}" if remark else ""))
+
+
+@judge("fanout")
+def _fanout(got, spec) -> None:
+    """5.2: the pair (unshared_blocks, shared_blocks), each count against the real allocators'.  spec: want,
+    what, slips ({"unshared"/"shared": [[a wrong count, the remark naming it], ...]})."""
+    want, what = spec["want"], spec["what"]
+    if not isinstance(got, list) or len(got) != 2:
+        raise Mismatch(f"{what} returned {echo(got)}; return a pair (unshared_blocks, shared_blocks).")
+    for label, g, w in (("unshared", got[0], want[0]), ("shared", got[1], want[1])):
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or g != int(g):
+            raise Mismatch(f"{what}: the {label} count is {echo(g)}; blocks are whole numbers.")
+        if g != w:
+            remark = next((r for wrong, r in spec.get("slips", {}).get(label, ()) if wrong == g), "")
+            raise Mismatch(f"{what}: your {label} count is {int(g):,}, the allocator holds a different number "
+                           f"({'more' if w > g else 'fewer'})." + (f" {remark}" if remark else ""))
+
+
+@judge("prefix_hits")
+def _prefix_hits(got, spec) -> None:
+    """5.4: the blocks an unbounded prefix index serves.  spec: want, label (the input, in words)."""
+    want = spec["want"]
+    if isinstance(got, bool) or not isinstance(got, int):
+        raise Mismatch(f"prefix_hit_blocks(...) returned {echo(got)}; return the number of blocks served by the "
+                       "index.")
+    if got != want:
+        raise Mismatch(f"on {spec['label']} you count {got:,} hits; the allocator's prefix index serves "
+                       f"{'fewer' if want < got else 'more'}.")
 
 
 def chat_hash_ids(seed: int, requests: int) -> list[list[int]]:

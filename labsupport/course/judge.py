@@ -185,8 +185,8 @@ def verdict(got, spec: dict) -> None:
     """Raise Mismatch unless `got` (plain data, parsed) matches `spec`."""
     name = spec.get("judge")
     if name:
-        if name not in JUDGES:
-            import labsupport.course.harness  # noqa: F401 - registers the named judges
+        if name not in JUDGES:  # labsupport.course.harness registers them; check(), the registry and grade import it
+            raise KeyError(f"no judge named {name!r}: labsupport.course.harness registers the named judges")
         JUDGES[name](got, spec)
         return
     if "options" in spec:

@@ -270,7 +270,7 @@ class Checkoff:
             judge.verdict(data.parse(data.dumps(answer)), judge.readable(spec))
             return
         for c in prepared:
-            judge.observed(data.parse(data.dumps(observe(answer, c.input()))), judge.readable(c.public_spec(self.name)))
+            judge.observed(data.reread(observe(answer, c.input())), judge.readable(c.public_spec(self.name)))
 
     def grade(self, answer, rng: random.Random | None = None) -> None:
         self.verdict(answer, self.prepare(rng))
