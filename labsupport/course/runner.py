@@ -207,7 +207,9 @@ def main(argv: list[str]) -> int:
 
             with open(os.path.join(job["work"], ".job.json"), "w") as f:
                 json.dump(job, f)
-            pid = subprocess.Popen([sys.executable, "-I", "-m", "labsupport.course.runner", f"--run={run}"],
+            from labsupport.course.sandbox import python
+
+            pid = subprocess.Popen(python("labsupport.course.runner", f"--run={run}"),
                                    stdin=open(os.path.join(job["work"], ".job.json")), pass_fds=(EVENTS_FD,),
                                    start_new_session=True).pid
         why = wait(pid, deadline)

@@ -43,6 +43,15 @@ MAX_LINE = 17 * 2**20
 MiB, GiB = 2**20, 2**30
 
 
+def python(*args: str) -> list[str]:
+    """This interpreter, isolated (-I), importing the very labsupport the grader runs (a clone's, a bundle's),
+    whatever an editable install points at."""
+    start = f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); sys.argv[1:] = {list(args[1:])!r}; "
+    if args[0] == "-c":
+        return [sys.executable, "-I", "-c", start + args[1]]
+    return [sys.executable, "-I", "-c", start + f"import runpy; runpy.run_module({args[0]!r}, run_name='__main__')"]
+
+
 @dataclass(frozen=True)
 class Bounds:
     memory: int = 4 * GiB
@@ -182,7 +191,7 @@ class Sandbox:
         probe = "import json, os, sys, labsupport; os.write(json.load(sys.stdin)['events_fd'], b'ok\\n')"
         try:
             out = self.run({}, Path(tempfile.gettempdir()), deadline=time.monotonic() + 120,
-                           command=[sys.executable, "-I", "-c", probe])
+                           command=python("-c", probe))
         except OSError:
             return False
         return out.events == ["ok"]
@@ -217,16 +226,18 @@ class Sandbox:
         system = [p for p in SYSTEM if os.path.lexists(p)]
         for p in system:
             args += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
+        # its own filesystems first, so that a view below /tmp (a clone, a bundle) is bound on top of them
+        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(b.shm), "--tmpfs", "/dev/shm",
+                 "--size", str(b.tmp), "--tmpfs", "/tmp", "--size", str(b.scratch), "--tmpfs", "/scratch"]
         views = [Path(sys.base_prefix), Path(sys.prefix), PACKAGE] + _data_dirs()
-        for real in dict.fromkeys(v.resolve() for v in views if v.exists()):
-            if not any(str(real).startswith(s + "/") for s in system if not os.path.islink(s)):
-                args += ["--ro-bind", str(real), str(real)]
+        for seen in dict.fromkeys(v.absolute() for v in views if v.exists()):
+            real = seen.resolve()
+            if not any(str(seen).startswith(s + "/") for s in system if not os.path.islink(s)):
+                args += ["--ro-bind", str(real), str(seen)] + (["--ro-bind", str(real), str(real)] if real != seen else [])
         if GRADERS.exists():
             args += ["--tmpfs", str(GRADERS)]  # the graders, masked by an empty folder
-        args += ["--ro-bind", str(folder), "/submission", "--proc", "/proc", "--dev", "/dev",
-                 "--size", str(b.shm), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
-                 "--size", str(b.tmp), "--tmpfs", "/tmp", "--size", str(b.scratch), "--tmpfs", "/scratch"]
         args += [a for d in map(str, sorted(Path("/dev").glob("nvidia*"))) for a in ("--dev-bind", d, d)]
+        args += ["--ro-bind", str(folder), "/submission", "--remount-ro", "/dev"]
         args += ["--chdir", "/scratch", "--clearenv"]
         for key, val in self._env("/scratch").items():
             args += ["--setenv", key, val]
@@ -265,7 +276,7 @@ class Sandbox:
                 _give(scratch, NOBODY)
         else:
             job = dict(job, work="/scratch/work", folder="/submission")
-        argv = command or [sys.executable, "-I", "-m", "labsupport.course.runner"]
+        argv = command or python("labsupport.course.runner")
         line, env = self.command(folder, scratch, cgroup, argv)
         read_end, write_end = os.pipe()
         job["events_fd"] = write_end  # inherited as it is, through the launcher and bwrap
@@ -365,8 +376,24 @@ def _data_dirs() -> list[Path]:
     return [PACKAGE.parent / "data"] + [d for _, d in trace_search_dirs()]
 
 
+class NotABundle(RuntimeError):
+    """Container mode was asked to delete graders that are not an autograder bundle's copy."""
+
+
+def is_bundle(root: Path) -> bool:
+    """Whether `root` (the folder above this labsupport) is an unzipped autograder bundle: it holds the bundle's
+    run_autograder, and it is no git checkout (a repository's graders and lab sources are never deleted)."""
+    return (root / "run_autograder").is_file() and not (root / ".git").exists()
+
+
 def forget_graders() -> None:
     """Container mode: delete the graders (and the lab sources) from disk once they are loaded, so that
-    nothing of the student's that runs later can read them."""
-    for folder in (GRADERS, PACKAGE.parent / "solutions"):
+    nothing of the student's that runs later can read them.  Only ever a bundle's copy: anywhere else (a
+    repository, an installed package) this refuses, and deletes nothing."""
+    root = PACKAGE.parent
+    if not is_bundle(root):
+        raise NotABundle(f"container mode deletes the graders before a notebook runs, so it runs only from an "
+                         f"autograder bundle (`python -m labsupport autograder`); {root} is not one, and its "
+                         f"graders stay where they are")
+    for folder in (GRADERS, root / "solutions"):
         shutil.rmtree(folder, ignore_errors=True)

@@ -129,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"checkoff: {exc}", file=sys.stderr)
         return 2
     print(f"checkoff: added {args.id} to {written[0].relative_to(ROOT)} and {written[1].relative_to(ROOT)}.\n"
-          "Next (COURSE_AUTHORING.md): fill in every `...` in both; `python -m labsupport build "
-          f"{args.id.split('.')[0].zfill(2)}`; a feedback test in tests/; `python -m labsupport grade` the solution.")
+          "Next (COURSE_AUTHORING.md): move the exercise's cells to where the lab poses it; fill in every `...` "
+          "in both files (a new given goes into the givens cell and the graders' hidden generator); `python -m "
+          f"labsupport build {args.id.split('.')[0].zfill(2)}`; a feedback test in tests/; grade the solution.")
     return 0
 
 
