@@ -96,6 +96,8 @@ def test_the_guides_example_becomes_a_record_check_reads(repo, monkeypatch, caps
     # the copy's graders and source stand in for the repository's: a fresh registry for lab 03
     import importlib.util
 
+    monkeypatch.setattr("labsupport.course.registry.REGISTRY", REGISTRY)  # restored whole after the test
+    saved, saved_givens = dict(REGISTRY), dict(GIVENS)
     for cid in [c for c in REGISTRY if c.startswith("3.")]:
         del REGISTRY[cid]
     monkeypatch.setattr("labsupport.course.registry.ROOT", repo)
@@ -114,6 +116,7 @@ def test_the_guides_example_becomes_a_record_check_reads(repo, monkeypatch, caps
     checkoff.verdict(entry, 8192)  # passes
     with pytest.raises(checkoff.Mismatch, match="That is the number of entries"):
         checkoff.verdict(entry, 2048)
-    for cid in [c for c in REGISTRY if c.startswith("3.")]:
-        del REGISTRY[cid]
-    importlib.import_module("labsupport.course.checkoffs.lab03")  # the repository's own, restored
+    REGISTRY.clear()
+    REGISTRY.update(saved)  # the repository's own lab 03, restored
+    GIVENS.clear()
+    GIVENS.update(saved_givens)

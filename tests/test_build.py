@@ -7,12 +7,15 @@ labsupport's source never spells the to-do word.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from labsupport.course import build as B
+from labsupport.course import record
+from labsupport.course import registry as R
 
 ROOT = Path(__file__).resolve().parents[1]
 WORD = "TO" + "DO"
@@ -201,6 +204,10 @@ def test_ids_and_metadata_are_deterministic(tmp_path):
     (lambda t: t.replace('secret = "instructors only"', 'check("0.1", 1)'), "solution-only cell cannot"),
     (lambda t: t + '\n# %%\ncheck("0.1", kib)\n', "checked twice"),
     (lambda t: t + "\n# %% [markdown]\n# ### BEGIN SOLUTION 0.1: x\n# ### END SOLUTION\n", "code cells"),
+    (lambda t: t.replace('# %% tags=["givens"]\nKV_KIB = 512', "# %%\nKV_KIB = 512"), r"exactly one code cell .*\(found 0\)"),
+    (lambda t: t + '\n# %% tags=["givens"]\nKV_KIB = 256\n', r"exactly one code cell .*\(found 2\)"),
+    (lambda t: t.replace("KV_KIB = 512", "KV_KIB = int('512')"), "must be a constant"),
+    (lambda t: t.replace("KV_KIB = 512", "KV_KIB = 512\nprint(KV_KIB)"), "only 'NAME = value' lines"),
 ])
 def test_broken_sources_are_rejected_with_a_reason(tmp_path, edit, message):
     with pytest.raises(B.BuildError, match=message):
@@ -215,6 +222,15 @@ def test_build_check_and_rebuild_without_executing(tmp_path, capsys):
     assert B.main(["--root", root, "--no-execute"]) == 0
     student = lab.student_path.read_text()
     solution = lab.solution_path.read_text()
+    # the lab's public record, beside its notebooks in this root (never the repository's)
+    record_file = tmp_path / "labsupport" / "course" / "records" / "lab00.json"
+    written = json.loads(record_file.read_text())
+    assert written["givens"] == {"KV_KIB": 512}
+    assert [(e["id"], e["kind"], e["prompts"]) for e in written["checkoffs"]] == [
+        ("0.1", "value", ["set kib to 512 KiB in bytes"]), ("0.2", "function", ["return the KV bytes per token"])]
+    student_ids = {c.id for c in nbformat.read(lab.student_path, as_version=4).cells}
+    assert all(set(e["cells"]) <= student_ids for e in written["checkoffs"])
+    assert record.unseal(written["checkoffs"][0]["sealed"], 0)["spec"]["want"] == 512 * 1024  # 524,288
     assert B.main(["--root", root, "--no-execute", "00"]) == 0
     assert lab.student_path.read_text() == student and lab.solution_path.read_text() == solution
     capsys.readouterr()
@@ -243,6 +259,15 @@ def test_build_check_and_rebuild_without_executing(tmp_path, capsys):
     assert B.main(["--root", root, "--check"]) == 1
     assert "notebooks/00_demo.ipynb: missing" in capsys.readouterr().out
 
+    # A record edited by hand, or none: stale either way.
+    record_file.write_text(record_file.read_text().replace("set kib to 512 KiB in bytes", "set kib"))
+    assert B.main(["--root", root, "--check"]) == 1
+    assert "labsupport/course/records/lab00.json: the lab's public record is missing or stale" in capsys.readouterr().out
+    record_file.unlink()
+    assert B.main(["--root", root, "--check"]) == 1
+    assert "labsupport/course/records/lab00.json: the lab's public record is missing or stale" in capsys.readouterr().out
+    assert B.main(["--root", root, "--no-execute"]) == 0 and json.loads(record_file.read_text()) == written
+
 
 def test_no_execute_keeps_outputs_of_unchanged_cells_only(tmp_path):
     lab = make_lab(tmp_path)
@@ -257,6 +282,54 @@ def test_no_execute_keeps_outputs_of_unchanged_cells_only(tmp_path):
     cells = code_cells(nbformat.read(lab.solution_path, as_version=4))
     assert [c.execution_count for c in cells] == [7, 7, None, 7, 7, 7, 7, 7]
     assert cells[2].outputs == [] and cells[0].outputs[0].text == "old\n"
+
+
+MADE_UP = '''# %%
+from labsupport.course.checkoff import check
+
+# %% tags=["givens"]
+A = 2
+
+# %%
+### BEGIN SOLUTION 88.1: set twice_a to twice A
+twice_a = 2 * A
+### END SOLUTION
+check("88.1", twice_a)
+'''
+
+
+@pytest.fixture
+def lab_88():
+    """A made-up lab 88 (no grader module: its graders are registered here), its one given A = 2."""
+    yield
+    R.REGISTRY.pop("88.1", None)
+    R.GIVENS.pop(88, None)
+
+
+def test_the_build_refuses_hidden_givens_that_leave_an_answer_unchanged(tmp_path, lab_88):
+    R.givens(lab=88, lecture=dict(A=2), hidden=lambda rng: dict(A=rng.randint(3, 50)))
+    R.value("88.1", "a constant posing as a formula", expected=lambda g: 4, hint="twice A")
+    with pytest.raises(B.BuildError, match=r"checkoff 88.1 has the same answer on the lecture's givens and on hidden "
+                                           r"givens \{'A': \d+\}"):
+        B.parse(make_lab(tmp_path, MADE_UP, name="88_made_up"))
+    R.REGISTRY.pop("88.1")
+    R.value("88.1", "twice A", expected=lambda g: 2 * g.A, hint="twice A")
+    parsed = B.parse(make_lab(tmp_path, MADE_UP, name="88_made_up"))
+    (entry,) = B.record_of(parsed)["checkoffs"]
+    assert record.unseal(entry["sealed"], 88)["spec"]["want"] == 4  # 2 x 2, on the lecture's givens
+
+
+def test_the_build_refuses_hidden_givens_that_never_differ(tmp_path, lab_88):
+    R.givens(lab=88, lecture=dict(A=2), hidden=lambda rng: dict(A=2))  # the lecture's value, every draw
+    R.value("88.1", "twice A", expected=lambda g: 2 * g.A, hint="twice A")
+    with pytest.raises(B.BuildError, match="never differ from the lecture's in every given"):
+        B.parse(make_lab(tmp_path, MADE_UP, name="88_made_up"))
+
+
+def test_a_givens_cell_needs_declared_givens(tmp_path, lab_88):
+    R.value("88.1", "four", expected=lambda: 4, hint="twice two")
+    with pytest.raises(B.BuildError, match="tagged 'givens' but .*lab88.py declares no givens"):
+        B.parse(make_lab(tmp_path, MADE_UP, name="88_made_up"))
 
 
 def test_a_lab_without_checkoffs_builds_only_as_the_instructors_board(tmp_path):

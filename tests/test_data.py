@@ -1,8 +1,11 @@
-"""labsupport.course.codec: what a student's process may hand the grader arrives as the grader's own plain data.
+"""labsupport.course.data: what crosses into and out of a grading sandbox is plain data, bounded and strict.
 
-The expectations are written by hand: a value crosses as the built-in it stands for, an object
-with a lying ``__eq__`` crosses as the number (or stand-in) it really is, and anything off-shape
-is refused with a DecodeError rather than turned into an object.
+An answer leaves the student's process as strict JSON (`plain`, `dumps`) and is read back (`parse`) as
+the grader's own built-in types, `Tensor` and `Other`: a value with a lying ``__eq__`` arrives as what
+it is, and anything off-shape or too large is refused with a DataError rather than turned into an
+object.  A checkoff's inputs go the other way as data too: labsupport's own objects as the recipe
+that makes them (`live`, `build`), which only the sandbox's side rebuilds.  The expectations are
+written by hand.
 """
 from __future__ import annotations
 
@@ -13,49 +16,76 @@ import numpy as np
 import pytest
 import torch
 
-from labsupport.course import codec
-from labsupport.course.codec import DecodeError, HandedFunction, Opaque, Unfinished
+from labsupport.block_allocator import BlockAllocator
+from labsupport.course import data as D
+from labsupport.course.data import UNFINISHED, DataError, Other, Tensor
+from labsupport.course.judge import as_number
 from labsupport.specs import LECTURE_7B, LECTURE_GPU
 
 
-def roundtrip(x, objects=False):
-    return codec.loads(codec.dumps(x, objects=objects), objects=objects)
+def roundtrip(x):
+    return D.parse(D.dumps(x))
 
+
+def nested(depth: int) -> list:
+    """`depth` lists, each inside the one before."""
+    outer = inner = []
+    for _ in range(depth - 1):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+# --- what an answer becomes ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("value", [0, -3, 2**80, 1.5, -0.0, "tëxt", None, True, False, [1, [2, "x"]],
                                    {"a": 1, "b": [None]}])
 def test_plain_values_cross_as_themselves(value):
     got = roundtrip(value)
     assert got == value and type(got) is type(value)
+    if type(value) is float:
+        assert math.copysign(1, got) == math.copysign(1, value)  # -0.0 keeps its sign
 
 
-def test_containers_keep_their_kind():
+def test_containers_cross_as_the_graders_built_ins():
     got = roundtrip({"t": (1, 2), "s": {3, 4}, "f": frozenset({5}), "d": {1: "one", (2, 3): "pair"}})
-    assert got == {"t": (1, 2), "s": {3, 4}, "f": frozenset({5}), "d": {1: "one", (2, 3): "pair"}}
-    assert type(got["t"]) is tuple and type(got["s"]) is set and type(got["f"]) is frozenset
-    # a text-keyed dict that looks like a tag stays a dict
-    assert roundtrip({"__tuple__": [1]}) == {"__tuple__": [1]}
+    assert got == {"t": [1, 2], "s": frozenset({3, 4}), "f": frozenset({5}), "d": {1: "one", (2, 3): "pair"}}
+    assert type(got["t"]) is list and type(got["s"]) is frozenset
+
+
+def test_a_dict_that_looks_like_a_tag_stays_a_dict():
+    """A student's dict keyed "$" is written as a dict of pairs: no answer can forge a tag (a recipe, a tensor)."""
+    forged = {"$": "new", "make": "os:system", "args": ["true"], "kwargs": {}, "calls": []}
+    assert roundtrip(forged) == forged
+    assert roundtrip({"$": "tensor", "dtype": "int64", "shape": [1], "values": [7]}) == \
+        {"$": "tensor", "dtype": "int64", "shape": [1], "values": [7]}
 
 
 def test_non_finite_floats_are_tagged_and_the_text_stays_strict_json():
-    text = codec.dumps([math.inf, -math.inf, math.nan])
+    text = D.dumps([math.inf, -math.inf, math.nan])
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict constant {c}"))
-    inf, minus, nan = codec.loads(text)
+    inf, minus, nan = D.parse(text)
     assert inf == math.inf and minus == -math.inf and math.isnan(nan)
 
 
-def test_tensors_travel_as_raw_bytes_exactly():
-    x = torch.tensor([[1.0, float("nan")], [2.5, -0.0]], dtype=torch.float32)
-    got = roundtrip(x)
-    assert got.dtype == torch.float32 and got.shape == (2, 2)
-    assert torch.equal(got.nan_to_num(7.0), x.nan_to_num(7.0))
-    big = torch.arange(2**31 - 3, 2**31 + 3, dtype=torch.int64)
-    assert torch.equal(roundtrip(big), big)
-    bf = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
-    assert torch.equal(roundtrip(bf), bf)
-    arr = np.array([1, 2, 3], dtype=np.int32)
-    assert roundtrip(arr).tolist() == [1, 2, 3]
-    assert roundtrip(torch.tensor(3.0)).item() == 3.0  # a 0-d tensor stays a tensor; as_number reads it
+def test_any_text_survives_lone_surrogates_included():
+    text = D.dumps(["\ud800 alone", "naïve ☃"])
+    assert text.isascii()
+    assert D.parse(text) == ["\ud800 alone", "naïve ☃"]
+
+
+def test_tensors_cross_as_dtype_shape_and_exact_values():
+    got = roundtrip(torch.tensor([[1.0, float("nan")], [2.5, -0.0]], dtype=torch.float32))
+    assert (got.dtype, got.shape) == ("float32", (2, 2))
+    assert got.values[0] == 1.0 and math.isnan(got.values[1]) and got.values[2:] == (2.5, -0.0)
+    assert math.copysign(1, got.values[3]) == -1
+    assert roundtrip(torch.arange(2**31 - 3, 2**31 + 3, dtype=torch.int64)) == \
+        Tensor("int64", (6,), (2**31 - 3, 2**31 - 2, 2**31 - 1, 2**31, 2**31 + 1, 2**31 + 2))  # past int32, exact
+    assert roundtrip(torch.tensor([1.5, -2.0], dtype=torch.bfloat16)) == Tensor("bfloat16", (2,), (1.5, -2.0))
+    assert roundtrip(np.array([1, 2, 3], dtype=np.int32)) == Tensor("int32", (3,), (1, 2, 3))
+    scalar = roundtrip(torch.tensor(3.0))
+    assert scalar == Tensor("float32", (), (3.0,)) and as_number(scalar, "it") == 3.0  # a 0-d tensor is read as its number
+    assert roundtrip(np.float64(2.5)) == 2.5 and type(roundtrip(np.int64(7))) is int  # numpy scalars: their number
 
 
 def test_lying_objects_arrive_as_what_they_are():
@@ -63,75 +93,122 @@ def test_lying_objects_arrive_as_what_they_are():
         def __eq__(self, other):
             return True
 
+        __hash__ = float.__hash__
+
     class Anything:
         def __eq__(self, other):
             return True
 
     got = roundtrip([Liar(1.0), Anything()])
-    assert type(got[0]) is float and got[0] == 1.0 and got[0] != 2.0
-    assert isinstance(got[1], Opaque) and got[1] != 1 and "Anything" in got[1].type_name
+    assert got == [Other("object", "Liar"), Other("object", "Anything")]
+    assert got[0] != 1.0 and got[1] != 1
 
 
 def test_functions_and_placeholders_are_named_not_sent():
     def per_token(*a):
         return 1
 
-    placeholder = type("Unfinished", (), {})()  # the student copy's placeholder, whatever module defines it
-
-    got = roundtrip([per_token, ..., placeholder])
-    assert got[0] == HandedFunction("per_token") and callable(got[0])
-    assert isinstance(got[1], Unfinished) and isinstance(got[2], Unfinished)
-    assert codec.contains_unfinished({"a": [1, got[2]]}) and not codec.contains_unfinished({"a": [1, 2]})
+    got = roundtrip([per_token, ..., {"inner": ...}])
+    assert got == [Other("function", "per_token"), UNFINISHED, {"inner": UNFINISHED}]
+    assert not callable(got[0])
 
 
-def test_labsupport_objects_travel_only_towards_a_worker():
-    text = codec.dumps([LECTURE_7B, LECTURE_GPU], objects=True)
-    model, gpu = codec.loads(text, objects=True)
+# --- a checkoff's inputs: labsupport's objects as recipes, rebuilt only where the student's code runs ----------
+
+def test_labsupport_objects_travel_only_towards_the_sandbox():
+    text = D.dumps([LECTURE_7B, LECTURE_GPU])
+    model, gpu = D.build(json.loads(text))
     assert model == LECTURE_7B and gpu == LECTURE_GPU
-    with pytest.raises(DecodeError, match="not allowed"):
-        codec.loads(text)  # the grader's side never rebuilds objects
-    assert isinstance(roundtrip([LECTURE_7B])[0], Opaque)  # returned by a student: a stand-in, not the object
+    # the grader's side never rebuilds an object: one handed back is named by its type, and nothing runs
+    assert D.parse(text) == [D.Other("object", "ModelSpec"), D.Other("object", "GPUSpec")]
+    assert D.parse('{"$": "new", "make": "os:system", "args": ["rm -rf /"], "kwargs": {}, "calls": []}') == \
+        D.Other("object", "system")
 
+
+def test_a_live_object_is_rebuilt_in_the_state_its_calls_left_it():
+    alloc = D.live(BlockAllocator, 8, 4)  # 8 blocks of 4 tokens
+    alloc.allocate("a", 6)  # 2 blocks
+    alloc.allocate("b", 3)  # 1 block
+    alloc.free("a")
+    alloc.allocate("c", 9)  # 3 blocks: 8 - 1 - 3 = 4 left
+    recipe = json.loads(D.dumps(alloc))
+    assert [call[0] for call in recipe["calls"]] == ["allocate", "allocate", "free", "allocate"]
+    rebuilt = D.build(recipe)
+    assert type(rebuilt) is BlockAllocator and rebuilt.num_free_blocks == 4
+    assert rebuilt.table("c") == alloc.real.table("c") and len(rebuilt.table("b")) == 1
+
+
+@pytest.mark.parametrize("make", ["os:system", "subprocess:run", "labsupport.course.checkoffs.lab00:G"])
+def test_a_recipe_makes_only_labsupports_public_objects(make):
+    with pytest.raises(DataError, match="may only make labsupport's objects"):
+        D.build({"$": "new", "make": make, "args": [], "kwargs": {}, "calls": []})
+
+
+def test_build_makes_tensors_sets_and_dicts():
+    t = D.build({"$": "tensor", "dtype": "int32", "shape": [2, 2], "values": [1, 2, 3, 4]})
+    assert t.dtype == torch.int32 and t.tolist() == [[1, 2], [3, 4]]
+    nan = D.build({"$": "tensor", "dtype": "float32", "shape": [1], "values": [{"$": "float", "v": "nan"}]})
+    assert math.isnan(nan.item())
+    assert D.build({"$": "set", "items": [1, [2, 3]]}) == {1, (2, 3)}
+    assert D.build({"$": "dict", "items": [[[1, 2], "pair"]]}) == {(1, 2): "pair"}
+
+
+# --- strictness: what is not plain data in the agreed shape is refused -----------------------------------
 
 @pytest.mark.parametrize("text, words", [
-    ('[NaN]', "strict"), ('{"x": Infinity}', "strict"), ("[1,", "not JSON"), (b"\xff\xfe", "UTF-8"),
-    ('{"__pickle__": "gASV"}', "not allowed"), ('{"__obj__": {"type": "os:system", "state": {}}}', "not allowed"),
-    ('{"__tensor__": {"dtype": "object", "shape": [1], "data": ""}}', "known dtype"),
-    ('{"__tensor__": {"dtype": "int32", "shape": [3], "data": "AAAA"}}', "bytes"),
-    ('{"__tensor__": {"dtype": "int32", "shape": [-1], "data": ""}}', "shape"),
-    ('{"__set__": [[1]]}', "unhashable"), ('{"__float__": "1e999"}', "not allowed"),
-    ('[' * 5000 + ']' * 5000, "deep"),
+    ("[NaN]", "strict"), ('{"x": Infinity}', "strict"), ("[1,", "not strict JSON"), (b"\xff\xfe", "not strict JSON"),
+    ('{"$": "pickle", "v": "gASV"}', "unknown tag 'pickle'"),
+    ('{"$": "tensor", "dtype": "int32", "shape": [3], "values": [1]}', "malformed .tensor."),
+    ('{"$": "tensor", "dtype": "int32", "shape": [1], "values": ["x"]}', "malformed .tensor."),
+    ('{"$": "tensor", "dtype": "int32", "shape": [-1], "values": []}', "malformed .tensor."),
+    ('{"$": "float", "v": "1e999"}', "malformed 'float'"), ('{"$": "set"}', "malformed 'set'"),
+    ('{"$": "dict", "items": [[1]]}', "malformed 'dict'"),
+    ("[" * 5000 + "]" * 5000, "not strict JSON"),
 ])
 def test_off_shape_data_is_refused(text, words):
-    with pytest.raises(DecodeError, match=words):
-        codec.loads(text)
+    with pytest.raises(DataError, match=words):
+        D.parse(text)
 
 
-def test_an_encoding_that_never_ends_is_refused_not_followed():
+# --- bounds: depth, items and characters, on both sides ---------------------------------------------------------
+
+def test_depth_is_bounded_both_ways():
+    deepest = nested(D.MAX_DEPTH + 1)  # the outer list at depth 0, the innermost at MAX_DEPTH
+    assert D.parse(D.dumps(deepest)) == deepest
+    with pytest.raises(DataError, match="too deeply nested"):
+        D.dumps(nested(D.MAX_DEPTH + 2))
+    with pytest.raises(DataError, match="too deeply nested"):
+        D.parse("[" * (D.MAX_DEPTH + 2) + "]" * (D.MAX_DEPTH + 2))
+
+
+def test_an_answer_that_contains_itself_is_refused_not_followed():
     loop: list = []
     loop.append(loop)
-    with pytest.raises(ValueError, match="deep"):
-        codec.dumps(loop)
+    with pytest.raises(DataError, match="too large or too deeply nested"):
+        D.dumps(loop)
 
 
-def test_the_collector_appends_one_plain_line_per_answer(tmp_path):
-    path = tmp_path / "answers.jsonl"
-    path.touch()
-    collect = codec.collector(str(path))
+def test_items_are_bounded_both_ways():
+    # the list itself counts as one item: MAX_ITEMS - 1 numbers in a list fit, MAX_ITEMS do not
+    assert len(D.plain([0] * (D.MAX_ITEMS - 1))) == D.MAX_ITEMS - 1
+    with pytest.raises(DataError, match="too large"):
+        D.plain([0] * D.MAX_ITEMS)
+    with pytest.raises(DataError, match="too large"):
+        D.plain(torch.zeros(D.MAX_ITEMS))
+    with pytest.raises(DataError, match="too large"):
+        D.parse("[" + ",".join(["0"] * D.MAX_ITEMS) + "]")
 
-    class Explodes:
-        def __repr__(self):
-            raise RuntimeError("no")
 
-        def __iter__(self):
-            raise RuntimeError("no")
+def test_text_read_back_is_bounded():
+    with pytest.raises(DataError, match="more than the"):
+        D.parse('"' + "x" * D.MAX_TEXT + '"')
 
-    collect("2.1", 2**31, 0)
-    collect("2.3", lambda a, b: 0, 0)
-    collect("2.2", ..., 1)
-    collect("2.4", Explodes(), 0)
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(r["id"], r["index"], r["callable"]) for r in records] == [
-        ("2.1", 0, False), ("2.3", 0, True), ("2.2", 1, False), ("2.4", 0, False)]
-    assert records[0]["value"] == 2**31 and records[1]["value"] == {"__callable__": "<lambda>"}
-    assert "__unfinished__" in records[2]["value"] and "__opaque__" in records[3]["value"]
+
+def test_the_placeholder_is_found_only_in_built_in_containers():
+    assert D.contains_unfinished(...) and D.contains_unfinished({"a": [1, (2, {...})]})
+    assert not D.contains_unfinished({"a": [1, 2]}) and not D.contains_unfinished("...")
+
+    class Box(list):  # a student's own container is never opened
+        pass
+
+    assert not D.contains_unfinished(Box([...]))

@@ -59,26 +59,28 @@ def _emphasis_or_code(text: str) -> list[str]:
 
 
 def test_no_feedback_line_shows_markdown():
-    """Every checkoff's failure line (with its hint) and not-attempted line (with its title), every lab."""
+    """Every checkoff's failure line (with its hint) and not-attempted line (with its title and each of its
+    prompts), every lab, as check() prints them from the lab's record."""
+    entries = [e for lab in range(9) for e in load_lab(lab)]
     lines = []
-    for lab in range(9):
-        for ck in load_lab(lab):
-            lines.append(plain(FAIL_LINE.format(id=ck.id, problem="x.", hint=ck.hint)))
-            lines.append(plain(NOT_ATTEMPTED_LINE.format(id=ck.id, prompt=ck.title)))
-    assert len(lines) > 2 * 40
+    for e in entries:
+        lines.append(plain(FAIL_LINE.format(id=e["id"], problem="x.", hint=e["hint"])))
+        for prompt in [e["title"], *e["prompts"]]:
+            lines.append(plain(NOT_ATTEMPTED_LINE.format(id=e["id"], prompt=prompt)))
+    assert len(entries) > 40 and len(lines) > 2 * 40
     marked = [m for line in lines for m in _emphasis_or_code(line)]
     assert not marked, marked[:5]
-    # and the hints did carry some: the stripping is what keeps them out
-    raw = [m for lab in range(9) for ck in load_lab(lab) for m in _emphasis_or_code(ck.hint)]
-    assert raw
+    # and the hints and prompts did carry some: the stripping is what keeps them out
+    assert [m for e in entries for m in _emphasis_or_code(e["hint"])]
+    assert [m for e in entries for p in e["prompts"] for m in _emphasis_or_code(p)]
 
 
 def test_a_printed_hint_carries_no_markdown(capsys):
-    hinted = next(ck for lab in range(9) for ck in load_lab(lab) if _emphasis_or_code(ck.hint) and ck.kind == "choice")
+    hinted = next(e for lab in range(9) for e in load_lab(lab) if _emphasis_or_code(e["hint"]) and e["kind"] == "choice")
     C.reset_results()
-    check(hinted.id, "certainly not an option")
+    check(hinted["id"], "certainly not an option")
     out = capsys.readouterr().out
-    assert out.startswith(f"❌ Checkoff {hinted.id}:") and not _emphasis_or_code(out), out
+    assert out.startswith(f"❌ Checkoff {hinted['id']}:") and not _emphasis_or_code(out), out
 
 
 _COUNT_WORDS = ("two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from labsupport.course.checkoff import check, get
-from labsupport.course.registry import GIVENS, Mismatch, case_rng, namespace
+from labsupport.course.checkoff import check
+from labsupport.course.checkoffs import get
+from labsupport.course.judge import Mismatch
+from labsupport.course.registry import GIVENS, case_rng, namespace
 
 
 def _problem(cid: str, answer) -> str:

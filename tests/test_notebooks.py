@@ -99,10 +99,15 @@ def test_student_notebook_runs_all_to_its_last_cell(path):
         if cell.cell_type == "code":
             for checkoff_id, prompt in PROMPT_RE.findall(cell.source):
                 prompts.setdefault(checkoff_id, set()).add(prompt.strip())
-    checkoffs = [c.id for c in load_lab(lab)]
-    assert checkoffs or lab >= 90, f"lab {lab:02d} registers no checkoffs (only the instructors' 90-99 may not)"
+    entries = load_lab(lab)  # the lab's public record: what check() reads
+    checkoffs = [e["id"] for e in entries]
+    assert checkoffs or lab >= 90, f"lab {lab:02d} records no checkoffs (only the instructors' 90-99 may not)"
     missing = [c for c in checkoffs if c not in prompts]
     assert not missing, f"checkoffs without an exercise in {path.name}: {missing}"
+    ids = {c.get("id") for c in nb.cells}
+    for e in entries:  # the record's prompts are the copy's, and its cells (what grade scans) are the copy's cells
+        assert set(e["prompts"]) == prompts[e["id"]], (e["id"], e["prompts"], prompts[e["id"]])
+        assert e["cells"] and set(e["cells"]) <= ids, (e["id"], e["cells"])
 
     for checkoff_id in checkoffs:
         cells = [c for c in nb.cells if c.cell_type == "code" and checkoff_id in B.CHECK_RE.findall(c.source)]
@@ -179,7 +184,8 @@ def test_a_failed_checkoff_shows_the_students_frames_and_never_labsupports(tmp_p
     executed = B.execute(nb, tmp_path, progress=False, allow_errors=False)
     (out,) = executed.cells[2].outputs
     lines = out.text.splitlines()
-    assert lines[0].startswith("❌ Checkoff 0.2: kv_bytes_per_token(32, 32, 128, 2) raised ValueError") and " Hint: " in lines[0]
+    assert lines[0].startswith("❌ Checkoff 0.2: kv_bytes_per_token(num_layers=32, num_kv_heads=32, head_dim=128, "
+                               "dtype_bytes=2) raised ValueError") and " Hint: " in lines[0]
     assert lines[1].startswith("   Cell In[2], line 2, in kv_bytes_per_token")
     assert lines[2].strip() == "pool = BlockAllocator(-num_layers, 16)  # a bad pool size: labsupport raises"
     assert lines[3].startswith("   ValueError") and lines[-1] == "the run goes on"

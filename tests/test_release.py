@@ -1,10 +1,12 @@
 """python -m labsupport release: what students get holds no answer, and its notebooks and check() work.
 
-The release is written once per module.  "No answer" is checked four ways, each from material
-outside the release: no solution marker or solution notebook; no line of any solution region of the
-lab sources; no grader module; and none of the value checkoffs' expected numbers (as Python prints
-them) in the package.  Then the release is used as a student would: its own labsupport first on the
-path, its check() on a right and a wrong answer, its CLI, and its notebooks run top to bottom.
+The release is written once per module.  "No answer" is checked from material outside the release:
+no solution marker or solution notebook; no line of any solution region of the lab sources; no
+grader module, staff command or ledger command; and the labs' public records, the one place that
+holds expected values (on the lecture's givens and the lab's own cases), copied as the build wrote
+them, with those values sealed.  Then the release is used as a student would: its own labsupport
+first on the path, no grader importable, its check() printing, line for line, what the repository's
+prints for the same cell, its CLI, and its notebooks run top to bottom.
 """
 from __future__ import annotations
 
@@ -12,21 +14,26 @@ import base64
 import json
 import os
 import re
-import zlib
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from labsupport.course import build as B
-from labsupport.course import formative
-from labsupport.course.checkoff import case_rng, load_lab
+from labsupport.course import record
+from labsupport.course import release as REL
+from labsupport.course.checkoffs import load_lab
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
+# what the release leaves out of the package, by hand: the graders, the staff commands, the board and the ledger command
+STAFF = ("course/checkoffs", "course/build.py", "course/grade.py", "course/sandbox.py", "course/runner.py",
+         "course/report.py", "course/registry.py", "course/release.py", "course/autograder.py", "course/scaffold.py",
+         "bench/notebooks.py", "bench/grade.py", "viz/board.py", "viz/board_data.json", "cli/ledger.py")
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +69,10 @@ def _solution_lines() -> set[str]:
     return lines
 
 
+def _links(markdown: str) -> list[str]:
+    return re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", markdown)
+
+
 def test_the_release_holds_what_students_need(release):
     assert (release / "labsupport" / "__init__.py").is_file() and (release / "README.md").is_file()
     assert (release / "pyproject.toml").is_file() and (release / "data" / "tiny_lecture.pt").is_file()
@@ -71,14 +82,31 @@ def test_the_release_holds_what_students_need(release):
         assert (release / "notebooks" / name).read_bytes() == (ROOT / "notebooks" / name).read_bytes()
     assert (release / "labsupport" / "workloads.py").is_file()  # the data loaders
     assert "Student release" in (release / "README.md").read_text()
-    # the README's guides for students come with it; the instructors' guide stays behind, and so does its link
-    assert (release / "LEDGER.md").read_bytes() == (ROOT / "LEDGER.md").read_bytes()
-    assert (release / "GRADING.md").is_file() and not (release / "INSTRUCTORS.md").exists()
-    readme = (release / "README.md").read_text()
-    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
-    assert "LEDGER.md" in targets and "notebooks/02_naive_allocator.ipynb" in targets
+    # the grading guide comes with it; the instructors' guide, the authoring guide and the ledger stay behind
+    assert (release / "GRADING.md").read_bytes() == (ROOT / "GRADING.md").read_bytes()
+    for staff in ("INSTRUCTORS.md", "COURSE_AUTHORING.md", "LEDGER.md"):
+        assert not (release / staff).exists(), staff
+    targets = _links((release / "README.md").read_text())
+    assert "GRADING.md" in targets and "notebooks/02_naive_allocator.ipynb" in targets
+    assert "LEDGER.md" not in targets and "INSTRUCTORS.md" not in targets  # their list items are dropped
     missing = [t for t in targets if "://" not in t and not (release / t).exists()]
     assert not missing, missing
+
+
+def test_no_guide_in_the_release_links_to_a_file_it_left_out(release):
+    text = (release / "GRADING.md").read_text()
+    missing = [t for t in _links(text) if "://" not in t and not (release / t).exists()]
+    assert not missing, missing
+    assert "COURSE_AUTHORING.md" in (ROOT / "GRADING.md").read_text()  # the repository's guide does link it
+    assert "[COURSE_AUTHORING.md]" not in text and "COURSE_AUTHORING.md" in text  # the release keeps its words
+
+
+def test_the_release_holds_every_labs_record_as_the_build_wrote_it(release):
+    labs = sorted(int(p.name[:2]) for p in (release / "notebooks").glob("*.ipynb"))
+    copied = sorted((release / "labsupport" / "course" / "records").glob("*.json"))
+    assert [p.name for p in copied] == [f"lab{n:02d}.json" for n in labs]
+    for path in copied:
+        assert path.read_bytes() == record.path(int(path.stem[3:])).read_bytes()
 
 
 def test_the_student_readme_drops_only_what_links_nowhere(tmp_path):
@@ -100,12 +128,10 @@ def _mechanism_text() -> str:
                      if "course" not in p.relative_to(ROOT / "labsupport").parts)
 
 
-def test_no_solution_region_solution_notebook_or_grader_is_in_it(release):
+def test_no_solution_region_solution_notebook_grader_or_staff_command_is_in_it(release):
     assert not (release / "solutions").exists()
-    assert not (release / "labsupport" / "course" / "checkoffs").exists()
-    for staff in ("grade.py", "build.py", "worker.py", "worker_process.py", "strip.py", "answers.py", "release.py",
-                  "autograder.py", "sandbox.py"):
-        assert not (release / "labsupport" / "course" / staff).exists(), staff
+    for staff in STAFF:
+        assert not (release / "labsupport" / staff).exists(), staff
     # Exercise 4.2 asks for the kernels' own address line, which labsupport.kernels carries as the
     # mechanism students read; grade forbids calling or handing in that function.  Those lines are
     # the library's, not the release's, so they are the only region lines the release may contain.
@@ -123,64 +149,125 @@ def test_no_solution_region_solution_notebook_or_grader_is_in_it(release):
         assert all(o.get("output_type") == "stream" and "passed" in o.get("text", "") for o in stored), nb_path
 
 
-def test_the_release_adds_no_expected_value(release):
-    """Copied files are the repository's own; the records it writes keep their answers sealed."""
-    written = []
-    for path in (release / "labsupport").rglob("*"):
-        original = ROOT / path.relative_to(release)
-        if path.is_file() and (not original.is_file() or original.read_bytes() != path.read_bytes()):
-            written.append(path)
-    records = sorted(p for p in written if p.suffix == ".json")
-    assert [p.name for p in records] == [f"lab{n:02d}.json" for n in range(9)]
-    for path in set(written) - set(records):  # __main__ and bench without the staff commands: lines dropped only
+def test_the_release_writes_nothing_of_its_own_into_the_package(release):
+    """Every file of the package is the repository's own, but for the two that list commands: their staff lines
+    are dropped, nothing is added."""
+    changed = [path for path in (release / "labsupport").rglob("*") if path.is_file()
+               and (ROOT / path.relative_to(release)).read_bytes() != path.read_bytes()]
+    assert sorted(p.relative_to(release).as_posix() for p in changed) == ["labsupport/__main__.py",
+                                                                        "labsupport/bench/__init__.py"]
+    for path in changed:
         original = (ROOT / path.relative_to(release)).read_text().splitlines()
         assert set(path.read_text().splitlines()) <= set(original) and len(path.read_text()) < len("\n".join(original))
-    for path in records:
-        lab = int(path.stem[3:])
-        registered = {c.id: c for c in load_lab(lab)}
-        for entry in json.loads(path.read_text())["checkoffs"]:
-            checkoff = registered[entry["id"]]
-            assert set(entry) == {"id", "title", "hint", "kind", "sealed"}
-            assert (entry["title"], entry["hint"]) == (checkoff.title, checkoff.hint)  # public: check() prints them
-            raw = base64.b64decode(entry["sealed"])
-            with pytest.raises(zlib.error):
-                zlib.decompress(raw)  # masked, not merely compressed
-            payload = formative.unseal(entry["sealed"], lab)
-            if checkoff.kind == "value" and "expected" in payload:
-                assert payload["expected"] == checkoff.prepare(case_rng(checkoff.id))
-                shown = {repr(payload["expected"]), f"{payload['expected']:,}"}
-                assert not any(s.encode() in raw for s in shown)
+
+
+@pytest.mark.parametrize("lab", range(9))
+def test_a_record_keeps_its_expected_values_sealed(lab):
+    """What the release copies: per checkoff its public text and a sealed payload, masked (not merely compressed);
+    the lecture's expected numbers of the value checkoffs are in it, and nowhere in the file's text."""
+    text = record.path(lab).read_text(encoding="utf-8")
+    graders = {c.id: c for c in load_lab(lab)}
+    stored = json.loads(text)["checkoffs"]
+    assert [e["id"] for e in stored] == list(graders)
+    for entry in stored:
+        c = graders[entry["id"]]
+        assert set(entry) == {"id", "title", "hint", "kind", "prompts", "cells", "forbid", "derive", "sealed"}
+        assert (entry["title"], entry["hint"], entry["kind"]) == (c.title, c.hint, c.kind)  # check() prints them
+        with pytest.raises(zlib.error):
+            zlib.decompress(base64.b64decode(entry["sealed"]))  # masked, not merely compressed
+        if c.kind != "value":
+            continue
+        want = record.unseal(entry["sealed"], lab)["spec"]["want"]
+        assert want == json.loads(json.dumps(c.value_spec()["want"]))
+        numbers = [want] if isinstance(want, (int, float)) else list(want.values()) if isinstance(want, dict) else []
+        for x in numbers:
+            if isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) > 16:
+                shown = {repr(x), f"{x:,}"} | ({f"{x:.2%}"} if abs(x) < 1 else set())
+                assert not [s for s in shown if s in text], (c.id, x)
+
+
+def _env(package_root: Path) -> dict:
+    return dict(os.environ, PYTHONPATH=str(package_root))
 
 
 def _run(release: Path, code: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(release))
-    return subprocess.run([sys.executable, "-c", code], cwd=release, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", code], cwd=release, env=_env(release), capture_output=True, text=True,
                           timeout=timeout)
 
 
-def test_check_gives_feedback_from_the_sealed_records(release):
-    proc = _run(release, """
-import labsupport, math
+# One notebook's worth of check() calls, as a student's cells make them: right and wrong values and functions, the
+# placeholder, a function that raises, and (defined in another file) a function 1.2 forbids.
+STUDENT_CELLS = '''
+import math
+import labsupport
 from labsupport.course.checkoff import check
-assert labsupport.__file__.startswith(%r), labsupport.__file__
+from shortcut import ridge
+
+print(labsupport.__file__)
 check("0.1", 512 * 1024)
+check("0.1", 512_000)
+check("0.1", ...)
 check("1.2", lambda m, g: math.floor(g.peak_flops / g.hbm_bandwidth * m.dtype_bytes / 2))
-check("1.1", {"admit": "memory", "allocate": "memory", "batch": "places", "run": "arithmetic",
-              "stream": "latency"})
-for answer in (lambda l, h, d, b: l * h * d * b, lambda l, h, d, b: 524288):
+check("1.2", ridge)
+check("1.1", {"admit": "memory", "allocate": "memory", "batch": "places", "run": "arithmetic", "stream": "latency"})
+check("1.4", "batch")
+check("2.11", {"external fragmentation"})
+for answer in (lambda l, h, d, b: l * h * d * b, lambda l, h, d, b: 524288, lambda l, h, d, b: 1 / 0):
     check("0.2", answer)
-""" % str(release))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
-    assert lines[:3] == ["✅ Checkoff 0.1 passed", "✅ Checkoff 1.2 passed", "✅ Checkoff 1.1 passed"]
-    assert len([line for line in lines if line.startswith("❌ Checkoff 0.2:")]) == 2
-    assert "too low" in lines[3]
+'''
+SHORTCUT_CELL = "def ridge(model, gpu):\n    from labsupport import ledger as L\n\n    return L.ridge_batch(model, gpu)\n"
+
+
+def test_check_in_the_release_prints_what_it_prints_in_the_repository(release, tmp_path):
+    (tmp_path / "cells.py").write_text(STUDENT_CELLS, encoding="utf-8")
+    (tmp_path / "shortcut.py").write_text(SHORTCUT_CELL, encoding="utf-8")
+    outputs = {}
+    for where, package_root in (("release", release), ("repository", ROOT)):
+        proc = subprocess.run([sys.executable, "cells.py"], cwd=tmp_path, env=_env(package_root),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        first, *lines = proc.stdout.splitlines()
+        assert first.startswith(str(package_root / "labsupport")), first  # its own labsupport, first on the path
+        outputs[where] = lines
+    assert outputs["release"] == outputs["repository"]
+    lines = outputs["release"]
+    assert lines[0] == "✅ Checkoff 0.1 passed" and lines[1].startswith("❌ Checkoff 0.1: you gave 512,000 B")
+    assert lines[2].startswith("⬜ Checkoff 0.1 not attempted — ")
+    assert lines[3] == "✅ Checkoff 1.2 passed"
+    assert lines[4].startswith("❌ Checkoff 1.2: your code for 1.2 calls labsupport.ledger.ridge_batch")
+    assert lines[5] == "✅ Checkoff 1.1 passed" and lines[6].startswith("❌ Checkoff 1.4: you chose 'batch'.")
+    assert lines[7] == "✅ Checkoff 2.11 passed"
+    fails = [line for line in lines[8:] if line.startswith("❌ Checkoff 0.2:")]
+    assert len(fails) == 3 and "too low" in fails[0] and "raised ZeroDivisionError" in fails[2]
+    assert 'cells.py", line' in "\n".join(lines[8:])  # the student's own frame of the function that raised
+    assert "labsupport" not in "\n".join(line for line in lines[8:] if not line.startswith("❌"))
+
+
+def test_no_grader_can_be_imported_from_the_release(release):
+    proc = _run(release, "import labsupport.course.checkoffs")
+    assert proc.returncode == 1 and "ModuleNotFoundError: No module named 'labsupport.course.checkoffs'" in proc.stderr
+    proc = _run(release, "from labsupport.course import checkoff, record, judge, harness, scan, data, scoreboard")
+    assert proc.returncode == 0, proc.stderr[-2000:]  # everything check() and the scoreboard need is there
 
 
 def test_the_release_cli_lists_only_what_it_has(release):
     proc = _run(release, "import sys; from labsupport.__main__ import main; sys.exit(main(['--help']))")
     assert proc.returncode == 0
-    assert "grade" not in proc.stdout and "release" not in proc.stdout and "ledger" in proc.stdout
+    listed = re.findall(r"^  (\w+)", proc.stdout, re.M)
+    assert "doctor" in listed and "simulate" in listed and "traces" in listed and "bench" in listed
+    assert not {"build", "grade", "checkoff", "release", "autograder", "ledger"} & set(listed), listed
+
+
+def test_a_release_needs_every_labs_record_and_an_empty_folder(tmp_path, monkeypatch):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "something").write_text("")
+    with pytest.raises(REL.ReleaseError, match="exists and is not an empty folder"):
+        REL.write_release(full)
+    monkeypatch.setattr(REL, "PACKAGE", tmp_path / "no-records" / "labsupport")
+    with pytest.raises(REL.ReleaseError, match="have no public record"):
+        REL.write_release(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "notebooks").glob("0[05]_*.ipynb")))
@@ -190,10 +277,9 @@ def test_the_released_notebooks_run(release, name):
 
     path = release / "notebooks" / name
     nb = nbformat.read(path, as_version=4)
-    env = dict(os.environ, PYTHONPATH=str(release))
     client = NotebookClient(nb, km=B.kernel_manager(), timeout=600, allow_errors=True,
                             resources={"metadata": {"path": str(path.parent)}})
-    client.execute(env=env)
+    client.execute(env=_env(release))
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, [(e.ename, e.evalue) for e in errors]
     code = [c for c in nb.cells if c.cell_type == "code"]

@@ -7,6 +7,7 @@ import io
 import pytest
 
 from labsupport.course import checkoff as C
+from labsupport.course import record
 from labsupport.course.scoreboard import scoreboard
 
 
@@ -45,12 +46,20 @@ def test_the_placeholder_and_unfinished_functions_count_as_not_attempted():
     assert board.count("not attempted") == 2 and board.count("passed") == 0
 
 
-def test_titles_are_escaped_and_names_checked():
+def test_titles_are_escaped_and_names_checked(tmp_path, monkeypatch):
+    """The scoreboard lists what the lab's record lists; a title is text, never markup."""
+    entry = {"id": "97.1", "title": "a <b>bold</b> & odd title", "hint": "one", "kind": "value", "prompts": [],
+             "cells": [], "forbid": [], "derive": "", "sealed": record.seal({"spec": {"want": 1}}, 97)}
+    (tmp_path / "lab97.json").write_text(record.dumps({"lab": 97, "checkoffs": [entry]}), encoding="utf-8")
+    monkeypatch.setattr(record, "FOLDER", tmp_path)
+    record.read.cache_clear()
     try:
-        C.value("97.1", "a <b>bold</b> & odd title", expected=1, hint="one")
-        page = scoreboard("97_test")._repr_html_()
+        board = scoreboard("97_test")
+        assert [(r.id, r.title, r.status) for r in board.rows] == [("97.1", "a <b>bold</b> & odd title", "not attempted")]
+        page = board._repr_html_()
         assert "a &lt;b&gt;bold&lt;/b&gt; &amp; odd title" in page and "<b>bold</b>" not in page
+        assert scoreboard("96_no_record").rows == ()  # a lab without a record has nothing to score
     finally:
-        C.REGISTRY.pop("97.1", None)
+        record.read.cache_clear()
     with pytest.raises(ValueError, match="like '02_naive_allocator'"):
         scoreboard("lab two")

@@ -71,7 +71,7 @@ def test_ledger_md_numbers_match_the_ledger():
         "LEDGER.md's numbers are stale: regenerate with `python -m labsupport ledger --markdown`")
 
 
-GUIDES = ("README.md", "LEDGER.md", "GRADING.md", "INSTRUCTORS.md", "labsupport/README.md")
+GUIDES = ("README.md", "LEDGER.md", "GRADING.md", "COURSE_AUTHORING.md", "INSTRUCTORS.md", "labsupport/README.md")
 
 
 def test_every_link_in_the_guides_leads_somewhere():

@@ -89,7 +89,7 @@ KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "langua
 LANGUAGE_INFO = {"name": "python", "pygments_lexer": "ipython3", "file_extension": ".py",
                  "mimetype": "text/x-python", "codemirror_mode": {"name": "ipython", "version": 3},
                  "nbconvert_exporter": "python"}
-PLACEHOLDER_TEXT = "..."  # what codec.is_unfinished recognises, as Python source
+PLACEHOLDER_TEXT = "..."  # what data.contains_unfinished recognises, as Python source
 CELL_TIMEOUT_S = 600
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 

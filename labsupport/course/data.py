@@ -195,6 +195,8 @@ def unplain(data, _depth: int = 0, _count: list | None = None):
             return UNFINISHED
         if tag in ("function", "object"):
             return Other(tag, str(data.get("name", data.get("type", "")))[:80])
+        if tag == "new":  # one of labsupport's objects, handed back: named by its type
+            return Other("object", str(data.get("make", "")).rpartition(":")[2][:80])
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"a malformed {tag!r} item ({type(exc).__name__})") from None
     raise DataError(f"an unknown tag {str(tag)[:40]!r}")

@@ -46,7 +46,7 @@ from labsupport.cli.parser import OneLineParser, UsageError
 from labsupport.course import data, judge, record, scan
 from labsupport.course.report import (FAILED, NOT_ATTEMPTED, PASSED, CheckoffResult, NotebookGrade, csv_text, dump,
                                       format_grade, gradescope, safe, summary, write_into_place)
-from labsupport.course.sandbox import Bounds, Sandbox, forget_graders
+from labsupport.course.sandbox import Bounds, NotABundle, Sandbox, forget_graders
 
 HIDDEN_RUNS = 2  # re-runs on hidden givens per notebook (see GRADING.md for the measurement behind it)
 DEFAULT_TIMEOUT_S = 300  # per run, all its cells together
@@ -536,7 +536,11 @@ def main(argv: list[str] | None = None) -> int:
     secret = hashlib.sha256(f"seed {args.seed}".encode()).digest() if args.seed is not None else None
     grader = Grader(sandbox, timeout=args.timeout, secret=secret)
     if args.container:
-        prepare_then_forget(grader, submissions)
+        try:
+            prepare_then_forget(grader, submissions)
+        except NotABundle as exc:
+            print(f"grade: --container: {exc}", file=sys.stderr)
+            return 2
     return _report(args, grader, submissions)
 
 

@@ -206,9 +206,10 @@ def _matching(got, spec) -> None:
         if not isinstance(got, list) or len(got) != len(want):
             raise Mismatch(f"answer with a list of {len(want)}, one per {noun} in its order; you gave {echo(got)}.")
         pairs = [(str(i), g, w) for i, (g, w) in enumerate(zip(got, want), start=1)]
+    listed = ": " + ", ".join(spec["options"]) if len(options) <= 5 else " the options listed above the exercise"
     for key, value, _ in pairs:
         if _normal(value) not in options:
-            raise Mismatch(f"{noun} {key}: {echo(value)} is not one of the options listed above the exercise.")
+            raise Mismatch(f"{noun} {key}: {echo(value)} is not one of{listed}.")
     wrong = [(k, _normal(v)) for k, v, w in pairs if _normal(v) != _normal(w)]
     if wrong:
         remarks = " ".join(spec.get("remarks", {}).get(f"{k}={v}", "") for k, v in wrong).strip()

@@ -134,7 +134,7 @@ def write_release(out: Path, progress: bool = False) -> dict:
                 shutil.copyfile(ROOT / name, staging / name)
         for name in STUDENT_GUIDES:
             if (ROOT / name).is_file():
-                shutil.copyfile(ROOT / name, staging / name)
+                (staging / name).write_text(unlinked((ROOT / name).read_text(encoding="utf-8"), staging), encoding="utf-8")
         readme = (ROOT / "README.md").read_text(encoding="utf-8") if (ROOT / "README.md").is_file() else ""
         (staging / "README.md").write_text(RELEASE_NOTE + without_missing_links(readme, staging), encoding="utf-8")
         (staging / "tests").mkdir()
@@ -146,6 +146,12 @@ def write_release(out: Path, progress: bool = False) -> dict:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return {"notebooks": [p.name for p in notebooks], "labs": labs}
+
+
+def unlinked(markdown: str, folder: Path) -> str:
+    """A guide as the release can show it: a link to a file the release leaves out becomes its plain text."""
+    return re.sub(r"\[([^\]]+)\]\(([^)#\s]+)(?:#[^)]*)?\)",
+                  lambda m: m[0] if "://" in m[2] or (folder / m[2]).exists() else m[1], markdown)
 
 
 def without_missing_links(markdown: str, folder: Path) -> str:
