@@ -261,3 +261,55 @@ def test_without_bubblewrap_grade_refuses_unless_trusted(tmp_path, monkeypatch, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--trusted" in err[0] and "bubblewrap" in err[0]
     assert S.Sandbox.for_this_machine(trusted=True).mode == "trusted"
+
+
+def test_a_notebook_given_as_a_link_is_listed_and_named_after_its_own_folder(tmp_path, fake):
+    alice = _nb(tmp_path / "alice" / "97_lab.ipynb", "good")
+    (tmp_path / "mallory").mkdir()
+    (tmp_path / "mallory" / "97_lab.ipynb").symlink_to(alice)  # alice's work, given to grade as mallory's file
+    subs, problems = G.collect([str(tmp_path / "alice" / "97_lab.ipynb"), str(tmp_path / "mallory" / "97_lab.ipynb")])
+    assert problems == [] and [s.student for s in subs] == ["alice", "mallory"]
+    grades = {g.student: g for g in G.grade_all(G.Grader(), subs, progress=False)}
+    assert "symbolic link" in grades["mallory"].not_graded and not grades["alice"].not_graded
+    assert fake.graded == ["97_lab.ipynb"]  # alice's own, once
+
+
+# --- reading what a sandbox sends: linear, and bounded whatever is sent ------------------------------------------
+
+def _read_events(payload: bytes):
+    import threading
+
+    read_end, write_end = os.pipe()
+    writer = threading.Thread(target=lambda: (os.write(write_end, payload) if len(payload) < 2**16 else
+                                              [os.write(write_end, payload[i:i + 2**16]) for i in
+                                               range(0, len(payload), 2**16)], os.close(write_end)))
+    writer.start()
+    outcome = S.Outcome()
+    try:
+        S.Sandbox("trusted")._collect(None, read_end, time.monotonic() + 120, outcome)
+    finally:
+        writer.join()
+        os.close(read_end)
+    return outcome
+
+
+def test_many_short_lines_are_read_in_linear_time():
+    start = time.monotonic()
+    outcome = _read_events(b'{"e":"cell","run":0,"cell":1}\n' * 200_000)  # 6 MB of tiny events
+    assert len(outcome.events) == 200_000 and time.monotonic() - start < 30  # quadratic reading takes minutes
+
+
+def test_a_line_that_would_parse_into_millions_of_objects_is_dropped_unparsed():
+    bomb = b'{"e":"answer","run":0,"id":"97.1","value":[' + b"{}," * 2_000_000 + b"{}]}\n"
+    outcome = _read_events(bomb + b'{"e":"end","run":0}\n' + b"not an event\n")
+    assert outcome.dropped == 2 and outcome.events == [{"e": "end", "run": 0}]
+
+
+def test_every_sandbox_gets_its_own_cpu_share_where_cgroups_can_be_made():
+    group = S.Cgroup.make(S.Bounds())
+    if group is None:
+        pytest.skip("no cgroup can be made here: the sandbox falls back to per-process limits (GRADING.md)")
+    try:
+        assert {"memory", "pids", "cpu"} <= group.covers()
+    finally:
+        group.remove()

@@ -35,7 +35,15 @@ HONEST = {
     "answer over two cells": ["half = A * B / 2", "check('97.1', int(2 * half))"],
     "numpy and torch scalars": ["import numpy as np\ncheck('97.1', np.int64(A) * B)"],
     "an error in an unrelated cell": ["1 / 0", "check('97.1', A * B)"],
+    "a folder made in the answer's cell": ["import os\nos.mkdir('results')\ncheck('97.1', A * B)"],
+    "a file written in one run, read in it": ["open('cache.json', 'x').write(str(A * B))",
+                                              "check('97.1', int(open('cache.json').read()))"],
+    "a line of its own in the givens cell": ["check('97.1', AB)"],
+    "a cache in tmp, fresh in every run": ["import os\nif not os.path.exists('/tmp/kept'):\n"
+                                            "    open('/tmp/kept', 'w').write(str(A * B))\n"
+                                            "check('97.1', int(open('/tmp/kept').read()))"],
 }
+GIVENS_CELLS = {"a line of its own in the givens cell": "A = 6\nB = 7\nAB = A * B  # mine"}
 
 # Answers that do not follow the givens, by whatever route: each must fail 97.1.
 ATTACKS = {
@@ -54,13 +62,11 @@ ATTACKS = {
         "            os.write(fd, (json.dumps({'e': 'answer', 'run': run, 'id': '97.1', 'value': 42}) + '\\n').encode())\n"
         "        except OSError:\n"
         "            pass", "it gave 42"),
-    "the lecture's answer kept in a file between runs": (
-        "import os\nif not os.path.exists('/tmp/kept'):\n    open('/tmp/kept', 'w').write(str(A * B))\n"
-        "check('97.1', int(open('/tmp/kept').read()))", "hidden givens"),
     "the runs killed after the lecture's": (
         "check('97.1', A * B)\nimport os, signal\nif A == 6:\n    os.kill(os.getppid(), signal.SIGKILL)",
         "did not reach|never ran|stopped"),
     "the givens cell rebound further down": ("A, B = 6, 7\ncheck('97.1', A * B)", "it gave 42"),
+    "a number too large for the judge": ("check('97.1', 10**400)", "could not be checked|too|not a"),
 }
 
 
@@ -77,7 +83,8 @@ def graded(tmp_path_factory):
         folder = _folder(tmp, name)
         folder.mkdir()
         (folder / "helper_mod.py").write_text("def mul(a, b):\n    return a * b\n")
-        paths[name] = T.notebook(folder / "97_lab.ipynb", *cells, CHECK_OTHERS)
+        paths[name] = T.notebook(folder / "97_lab.ipynb", *cells, CHECK_OTHERS,
+                                 givens_cell=GIVENS_CELLS.get(name, T.GIVENS_CELL))
     for name, (cell, _) in ATTACKS.items():
         paths[name] = T.notebook(_folder(tmp, name) / "97_lab.ipynb", cell, CHECK_OTHERS)
     grader = G.Grader(T.sandbox(), timeout=60, secret=b"runs test")

@@ -43,6 +43,11 @@ attempt("loopback", lambda: socket.create_connection(("127.0.0.1", PORT), timeou
 attempt("internet", lambda: socket.create_connection(("1.1.1.1", 53), timeout=3).close())
 attempt("secret", lambda: os.environ.get("LABSUPPORT_TEST_SECRET"))
 attempt("dev writable", lambda: open("/dev/planted", "w").write("x"))
+attempt("shadow", lambda: open("/etc/shadow").readline())
+attempt("etc", lambda: sorted(os.listdir("/etc")))
+import importlib
+attempt("ledger command", lambda: hasattr(importlib.import_module("labsupport.cli.ledger"), "exercise5"))
+attempt("grade tooling", lambda: hasattr(importlib.import_module("labsupport.course.grade"), "Grader"))
 check("probe", json.dumps(found))
 '''
 
@@ -78,6 +83,13 @@ def test_the_graders_and_solutions_are_out_of_sight(found):
     assert found["solutions"].startswith("refused") and "solutions" not in found["repo"]
     venv = {Path(sys.prefix).name} if Path(sys.prefix).parent == PACKAGE.parent else set()
     assert set(found["repo"]) <= {"labsupport", "data"} | venv  # the interpreter's packages, read-only, and no more
+
+
+def test_staff_code_and_the_hosts_secrets_are_out_of_sight(found):
+    for what in ("ledger command", "grade tooling"):  # masked, as the release leaves them out: nothing to import
+        assert found[what] is False or found[what] == "refused: ModuleNotFoundError", (what, found[what])
+    assert found["shadow"].startswith("refused") and "shadow" not in found["etc"] and "ssh" not in found["etc"]
+    assert "passwd" in found["etc"] and "ld.so.cache" in found["etc"]  # what an interpreter needs stays
 
 
 def test_nothing_outside_its_scratch_and_tmp_can_be_written(found):

@@ -50,7 +50,10 @@ def report() -> dict:
     if info["packages"]["jupyterlab"] is None:
         notes.append("jupyterlab is not installed: fine for grading, but `make lab` needs it.")
 
-    torch = sys.modules.get("torch")
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 - a broken install: reported as missing above
+        torch = None
     if torch is not None:
         info["cuda"] = bool(torch.cuda.is_available())
         if info["cuda"]:

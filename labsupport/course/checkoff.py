@@ -104,6 +104,8 @@ def check(checkoff_id: str, answer) -> None:
         return
     except Mismatch as exc:
         problem = str(exc)
+    except Exception as exc:  # noqa: BLE001 - an answer no judge foresaw: a failed line, never a raise
+        problem = f"your answer could not be checked ({type(exc).__name__}: {str(exc)[:200]})"
     else:
         _RESULTS[checkoff_id] = {"status": PASSED, "detail": ""}
         print(PASS_LINE.format(id=checkoff_id))

@@ -81,6 +81,8 @@ def plain(x, _depth: int = 0, _count: list | None = None):
     count[0] += 1
     if count[0] > MAX_ITEMS or _depth > MAX_DEPTH:
         raise DataError("the answer is too large or too deeply nested to hand over")
+    if type(x) is int and x.bit_length() > 4000:  # JSON has no limit, Python's int-to-text has one
+        return {"$": "object", "type": f"whole number of {x.bit_length():,} bits"}
     if x is None or type(x) in (bool, int, str):
         return x
     if type(x) is float:

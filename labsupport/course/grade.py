@@ -211,13 +211,17 @@ class Grader:
         plan = self.plan(lab, grade.student)
         rec = record.read(lab) or {"checkoffs": []}
         givens_id = rec.get("givens_cell")
-        givens = next((c.number for c in nb.cells if givens_id and c.id == givens_id), None) or \
-            next((c.number for c in nb.cells if "givens" in c.tags), None)
-        job = {"cells": [(c.number, c.source) for c in nb.cells], "givens_cell": givens, "runs": plan.runs,
+        cell = next((c for c in nb.cells if givens_id and c.id == givens_id), None) or \
+            next((c for c in nb.cells if "givens" in c.tags), None)
+        if cell is None and plan.runs[0]:
+            grade.notes.append("no givens cell was found (tagged 'givens'): the givens were bound before the first "
+                               "cell, so an answer computed from numbers written elsewhere cannot follow them")
+        job = {"cells": [(c.number, c.source) for c in nb.cells], "givens_cell": cell and cell.number,
+               "runs": plan.runs, "givens_sources": [cell and rewrite_givens(cell.source, g) for g in plan.runs],
                "cases": {cid: [i for i, _ in s] for cid, s in plan.specs.items() if s and isinstance(s[0], tuple)},
                "timeout": self.timeout, "cwd": ""}
         deadline = time.monotonic() + self.timeout * (len(plan.runs) + 1) + 60
-        outcome = self.sandbox.run(job, path.resolve().parent, deadline)
+        outcome = self.sandbox.run(job, Path(os.path.abspath(path)).parent, deadline)
         runs = runs_of(outcome.events, len(plan.runs))
         if outcome.stopped:
             grade.error = f"the notebook was stopped: {outcome.stopped}" + _where(runs)
@@ -226,9 +230,14 @@ class Grader:
                 grade.notes.append(f"{_run_name(number)} stopped at cell {run.reached}: {run.stop}")
         if outcome.dropped:
             grade.notes.append(f"{outcome.dropped} of its answer records were too large to read and were dropped")
+        grade.notes += [safe(e.get("text"), 300) for e in outcome.events if isinstance(e, dict) and e.get("e") == "note"][:5]
         entries = {e["id"]: e for e in rec["checkoffs"]}
-        for c in checkoffs:
-            status, detail = self.decide(c, entries.get(c.id, {}), nb, plan, runs)
+        for c in checkoffs:  # every checkoff of the lab gets its line, whatever an answer does to the judge
+            try:
+                status, detail = self.decide(c, entries.get(c.id, {}), nb, plan, runs)
+            except Exception as exc:  # noqa: BLE001 - an answer no judge foresaw: it fails, alone
+                status, detail = FAILED, _hinted(f"your answer could not be checked ({type(exc).__name__}: "
+                                                 f"{safe(exc, 200)})", c.hint)
             grade.checkoffs.append(CheckoffResult(c.id, c.title, status, detail))
 
     def decide(self, c, entry: dict, nb: Notebook, plan: Plan, runs: list[Run]) -> tuple[str, str]:
@@ -275,6 +284,33 @@ class Grader:
                 f"right on the lab's givens, but on {_run_name(number)} (the notebook re-run with other values of "
                 f"its givens) it gave {judge.echo(_value(answer))}, which is not what those givens make it: a number "
                 "typed or copied in, or a step that does not follow the givens cell's names") from None
+
+
+def rewrite_givens(source: str, values: dict) -> str | None:
+    """The notebook's givens cell with each given's value replaced by `values`' and its other lines kept
+    (a given it does not bind is bound first); None when the cell is not plain Python (then it is replaced)."""
+    import ast
+
+    try:
+        tree = ast.parse(source) if len(source) <= 65_536 else None
+    except (SyntaxError, ValueError, RecursionError):
+        tree = None
+    if tree is None:
+        return None
+    lines = source.encode().splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    text, bound = source.encode(), set()
+    for st in reversed(tree.body):  # from the end, so earlier offsets stay valid
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) \
+                and st.targets[0].id in values:
+            v = st.value
+            a, b = starts[v.lineno - 1] + v.col_offset, starts[v.end_lineno - 1] + v.end_col_offset
+            text = text[:a] + repr(values[st.targets[0].id]).encode() + text[b:]
+            bound.add(st.targets[0].id)
+    head = "".join(f"{name} = {value!r}\n" for name, value in values.items() if name not in bound)
+    return head + text.decode()
 
 
 def _value(answer: dict):
@@ -398,9 +434,10 @@ def collect(paths: list[str]) -> tuple[list[Submission], list[str]]:
     folder_of: dict[str, Path] = {}
     for arg in paths:
         p = Path(arg)
-        if p.is_file():
-            found.append(Submission(p, p.resolve().parent.name))
-            owned = [(p.resolve().parent.name, p.resolve().parent)]
+        if p.is_file() or p.is_symlink():
+            folder = Path(os.path.abspath(p)).parent  # as given: a link is never followed to name its student
+            found.append(Submission(p, folder.name, refusal(Path(os.path.abspath(p)), folder)))
+            owned = [(folder.name, folder)]
         elif p.is_dir():
             notebooks = notebooks_in(p)
             if not notebooks:
@@ -511,6 +548,8 @@ def _writable(flag: str, value: str | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a report is written whatever the terminal can show
+        getattr(stream, "reconfigure", lambda **kw: None)(errors="backslashreplace")
     try:
         args = _parser().parse_args(argv)
     except UsageError as exc:

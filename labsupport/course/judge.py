@@ -34,6 +34,8 @@ class Mismatch(Exception):
 
 def echo(x, limit: int = 80) -> str:
     """What the student handed in, as a message repeats it: short."""
+    if isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > 200:
+        return f"a whole number of {x.bit_length():,} bits"
     if isinstance(x, Other):
         text = f"a {x.name}" if x.kind == "object" else f"the function {x.name}"
     elif isinstance(x, Tensor):
@@ -53,6 +55,8 @@ def as_number(x, what: str) -> float:
         raise Mismatch(f"{what} is {echo(x)}, not a number. Did your code forget to return or assign it?")
     if not isinstance(x, numbers.Real):
         raise Mismatch(f"{what} is {echo(x)}, not a number.")
+    if isinstance(x, int) and x.bit_length() > 1000:
+        raise Mismatch(f"{what} is a whole number of {x.bit_length():,} bits, too large to be the answer.")
     x = float(x)
     if not math.isfinite(x):
         raise Mismatch(f"{what} is {x}, not a finite number.")
@@ -113,6 +117,8 @@ def _difference(got, want, rel_tol, abs_tol, at) -> str:
     if isinstance(want, numbers.Real):
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
             return f"{echo(got)}{where}, which is not a number"
+        if isinstance(got, int) and got.bit_length() > 1000:
+            return f"a whole number of {got.bit_length():,} bits{where}, far too large"
         if math.isnan(want) or math.isnan(got):
             return "" if math.isnan(want) and math.isnan(got) else f"{fmt_number(got)}{where}, which is not right"
         if math.isclose(float(got), float(want), rel_tol=rel_tol, abs_tol=abs_tol):

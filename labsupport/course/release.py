@@ -23,14 +23,13 @@ import tempfile
 from pathlib import Path
 
 from labsupport.cli.parser import OneLineParser, UsageError
+from labsupport.course import sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "labsupport"
-# staff-only parts of the package (paths relative to labsupport/)
-STAFF_ONLY = ("course/checkoffs", "course/build.py", "course/grade.py", "course/sandbox.py", "course/runner.py",
-              "course/report.py", "course/registry.py", "course/release.py", "course/autograder.py",
-              "course/scaffold.py", "bench/notebooks.py", "bench/grade.py", "viz/board.py", "viz/board_data.json",
-              "cli/ledger.py")
+# staff-only parts of the package (paths relative to labsupport/): what a grading sandbox masks, and the
+# sandbox and its runner, which students have no use for
+STAFF_ONLY = (*sandbox.STAFF_ONLY, "course/sandbox.py", "course/runner.py")
 STAFF_COMMANDS = ("build", "grade", "release", "autograder", "checkoff", "ledger")
 TOP_FILES = ("pyproject.toml", "environment.yml", "Makefile", ".gitignore")
 # the README's companions students read; INSTRUCTORS.md (the board, solutions/) and LEDGER.md stay with the staff

@@ -34,7 +34,7 @@ import time
 EVENTS_FD = 3  # the job names the descriptor the grader's pipe arrived on
 MAX_EVENT = 16 * 2**20  # characters of one event; a larger answer is sent as too large
 COPY_BYTES = 256 * 2**20  # of the notebook's folder copied into the scratch
-COPY_DEPTH = 4
+COPY_DEPTH = 8
 STARTED = time.monotonic()
 _run = None  # the run this process is, once forked
 _cell = None
@@ -52,13 +52,18 @@ def emit(**event) -> None:
             return
 
 
-def copy_folder(src: str, dest: str) -> None:
-    """The notebook's folder, as much as fits (links copied as links: inside the sandbox they lead nowhere)."""
-    budget = COPY_BYTES
+def copy_folder(src: str, dest: str) -> int:
+    """The notebook's folder, as much as fits (links copied as links: inside the sandbox they lead nowhere);
+    returns how many files did not fit or lay too deep."""
+    budget, left = COPY_BYTES, 0
     for root, dirs, files in os.walk(src):
         rel = os.path.relpath(root, src)
         depth = 0 if rel == "." else rel.count(os.sep) + 1
-        dirs[:] = [d for d in dirs if depth < COPY_DEPTH and d not in (".git", "__pycache__", ".ipynb_checkpoints")]
+        dirs[:] = [d for d in dirs if d not in (".git", "__pycache__", ".ipynb_checkpoints")]
+        if depth >= COPY_DEPTH:
+            left += sum(len(f) for _, _, f in os.walk(root))
+            dirs[:] = []
+            continue
         os.makedirs(os.path.join(dest, rel), exist_ok=True)
         for name in files:
             path = os.path.join(root, name)
@@ -67,11 +72,28 @@ def copy_folder(src: str, dest: str) -> None:
                     os.symlink(os.readlink(path), os.path.join(dest, rel, name))
                     continue
                 size = os.path.getsize(path)
-                if size <= budget:
-                    shutil.copyfile(path, os.path.join(dest, rel, name))
-                    budget -= size
+                if size > budget:
+                    left += 1
+                    continue
+                shutil.copyfile(path, os.path.join(dest, rel, name))
+                budget -= size
             except OSError:
-                continue
+                left += 1
+    return left
+
+
+def restore(snapshot: str, work: str, tmp_before: set) -> None:
+    """A run starts from the folder as the cells before the givens cell left it, and from their /tmp."""
+    import tempfile
+
+    for name in os.listdir(work):
+        path = os.path.join(work, name)
+        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+    shutil.copytree(snapshot, work, symlinks=True, dirs_exist_ok=True)
+    tmp = tempfile.gettempdir()
+    for name in set(os.listdir(tmp)) - tmp_before:
+        path = os.path.join(tmp, name)
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
 
 
 def collector(job: dict):
@@ -132,12 +154,17 @@ def givens_source(values: dict) -> str:
 
 
 def one_run(sh, job: dict, run: int, cells: list, fork_at: int) -> None:
-    """This process is run `run` from the givens cell on: bind its givens there, then the rest."""
+    """This process is run `run` from the givens cell on: its givens cell (the grader rewrote each given's value,
+    keeping the cell's other lines), then the rest."""
     global _run, _cell
     _run = run
-    emit(e="cell", run=run, cell=cells[fork_at][0] if fork_at < len(cells) else None)
     _cell = cells[fork_at][0] if fork_at < len(cells) else None
-    sh.run_cell(givens_source(job["runs"][run]), store_history=True)
+    emit(e="cell", run=run, cell=_cell)
+    source = (job.get("givens_sources") or [None] * len(job["runs"]))[run] or givens_source(job["runs"][run])
+    result = sh.run_cell(source, store_history=True)
+    error = result.error_before_exec or result.error_in_exec
+    if error is not None:
+        emit(e="error", run=run, cell=_cell, ename=_text(type(error).__name__, 200), evalue=_text(error, 500))
     run_cells(sh, cells, fork_at + (job.get("givens_cell") is not None))
     emit(e="end", run=run)
 
@@ -169,8 +196,10 @@ def main(argv: list[str]) -> int:
     job = json.loads(sys.stdin.read())
     EVENTS_FD = job.get("events_fd", EVENTS_FD)
     os.makedirs(job["work"], exist_ok=True)
-    if job["folder"] != job["work"]:
-        copy_folder(job["folder"], job["work"])
+    left = copy_folder(job["folder"], job["work"]) if job["folder"] != job["work"] else 0
+    if left:
+        emit(e="note", run=None, text=f"{left} file(s) of the notebook's folder were not copied into the sandbox: "
+                                      f"more than {COPY_BYTES // 2**20} MiB, or deeper than {COPY_DEPTH} folders")
     home = os.path.join(job["work"], job.get("cwd", ""))
     os.chdir(home)
     sys.path.insert(0, home)
@@ -186,14 +215,18 @@ def main(argv: list[str]) -> int:
     if fork_at is None:  # no givens cell: the givens are bound before the first cell
         job["givens_cell"], fork_at = None, 0
     alone = next((int(a.split("=")[1]) for a in argv if a.startswith("--run=")), None)
+    run_cells(sh, cells[:fork_at], 0)
     if alone is not None:  # the slow path: this whole process is one run
-        run_cells(sh, cells[:fork_at], 0)
         one_run(sh, job, alone, cells, fork_at)
         return 0
-    run_cells(sh, cells[:fork_at], 0)
+    import tempfile
+
+    snapshot, tmp_before = job["work"].rstrip("/") + ".before-givens", set(os.listdir(tempfile.gettempdir()))
+    shutil.copytree(job["work"], snapshot, symlinks=True)
     warm()
     for run in range(len(job["runs"])):
         deadline = time.monotonic() + job["timeout"]
+        restore(snapshot, job["work"], tmp_before)
         if single_threaded():
             pid = os.fork()
             if pid == 0:
@@ -205,13 +238,12 @@ def main(argv: list[str]) -> int:
         else:  # a thread started before the givens cell: forking could deadlock, so start afresh
             import subprocess
 
-            with open(os.path.join(job["work"], ".job.json"), "w") as f:
+            with open(snapshot + ".job.json", "w") as f:
                 json.dump(job, f)
             from labsupport.course.sandbox import python
 
-            pid = subprocess.Popen(python("labsupport.course.runner", f"--run={run}"),
-                                   stdin=open(os.path.join(job["work"], ".job.json")), pass_fds=(EVENTS_FD,),
-                                   start_new_session=True).pid
+            pid = subprocess.Popen(python("labsupport.course.runner", f"--run={run}"), stdin=open(snapshot + ".job.json"),
+                                   pass_fds=(EVENTS_FD,), start_new_session=True).pid
         why = wait(pid, deadline)
         if why:
             emit(e="stop", run=run, why=why)

@@ -36,10 +36,21 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]
 GRADERS = PACKAGE / "course" / "checkoffs"  # never seen by student code
-SYSTEM = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Of /etc, only what an interpreter, its libraries and a shell read (run as root, the sandbox's user is root's
+# on the host's files: /etc/shadow, private keys and the like must not be in its view at all).
+ETC = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone",
+       "hosts", "host.conf", "alternatives", "mime.types", "fonts", "os-release", "debian_version", "ssl/certs",
+       "ca-certificates", "bash.bashrc", "profile", "inputrc", "locale.alias", "magic", "magic.mime")
+# Staff-only parts of the package, masked in the sandbox as the student release leaves them out (the release
+# copies this list): the graders, the staff commands, the board, and the ledger command's one-call answers.
+STAFF_ONLY = ("course/checkoffs", "course/build.py", "course/grade.py", "course/registry.py", "course/report.py",
+              "course/release.py", "course/autograder.py", "course/scaffold.py", "bench/notebooks.py",
+              "bench/grade.py", "viz/board.py", "viz/board_data.json", "cli/ledger.py")
 NOBODY = 65534
-MAX_EVENTS_BYTES = 256 * 2**20  # read back from one sandbox; the rest is dropped
-MAX_LINE = 17 * 2**20
+MAX_EVENTS_BYTES = 64 * 2**20  # read back from one sandbox; the rest is dropped
+MAX_LINE = 17 * 2**20  # one event's characters (the runner sends an answer of up to 16 MiB)
+MAX_LINE_ITEMS, MAX_ITEMS = 500_000, 2_000_000  # what parsing one event, and all of them, may make
 MiB, GiB = 2**20, 2**30
 
 
@@ -70,7 +81,10 @@ class Bounds:
 # --- cgroups: a memory and a process bound that count everything the sandbox does -------------------------
 
 class Cgroup:
-    """One sandbox's cgroup(s): v2 where delegated (one folder), else v1's memory and pids hierarchies."""
+    """One sandbox's cgroup(s): v2 where delegated (one folder), else v1's memory, pids and cpu hierarchies.
+
+    The cpu group gives each sandbox the same share of the CPU, so a notebook that starts a hundred busy
+    processes slows itself, not the classmate graded beside it."""
 
     def __init__(self, folders: dict[str, Path]):
         self.folders = folders  # "memory" / "pids" / "v2" -> its folder
@@ -105,7 +119,7 @@ class Cgroup:
         return [p / "cgroup.procs" for p in self.folders.values()]
 
     def covers(self) -> set[str]:
-        return {"memory", "pids"} if "v2" in self.folders else set(self.folders)
+        return {"memory", "pids", "cpu"} if "v2" in self.folders else set(self.folders)
 
     def out_of_memory(self) -> bool:
         for kind, path in self.folders.items():
@@ -146,16 +160,20 @@ def _read(path: Path) -> str:
 
 
 def _cgroup_parents() -> dict[str, Path]:
-    """Where this process may make child cgroups: v2 with memory and pids delegated, else v1's pair."""
-    lines = _read(Path("/proc/self/cgroup")).splitlines()
-    mine = {parts[1]: parts[2] for parts in (line.split(":", 2) for line in lines) if len(parts) == 3}
+    """Where this process may make child cgroups: v2 with memory, pids and cpu delegated, else v1's hierarchies."""
+    mine: dict[str, tuple[str, str]] = {}  # controller -> (its hierarchy's folder name, this process's path in it)
+    for line in _read(Path("/proc/self/cgroup")).splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            mine.update({c: (parts[1], parts[2]) for c in parts[1].split(",")})
     for mount in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
-        here = Path(mount + mine.get("", "/"))
-        if {"memory", "pids"} <= set(_read(here / "cgroup.subtree_control").split()) and os.access(here, os.W_OK):
+        here = Path(mount + mine.get("", ("", "/"))[1])
+        if {"memory", "pids", "cpu"} <= set(_read(here / "cgroup.subtree_control").split()) and os.access(here, os.W_OK):
             return {"v2": here}
     found = {}
-    for kind in ("memory", "pids"):
-        here = Path(f"/sys/fs/cgroup/{kind}{mine.get(kind, '/')}")
+    for kind in ("memory", "pids", "cpu"):  # cpu: each sandbox its own equal share, however many processes it runs
+        folder, path = mine.get(kind, (kind, "/"))
+        here = Path(f"/sys/fs/cgroup/{folder}{path}")
         if (here / "cgroup.procs").exists() and os.access(here, os.W_OK):
             found[kind] = here
     return found
@@ -226,6 +244,9 @@ class Sandbox:
         system = [p for p in SYSTEM if os.path.lexists(p)]
         for p in system:
             args += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
+        for name in ETC:
+            if os.path.lexists(f"/etc/{name}"):
+                args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
         # its own filesystems first, so that a view below /tmp (a clone, a bundle) is bound on top of them
         args += ["--proc", "/proc", "--dev", "/dev", "--size", str(b.shm), "--tmpfs", "/dev/shm",
                  "--size", str(b.tmp), "--tmpfs", "/tmp", "--size", str(b.scratch), "--tmpfs", "/scratch"]
@@ -234,8 +255,10 @@ class Sandbox:
             real = seen.resolve()
             if not any(str(seen).startswith(s + "/") for s in system if not os.path.islink(s)):
                 args += ["--ro-bind", str(real), str(seen)] + (["--ro-bind", str(real), str(real)] if real != seen else [])
-        if GRADERS.exists():
-            args += ["--tmpfs", str(GRADERS)]  # the graders, masked by an empty folder
+        for rel in STAFF_ONLY:  # masked: a folder by an empty one, a file by an empty file
+            path = PACKAGE / rel
+            if path.exists():
+                args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
         args += [a for d in map(str, sorted(Path("/dev").glob("nvidia*"))) for a in ("--dev-bind", d, d)]
         args += ["--ro-bind", str(folder), "/submission", "--remount-ro", "/dev"]
         args += ["--chdir", "/scratch", "--clearenv"]
@@ -302,7 +325,8 @@ class Sandbox:
         return outcome
 
     def _collect(self, proc, fd: int, deadline: float, outcome: Outcome) -> None:
-        buffer, total, skipping = b"", 0, False
+        """Read the events until the pipe closes or time is up, linearly, keeping at most the caps."""
+        tail, total, items, skipping = b"", 0, 0, False
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -319,15 +343,20 @@ class Sandbox:
                 outcome.dropped += 1
                 outcome.stopped = f"it sent more than {MAX_EVENTS_BYTES // MiB} MiB of answers"
                 return
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
+            *lines, rest = (tail + chunk).split(b"\n")
+            for line in lines:
                 if skipping:
                     skipping = False
                     continue
+                size = line.count(b",") + line.count(b"{") + line.count(b"[")  # what parsing it would make
+                if size > MAX_LINE_ITEMS or items + size > MAX_ITEMS or not line.startswith((b'{"e":', b"ok")):
+                    outcome.dropped += 1
+                    continue
+                items += size
                 outcome.events.append(_event(line))
-            if len(buffer) > MAX_LINE:
-                buffer, skipping = b"", True
+            tail = rest
+            if len(tail) > MAX_LINE:
+                tail, skipping = b"", True
                 outcome.dropped += 1
 
 
