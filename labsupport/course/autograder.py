@@ -1,26 +1,15 @@
 """`python -m labsupport autograder OUT.zip [--lab NN]`: the Gradescope autograder bundle (every lab).
 
-Gradescope runs one container per submission (https://gradescope-autograders.readthedocs.io, "Autograder
-Specifications"): the bundle's ``setup.sh`` runs once, as root, when the image is built, and
-``run_autograder`` runs for every submission, reading ``/autograder/submission`` and writing
-``/autograder/results/results.json``.  This bundle holds
-
-    setup.sh          installs the CPU build of torch and this package (editable, from source/)
-    run_autograder    grades every .ipynb of the submission with `grade --gradescope`, and always
-                      leaves a results.json, even when nothing could be graded
-    labsupport/, pyproject.toml, README.md, data/   the package, the graders included, and its data
-
-Each checkoff is one Gradescope test worth one point; its output is the grader's detail and hint.
-The paths are configurable for testing: ``AUTOGRADER_ROOT`` (default /autograder) and
-``LABSUPPORT_PYTHON`` (default python3).  The grader runs as root in Gradescope's container, one
-container per submission, in `grade`'s container mode (labsupport.course.sandbox): it loads the
-graders and works out every expected value, deletes the graders and lab sources from the container's
-disk, then runs the notebook as an unprivileged user (util-linux's setpriv, bounded by prlimit).
+Gradescope builds an image from the bundle once (``setup.sh``, as root) and runs ``run_autograder`` in
+one container per submission (https://gradescope-autograders.readthedocs.io, "Autograder
+Specifications").  The bundle holds those two scripts, the package with its graders, and the data.
+``run_autograder`` grades ``/autograder/submission`` in `grade`'s container mode (GRADING.md) into
+``/autograder/results/results.json``, one test per checkoff, and always leaves that file behind.
+``AUTOGRADER_ROOT`` and ``LABSUPPORT_PYTHON`` move it elsewhere, for testing.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import stat
 import sys
@@ -64,31 +53,21 @@ cd "$ROOT/source"
 """
 
 
-def _package_files() -> list[tuple[Path, str]]:
-    files = []
-    for path in sorted(PACKAGE.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
-            files.append((path, "labsupport/" + path.relative_to(PACKAGE).as_posix()))
-    for name in ("pyproject.toml", "README.md"):
-        if (ROOT / name).is_file():
-            files.append((ROOT / name, name))
-    return files
+def _files(traces: bool) -> list[tuple[Path, str]]:
+    """(file, its name in the bundle): the package, pyproject and README, the data (with the traces found here)."""
+    def tree(folder: Path, prefix: str) -> list[tuple[Path, str]]:
+        return [(p, prefix + p.relative_to(folder).as_posix()) for p in sorted(folder.rglob("*")) if p.is_file()
+                and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo", ".part")
+                and p.stat().st_size < 64 * 2**20]
 
-
-def _data_files(traces: bool) -> list[tuple[Path, str]]:
-    files = []
-    data = ROOT / "data"
-    if data.is_dir():
-        files += [(p, "data/" + p.relative_to(data).as_posix()) for p in sorted(data.rglob("*")) if p.is_file()
-                  and p.stat().st_size < 64 * 2**20 and p.suffix != ".part"]  # .part: an unfinished trace download
+    files = tree(PACKAGE, "labsupport/") + [(ROOT / n, n) for n in ("pyproject.toml", "README.md") if (ROOT / n).is_file()]
+    files += tree(ROOT / "data", "data/") if (ROOT / "data").is_dir() else []
     if traces:
         from labsupport.workloads import TRACES, find_trace
 
         have = {arc for _, arc in files}
-        for name, info in TRACES.items():
-            found = find_trace(name)
-            if found is not None and f"data/{info.filename}" not in have:
-                files.append((found, f"data/{info.filename}"))
+        files += [(find_trace(name), f"data/{info.filename}") for name, info in TRACES.items()
+                  if find_trace(name) is not None and f"data/{info.filename}" not in have]
     return files
 
 
@@ -119,7 +98,7 @@ def build_bundle(out: Path, lab: int | None = None, timeout: int = 300, traces: 
         add_text("setup.sh", SETUP.format(torch_requirement=torch_req or torch_requirement()), executable=True)
         lab_flag = f"--lab {lab:02d} " if lab is not None else ""
         add_text("run_autograder", RUN.format(lab_flag=lab_flag, timeout=timeout), executable=True)
-        for path, arc in _package_files() + _data_files(traces):
+        for path, arc in _files(traces):
             zf.write(path, arc)
             names.append(arc)
     return names

@@ -4,52 +4,22 @@
       -> solutions/NN_topic.ipynb   executed, outputs kept: the instructor's copy, checked by nbval
       -> notebooks/NN_topic.ipynb   the student's copy: solutions cut out, outputs cleared
 
-In the source:
-  * ``### BEGIN SOLUTION N.M: prompt`` ... ``### END SOLUTION`` (nbgrader's markers, plus the checkoff
-    the region serves and a one-line prompt) is cut from the student copy and replaced, at the same
-    indentation, by the comment ``# <to-do word> N.M: prompt`` and a placeholder that never stops
-    Run All (the placeholder contract, which `check()` and `grade` rely on):
-      - in a function's body: ``raise NotImplementedError("<to-do word> N.M: prompt")``, raised only
-        when the function is called; check() reports it "not attempted";
-      - anywhere else: ``name = ...`` (Python's Ellipsis) for each name the region binds that code
-        after it reads before setting it again (``pass`` when none and the block needs a
-        statement); check() reports ``...`` — alone or in a list, tuple, set or dict — "not attempted".
-    Every checkoff of a lab needs at least one region of its own.
-  * a cell tagged ``solution-only`` (``# %% tags=["solution-only"]``) is left out of the student copy.
-  * a cell calling ``check("N.M", ...)`` is a checkoff cell.  The build tags it ``checkoff`` and
-    ``nbval-check-output``; in the student copy it keeps one output, the line it prints when passed
-    (with an execution count: nbval will not compare an "unrun" cell), so ``pytest --nbval-lax
-    notebooks/NN_topic.ipynb`` compares it.  Checkoff cells must print nothing else.
-  * a cell tagged ``needs-traces`` prints or draws numbers that come from a real trace: without the
-    traces (a fresh clone) strict nbval runs it but does not compare its outputs.  Building a lab
-    with such cells while a trace is missing says so in one line: its outputs come from the
-    synthetic stand-ins and are not the ones to commit (``python -m labsupport traces``).
-  * code after an exercise must not need the student's answer: it recomputes what it needs with
-    labsupport, or, when it runs the student's own function, waits behind ``if unlocked("N.M"):``.
+The rules of a source (COURSE_AUTHORING.md shows them at work):
+  * each checkoff has one ``check("N.M", ...)`` cell, printing only its pass line (the student copy keeps
+    it for nbval), and at least one region ``### BEGIN SOLUTION N.M: prompt`` ... ``### END SOLUTION``,
+    which the student copy turns into ``# <to-do word> N.M: prompt`` over a placeholder that Run All gets
+    past and check() calls "not attempted": ``raise NotImplementedError(...)`` in a function's body, else
+    ``name = ...`` for each name that later code reads (or ``pass`` where a block needs a statement);
+  * a cell tagged ``solution-only`` stays out of the student copy; one tagged ``needs-traces`` built
+    without the real traces is reported as running on stand-ins, its outputs not to be committed;
+  * code after an exercise never needs the student's answer (it recomputes it, or waits behind
+    ``if unlocked("N.M"):``).
 
-The build adds three cells to both copies: before the first code cell, the Colab set-up cell (a
-no-op anywhere else; it clones pyproject.toml's ``Repository`` URL), and, for a lab, a closing
-heading and ``scoreboard(...)``: this kernel's checkoffs and the command that grades.
-
-Building runs both copies in a fresh kernel: the solution must run without an error with every
-checkoff passed; the student copy runs top to bottom, stopping at its first error as Run All does,
-and must reach its last cell with every checkoff cell printing its "not attempted" line.
-
-Both notebooks run with their own folder as the working directory (as JupyterLab and nbval run
-them); solutions/ and notebooks/ sit at the same depth, so a relative path works in both.  Cell ids
-come from the lab's name and the cell's position in the source, and student and solution cells that
-correspond share an id; with machine metadata and widget views dropped (see `finalize`), rebuilding
-a lab whose outputs are deterministic changes no byte.
-
-Labs numbered 90–99 are instructors' notebooks (the board): they may have no checkoffs, and get no
-scoreboard.  They still get a copy in notebooks/.
-
-``--check`` compares the committed notebooks with what the sources generate (cells, sources,
-metadata; the student copy entirely) and lists the differences; nbval checks the solutions' outputs.
-``--no-execute`` rebuilds without running anything, keeping a solution cell's outputs while its
-source is unchanged.  Exit codes: 0 done; 1 a notebook does not run as it must, or --check found a
-difference; 2 bad input (a flag, a lab name, a lab source unreadable, not UTF-8, or breaking a rule
-above), reported in one line.
+The build adds a Colab set-up cell and, but to labs 90–99 (the instructors' board), a scoreboard.  It
+runs both copies as INSTRUCTORS.md says; cell ids follow the source, so a deterministic lab rebuilds
+byte for byte.  ``--check`` compares the committed notebooks and records with the sources;
+``--no-execute`` runs nothing, keeping unchanged solution cells' outputs.  Exit codes: 0 done; 1 a
+notebook does not run as it must, or --check found a difference; 2 bad input, in one line.
 """
 from __future__ import annotations
 
@@ -80,8 +50,10 @@ TAG_RAISES = "raises-exception"
 TAG_SCOREBOARD = "scoreboard"
 TAG_FRONT_END = "front-end"
 TAG_NEEDS_TRACES = "needs-traces"
+TAG_GIVENS = "givens"
 SOURCE_PATTERN = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.py$")
-BEGIN_RE = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION(?:[ \t]+(?P<id>\d+\.\d+))?[ \t]*:?[ \t]*(?P<prompt>.*?)[ \t]*$")
+BEGIN_RE = re.compile(
+    r"^(?P<indent>[ \t]*)### BEGIN SOLUTION(?:[ \t]+(?P<id>\d+\.\d+))?[ \t]*:?[ \t]*(?P<prompt>.*?)[ \t]*$")
 END_RE = re.compile(r"^[ \t]*### END SOLUTION[ \t]*$")
 CHECK_RE = re.compile(r"""^[ \t]*(?:[\w.]+\.)?check\(\s*["'](\d+\.\d+)["']""", re.M)
 
@@ -91,7 +63,6 @@ LANGUAGE_INFO = {"name": "python", "pygments_lexer": "ipython3", "file_extension
                  "nbconvert_exporter": "python"}
 PLACEHOLDER_TEXT = "..."  # what data.contains_unfinished recognises, as Python source
 CELL_TIMEOUT_S = 600
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 class BuildError(ValueError):
@@ -117,8 +88,11 @@ class Lab:
 
     @property
     def instructor(self) -> bool:
-        """Labs 90–99 are for instructors (the board): no checkoffs required."""
-        return self.number >= 90
+        return self.number >= 90  # the board: no checkoffs required
+
+    @property
+    def record_path(self) -> Path:
+        return self.root / "labsupport" / "course" / "records" / f"lab{self.number:02d}.json"
 
     @property
     def solution_path(self) -> Path:
@@ -131,9 +105,12 @@ class Lab:
 
 @dataclass
 class Region:
+    """One solution region: the checkoff it serves, its prompt, where it sits and the lines between its markers."""
     checkoff_id: str
     prompt: str
-    cell: int
+    indent: str = ""
+    begin: int = 0  # 1-based line of the BEGIN marker in its cell
+    lines: list[str] = field(default_factory=list)
     cell_id: str = ""
 
 
@@ -147,8 +124,6 @@ class Parsed:
     check_cells: dict[str, str] = field(default_factory=dict)  # checkoff id -> its check() cell's id
 
 
-# --- discovering labs ---------------------------------------------------------------------------
-
 def discover(root: Path, names: list[str] | None = None) -> list[Lab]:
     """Lab sources under root/solutions, optionally only those named ('01', '01_five_jobs', a path)."""
     folder = Path(root) / "solutions"
@@ -160,33 +135,17 @@ def discover(root: Path, names: list[str] | None = None) -> list[Lab]:
         key = Path(name).stem
         hits = [lab for lab in labs if lab.name == key or lab.name.startswith(key + "_") or lab.name[:2] == key]
         if not hits:
-            raise BuildError(f"no lab source matches {name!r} in {folder}; have: {', '.join(l.name for l in labs) or 'none'}")
+            have = ", ".join(lab.name for lab in labs) or "none"
+            raise BuildError(f"no lab source matches {name!r} in {folder}; have: {have}")
         chosen += [h for h in hits if h not in chosen]
     return chosen
 
-
-# --- turning a source into the two notebooks -------------------------------------------------
 
 def cell_id(lab_name: str, position: int | str) -> str:
     return hashlib.sha1(f"{lab_name}:{position}".encode()).hexdigest()[:16]
 
 
-def todo_message(checkoff_id: str, prompt: str) -> str:
-    return f"{PROMPT_WORD} {checkoff_id}: {prompt}"
-
-
-@dataclass
-class RegionText:
-    """One solution region of a cell as written: where it starts and the lines between its markers."""
-
-    indent: str
-    checkoff_id: str
-    prompt: str
-    begin: int  # 1-based line of the BEGIN marker
-    lines: list[str] = field(default_factory=list)
-
-
-def find_regions(source: str, where: str) -> list[RegionText]:
+def find_regions(source: str, where: str) -> list[Region]:
     """Every solution region of a code cell, with its lines (markers excluded), checked for balance."""
     regions, current = [], None
     for number, line in enumerate(source.split("\n"), start=1):
@@ -197,7 +156,7 @@ def find_regions(source: str, where: str) -> list[RegionText]:
             if not begin["id"] or not begin["prompt"]:
                 raise BuildError(f"{where}, line {number}: write '{BEGIN_MARK} N.M: <prompt for the student>' "
                                  f"(the checkoff it serves and a one-line prompt); got {line.strip()!r}")
-            current = RegionText(begin["indent"], begin["id"], begin["prompt"], number)
+            current = Region(begin["id"], begin["prompt"], begin["indent"], number)
         elif end:
             if not current:
                 raise BuildError(f"{where}, line {number}: '{END_MARK}' without a matching '{BEGIN_MARK}'")
@@ -227,11 +186,8 @@ def strip_regions(source: str) -> str:
 
 
 def _bindings(statements) -> list[tuple[str, tuple[int, int]]]:
-    """(name, where it takes effect) for each name the statements bind at their own level, in order.
-
-    Into if/for/with/try bodies, never into a def's or a class's.  An assignment binds once its
-    right-hand side has run (the statement's end); a for or with target before the body runs.
-    """
+    """(name, where it takes effect) for each name the statements bind at their own level (into if/for/with/try
+    bodies, never a def's or a class's), in order: an assignment at its end, a for or with target at once."""
     found: list[tuple[str, tuple[int, int]]] = []
 
     def target(node, at) -> None:
@@ -261,13 +217,12 @@ def _bindings(statements) -> list[tuple[str, tuple[int, int]]]:
                     target(item.optional_vars, None)
         elif isinstance(st, (ast.Import, ast.ImportFrom)):
             found += [((a.asname or a.name).split(".")[0], end) for a in st.names]
-        found += [(n.target.id, (n.end_lineno, n.end_col_offset)) for n in ast.walk(st) if isinstance(n, ast.NamedExpr)]
+        found += [(n.target.id, (n.end_lineno, n.end_col_offset)) for n in ast.walk(st)
+                  if isinstance(n, ast.NamedExpr)]
         for body in ("body", "orelse", "finalbody"):
             found += _bindings(getattr(st, body, []))
-        for handler in getattr(st, "handlers", []):
-            found += _bindings(handler.body)
-        for case in getattr(st, "cases", []):
-            found += _bindings(case.body)
+        for block in (*getattr(st, "handlers", []), *getattr(st, "cases", [])):
+            found += _bindings(block.body)
     return found
 
 
@@ -306,47 +261,26 @@ def still_needed(name: str, uses: list[dict[str, str] | None]) -> bool:
     return False
 
 
-def function_lines(source: str, where: str) -> set[int]:
-    """Lines inside the body of some function of the cell: a region there raises when called."""
+def cut_solutions(source: str, where: str, later: list[dict[str, str] | None] = ()) -> tuple[str, list[Region]]:
+    """A code cell as the student sees it, and its regions: each becomes its to-do comment and placeholder,
+    ``name = ...`` only for what the rest of the notebook needs (`later`: first_uses of the later cells)."""
+    regions = find_regions(source, where)
+    if not regions:
+        return source, []
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
         raise BuildError(f"{where}, line {exc.lineno}: a cell with a solution region must be plain Python "
                          f"({exc.msg})") from None
-    inside: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            inside.update(range(node.lineno + 1, node.end_lineno + 1))
-    return inside
-
-
-def cut_solutions(source: str, where: str, later: list[dict[str, str] | None] = ()) -> tuple[str, list[tuple[str, str]]]:
-    """Replace every solution region of a code cell by its prompt; return the new source and (id, prompt)s.
-
-    In a function body the region becomes ``raise NotImplementedError("<N.M prompt>")``: the
-    function raises when called, and check() reports it as not attempted.  Anywhere else it becomes
-    one ``name = ...`` per name it binds that code after it reads before setting it again (`later`:
-    `first_uses` of the later cells of the student copy): nothing raises at the top level, so Run All
-    reaches the end, and the placeholder names only what the rest of the notebook needs.
-    """
-    regions = find_regions(source, where)
-    if not regions:
-        return source, []
-    in_function = function_lines(source, where)
+    in_function = {line for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for line in range(node.lineno + 1, node.end_lineno + 1)}  # a region there raises when called
     stripped = strip_regions(source)
     lines = source.split("\n")
-    out, found, skip_until = [], [], 0
-    by_begin = {r.begin: r for r in regions}
-    for number, line in enumerate(lines, start=1):
-        if number <= skip_until:
-            continue
-        region = by_begin.get(number)
-        if region is None:
-            out.append(line)
-            continue
-        end = region.begin + len(region.lines) + 1
-        skip_until = end
-        message = todo_message(region.checkoff_id, region.prompt)
+    out, done = [], 0  # done: the lines consumed so far
+    for region in regions:
+        end = region.begin + len(region.lines) + 1  # the END marker's line
+        message = f"{PROMPT_WORD} {region.checkoff_id}: {region.prompt}"
+        out += lines[done:region.begin - 1]
         out.append(f"{region.indent}# {message}")
         if region.begin in in_function:
             out.append(f"{region.indent}raise NotImplementedError({json.dumps(message, ensure_ascii=False)})")
@@ -357,97 +291,83 @@ def cut_solutions(source: str, where: str, later: list[dict[str, str] | None] = 
             out += [f"{region.indent}{name} = {PLACEHOLDER_TEXT}" for name in names]
             if not names and region.indent:
                 out.append(f"{region.indent}pass")
-        found.append((region.checkoff_id, region.prompt))
-    return "\n".join(out), found
+        done = end
+    return "\n".join(out + lines[done:]), regions
 
 
-def _clean_metadata(metadata: dict, extra_tags: list[str] = ()) -> dict:
-    tags = list(dict.fromkeys([*metadata.get("tags", []), *extra_tags]))
-    return {"tags": tags} if tags else {}
+def _notebook() -> nbformat.NotebookNode:
+    """An empty notebook whose metadata names this kernel and language, nothing that depends on the machine."""
+    return nbformat.v4.new_notebook(nbformat_minor=5, metadata=nbformat.from_dict(
+        {"kernelspec": KERNELSPEC, "language_info": LANGUAGE_INFO}))
 
 
-def _notebook(cells: list) -> nbformat.NotebookNode:
-    nb = nbformat.v4.new_notebook()
-    nb.nbformat, nb.nbformat_minor = 4, 5
-    nb.metadata = nbformat.from_dict({"kernelspec": dict(KERNELSPEC), "language_info": copy.deepcopy(LANGUAGE_INFO)})
-    nb.cells = cells
-    return nb
-
-
-def read_source(lab: Lab) -> str:
-    try:
-        return lab.source.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BuildError(f"{lab.source}: not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}); "
-                         f"save the lab source as UTF-8") from None
-    except OSError as exc:
-        raise BuildError(f"{lab.source}: cannot read it ({exc.strerror})") from None
+def _pass_lines(ids: list[str]) -> str:
+    return "".join(PASS_LINE.format(id=i) + "\n" for i in ids)
 
 
 def parse(lab: Lab) -> Parsed:
     """Read a lab source and generate both notebooks (the solution not yet executed)."""
     import jupytext
 
-    source_nb = jupytext.reads(read_source(lab), fmt="py:percent")
-    student_code = {position: strip_regions(cell.source) for position, cell in enumerate(source_nb.cells)
-                    if cell.cell_type == "code" and TAG_SOLUTION_ONLY not in cell.metadata.get("tags", [])}
-    uses_of = {position: first_uses(code) for position, code in student_code.items()}
-    sol_cells, stu_cells, regions, checkoffs, check_cells = [], [], [], {}, {}
+    try:
+        text = lab.source.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BuildError(f"{lab.source}: not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}); "
+                         f"save the lab source as UTF-8") from None
+    except OSError as exc:
+        raise BuildError(f"{lab.source}: cannot read it ({exc.strerror})") from None
+    source_nb = jupytext.reads(text, fmt="py:percent")
+    uses_of = {position: first_uses(strip_regions(cell.source)) for position, cell in enumerate(source_nb.cells)
+               if cell.cell_type == "code" and TAG_SOLUTION_ONLY not in cell.metadata.get("tags", [])}
+    parsed = Parsed(lab, _notebook(), _notebook())
+    sol_cells, stu_cells = parsed.solution.cells, parsed.student.cells
     for position, cell in enumerate(source_nb.cells):
         where = f"{lab.source.name}, cell {position + 1}"
-        body = cell.source
-        tags = list(cell.metadata.get("tags", []))
+        body, student_body = cell.source, cell.source
         ids = CHECK_RE.findall(body) if cell.cell_type == "code" else []
-        solution_only = TAG_SOLUTION_ONLY in tags
+        solution_only = TAG_SOLUTION_ONLY in cell.metadata.get("tags", [])
         if solution_only and (ids or BEGIN_MARK in body):
             raise BuildError(f"{where}: a solution-only cell cannot hold a checkoff or a solution region")
         for checkoff_id in ids:
             if int(checkoff_id.split(".")[0]) != lab.number:
                 raise BuildError(f"{where}: checkoff {checkoff_id} belongs to lab {checkoff_id.split('.')[0]}, "
                                  f"not to lab {lab.number:02d}")
-            if checkoff_id in checkoffs:
+            if checkoff_id in parsed.checkoffs:
                 raise BuildError(f"{where}: checkoff {checkoff_id} is checked twice (first in cell "
-                                 f"{checkoffs[checkoff_id] + 1})")
-            checkoffs[checkoff_id] = len(sol_cells)
-        extra = [TAG_CHECKOFF, TAG_NBVAL_CHECK] if ids else []
-        meta = _clean_metadata(cell.metadata, extra)
+                                 f"{parsed.checkoffs[checkoff_id] + 1})")
+            parsed.checkoffs[checkoff_id] = len(sol_cells)
         cid = cell_id(lab.name, position)
-        check_cells.update({i: cid for i in ids})
-        if cell.cell_type == "markdown":
-            if BEGIN_MARK in body:
-                raise BuildError(f"{where}: solution regions belong in code cells; tag a markdown answer "
-                                 f"cell '{TAG_SOLUTION_ONLY}' instead")
-            sol = nbformat.v4.new_markdown_cell(body, metadata=meta, id=cid)
-            stu = nbformat.v4.new_markdown_cell(body, metadata=copy.deepcopy(meta), id=cid)
-        elif cell.cell_type == "code":
+        parsed.check_cells.update({i: cid for i in ids})
+        if cell.cell_type == "markdown" and BEGIN_MARK in body:
+            raise BuildError(f"{where}: solution regions belong in code cells; tag a markdown answer "
+                             f"cell '{TAG_SOLUTION_ONLY}' instead")
+        if cell.cell_type == "code":
             later = [uses for other, uses in uses_of.items() if other > position]
             student_body, found = cut_solutions(body, where, later)
-            regions += [Region(i, p, len(sol_cells), cid) for i, p in found]
-            for checkoff_id, _ in found:
-                if int(checkoff_id.split(".")[0]) != lab.number:
-                    raise BuildError(f"{where}: solution region {checkoff_id} is not a checkoff of lab {lab.number:02d}")
-            sol = nbformat.v4.new_code_cell(body, metadata=meta, id=cid)
-            stu = nbformat.v4.new_code_cell(student_body, metadata=copy.deepcopy(meta), id=cid)
-            if ids:
-                stu.outputs = [nbformat.v4.new_output(
-                    "stream", name="stdout", text="".join(PASS_LINE.format(id=i) + "\n" for i in ids))]
-                # nbval refuses a cell with outputs and no execution count ("unrun reference cell").
-                stu.execution_count = 1 + sum(c.cell_type == "code" for c in stu_cells)
-        else:
-            sol = nbformat.v4.new_raw_cell(body, metadata=meta, id=cid)
-            stu = nbformat.v4.new_raw_cell(body, metadata=copy.deepcopy(meta), id=cid)
-        sol_cells.append(sol)
+            for region in found:
+                if int(region.checkoff_id.split(".")[0]) != lab.number:
+                    raise BuildError(f"{where}: solution region {region.checkoff_id} is not a checkoff of lab "
+                                     f"{lab.number:02d}")
+                region.cell_id = cid
+            parsed.regions += found
+        new_cell = {"markdown": nbformat.v4.new_markdown_cell,
+                    "code": nbformat.v4.new_code_cell}.get(cell.cell_type, nbformat.v4.new_raw_cell)
+        tags = list(dict.fromkeys([*cell.metadata.get("tags", []), *([TAG_CHECKOFF, TAG_NBVAL_CHECK] if ids else [])]))
+        meta = {"tags": tags} if tags else {}
+        sol_cells.append(new_cell(body, metadata=meta, id=cid))
+        stu = new_cell(student_body, metadata=copy.deepcopy(meta), id=cid)
+        if ids:
+            stu.outputs = [nbformat.v4.new_output("stream", name="stdout", text=_pass_lines(ids))]
+            # nbval refuses a cell with outputs and no execution count ("unrun reference cell").
+            stu.execution_count = 1 + sum(c.cell_type == "code" for c in stu_cells)
         if not solution_only:
             stu_cells.append(stu)
     if not lab.instructor:
-        for made in scoreboard_cells(lab, len(source_nb.cells)):
-            sol_cells.append(made)
-            stu_cells.append(copy.deepcopy(made))
-    first_code = next((i for i, c in enumerate(sol_cells) if c.cell_type == "code"), len(sol_cells))
-    sol_cells.insert(first_code, colab_cell(lab))
-    first_code = next((i for i, c in enumerate(stu_cells) if c.cell_type == "code"), len(stu_cells))
-    stu_cells.insert(first_code, colab_cell(lab))
-    parsed = Parsed(lab, _notebook(sol_cells), _notebook(stu_cells), regions, checkoffs, check_cells)
+        sol_cells += scoreboard_cells(lab, len(source_nb.cells))
+        stu_cells += scoreboard_cells(lab, len(source_nb.cells))
+    for cells in (sol_cells, stu_cells):
+        first_code = next((i for i, c in enumerate(cells) if c.cell_type == "code"), len(cells))
+        cells.insert(first_code, colab_cell(lab))
     _validate(parsed)
     return parsed
 
@@ -475,19 +395,14 @@ if "google.colab" in sys.modules:
         os.chdir("/content/labs/notebooks")  # the labs read their files relative to notebooks/'''
 
 
-def repository_url(root: Path) -> str:
-    """pyproject.toml's ``Repository`` URL (under [project.urls]), which the Colab cell clones; a
-    placeholder the cell explains when there is none."""
-    try:
-        text = (Path(root) / "pyproject.toml").read_text(encoding="utf-8")
-    except OSError:
-        return REPO_PLACEHOLDER
-    found = re.search(r'^\[project\.urls\][^\[]*?^Repository\s*=\s*"([^"]+)"', text, re.M | re.S)
-    return found[1] if found else REPO_PLACEHOLDER
-
-
 def colab_cell(lab: Lab) -> nbformat.NotebookNode:
-    return nbformat.v4.new_code_cell(COLAB_CELL.format(repo=repository_url(lab.root)),
+    """The Colab set-up cell: it clones pyproject.toml's ``Repository`` URL, or explains its placeholder."""
+    try:
+        text = (lab.root / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    found = re.search(r'^\[project\.urls\][^\[]*?^Repository\s*=\s*"([^"]+)"', text, re.M | re.S)
+    return nbformat.v4.new_code_cell(COLAB_CELL.format(repo=found[1] if found else REPO_PLACEHOLDER),
                                      metadata={"tags": [TAG_FRONT_END]}, id=cell_id(lab.name, "colab"))
 
 
@@ -511,57 +426,30 @@ def _graders(lab: Lab) -> list:
         raise BuildError(f"{lab.name}: labsupport/course/checkoffs/lab{lab.number:02d}.py: {exc}") from None
 
 
-def check_hidden_givens(lab: Lab, checkoffs: list, draws: int = 8) -> None:
-    """Every value checkoff with givens has another answer on each hidden set: a number typed in from the
-    lecture's givens must fail there.  The error names the checkoff and the set."""
-    from labsupport.course import data, judge
-    from labsupport.course.registry import GIVENS, case_rng, namespace
-
-    if lab.number not in GIVENS:
-        return
-    sets = GIVENS[lab.number].draw(case_rng("givens", b"build check"), draws)
-    for c in (c for c in checkoffs if c.takes_givens):
-        lecture = data.parse(data.dumps(c.expect()))
-        for g in sets:
-            try:
-                judge.verdict(lecture, judge.readable(c.value_spec(namespace(g))))
-            except judge.Mismatch:
-                continue
-            raise BuildError(f"{lab.name}: checkoff {c.id} has the same answer on the lecture's givens and on hidden "
-                             f"givens {g}: its hidden generator must change every answer (see COURSE_AUTHORING.md)")
-
-
 def _validate(parsed: Parsed) -> None:
+    """check() cells, solution regions and registered checkoffs match one to one; the givens are sound."""
     lab = parsed.lab
     checkoffs = _graders(lab)
+    graders = f"labsupport/course/checkoffs/lab{lab.number:02d}.py"
     registered = {c.id for c in checkoffs}
     used = set(parsed.checkoffs)
-    if not used and not registered and not lab.instructor:
-        raise BuildError(f"{lab.name} has no checkoffs: register them in labsupport/course/checkoffs/"
-                         f"lab{lab.number:02d}.py and call check() (only the instructors' labs 90-99 may have none)")
-    unknown = sorted(used - registered)
-    if unknown:
-        raise BuildError(f"{lab.name}: checkoffs {unknown} are not registered in labsupport/course/checkoffs/lab{lab.number:02d}.py")
-    unused = sorted(registered - used)
-    if unused:
-        raise BuildError(f"{lab.name}: registered checkoffs {unused} have no check() cell in the source")
     with_regions = {r.checkoff_id for r in parsed.regions}
-    bare = sorted(used - with_regions)
-    if bare:
-        raise BuildError(f"{lab.name}: checkoffs {bare} have no '{BEGIN_MARK} N.M: ...' region for the student to fill")
-    orphan = sorted(with_regions - used)
-    if orphan:
-        raise BuildError(f"{lab.name}: solution regions {orphan} serve no check() cell")
+    if not used and not registered and not lab.instructor:
+        raise BuildError(f"{lab.name} has no checkoffs: register them in {graders} and call check() "
+                         "(only the instructors' labs 90-99 may have none)")
+    for ids, problem in ((used - registered, f"checkoffs {{}} are not registered in {graders}"),
+                         (registered - used, "registered checkoffs {} have no check() cell in the source"),
+                         (used - with_regions, f"checkoffs {{}} have no '{BEGIN_MARK} N.M: ...' region "
+                                               "for the student to fill"),
+                         (with_regions - used, "solution regions {} serve no check() cell")):
+        if ids:
+            raise BuildError(f"{lab.name}: " + problem.format(sorted(ids)))
     check_givens(parsed)
     check_hidden_givens(lab, checkoffs)
 
 
-TAG_GIVENS = "givens"
-
-
 def check_givens(parsed: Parsed) -> None:
-    """A lab with givens has exactly one cell tagged ``givens``, binding constants only, each of which its
-    graders' hidden generator varies (labsupport.course.registry reads the lecture's values from that cell)."""
+    """A lab with givens has exactly one cell tagged ``givens``, binding constants its hidden generator varies."""
     from labsupport.course.registry import GIVENS, case_rng, givens_cell
 
     lab = parsed.lab
@@ -582,17 +470,37 @@ def check_givens(parsed: Parsed) -> None:
         raise BuildError(str(exc)) from None
 
 
+def check_hidden_givens(lab: Lab, checkoffs: list, draws: int = 8) -> None:
+    """Every value checkoff with givens has another answer on each hidden set, where a typed-in number fails."""
+    from labsupport.course import data, judge
+    from labsupport.course.registry import GIVENS, case_rng, namespace
+
+    if lab.number not in GIVENS:
+        return
+    sets = GIVENS[lab.number].draw(case_rng("givens", b"build check"), draws)
+    for c in (c for c in checkoffs if c.takes_givens):
+        lecture = data.parse(data.dumps(c.expect()))
+        for g in sets:
+            try:
+                judge.verdict(lecture, judge.readable(c.value_spec(namespace(g))))
+            except judge.Mismatch:
+                continue
+            raise BuildError(f"{lab.name}: checkoff {c.id} has the same answer on the lecture's givens and on hidden "
+                             f"givens {g}: its hidden generator must change every answer (see COURSE_AUTHORING.md)")
+
+
 def record_of(parsed: Parsed) -> dict:
-    """The lab's public record (labsupport.course.record), worked out from its graders on the lecture's
-    givens and the lab's own cases."""
+    """The lab's public record (labsupport.course.record): its graders on the lecture's givens and own cases."""
     from labsupport.course.registry import GIVENS, case_rng
 
     lab = parsed.lab
     entries = []
     for c in _graders(lab):
         regions = [r for r in parsed.regions if r.checkoff_id == c.id]
-        payload = ({"cases": [{"input": k.input(), "spec": k.public_spec(c.name)} for k in c.cases(case_rng(c.id))]}
-                   if c.kind == "function" else {"spec": c.value_spec()})
+        if c.kind == "function":
+            payload = {"cases": [{"input": k.input(), "spec": k.public_spec(c.name)} for k in c.cases(case_rng(c.id))]}
+        else:
+            payload = {"spec": c.value_spec()}
         entries.append({"id": c.id, "title": c.title, "hint": c.hint, "kind": c.kind,
                         "prompts": list(dict.fromkeys(r.prompt for r in regions)),
                         "cells": list(dict.fromkeys([r.cell_id for r in regions] + [parsed.check_cells[c.id]])),
@@ -604,13 +512,8 @@ def record_of(parsed: Parsed) -> dict:
     return rec
 
 
-# --- executing ---------------------------------------------------------------------------------
-
 def kernel_manager():
-    """A python3 kernel on this very interpreter, the one labsupport is installed in.
-
-    A user-level kernelspec also named python3 (pointing at another Python) would otherwise win.
-    """
+    """A python3 kernel on this very interpreter, whatever a user-level kernelspec named python3 says."""
     import ipykernel.kernelspec
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
@@ -625,132 +528,111 @@ def kernel_manager():
 
 def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = CELL_TIMEOUT_S, progress: bool = True,
             allow_errors: bool = False, label: str = "") -> nbformat.NotebookNode:
-    """Run `nb` in a fresh kernel of this interpreter, in `cwd`; returns the executed copy.
-
-    Without `allow_errors` execution stops at the first error, as Run All does, and the BuildError
-    names that cell (1-based, as JupyterLab counts) and the error.
-    """
+    """Run a copy of `nb` in a fresh kernel in `cwd`; without `allow_errors` it stops at the first error, as
+    Run All does, and the ExecutionFailure names that cell (1-based) and the error."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
+    from tqdm.auto import tqdm
 
     nb = copy.deepcopy(nb)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(nb.cells), desc=label or "cells", unit="cell", file=sys.stderr, leave=False)
     client = NotebookClient(nb, km=kernel_manager(), timeout=timeout, allow_errors=allow_errors,
                             resources={"metadata": {"path": str(cwd)}}, record_timing=False,
                             store_widget_state=False)
-    if bar is not None:
+    with tqdm(total=len(nb.cells), desc=label or "cells", unit="cell", file=sys.stderr, leave=False,
+              disable=not progress) as bar:
         client.on_cell_executed = lambda **_: bar.update(1)
-    try:
-        client.execute()
-    except CellTimeoutError:
-        raise ExecutionFailure(f"{label or 'notebook'}: a cell ran longer than {timeout} s") from None
-    except CellExecutionError as exc:
-        index = next((i for i, c in enumerate(nb.cells, start=1) if c.cell_type == "code"
-                      and any(o.output_type == "error" for o in c.get("outputs", []))), None)
-        where = f"cell {index}" if index else "a cell"
-        raise ExecutionFailure(f"{label or 'notebook'}, {where}: execution stops here with "
-                               f"{exc.ename}: {str(exc.evalue)[:300]}") from None
-    finally:
-        if bar is not None:
-            bar.close()
+        try:
+            client.execute()
+        except CellTimeoutError:
+            raise ExecutionFailure(f"{label or 'notebook'}: a cell ran longer than {timeout} s") from None
+        except CellExecutionError as exc:
+            index = next((i for i, c in enumerate(nb.cells, start=1) if c.cell_type == "code"
+                          and any(o.output_type == "error" for o in c.get("outputs", []))), None)
+            where = f"cell {index}" if index else "a cell"
+            raise ExecutionFailure(f"{label or 'notebook'}, {where}: execution stops here with "
+                                   f"{exc.ename}: {str(exc.evalue)[:300]}") from None
     return nb
 
 
 def finalize(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Drop what execution adds that depends on the machine or the session.
-
-    Kernel versions go, and so do widget views: without the widget state (not stored: it is large
-    and random) a stored view only says "model not found".  Their plain-text part stays — for a
-    `viz.Panel` that is its readout — so the notebook reads well unexecuted and rebuilds identically;
-    nbval ignores widget views when comparing anyway.
-    """
-    nb.metadata = nbformat.from_dict({"kernelspec": dict(KERNELSPEC), "language_info": copy.deepcopy(LANGUAGE_INFO)})
+    """Drop what depends on the machine or the session: kernel versions, and widget views, which without the
+    (unstored) widget state say "model not found"; their plain text, a `viz.Panel`'s readout, stays."""
+    nb.metadata = _notebook().metadata
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         if cell.cell_type == "code":
             for output in cell.outputs:
                 output.get("metadata", {}).pop("execution", None)
-                output.get("data", {}).pop(WIDGET_VIEW, None)
+                output.get("data", {}).pop("application/vnd.jupyter.widget-view+json", None)
     return nb
 
 
-def _output_text(cell) -> tuple[str, list[str]]:
-    """Stdout text of a cell and a description of any other output it produced."""
+def _checkoff_output(cell) -> tuple[list[str], str, list[str]]:
+    """A checkoff cell's check() ids, its stdout text and a description of any other output."""
     text, other = "", []
     for output in cell.get("outputs", []):
         if output.output_type == "stream" and output.name == "stdout":
             text += output.text
         else:
-            other.append(output.output_type + (f" {output.ename}: {output.evalue}" if output.output_type == "error" else ""))
-    return text, other
+            error = f" {output.ename}: {output.evalue}" if output.output_type == "error" else ""
+            other.append(output.output_type + error)
+    return CHECK_RE.findall(cell.source), text, other
 
 
 def validate_outputs(parsed: Parsed, executed: nbformat.NotebookNode) -> None:
     """An executed solution has no errors, and each checkoff cell prints exactly its pass lines."""
-    for index, cell in enumerate(executed.cells):
+    for index, cell in enumerate(executed.cells, start=1):
         if cell.cell_type != "code":
             continue
         tags = cell.metadata.get("tags", [])
         errors = [o for o in cell.outputs if o.output_type == "error"]
         if errors and TAG_RAISES not in tags:
             e = errors[0]
-            raise BuildError(f"{parsed.lab.name}, cell {index + 1}: the solution raised {e.ename}: {e.evalue}")
+            raise BuildError(f"{parsed.lab.name}, cell {index}: the solution raised {e.ename}: {e.evalue}")
         if TAG_CHECKOFF in tags:
-            ids = CHECK_RE.findall(cell.source)
-            text, other = _output_text(cell)
-            want = "".join(PASS_LINE.format(id=i) + "\n" for i in ids)
-            if text != want or other:
-                raise BuildError(f"{parsed.lab.name}, cell {index + 1}: a checkoff cell must print only "
-                                 f"{want!r}; it printed {text!r} and {other or 'nothing else'}")
+            ids, text, other = _checkoff_output(cell)
+            if text != _pass_lines(ids) or other:
+                raise BuildError(f"{parsed.lab.name}, cell {index}: a checkoff cell must print only "
+                                 f"{_pass_lines(ids)!r}; it printed {text!r} and {other or 'nothing else'}")
 
 
 def validate_student_run(parsed: Parsed, executed: nbformat.NotebookNode) -> None:
-    """A student copy run top to bottom: each checkoff cell prints one ⬜ line per checkoff, nothing else.
-
-    The line names one of the checkoff's prompts (check() shows the one it met last).
-    """
-    prompts: dict[str, set[str]] = {}
-    for region in parsed.regions:
-        prompts.setdefault(region.checkoff_id, set()).add(region.prompt)
+    """Each checkoff cell of a student copy's run prints one ⬜ line per checkoff, with one of its prompts."""
+    allowed = {(r.checkoff_id, plain(NOT_ATTEMPTED_LINE.format(id=r.checkoff_id, prompt=r.prompt)))
+               for r in parsed.regions}
     for index, cell in enumerate(executed.cells, start=1):
         if cell.cell_type != "code" or TAG_CHECKOFF not in cell.metadata.get("tags", []):
             continue
-        ids = CHECK_RE.findall(cell.source)
-        text, other = _output_text(cell)
+        ids, text, other = _checkoff_output(cell)
         lines = text.splitlines()
-        ok = not other and len(lines) == len(ids) and all(
-            line in {plain(NOT_ATTEMPTED_LINE.format(id=i, prompt=p)) for p in prompts[i]} for i, line in zip(ids, lines))
-        if not ok:
+        if other or len(lines) != len(ids) or any(pair not in allowed for pair in zip(ids, lines)):
             want = " and ".join(NOT_ATTEMPTED_LINE.format(id=i, prompt="<its prompt>") for i in ids)
             raise ExecutionFailure(f"{parsed.lab.student_path.name}, cell {index}: with the exercise unfinished "
                                    f"the checkoff cell must print only {want!r}; it printed {text!r} and "
                                    f"{other or 'nothing else'}")
 
 
-# --- writing and comparing -----------------------------------------------------------------------
-
 def dumps(nb: nbformat.NotebookNode) -> str:
     nbformat.validate(nb)
     return nbformat.writes(nb, version=4) + "\n"
 
 
-def write(nb: nbformat.NotebookNode, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = dumps(nb)
-    if not path.exists() or path.read_text(encoding="utf-8") != text:
+def _update(path: Path, text: str) -> None:
+    """Write `text` to `path` unless it already holds exactly that."""
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+
+
+def write(nb: nbformat.NotebookNode, path: Path) -> None:
+    _update(path, dumps(nb))
 
 
 def carry_outputs(new: nbformat.NotebookNode, old_path: Path) -> nbformat.NotebookNode:
     """Keep the outputs of solution cells whose id and source did not change (for --no-execute)."""
     if not old_path.exists():
         return new
-    old = nbformat.read(old_path, as_version=4)
-    by_id = {c.get("id"): c for c in old.cells}
+    by_id = {c.get("id"): c for c in nbformat.read(old_path, as_version=4).cells}
     for cell in new.cells:
         prev = by_id.get(cell.get("id"))
         if cell.cell_type == "code" and prev is not None and prev.cell_type == "code" and prev.source == cell.source:
@@ -771,19 +653,19 @@ def compare(expected: nbformat.NotebookNode, actual: nbformat.NotebookNode, name
         diffs.append(f"{name}: {len(actual.cells)} cells, the source generates {len(expected.cells)}")
     for index, (want, got) in enumerate(zip(expected.cells, actual.cells), start=1):
         where = f"{name}, cell {index}"
-        for key in ("cell_type", "id", "source", "metadata"):
-            if got.get(key) != want.get(key):
-                shown = repr(got.get(key))[:120]
-                diffs.append(f"{where}: {key} differs from the generated cell (committed: {shown})")
-        if want.cell_type == "code":
-            if outputs and (got.get("outputs") != want.get("outputs") or got.get("execution_count") != want.get("execution_count")):
-                diffs.append(f"{where}: outputs differ from the generated student copy")
-            if not outputs and got.get("execution_count") is None:
-                diffs.append(f"{where}: not executed (rebuild without --no-execute)")
+        diffs += [f"{where}: {key} differs from the generated cell (committed: {repr(got.get(key))[:120]})"
+                  for key in ("cell_type", "id", "source", "metadata") if got.get(key) != want.get(key)]
+        if want.cell_type != "code":
+            continue
+        if outputs and any(got.get(key) != want.get(key) for key in ("outputs", "execution_count")):
+            diffs.append(f"{where}: outputs differ from the generated student copy")
+        if not outputs and got.get("execution_count") is None:
+            diffs.append(f"{where}: not executed (rebuild without --no-execute)")
     return diffs
 
 
 def check_labs(labs: list[Lab], root: Path) -> list[str]:
+    """What --check finds: each lab's notebooks and record against its source, then stray notebooks."""
     diffs = []
     for lab in labs:
         try:
@@ -798,11 +680,11 @@ def check_labs(labs: list[Lab], root: Path) -> list[str]:
                 diffs.append(f"{rel}: missing (run `python -m labsupport build {lab.name}`)")
                 continue
             diffs += compare(expected, nbformat.read(path, as_version=4), str(rel), outputs)
-        if not lab.instructor:
-            path = record_path(root, lab.number)
-            if not path.is_file() or path.read_text(encoding="utf-8") != record.dumps(record_of(parsed)):
-                diffs.append(f"{path.relative_to(root)}: the lab's public record is missing or stale "
-                             f"(run `python -m labsupport build {lab.name}`)")
+        path = lab.record_path
+        if not lab.instructor and (not path.is_file()
+                                   or path.read_text(encoding="utf-8") != record.dumps(record_of(parsed))):
+            diffs.append(f"{path.relative_to(root)}: the lab's public record is missing or stale "
+                         f"(run `python -m labsupport build {lab.name}`)")
     if len(labs) == len(discover(root)):
         sources = {lab.name for lab in labs}
         for folder in ("notebooks", "solutions"):
@@ -823,41 +705,21 @@ def _say_if_on_stand_ins(lab: Lab, solution: nbformat.NotebookNode) -> None:
               f"(`{FETCH_COMMAND}` fetches the traces)", file=sys.stderr, flush=True)
 
 
-def record_path(root: Path, lab: int) -> Path:
-    return Path(root) / "labsupport" / "course" / "records" / f"lab{lab:02d}.json"
-
-
-def write_record(parsed: Parsed) -> None:
-    """The lab's public record, written before anything runs: the notebooks' check() reads it."""
-    if parsed.lab.instructor:
-        return
-    path = record_path(parsed.lab.root, parsed.lab.number)
-    text = record.dumps(record_of(parsed))
-    if not path.is_file() or path.read_text(encoding="utf-8") != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    record.read.cache_clear()
-
-
-def build_lab(lab: Lab, run: bool = True, progress: bool = True) -> tuple[float, float]:
-    """Write both notebooks of one lab; returns the seconds spent running the solution and the student copy.
-
-    Running means: the solution top to bottom with no error and every checkoff passed, then the
-    student copy top to bottom, stopping at its first error as Run All does, which must reach the
-    last cell with every checkoff "not attempted".
-    """
+def build_lab(lab: Lab, run: bool = True) -> tuple[float, float]:
+    """Write the lab's record and notebooks (run and checked unless not `run`); returns the seconds each ran."""
     parsed = parse(lab)
-    write_record(parsed)
+    if not lab.instructor:  # written first: the notebooks' check() reads it
+        _update(lab.record_path, record.dumps(record_of(parsed)))
+    record.read.cache_clear()
     seconds = (0.0, 0.0)
     if run:
         _say_if_on_stand_ins(lab, parsed.solution)
         start = time.perf_counter()
-        executed = execute(parsed.solution, lab.solution_path.parent, progress=progress, label=lab.name)
+        executed = execute(parsed.solution, lab.solution_path.parent, label=lab.name)
         middle = time.perf_counter()
         validate_outputs(parsed, executed)
         lab.student_path.parent.mkdir(parents=True, exist_ok=True)  # it runs where it will live
-        student_run = execute(parsed.student, lab.student_path.parent, progress=progress,
-                              label=f"notebooks/{lab.student_path.name}")
+        student_run = execute(parsed.student, lab.student_path.parent, label=f"notebooks/{lab.student_path.name}")
         seconds = (middle - start, time.perf_counter() - middle)
         validate_student_run(parsed, student_run)
         solution = finalize(executed)
@@ -868,11 +730,8 @@ def build_lab(lab: Lab, run: bool = True, progress: bool = True) -> tuple[float,
     return seconds
 
 
-# --- command line ------------------------------------------------------------------------------
-
 def main(argv: list[str] | None = None) -> int:
-    """Exit 0 when done, 1 when a notebook does not run as it must or --check finds a difference,
-    2 for bad input: a flag, a lab name, or a lab source that is unreadable or breaks a rule."""
+    """The build command; exit codes as the module says."""
     p = OneLineParser(prog="python -m labsupport build",
                       description="Generate solution and student notebooks from solutions/NN_topic.py.")
     p.add_argument("labs", nargs="*", help="lab names or numbers (default: every lab)")
@@ -882,18 +741,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", default=".", help="repository root holding solutions/ and notebooks/ (default: .)")
     try:
         args = p.parse_args(argv)
-    except UsageError as exc:
-        print(f"build: {exc}", file=sys.stderr)
-        return 2
-    root = Path(args.root).resolve()
-    if not (root / "solutions").is_dir():
-        print(f"build: --root {args.root}: no solutions/ folder there", file=sys.stderr)
-        return 2
-    try:
+        root = Path(args.root).resolve()
+        if not (root / "solutions").is_dir():
+            raise BuildError(f"--root {args.root}: no solutions/ folder there")
         labs = discover(root, args.labs)
         if not labs:
-            print(f"build: no lab sources (NN_topic.py) in {root / 'solutions'}", file=sys.stderr)
-            return 2
+            raise BuildError(f"no lab sources (NN_topic.py) in {root / 'solutions'}")
         if args.check:
             diffs = check_labs(labs, root)
             for line in diffs:
@@ -909,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     except ExecutionFailure as exc:
         print(f"build: {exc}", file=sys.stderr)
         return 1
-    except BuildError as exc:
+    except (UsageError, BuildError) as exc:
         print(f"build: {exc}", file=sys.stderr)
         return 2
     return 0

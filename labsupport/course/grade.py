@@ -1,33 +1,20 @@
 """`python -m labsupport grade PATH... [--jobs N] [--csv FILE] [--json] [--gradescope FILE]`: the grade (every lab).
 
-check() in a notebook is feedback; this decides, the way PrairieLearn's Python grader does: the
-student's code runs whole, on givens the student never saw, and the comparison happens outside.
+check() is feedback; this decides, the way PrairieLearn's Python grader does (GRADING.md):
 
- 1. Before anything of the student's runs, the grader loads the lab's graders and, from a secret
-    drawn for this run (``--seed`` makes it repeatable), draws per student and lab HIDDEN_RUNS sets of
-    hidden givens and the function checkoffs' hidden cases, and works out every expected value.
- 2. The notebook runs whole in a sandbox (labsupport.course.sandbox) 1 + HIDDEN_RUNS times: on the
-    lecture's givens, then with its givens cell replaced by each hidden set (labsupport.course.runner:
-    the cells before the givens cell run once, shared).  Its check() calls hand the answers over as
-    plain data; a function's answer is what it did on the hidden cases' inputs.  No expected value
-    is ever in the sandbox.
- 3. Here, each answer is judged (labsupport.course.judge) against the expected value of its run.
-    A value answer passes when it is right on every run; a function when it is right on every case;
-    a choice on the lecture's run.  The exercise's own cells are scanned for a direct call of the
-    library function that would answer it (labsupport.course.scan), exactly as check() scans them.
+ 1. Before anything of the student's runs: the lab's graders, per student and lab HIDDEN_RUNS sets of
+    hidden givens and the function checkoffs' hidden cases (from a secret; ``--seed`` repeats a run),
+    and every expected value on them.
+ 2. The notebook runs whole in a sandbox (labsupport.course.sandbox, .runner) 1 + HIDDEN_RUNS times: on
+    the lecture's givens, then with its givens cell rewritten to each hidden set.  Answers come back
+    as plain data; a function's as what it did on the hidden cases' inputs.  No expected value goes in.
+ 3. Here each answer is judged (labsupport.course.judge) against its run's expected value, after the
+    same scan of the exercise's cells check() runs (labsupport.course.scan): passed (right on every
+    run, every case), failed (the detail says where, with the hint) or not attempted.
 
-      passed         right everywhere;
-      failed         wrong somewhere (the detail says where, with the hint), a direct call the
-                     exercise forbids, or its cell raised (the detail names the cell and the run);
-      not attempted  no check() call for it, or still the student copy's placeholder.
-
-A cell that raises on hidden givens behaves as under Run All: the run goes on, and only the answers
-it kept from check() fail.  Every notebook gets a row whatever it does (dies, hangs, fills its
-memory, disk or process table, writes garbage); a bound it meets is named in its row, and its
-classmates in the same batch get exactly what they would alone.  Each path given is one student
-(a lone folder with no notebook of its own is a class); one notebook per student and lab is graded,
-the newest.  Exit code: 0 all passed or not attempted, 1 a checkoff failed or a notebook did not
-run, 2 a bad argument or a file that is not a notebook.
+Every notebook gets a row whatever it does, and a bound it meets is named there; one notebook per
+student and lab counts, the newest.  Exit code: 0 nothing failed, 1 a checkoff failed or a notebook
+did not run, 2 a bad argument or a file that is not a notebook.
 """
 from __future__ import annotations
 
@@ -45,7 +32,7 @@ from pathlib import Path
 from labsupport.cli.parser import OneLineParser, UsageError
 from labsupport.course import data, judge, record, scan
 from labsupport.course.report import (FAILED, NOT_ATTEMPTED, PASSED, CheckoffResult, NotebookGrade, csv_text, dump,
-                                      format_grade, gradescope, safe, summary, write_into_place)
+                                      format_grade, gradescope, safe, safe_path, summary, write_into_place)
 from labsupport.course.sandbox import Bounds, NotABundle, Sandbox, forget_graders
 
 HIDDEN_RUNS = 2  # re-runs on hidden givens per notebook (see GRADING.md for the measurement behind it)
@@ -457,10 +444,6 @@ def collect(paths: list[str]) -> tuple[list[Submission], list[str]]:
                 problems.append(f"{safe_path(folder)} and {safe_path(folder_of[student])} would both be student "
                                 f"{safe(student, 100)!r}: grade them apart, or rename one folder")
     return found, list(dict.fromkeys(problems))
-
-
-def safe_path(path) -> str:
-    return safe(os.fsdecode(path), 300)
 
 
 def grade_all(grader: Grader, submissions: list[Submission], jobs: int = 1, progress: bool = True,

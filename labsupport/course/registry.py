@@ -1,29 +1,13 @@
 """What a checkoff is, and how a lab's grader module declares one (every lab; the staff side).
 
-Each lab's graders live in ``labsupport/course/checkoffs/labNN.py`` (never in the student release,
-never where student code runs).  A module declares the lab's givens once and each checkoff once:
-
-    G = givens(hidden=lambda rng: dict(S_MAX=rng.choice((2048, 8192)), ...))   # the lecture's: the lab's givens cell
-    value("2.1", "title", expected=lambda g: (g.S_MAX - g.PROMPT - g.OUTPUT) * kv(g), unit=" B", hint="...",
-          mistakes=[(G.S_MAX * KV, "That is the whole slot; ...")])
-    choice("1.4", "title", answer="admit", options=JOBS, hint="...", mistakes={"batch": "..."})
-
-    @function("3.3", "title", hint="...")
-    def _(rng):                                    # the cases: inputs as data, and what each must give
-        for n, b in ...:
-            yield case(n, b, want=-(-n // b) * b - n)
-
-`expected` takes the givens (``g.S_MAX``): `grade` re-runs the whole notebook on hidden givens and
-compares each run's answer with `expected` for that run's givens; a value with nothing to vary says
-why in `fixed=`.  Function cases carry their inputs as plain data (labsupport.course.data: a
-`live(...)` object for one of labsupport's objects mid-use) and their `want`; only the inputs ever
-reach the sandbox.  `forbid=` names the library functions the exercise's cells must not call
-directly and `derive=` what to work out instead (labsupport.course.scan; a hint, not a wall).
-
-When the lab is built, each checkoff's public part — title, hint, the expected value on the
-lecture's givens, the lab's own cases with their expected results, the remarks — is written to the
-lab's record (labsupport.course.record), which is all check() ever reads.  The hidden givens'
-generator and the hidden cases stay in the grader module.  See COURSE_AUTHORING.md.
+Each lab's graders live in ``labsupport/course/checkoffs/labNN.py``, never in the student release nor
+where student code runs.  A module declares the lab's hidden givens once (`givens`; the lecture's are its
+source's givens cell) and each checkoff once: `value` (expected: a function of the givens, or `fixed=`
+and why), `choice`, or `function` over a generator of `case`s (inputs as plain data, their `want`).
+`forbid=` and `derive=` feed the scan's hint (labsupport.course.scan).  The build writes each
+checkoff's public part — title, hint, the lecture's expected value, the lab's own cases — into the
+lab's record (labsupport.course.record), all check() reads; the hidden givens and cases stay here.
+How to add one: COURSE_AUTHORING.md.
 """
 from __future__ import annotations
 

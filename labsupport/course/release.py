@@ -1,18 +1,9 @@
-"""`python -m labsupport release OUT`: what an instructor hands students (every lab).
+"""`python -m labsupport release OUT`: what an instructor hands students (every lab; GRADING.md).
 
-The release holds the package, the student notebooks (notebooks/NN_topic.ipynb, solution regions
-already cut), the README with the guides it links to that concern students (grading), pyproject and
-environment files and the data the loaders need (the tiny model; traces are fetched, or replaced by a
-labelled synthetic stand-in, as in the repository).  It leaves out everything that answers an
-exercise or grades one:
-
-  * solutions/ (the lab sources and the executed instructor copies), the instructors' board and LEDGER.md;
-  * labsupport/course/checkoffs (the graders: expected formulas, hidden givens and hidden cases) and the
-    staff commands (build, grade, release, autograder, the scaffold, the sandbox and its runner);
-  * the labs' tests.
-
-check() works in the release exactly as in the repository: it reads each lab's public record
-(labsupport/course/records, written by the build), which the release copies as it is.
+The release holds the package, the student notebooks, the README and the guides it links to that concern
+students, pyproject and environment files, the data the loaders need and each lab's public record (which
+check() reads, as in the repository).  It leaves out everything that answers or grades an exercise:
+solutions/, the board, LEDGER.md, the graders, the staff commands and the labs' tests.
 """
 from __future__ import annotations
 
@@ -27,14 +18,18 @@ from labsupport.course import sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "labsupport"
-# staff-only parts of the package (paths relative to labsupport/): what a grading sandbox masks, and the
-# sandbox and its runner, which students have no use for
+# staff-only parts of the package (relative to labsupport/): what a grading sandbox masks, the sandbox and its runner
 STAFF_ONLY = (*sandbox.STAFF_ONLY, "course/sandbox.py", "course/runner.py")
 STAFF_COMMANDS = ("build", "grade", "release", "autograder", "checkoff", "ledger")
+STAFF_LINES = {  # the lines of the package's command tables that name a staff command
+    "__main__.py": rf'^\s*"(?:{"|".join(STAFF_COMMANDS)})"\s*:.*\n',
+    "bench/__init__.py": r'^\s*"(?:notebooks|grade)"\s*:\s*"labsupport\.bench\.\w+:.*\n|^\s*(?:notebooks|grade)\s+.*\n',
+}
 TOP_FILES = ("pyproject.toml", "environment.yml", "Makefile", ".gitignore")
 # the README's companions students read; INSTRUCTORS.md (the board, solutions/) and LEDGER.md stay with the staff
 STUDENT_GUIDES = ("GRADING.md",)
-_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")  # the ](target#anchor) that ends a markdown link
+_LABELLED_LINK = re.compile(r"\[([^\]]+)" + _LINK.pattern)  # [text](target#anchor)
 TRACE_SUFFIXES = (".csv", ".jsonl", ".json.gz", ".csv.gz", ".part")  # .part: a trace download not finished
 
 
@@ -42,33 +37,21 @@ class ReleaseError(Exception):
     """The release cannot be made as asked; the message is one line."""
 
 
-# --- writing the release --------------------------------------------------------------------------------------
-
-def _staff(rel: str) -> bool:
-    return any(rel == s or rel.startswith(s + "/") for s in STAFF_ONLY)
-
-
 def _copy_package(dest: Path) -> None:
     for path in sorted(PACKAGE.rglob("*")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if not path.is_file() or "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo") or _staff(rel):
+        staff = any(rel == s or rel.startswith(s + "/") for s in STAFF_ONLY)
+        if not path.is_file() or "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo") or staff:
             continue
-        target = dest / "labsupport" / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
         text = path.read_bytes()
-        if rel == "__main__.py":
-            text = _drop_lines(text, rf'^\s*"(?:{"|".join(STAFF_COMMANDS)})"\s*:.*\n')
-        elif rel == "bench/__init__.py":
-            text = _drop_lines(text, r'^\s*"(?:notebooks|grade)"\s*:\s*"labsupport\.bench\.\w+:.*\n|^\s*(?:notebooks|grade)\s+.*\n')
-        target.write_bytes(text)
+        if rel in STAFF_LINES:
+            text = re.sub(STAFF_LINES[rel], "", text.decode("utf-8"), flags=re.M).encode("utf-8")
+        _write(dest / "labsupport" / rel, text)
 
 
-def _drop_lines(data: bytes, pattern: str) -> bytes:
-    return re.sub(pattern, "", data.decode("utf-8"), flags=re.M).encode("utf-8")
-
-
-def _student_notebooks() -> list[Path]:
-    return [p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) if int(p.name[:2]) < 90]
+def _write(target: Path, data: bytes | str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def _data_files() -> list[Path]:
@@ -105,12 +88,12 @@ def test_a_right_answer_passes_and_a_wrong_one_teaches(capsys):
 '''
 
 
-def write_release(out: Path, progress: bool = False) -> dict:
+def write_release(out: Path) -> dict:
     """Write the release into `out` (which must not exist, or be empty); returns a summary."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ReleaseError(f"{out} exists and is not an empty folder")
-    notebooks = _student_notebooks()
+    notebooks = [p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) if int(p.name[:2]) < 90]
     if not notebooks:
         raise ReleaseError(f"no student notebooks in {ROOT / 'notebooks'}; run `python -m labsupport build` first")
     labs = [int(p.name[:2]) for p in notebooks]
@@ -118,26 +101,19 @@ def write_release(out: Path, progress: bool = False) -> dict:
     if missing:
         raise ReleaseError(f"labs {', '.join(f'{n:02d}' for n in missing)} have no public record in "
                            "labsupport/course/records; run `python -m labsupport build` first")
+    # written beside `out` and renamed at the end, so a failed release leaves nothing half-written
     staging = Path(tempfile.mkdtemp(prefix=".release-", dir=out.parent if out.parent.exists() else None))
     try:
         _copy_package(staging)
-        (staging / "notebooks").mkdir()
-        for nb in notebooks:
-            shutil.copyfile(nb, staging / "notebooks" / nb.name)
-        for path in _data_files():
-            target = staging / "data" / path.relative_to(ROOT / "data")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
-        for name in TOP_FILES:
-            if (ROOT / name).is_file():
-                shutil.copyfile(ROOT / name, staging / name)
+        for path in [*notebooks, *_data_files(), *(ROOT / name for name in TOP_FILES if (ROOT / name).is_file())]:
+            (staging / path.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, staging / path.relative_to(ROOT))
         for name in STUDENT_GUIDES:
             if (ROOT / name).is_file():
-                (staging / name).write_text(unlinked((ROOT / name).read_text(encoding="utf-8"), staging), encoding="utf-8")
+                _write(staging / name, unlinked((ROOT / name).read_text(encoding="utf-8"), staging))
         readme = (ROOT / "README.md").read_text(encoding="utf-8") if (ROOT / "README.md").is_file() else ""
-        (staging / "README.md").write_text(RELEASE_NOTE + without_missing_links(readme, staging), encoding="utf-8")
-        (staging / "tests").mkdir()
-        (staging / "tests" / "test_release.py").write_text(RELEASE_TEST, encoding="utf-8")
+        _write(staging / "README.md", RELEASE_NOTE + without_missing_links(readme, staging))
+        _write(staging / "tests" / "test_release.py", RELEASE_TEST)
         if out.exists():
             out.rmdir()
         staging.rename(out)
@@ -147,10 +123,13 @@ def write_release(out: Path, progress: bool = False) -> dict:
     return {"notebooks": [p.name for p in notebooks], "labs": labs}
 
 
+def _missing(target: str, folder: Path) -> bool:
+    return "://" not in target and not (folder / target).exists()
+
+
 def unlinked(markdown: str, folder: Path) -> str:
     """A guide as the release can show it: a link to a file the release leaves out becomes its plain text."""
-    return re.sub(r"\[([^\]]+)\]\(([^)#\s]+)(?:#[^)]*)?\)",
-                  lambda m: m[0] if "://" in m[2] or (folder / m[2]).exists() else m[1], markdown)
+    return _LABELLED_LINK.sub(lambda m: m[1] if _missing(m[2], folder) else m[0], markdown)
 
 
 def without_missing_links(markdown: str, folder: Path) -> str:
@@ -158,18 +137,13 @@ def without_missing_links(markdown: str, folder: Path) -> str:
     leaves out (the board, INSTRUCTORS.md) is dropped, so no link in the student's copy leads nowhere."""
     blocks: list[list[str]] = []
     for line in markdown.splitlines(keepends=True):
-        continues = blocks and blocks[-1][0].startswith("- ") and line.startswith("  ") and line.strip()
-        if continues:
-            blocks[-1].append(line)
+        if blocks and blocks[-1][0].startswith("- ") and line.startswith("  ") and line.strip():
+            blocks[-1].append(line)  # a list item's continuation line
         else:
             blocks.append([line])
 
     def dangling(block: list[str]) -> bool:
-        first = block[0]
-        if not (first.startswith("- ") or first.startswith("|")):
-            return False
-        targets = _LINK.findall("".join(block))
-        return any("://" not in t and not (folder / t).exists() for t in targets)
+        return block[0].startswith(("- ", "|")) and any(_missing(t, folder) for t in _LINK.findall("".join(block)))
 
     return "".join("".join(block) for block in blocks if not dangling(block))
 
@@ -181,16 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     try:
         args = p.parse_args(argv)
-    except UsageError as exc:
-        print(f"release: {exc}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    if not out.parent.exists():
-        print(f"release: {args.out}: no such folder {out.parent}", file=sys.stderr)
-        return 2
-    try:
-        summary = write_release(out, progress=not args.no_progress)
-    except ReleaseError as exc:
+        out = Path(args.out)
+        if not out.parent.exists():
+            raise ReleaseError(f"{args.out}: no such folder {out.parent}")
+        summary = write_release(out)
+    except (UsageError, ReleaseError) as exc:
         print(f"release: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
@@ -203,4 +172,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
-

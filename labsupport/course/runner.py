@@ -1,26 +1,16 @@
 """The runner: a handed-in notebook run whole, once per set of givens, inside its sandbox (every lab).
 
-    python -I -m labsupport.course.runner < job.json      (events go out as JSON lines on the job's events_fd)
+    python -I -m labsupport.course.runner < job.json      (events: JSON lines on the job's events_fd)
 
-The job holds the notebook's code cells, which of them is the givens cell, the runs (the lecture's
-givens, then the hidden sets), the inputs of the function checkoffs' hidden cases, and where the
-notebook's folder is.  The runner copies the folder into its scratch, then executes the cells in an
-IPython shell, as a kernel's Run All does, errors and all (``%%time``, ``!ls``, helper modules in the
-folder: the same), except that nothing is formatted for display (nobody reads the outputs).  The cells
-before the givens cell run once; at the givens cell the process forks,
-one child per run, and each child binds that run's givens in the cell's place and runs the rest.
-A run that passes the time it is given is killed and the next one starts.
+It copies the notebook's folder into its scratch and executes the cells in an IPython shell as a
+kernel's Run All does, errors and all (magics, helper modules: the same), drawing nothing (nobody reads
+the outputs).  The cells before the givens cell run once; then one forked child per run restores the
+folder and /tmp as those cells left them, runs the givens cell as the grader rewrote it for that run,
+and the rest; a run past its time is killed.  check() is a collector: it hands each answer over as
+plain data, a function's as what it did on the hidden cases (lecture's run only).  Nothing is judged
+here and nothing here knows an expected value.  Events:
 
-check() is a collector here: it hands each answer over as plain data, a function's as what it did
-on the hidden cases (labsupport.course.harness, on the lecture's givens only).  Nothing is judged
-in the sandbox, and nothing in it knows an expected value.  Events:
-
-    {"e": "cell", "run": r, "cell": n}                  cell n (the notebook's numbering) starts
-    {"e": "error", "run": r, "cell": n, "ename", "evalue"}
-    {"e": "answer", "run": r, "cell": n, "id": "2.1", "value" | "observations" | "unfinished"}
-    {"e": "end", "run": r} / {"e": "stop", "run": r, "why": "..."}
-
-``run`` is null for the cells before the fork, shared by every run.
+    {"e": "cell" | "error" | "answer" | "note" | "end" | "stop", "run": r or null (before the fork), ...}
 """
 from __future__ import annotations
 
