@@ -79,6 +79,7 @@ NO_LECTURE_NUMBER = {"1.2", "1.3", "5.2", "3.1", "3.2", "3.3", "3.10", "4.1", "4
 # number as the text reads it, a percentage as its fraction) -> why that number there is not the answer.  The scan
 # skips them for that checkoff only.  (A multiplier that gives an answer away is never a coincidence.)
 COINCIDENCES: dict[tuple[str, float], str] = {
+    ("3.7", 1024.0): "lab 00's doctor prints the grading sandbox's 1,024 MiB of scratch disk, not a table's bytes",
 }
 
 

@@ -182,6 +182,11 @@ def _fit_problems(page, size: dict) -> list[str]:
 
 def _resize(page, size: dict) -> None:
     page.set_viewport_size(size)
+    # JupyterLab lays its panels out for the new window first (a frame or more later): until then every area
+    # and chart still has the old width, and the wait below would hold at once, before a single chart had
+    # followed (seen on CI, under load).  The main dock panel ends a tab bar's width short of the window.
+    page.wait_for_function("""() => { const dock = document.getElementById('jp-main-dock-panel');
+        return !dock || Math.abs(window.innerWidth - dock.getBoundingClientRect().right) < 80; }""", timeout=30_000)
     # every chart re-lays itself out: each main SVG as wide as its panel (within the fit tolerance)
     page.wait_for_function("""() => [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output')]
         .filter(a => a.querySelector('.js-plotly-plot')).every(a => [...a.querySelectorAll('.js-plotly-plot .main-svg:first-of-type')]

@@ -1,29 +1,26 @@
 """The harness: a handed-in function run on a checkoff's cases, in the process the function lives in (every lab).
 
-A function checkoff's case is plain data (labsupport.course.data): the call's arguments, objects as
-their recipes, never the expected result.  `observe` builds the arguments, calls the function and
-writes down what it saw, as plain data again:
-
-    {"result": ...}                    what it returned (and, when the case asks, {"after": {i: ...}}:
-                                       argument i as the call left it)
-    {"raised": [type, message]}        it raised
-    {"unfinished": prompt}             it still raises the student copy's NotImplementedError
-    {"timeout": seconds}               it ran past the case's time
-
-In a notebook `check()` observes the lab's own cases; while grading, the sandbox's runner observes
-the hidden ones; either way the observations are judged outside the function's reach
-(labsupport.course.judge).  A case whose function must be driven step by step (a lockstep run against
-the real allocator, a Triton kernel compiled with the student's line) names a harness of `HARNESSES`
-instead; its comparison, when no generic rule fits, is a judge of `judge.JUDGES`.
+`observe` calls the function on a case (plain data, never its expected result) and writes down, as plain data, what
+it saw: {"result": ...} (and {"after": {i: argument i}}), {"raised": [type, message]}, {"unfinished": prompt} or
+{"timeout": seconds}.  labsupport.course.judge judges that outside the function's reach; a function driven step by
+step names a harness of `HARNESSES`, an answer no generic rule fits a judge of `judge.JUDGES`.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
+import itertools
+import json
+import math
+import random
+import re
 import signal
 import threading
 
 from labsupport.course import data
 from labsupport.course.judge import JUDGES, Mismatch, echo
+from labsupport.units import fmt_number
 
 CASE_SECONDS = 60  # one call of a student's function, at most (a hang fails its case, not the notebook)
 HARNESSES: dict = {}
@@ -59,8 +56,7 @@ def observe(fn, case: dict, seconds: float | None = CASE_SECONDS) -> dict:
             if "harness" in case:
                 return HARNESSES[case["harness"]](fn, case.get("data"))
             args, kwargs = data.build(case.get("args", [])), data.build(case.get("kwargs", {}))
-            result = fn(*args, **kwargs)
-            seen = {"result": data.plain(result)}
+            seen = {"result": data.plain(fn(*args, **kwargs))}
             if case.get("after"):
                 seen["after"] = {str(i): data.plain(args[i]) for i in case["after"]}
             return seen
@@ -71,112 +67,28 @@ def observe(fn, case: dict, seconds: float | None = CASE_SECONDS) -> dict:
     except data.DataError as exc:
         return {"raised": ["an answer too large", str(exc)]}
     except Exception as exc:  # noqa: BLE001 - the student's bug, reported as the call that met it
-        global LAST_ERROR
-        LAST_ERROR = exc
-        return {"raised": [type(exc).__name__, _last_line(exc)]}
+        return _raised(exc)
 
 
-def _last_line(exc: BaseException) -> str:
+def _raised(exc: Exception, blank: str = "") -> dict:
+    """A student's exception as an observation, its type and last line (`blank` if none); LAST_ERROR keeps it."""
+    global LAST_ERROR
+    LAST_ERROR = exc
     try:
         text = str(exc).strip()
     except Exception:  # noqa: BLE001 - an exception whose __str__ raises
-        return ""
-    return (text.splitlines() or [""])[-1][:300]
+        text = ""
+    return {"raised": [type(exc).__name__, (text.splitlines() or [blank])[-1][:300]]}
 
 
-def harness(name: str):
+def _register(table: dict, name: str):
     def register(fn):
-        HARNESSES[name] = fn
+        table[name] = fn
         return fn
     return register
 
 
-def judge(name: str):
-    def register(fn):
-        JUDGES[name] = fn
-        return fn
-    return register
-
-
-# --- lab 02 --------------------------------------------------------------------------------------------------
-
-
-# --- lab 03: 3.2's append, in lockstep with the real allocator ---------------------------------------------------------
-
-def append_steps(block_size: int, seed: int, steps: int = 300):
-    """The random traffic 3.2's append is driven through: yields (the allocator before the step, the sequence).
-
-    The real BlockAllocator decides every state; the caller appends to it after asking the student."""
-    import random
-
-    from labsupport.block_allocator import BlockAllocator
-
-    rng, alloc, made = random.Random(seed), BlockAllocator(80, block_size), 0
-    for step in range(steps):
-        live = list(alloc.block_tables)
-        if rng.random() < 0.15 or not live:
-            n = rng.randint(0, 2 * block_size + 3)
-            if alloc.can_allocate(alloc.blocks_needed(n)):
-                alloc.allocate(f"s{made}", n)
-                made += 1
-            continue
-        seq = rng.choice(live)
-        if alloc.seq_lens[seq] % block_size == 0 and not alloc.num_free_blocks:
-            alloc.free(seq)
-            continue
-        yield alloc, seq
-
-
-@harness("append")
-def _append(fn, case) -> dict:
-    """Per step: the table and length the function was given, how often it took a block, the table it left
-    and the slot it returned.  The real allocator appends after the function has answered: when the
-    function takes a block the real append hands it the block it takes, else it runs once the call returns."""
-    steps = []
-    for alloc, seq in append_steps(case["block_size"], case["seed"]):
-        before, n = list(alloc.block_tables[seq]), alloc.seq_lens[seq]
-        full = n == len(before) * case["block_size"]
-        given: list[int] = []
-
-        def take_free_block():
-            if full and not given:
-                alloc.append_slot(seq)
-                given.append(alloc.block_tables[seq][-1])
-            else:
-                given.append(alloc.num_blocks + 1000)  # a block no pool has: the call was not needed
-            return given[-1]
-
-        table = list(before)
-        result = fn(table, n, case["block_size"], take_free_block)
-        if not (full and given):
-            alloc.append_slot(seq)
-        steps.append({"table": before, "seq_len": n, "took": len(given), "after": data.plain(table),
-                      "slot": data.plain(result)})
-    return {"result": steps}
-
-
-@judge("append")
-def _append_steps(got, spec) -> None:
-    """3.2, step by step against the real allocator's: took a block exactly when the last one was full,
-    left the table as the allocator's, returned its slot."""
-    want = spec["want"]
-    if not isinstance(got, list) or len(got) != len(want):
-        raise Mismatch("append(...) did not answer every step of the run.")
-    for seen, real in zip(got, want):
-        what = (f"append(table={real['table']}, seq_len={real['seq_len']}, block_size={spec['block_size']}, "
-                "take_free_block)")
-        if seen["took"] > real["took"]:
-            raise Mismatch(f"{what} asked for a new block "
-                           f"{'a second time' if real['took'] else 'although its last block still had room'}.")
-        if seen["took"] < real["took"]:
-            raise Mismatch(f"{what} did not take a new block, but the last block was full ({len(real['table'])} "
-                           f"blocks x {spec['block_size']} slots hold {len(real['table']) * spec['block_size']} tokens).")
-        if seen["after"] != real["after"]:
-            raise Mismatch(f"{what} left the table as {echo(seen['after'])}; the real allocator's table is now "
-                           f"{real['after']}. Append the new block to the table you were given (modify it in place).")
-        if seen["slot"] != real["slot"]:
-            raise Mismatch(f"{what} returned {echo(seen['slot'])}, which is not the slot the real allocator writes "
-                           "this token to.")
+harness, judge = functools.partial(_register, HARNESSES), functools.partial(_register, JUDGES)
 
 
 def _normal(text):
@@ -185,18 +97,15 @@ def _normal(text):
 
 @judge("matching")
 def _matching(got, spec) -> None:
-    """Items matched to options: a dict (key -> option) or a list (one option per row, in order).
-
-    spec: want, options, noun ("job", "row"), remarks {"key=option": why that match is wrong}."""
+    """Labs 01 and 08: items matched to options, a dict or a list.  spec: want, options, noun, remarks {"k=option"}."""
     want, options, noun = spec["want"], {_normal(o) for o in spec["options"]}, spec.get("noun", "item")
     if isinstance(want, dict):
         if not isinstance(got, dict):
             raise Mismatch(f"answer with a dict from each {noun} to its match; you gave {echo(got)}.")
-        answer = {}
-        for key, value in got.items():
+        for key in got:
             if _normal(key) not in want:
                 raise Mismatch(f"{echo(key)} is not one of the {noun}s: {', '.join(want)}.")
-            answer[_normal(key)] = value
+        answer = {_normal(k): v for k, v in got.items()}
         missing = [k for k in want if k not in answer]
         if missing:
             raise Mismatch(f"{len(missing)} of the {len(want)} {noun}s {'is' if len(missing) == 1 else 'are'} "
@@ -217,57 +126,98 @@ def _matching(got, spec) -> None:
                        f"({', '.join(k for k, _ in wrong)})." + (f" {remarks}" if remarks else ""))
 
 
-# --- lab 04: 4.1's offsets, and 4.2's address line compiled into the real kernels ---------------------------------
+# --- lab 03: 3.2's append, in lockstep with the real allocator ----------------------------------------------
+@harness("append")
+def _append(fn, case) -> dict:
+    """Random traffic on the real BlockAllocator, which appends too (in take_free_block or after the call); per append,
+    the table and length given, the blocks taken, the table left and the slot returned."""
+    from labsupport.block_allocator import BlockAllocator
 
-_EXERCISE_RAISE = r'raise\s+NotImplementedError\(\s*(?P<message>"(?:[^"\\\n]|\\.)*")'
-NOT_JIT = ("this checkoff wants a @triton.jit function with kv_token_offset's signature (table_row, token, valid, "
-           "BLOCK_SIZE, stride_block, stride_slot); decorate yours with @triton.jit.")
+    bs, steps, names = case["block_size"], [], itertools.count()
+    rng, alloc = random.Random(case["seed"]), BlockAllocator(80, bs)
+    for _ in range(300):
+        live = list(alloc.block_tables)
+        if rng.random() < 0.15 or not live:
+            n = rng.randint(0, 2 * bs + 3)
+            if alloc.can_allocate(alloc.blocks_needed(n)):
+                alloc.allocate(f"s{next(names)}", n)
+            continue
+        seq = rng.choice(live)
+        if alloc.seq_lens[seq] % bs == 0 and not alloc.num_free_blocks:
+            alloc.free(seq)
+            continue
+        before, n, given = list(alloc.block_tables[seq]), alloc.seq_lens[seq], []
+        full = n == len(before) * bs
+
+        def take_free_block():
+            if full and not given:
+                alloc.append_slot(seq)
+                given.append(alloc.block_tables[seq][-1])
+            else:
+                given.append(alloc.num_blocks + 1000)  # a block no pool has: the call was not needed
+            return given[-1]
+
+        table = list(before)
+        result = fn(table, n, bs, take_free_block)
+        if not (full and given):
+            alloc.append_slot(seq)
+        steps.append({"table": before, "seq_len": n, "took": len(given), "after": data.plain(table),
+                      "slot": data.plain(result)})
+    return {"result": steps}
 
 
+@judge("append")
+def _append_steps(got, spec) -> None:
+    """3.2: a block taken exactly when the last one was full, then the real allocator's table and slot."""
+    want, bs = spec["want"], spec["block_size"]
+    if not isinstance(got, list) or len(got) != len(want):
+        raise Mismatch("append(...) did not answer every step of the run.")
+    for seen, real in zip(got, want):
+        what = f"append(table={real['table']}, seq_len={real['seq_len']}, block_size={bs}, take_free_block)"
+        if seen["took"] > real["took"]:
+            raise Mismatch(f"{what} asked for a new block "
+                           f"{'a second time' if real['took'] else 'although its last block still had room'}.")
+        if seen["took"] < real["took"]:
+            raise Mismatch(f"{what} did not take a new block, but the last block was full ({len(real['table'])} "
+                           f"blocks x {bs} slots hold {len(real['table']) * bs} tokens).")
+        if seen["after"] != real["after"]:
+            raise Mismatch(f"{what} left the table as {echo(seen['after'])}; the real allocator's table is now "
+                           f"{real['after']}. Append the new block to the table you were given (modify it in place).")
+        if seen["slot"] != real["slot"]:
+            raise Mismatch(f"{what} returned {echo(seen['slot'])}, which is not the slot the real allocator writes "
+                           "this token to.")
+
+
+# --- lab 04: 4.2's address line compiled into the real kernels ----------------------------------------------
 def raise_if_unfinished(fn) -> None:
-    """Raise the exercise's own NotImplementedError while ``fn``'s body still holds it.
-
-    Triton does not let an exception raised inside a kernel through as itself (the interpreter wraps
-    it in an InterpreterError; the GPU compiler rejects the raise), so an unfinished ``@triton.jit``
-    exercise is recognised from its source before anything runs: 'not attempted', not 'failed'."""
-    import inspect
-    import json
-    import re
-
+    """Raise the exercise's own NotImplementedError while `fn`'s source holds it: Triton never lets it out of a kernel
+    as itself, so an unfinished @triton.jit exercise is recognised before it runs ('not attempted', not 'failed')."""
+    fn = getattr(fn, "fn", fn)
     try:
-        source = inspect.getsource(getattr(fn, "fn", fn))
+        source = inspect.getsource(fn)
     except (OSError, TypeError):
         return
-    found = re.search(_EXERCISE_RAISE, source)
+    found = re.search(r'raise\s+NotImplementedError\(\s*("(?:[^"\\\n]|\\.)*")', source)
     if found:
-        try:
-            message = json.loads(found["message"])
-        except ValueError:
-            message = found["message"]
+        message = found[1]
+        with contextlib.suppress(ValueError):
+            message = json.loads(found[1])
         raise NotImplementedError(message)
     if "raise NotImplementedError" in source:
-        name = getattr(getattr(fn, "fn", fn), "__name__", "this function")
-        raise NotImplementedError(f"{name} still raises NotImplementedError")
+        raise NotImplementedError(f"{getattr(fn, '__name__', 'this function')} still raises NotImplementedError")
 
 
-def address_case_tensors(case: dict, device=None):
-    """4.2's address case as the kernels take it: the block table (int32, padded as a real batch's is, wide
-    enough that no lane of a tile reads past it) and the lengths, from plain lists."""
+def _padded_table(rows: list[list[int]], block_size: int):
+    """An int32 block table padded with 0 as a real batch's is, wide enough that no lane of a tile reads past it."""
     import torch
 
-    table, lens, block_size = case["table"], case["seq_lens"], case["block_size"]
-    width = max(len(table[0]), -(-256 // block_size)) + 1
-    table_t = torch.zeros(len(table), width, dtype=torch.int32)
-    table_t[:, :len(table[0])] = torch.tensor(table, dtype=torch.int32)
-    return table_t.to(device or "cpu"), torch.tensor(lens, dtype=torch.int32, device=device or "cpu")
+    width = max(max(map(len, rows)), -(-256 // block_size)) + 1
+    return torch.tensor([row + [0] * (width - len(row)) for row in rows], dtype=torch.int32)
 
 
 def kernel_case_tensors(case: dict, device=None):
-    """4.2's kernel case, (q, k_cache, v_cache, block_tables, seq_lens), made from its seed with Python's own
-    random (the same tensors on every machine): a pool whose blocks are a random permutation, with NaN in
-    every slot no sequence owns (a kernel that reads one returns NaN), lengths k*b - 1, k*b, k*b + 1."""
-    import random
-
+    """4.2's kernel case (q, k_cache, v_cache, block_tables, seq_lens) from its seed, the same on every machine: a
+    shuffled pool with NaN in every slot no sequence owns (a kernel that reads one returns NaN)."""
     import torch
 
     rng = random.Random(case["seed"])
@@ -275,56 +225,41 @@ def kernel_case_tensors(case: dict, device=None):
     def normal() -> float:  # a standard normal in steps of 1/64: exact in float32, short in the record
         return round(rng.gauss(0.0, 1.0) * 64) / 64
 
-    block_size, hq, hkv, d = case["block_size"], case["q_heads"], case["kv_heads"], case["head_dim"]
-    lens = case["seq_lens"]
-    need = [-(-n // block_size) for n in lens]
-    num_blocks = sum(need) + 3
-    ids = list(range(num_blocks))
+    bs, hq, hkv, d, lens = (case[k] for k in ("block_size", "q_heads", "kv_heads", "head_dim", "seq_lens"))
+    need = [-(-n // bs) for n in lens]
+    ids = list(range(sum(need) + 3))
     rng.shuffle(ids)
-    width = max(max(need), -(-256 // block_size)) + 1  # even lanes past a sequence's end stay inside the table
-    table = [[0] * width for _ in lens]
-    row = hkv * d
-    k, v = [float("nan")] * (num_blocks * block_size * row), [float("nan")] * (num_blocks * block_size * row)
-    cursor = 0
+    row, tables = hkv * d, [ids[sum(need[:b]):sum(need[:b + 1])] for b in range(len(lens))]
+    k, v = [float("nan")] * (len(ids) * bs * row), [float("nan")] * (len(ids) * bs * row)
     for b, n in enumerate(lens):
-        blocks = ids[cursor:cursor + need[b]]
-        cursor += need[b]
-        table[b][:len(blocks)] = blocks
-        for j, block in enumerate(blocks):
-            for slot in range(min(block_size, n - j * block_size)):
-                start = (block * block_size + slot) * row
+        for j, block in enumerate(tables[b]):
+            for slot in range(min(bs, n - j * bs)):
+                start = (block * bs + slot) * row
                 k[start:start + row] = [normal() for _ in range(row)]
                 v[start:start + row] = [normal() for _ in range(row)]
     q = [normal() for _ in range(len(lens) * hq * d)]
-    shape = (num_blocks, block_size, hkv, d)
+    shape = (len(ids), bs, hkv, d)
     tensors = (torch.tensor(q, dtype=torch.float32).reshape(len(lens), hq, d),
                torch.tensor(k, dtype=torch.float32).reshape(shape), torch.tensor(v, dtype=torch.float32).reshape(shape),
-               torch.tensor(table, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32))
+               _padded_table(tables, bs), torch.tensor(lens, dtype=torch.int32))
     return tuple(t.to(device or "cpu") for t in tensors)
 
 
 def _kernel_run(kernel, fn, *args) -> dict:
-    """One labsupport kernel run with `fn` compiled in as its address line: {"result": ...} or {"raised": ...}."""
-    global LAST_ERROR
+    """One labsupport kernel run with `fn` compiled in as its address line."""
     try:
-        out = kernel(*args, token_offset_fn=fn)
+        return {"result": kernel(*args, token_offset_fn=fn)}
     except NotImplementedError:
         raise
     except Exception as exc:  # noqa: BLE001 - the interpreter or the compiler met an error in the student's line
-        kind, text = type(exc).__name__, str(exc)
-        if "NotImplementedError" in text:
-            raise NotImplementedError(f"{getattr(getattr(fn, 'fn', fn), '__name__', 'your function')} still raises "
-                                      "NotImplementedError") from None
-        LAST_ERROR = exc
-        return {"raised": [kind, text.strip().splitlines()[-1][:300] if text.strip() else kind]}
-    return {"result": out}
+        if "NotImplementedError" in str(exc):
+            raise NotImplementedError(f"{fn.fn.__name__} still raises NotImplementedError") from None
+        return _raised(exc, type(exc).__name__)
 
 
 @harness("triton_offset")
 def _triton_offset(fn, case) -> dict:
-    """4.2: the real kernels recompiled with the student's @triton.jit line.  An address case runs
-    kv_token_offsets (each sequence's offsets, its own tokens only); a kernel case runs paged_gather and
-    then paged_decode_attention on a pool made from the case's seed.  Never holds an expected value."""
+    """4.2: the real kernels compiled with the student's @triton.jit line, on an address case or a kernel case."""
     import torch
 
     from labsupport import kernels as K
@@ -332,36 +267,26 @@ def _triton_offset(fn, case) -> dict:
     raise_if_unfinished(fn)
     if not callable(getattr(fn, "fn", None)):
         return {"result": {"not_jit": True}}
-    name = str(getattr(getattr(fn, "fn", fn), "__name__", "function"))[:80]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    runs = {}
     if case["kind"] == "addresses":
-        table_t, lens_t = address_case_tensors(case, device)
-        seen = _kernel_run(K.kv_token_offsets, fn, table_t, lens_t, case["block_size"], case["stride_block"],
-                           case["stride_slot"])
+        lens, table = case["seq_lens"], _padded_table(case["table"], case["block_size"]).to(device)
+        seen = _kernel_run(K.kv_token_offsets, fn, table, torch.tensor(lens, dtype=torch.int32, device=device),
+                           case["block_size"], case["stride_block"], case["stride_slot"])
         if "result" in seen:
-            got = seen["result"].cpu()
-            seen = {"result": [got[b, :n].tolist() for b, n in enumerate(case["seq_lens"])]}
-        runs["kv_token_offsets"] = seen
+            seen["result"] = [row[:n] for row, n in zip(seen["result"].cpu().tolist(), lens)]
+        runs = {"kv_token_offsets": seen}
     else:
         q, k, v, table, seq_lens = kernel_case_tensors(case, device)
-        runs["paged_gather"] = _kernel_run(K.paged_gather, fn, k, table, seq_lens)
-        runs["paged_decode_attention"] = _kernel_run(K.paged_decode_attention, fn, q, k, v, table, seq_lens)
-    for seen in runs.values():
-        if "result" in seen and not isinstance(seen["result"], list):
-            seen["result"] = tensor_values(seen["result"])
-    return {"result": {"name": name, "runs": runs}}
+        runs = {"paged_gather": _kernel_run(K.paged_gather, fn, k, table, seq_lens),
+                "paged_decode_attention": _kernel_run(K.paged_decode_attention, fn, q, k, v, table, seq_lens)}
+        for seen in runs.values():
+            if "result" in seen:
+                seen["result"] = tensor_values(seen["result"])
+    return {"result": {"name": str(getattr(fn.fn, "__name__", "function"))[:80], "runs": runs}}
 
 
-def tensor_values(t) -> dict | str:
-    """A kernel's output as 4.2's observations and references hold it: its shape, its values in order (None
-    for NaN), whether any is NaN; a type name when it is not a tensor."""
-    import math
-
-    import torch
-
-    if not isinstance(t, torch.Tensor):
-        return type(t).__name__
+def tensor_values(t) -> dict:
+    """A kernel's output tensor as 4.2 holds it: shape, values in order (None for NaN), whether any is NaN."""
     values = t.detach().cpu().float().reshape(-1).tolist()
     return {"shape": list(t.shape), "nan": any(math.isnan(x) for x in values),
             "values": [None if math.isnan(x) else x for x in values]}
@@ -369,21 +294,14 @@ def tensor_values(t) -> dict | str:
 
 @judge("triton_offset")
 def _triton_offset_judge(got, spec) -> None:
-    """4.2, kernel by kernel: the addresses exactly; the gather bit for bit; attention within 1e-5 of the
-    torch reference.  spec: want ({kernel: its reference output}), block_size, seq_lens, huge (block ids
-    near 2**31), q_heads and kv_heads (a kernel case)."""
-    import math
-
-    from labsupport.units import fmt_number
-
+    """4.2: the addresses exactly, the gather bit for bit, attention within 1e-5 of the torch reference (`want`)."""
     if not isinstance(got, dict):
         raise Mismatch("the kernels' run with your function did not come back.")
     if got.get("not_jit"):
-        raise Mismatch(NOT_JIT)
+        raise Mismatch("this checkoff wants a @triton.jit function with kv_token_offset's signature (table_row, "
+                       "token, valid, BLOCK_SIZE, stride_block, stride_slot); decorate yours with @triton.jit.")
     name, runs, bs = str(got.get("name", "function"))[:80], got.get("runs") or {}, spec["block_size"]
-    for kernel in ("kv_token_offsets", "paged_gather", "paged_decode_attention"):
-        if kernel not in spec["want"]:
-            continue
+    for kernel in [k for k in ("kv_token_offsets", "paged_gather", "paged_decode_attention") if k in spec["want"]]:
         want, seen = spec["want"][kernel], runs.get(kernel) or {}
         if "raised" in seen:
             kind, text = (list(seen["raised"]) + ["", ""])[:2]
@@ -394,13 +312,12 @@ def _triton_offset_judge(got, spec) -> None:
                 raise Mismatch(f"kv_token_offsets with your {name} returned {echo(out)}, not a tensor of offsets.")
             for b, (row, real) in enumerate(zip(out, want)):
                 row = row if isinstance(row, list) else []
-                if row == real:
-                    continue
-                t = next((t for t, (g, w) in enumerate(zip(row, real)) if g != w), min(len(row), len(real)))
-                shown = f"{row[t]:,}" if t < len(row) and isinstance(row[t], int) else "nothing"
-                raise Mismatch(f"with block_size={bs}, token {t} of sequence {b} got offset {shown}, not the address "
-                               "of its keys." + (" The block ids here are near 2**31: widen before you multiply."
-                                                 if spec.get("huge") else ""))
+                if row != real:
+                    t = next((t for t, (g, w) in enumerate(zip(row, real)) if g != w), min(len(row), len(real)))
+                    shown = f"{row[t]:,}" if t < len(row) and isinstance(row[t], int) else "nothing"
+                    raise Mismatch(f"with block_size={bs}, token {t} of sequence {b} got offset {shown}, not the "
+                                   "address of its keys." + (" The block ids here are near 2**31: widen before you "
+                                                             "multiply." if spec.get("huge") else ""))
             continue
         if not isinstance(out, dict) or not isinstance(out.get("values"), list):
             raise Mismatch(f"{kernel} with your {name} returned {echo(out)}, not a tensor.")
@@ -415,49 +332,17 @@ def _triton_offset_judge(got, spec) -> None:
         if pairs is None or any(gap > 1e-5 + 1e-5 * abs(w) for gap, (_, w) in zip(gaps, pairs)):
             raise Mismatch(f"paged_decode_attention with your {name} (block_size={bs}, Hq={spec['q_heads']}, "
                            f"Hkv={spec['kv_heads']}, seq_lens={spec['seq_lens']}) differs from the reference by up to "
-                           f"{fmt_number(float(format(max(gaps), '.3g')))}." + (
-                               " It produced NaN: it read pool slots no sequence owns (they hold NaN)."
-                               if out.get("nan") else ""))
-
-
-@judge("kv_offsets")
-def _kv_offsets_judge(got, spec) -> None:
-    """4.1: a tensor of int64 offsets, one per position, each where its token's keys are.  spec: want (the
-    offsets), what, positions (the call's, for the message), huge (block ids near 2**31)."""
-    from labsupport.course.data import Tensor
-
-    want, what = spec["want"], spec["what"]
-    if not isinstance(got, Tensor):
-        kind = {list: "a list", dict: "a dict", str: "a str", int: "an int", float: "a float"}.get(type(got), echo(got))
-        raise Mismatch(f"{what} returned {kind}; return a tensor of offsets, one per position.")
-    if got.shape != want.shape:
-        raise Mismatch(f"{what} returned shape {tuple(got.shape)}, expected one offset per position: "
-                       f"({', '.join(map(str, want.shape))}).")
-    if got.dtype != "int64":
-        raise Mismatch(f"{what} returned {got.dtype} offsets. The kernel's offsets are int64: in a large pool a block "
-                       "id times stride_block does not fit in 32 bits.")
-    width = want.shape[1]
-    bad = next((i for i, (g, w) in enumerate(zip(got.values, want.values)) if g != w), None)
-    if bad is not None:
-        b, t = divmod(bad, width)
-        raise Mismatch(f"{what}: position {spec['positions'][b][t]} of sequence {b} gave offset {got.values[bad]:,}, "
-                       "which is not where that token's keys are." + (
-                           " This pool's block ids are close to 2**31: did the product overflow a 32-bit integer "
-                           "before you widened it?" if spec.get("huge") else ""))
+                           f"{fmt_number(float(format(max(gaps), '.3g')))}." + (" It produced NaN: it read pool "
+                           "slots no sequence owns (they hold NaN)." if out.get("nan") else ""))
 
 
 # --- lab 05: 5.1's copy-on-write append on a scripted fork/append/free world; 5.3's reference counts; 5.4's history
-
 class CowWorld:
-    """The plain data structures 5.1's `cow_append` edits, and the operations around it (the pool's free list
-    is taken from the front and given back at the end)."""
+    """The plain structures 5.1's `cow_append` edits, and BlockAllocator's other operations on them."""
 
     def __init__(self, num_blocks: int, block_size: int):
-        self.block_size = block_size
-        self.tables: dict = {}
-        self.seq_lens: dict = {}
-        self.ref_counts = [0] * num_blocks
-        self.free_blocks = list(range(num_blocks))
+        self.block_size, self.tables, self.seq_lens = block_size, {}, {}
+        self.ref_counts, self.free_blocks = [0] * num_blocks, list(range(num_blocks))
 
     def allocate(self, seq, tokens):
         table = [self.free_blocks.pop(0) for _ in range(-(-tokens // self.block_size))]
@@ -466,8 +351,7 @@ class CowWorld:
         self.tables[seq], self.seq_lens[seq] = table, tokens
 
     def fork(self, parent, child):
-        self.tables[child] = list(self.tables[parent])
-        self.seq_lens[child] = self.seq_lens[parent]
+        self.tables[child], self.seq_lens[child] = list(self.tables[parent]), self.seq_lens[parent]
         for b in self.tables[child]:
             self.ref_counts[b] += 1
 
@@ -478,106 +362,40 @@ class CowWorld:
                 self.free_blocks.append(b)
         del self.seq_lens[seq]
 
-    def state(self) -> dict:
-        """As 5.1's observations hold a pool: tables and lengths as [seq, value] pairs (no tagged data), every
-        block's ref_count, and how many blocks are free."""
-        return {"tables": [[data.plain(s), data.plain(t)] for s, t in self.tables.items()],
-                "seq_lens": [[data.plain(s), data.plain(n)] for s, n in self.seq_lens.items()],
-                "ref_counts": data.plain(self.ref_counts), "free": len(self.free_blocks)}
-
 
 @harness("cow_append")
 def _cow_append(fn, case) -> dict:
-    """5.1: the script's operations on the plain structures, the student's function doing every append.
-    Per step: the structures after it (and what the function returned).  A step the function raised on, or
-    that its structures could no longer carry, ends the run."""
-    global LAST_ERROR
-    world, bs, steps = CowWorld(case["num_blocks"], case["block_size"]), case["block_size"], []
+    """5.1: the script on plain structures, the function doing every append; a step it raised on ends the run."""
+    world, steps = CowWorld(case["num_blocks"], case["block_size"]), []
     for op in case["ops"]:
-        try:
-            if op[0] == "alloc":
-                world.allocate(op[1], op[2])
-            elif op[0] == "fork":
-                world.fork(op[1], op[2])
-            elif op[0] == "free":
-                world.free(op[1])
-        except Exception as exc:  # noqa: BLE001 - structures the function left in a shape the script cannot use
-            steps.append({"broken": [type(exc).__name__, str(exc)[:200]]})
-            break
         step = {}
-        if op[0] == "append":
-            try:
+        try:
+            if op[0] == "append":
                 step["returned"] = data.plain(fn(op[1], world.tables, world.seq_lens, world.ref_counts,
-                                                 world.free_blocks, bs))
-            except NotImplementedError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the student's bug, reported at its step
-                LAST_ERROR = exc
-                steps.append({"raised": [type(exc).__name__, _last_line(exc)]})
-                break
-        step.update(world.state())
-        steps.append(step)
+                                                 world.free_blocks, world.block_size))
+            else:
+                getattr(world, "allocate" if op[0] == "alloc" else op[0])(*op[1:])
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the student's bug, or structures it left that the script cannot use
+            steps.append(_raised(exc) if op[0] == "append" else {"broken": [type(exc).__name__, str(exc)[:200]]})
+            break
+        steps.append({**step, "tables": [[data.plain(s), data.plain(t)] for s, t in world.tables.items()],
+                      "seq_lens": [[data.plain(s), data.plain(n)] for s, n in world.seq_lens.items()],
+                      "ref_counts": data.plain(world.ref_counts), "free": len(world.free_blocks)})
     return {"result": steps}
 
 
 def _pairs(items) -> dict:
-    out = {}
-    for item in items if isinstance(items, list) else []:
-        if isinstance(item, list) and len(item) == 2:
-            key = tuple(item[0]) if isinstance(item[0], list) else item[0]
-            if not isinstance(key, dict):
-                out[key] = item[1]
-    return out
-
-
-def _count(counts: list, block) -> object:
-    return counts[block] if isinstance(block, int) and 0 <= block < len(counts) else None
-
-
-def _compare_pool(seen: dict, real: dict, where: str) -> None:
-    """The student's structures against the real allocator's, up to renaming of block ids."""
-    tables, lens, counts = _pairs(seen.get("tables")), _pairs(seen.get("seq_lens")), seen.get("ref_counts")
-    counts = counts if isinstance(counts, list) else []
-    real_tables, real_lens = _pairs(real["tables"]), _pairs(real["seq_lens"])
-    rename: dict = {}
-    for seq, table in real_tables.items():
-        mine = tables.get(seq)
-        if not isinstance(mine, list) or len(mine) != len(table):
-            raise Mismatch(f"{where}: sequence {seq!r} should hold {len(table)} block(s); your block table has "
-                           f"{'none' if not isinstance(mine, list) else len(mine)}.")
-        if lens.get(seq) != real_lens[seq]:
-            raise Mismatch(f"{where}: seq_lens[{seq!r}] is {echo(lens.get(seq))}, it should be {real_lens[seq]}: the "
-                           "append must count the token it placed.")
-        for i, (m, r) in enumerate(zip(mine, table)):
-            if isinstance(m, (list, dict)) or rename.setdefault(m, r) != r:
-                raise Mismatch(f"{where}: your block table makes {seq!r}'s block {i} the same physical block as "
-                               "another entry that should be a different block — a block is shared that should have "
-                               "been copied (or the other way round).")
-    if len(set(rename.values())) != len(rename):
-        raise Mismatch(f"{where}: two entries that should share one physical block name different blocks in your "
-                       "tables — something was copied that is still shared.")
-    for m, r in rename.items():
-        if _count(counts, m) != real["ref_counts"][r]:
-            holders = sum(m in t for t in tables.values() if isinstance(t, list))
-            raise Mismatch(f"{where}: a block held by {holders} table entr(ies) has ref_count "
-                           f"{echo(_count(counts, m))} in your structures; it should be {real['ref_counts'][r]}.")
-    used = sum(1 for c in counts if isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0)
-    real_used = sum(1 for c in real["ref_counts"] if c > 0)
-    if used != real_used or seen.get("free") != real["free"]:
-        raise Mismatch(f"{where}: {used} blocks are in use and {echo(seen.get('free'))} free in your structures; the "
-                       f"pool should have {real_used} in use and {real['free']} free (a block taken from the free list "
-                       "must get ref_count 1, and only one block per append).")
+    pairs = [item for item in items if isinstance(item, list) and len(item) == 2] if isinstance(items, list) else []
+    return {tuple(k) if isinstance(k, list) else k: v for k, v in pairs if not isinstance(k, dict)}
 
 
 @judge("cow_append")
 def _cow_append_steps(got, spec) -> None:
-    """5.1, step by step against the real BlockAllocator's run of the same script (as `want`): the slot and the
-    copy each append reports, then every table, length and reference count, up to renaming of block ids.
-    spec: want (the real run's steps), name (the script's), ops, block_size."""
-    bs, ops, want = spec["block_size"], spec["ops"], spec["want"]
-    got = got if isinstance(got, list) else []
-    before: dict = {}
-    for number, (op, real) in enumerate(zip(ops, want), start=1):
+    """5.1, step by step against the real BlockAllocator's run (`want`): each append's slot and copy, then the pool."""
+    bs, got, before = spec["block_size"], got if isinstance(got, list) else [], {}
+    for number, (op, real) in enumerate(zip(spec["ops"], spec["want"]), start=1):
         where = f"In '{spec['name']}', step {number} ({op[0]} {', '.join(map(repr, op[1:]))})"
         seen = got[number - 1] if number - 1 < len(got) and isinstance(got[number - 1], dict) else {}
         if "raised" in seen:
@@ -597,11 +415,10 @@ def _cow_append_steps(got, spec) -> None:
             if not isinstance(slot, int):
                 raise Mismatch(f"{where}: the slot is {echo(slot)}; it is one integer, block_id * block_size + offset.")
             table = _pairs(seen["tables"]).get(op[1])
-            table = table if isinstance(table, list) else []
             if slot % bs != real_slot % bs:
                 raise Mismatch(f"{where}: your slot {slot} sits at offset {slot % bs} of its block; the token belongs "
                                f"at offset {real_slot % bs} (the sequence's length modulo the block size).")
-            if not table or slot // bs != table[-1]:
+            if not isinstance(table, list) or not table or slot // bs != table[-1]:
                 raise Mismatch(f"{where}: your slot {slot} is in block {slot // bs}, but the token must go into the "
                                "sequence's last block as its table names it after the append.")
             if (cow is None) != (real_cow is None):
@@ -613,56 +430,77 @@ def _cow_append_steps(got, spec) -> None:
                                     or cow != [old[-1], table[-1]]):
                 raise Mismatch(f"{where}: cow is {echo(cow)}; it should be (the block you copy from, the block you "
                                "copy into) — the old last block and the new one.")
-        _compare_pool(seen, real, where)
-        before = _pairs(seen["tables"])
-
-
-def _ints(values) -> bool:
-    return isinstance(values, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in values)
+        # then the pool, up to renaming of block ids
+        tables, lens, counts = _pairs(seen.get("tables")), _pairs(seen.get("seq_lens")), seen.get("ref_counts")
+        counts = counts if isinstance(counts, list) else []
+        real_lens, rename = _pairs(real["seq_lens"]), {}
+        for seq, table in _pairs(real["tables"]).items():
+            mine = tables.get(seq)
+            if not isinstance(mine, list) or len(mine) != len(table):
+                raise Mismatch(f"{where}: sequence {seq!r} should hold {len(table)} block(s); your block table has "
+                               f"{'none' if not isinstance(mine, list) else len(mine)}.")
+            if lens.get(seq) != real_lens[seq]:
+                raise Mismatch(f"{where}: seq_lens[{seq!r}] is {echo(lens.get(seq))}, it should be {real_lens[seq]}: "
+                               "the append must count the token it placed.")
+            for i, (m, r) in enumerate(zip(mine, table)):
+                if isinstance(m, (list, dict)) or rename.setdefault(m, r) != r:
+                    raise Mismatch(f"{where}: your block table makes {seq!r}'s block {i} the same physical block "
+                                   "as another entry that should be a different block — a block is shared that "
+                                   "should have been copied (or the other way round).")
+        if len(set(rename.values())) != len(rename):
+            raise Mismatch(f"{where}: two entries that should share one physical block name different blocks in your "
+                           "tables — something was copied that is still shared.")
+        for m, r in rename.items():
+            count = counts[m] if isinstance(m, int) and 0 <= m < len(counts) else None
+            if count != real["ref_counts"][r]:
+                holders = sum(m in t for t in tables.values() if isinstance(t, list))
+                raise Mismatch(f"{where}: a block held by {holders} table entr(ies) has ref_count {echo(count)} in "
+                               f"your structures; it should be {real['ref_counts'][r]}.")
+        used = sum(1 for c in counts if isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0)
+        real_used = sum(1 for c in real["ref_counts"] if c > 0)
+        if used != real_used or seen.get("free") != real["free"]:
+            raise Mismatch(f"{where}: {used} blocks are in use and {echo(seen.get('free'))} free in your structures; "
+                           f"the pool should have {real_used} in use and {real['free']} free (a block taken from the "
+                           "free list must get ref_count 1, and only one block per append).")
+        before = tables
 
 
 @judge("refcounts_in_use")
 def _refcounts_in_use(got, spec) -> None:
-    """5.3's 'refcounts': every in-use block's ref_count, in any order.  spec: want (sorted), writers,
-    mistakes (sorted wrong pictures of the pool, with the remark naming each)."""
-    want, writers = spec["want"], spec["writers"]
-    if isinstance(got, (frozenset, tuple)):
-        got = list(got)
+    """5.3's 'refcounts': every in-use block's ref_count, in any order (want and mistakes sorted).  spec: writers."""
+    want = spec["want"]
+    got = list(got) if isinstance(got, (frozenset, tuple)) else got
     if not isinstance(got, list):
         raise Mismatch(f"list the ref_count of every block in use, e.g. [8, 8, 1]; you gave {echo(got)}.")
-    if not _ints(got):
+    if not all(isinstance(r, int) and not isinstance(r, bool) for r in got):
         raise Mismatch(f"reference counts are whole numbers; you gave {echo(got)}.")
     if 0 in got:
         raise Mismatch("you list a block with ref_count 0; a block nobody names is free, not in use — leave it out.")
     got = sorted(got)
     if got == want:
         return
+    problem = "you have the right number of blocks in use, but not their reference counts."
     if len(got) != len(want):
-        problem = f"you list {len(got)} blocks in use; the pool holds {len(want)} after those {writers} writes."
-    else:
-        problem = "you have the right number of blocks in use, but not their reference counts."
+        problem = f"you list {len(got)} blocks in use; the pool holds {len(want)} after those {spec['writers']} writes."
     remark = next((r for w, r in spec.get("mistakes", ()) if w == got), "")
     raise Mismatch(problem + (f" {remark}" if remark else ""))
 
 
 @judge("copies_after_all_write")
 def _copies_after_all_write(got, spec) -> None:
-    """5.3's 'copies': block copies once every branch has written one token.  spec: want, branches,
-    mistakes (wrong counts with the remark naming each)."""
-    want, n = spec["want"], spec["branches"]
+    """5.3's 'copies': block copies once every branch has written a token.  spec: want, branches, mistakes."""
     if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
         raise Mismatch(f"give a whole number of block copies; you gave {echo(got)}.")
-    if got == want:
+    if got == spec["want"]:
         return
     remark = next((r for w, r in spec.get("mistakes", ()) if w == got), "")
-    raise Mismatch(f"{int(got)} block copies is too {'many' if got > want else 'few'} for all {n} branches to have "
-                   "written one token each." + (f" {remark}" if remark else ""))
+    raise Mismatch(f"{int(got)} block copies is too {'many' if got > spec['want'] else 'few'} for all "
+                   f"{spec['branches']} branches to have written one token each." + (f" {remark}" if remark else ""))
 
 
 @judge("fanout")
 def _fanout(got, spec) -> None:
-    """5.2: the pair (unshared_blocks, shared_blocks), each count against the real allocators'.  spec: want,
-    what, slips ({"unshared"/"shared": [[a wrong count, the remark naming it], ...]})."""
+    """5.2: (unshared_blocks, shared_blocks).  spec: want, what, slips {"unshared"/"shared": [[count, remark]]}."""
     want, what = spec["want"], spec["what"]
     if not isinstance(got, list) or len(got) != 2:
         raise Mismatch(f"{what} returned {echo(got)}; return a pair (unshared_blocks, shared_blocks).")
@@ -678,31 +516,22 @@ def _fanout(got, spec) -> None:
 @judge("prefix_hits")
 def _prefix_hits(got, spec) -> None:
     """5.4: the blocks an unbounded prefix index serves.  spec: want, label (the input, in words)."""
-    want = spec["want"]
     if isinstance(got, bool) or not isinstance(got, int):
         raise Mismatch(f"prefix_hit_blocks(...) returned {echo(got)}; return the number of blocks served by the "
                        "index.")
-    if got != want:
+    if got != spec["want"]:
         raise Mismatch(f"on {spec['label']} you count {got:,} hits; the allocator's prefix index serves "
-                       f"{'fewer' if want < got else 'more'}.")
+                       f"{'fewer' if spec['want'] < got else 'more'}.")
 
 
 def chat_hash_ids(seed: int, requests: int) -> list[list[int]]:
-    """5.4's long input: a conversation-like history of prompts as block ids, in arrival order (the Mooncake
-    conversation trace's shape, made up so that it is the same on every machine, trace file or not).  A few
-    system prompts are shared by many sessions; a follow-up turn is its session's previous prompt plus new
-    blocks; a regenerated turn repeats part of an earlier prompt and then differs.  An id names its whole
-    prefix, as Mooncake's hash ids do."""
-    import random
-
-    rng, made, out = random.Random(seed), [0], []
+    """5.4's long input: made-up prompts as block ids, shaped like the Mooncake conversation trace's hash ids."""
+    rng, ids_made, out, sessions = random.Random(seed), itertools.count(), [], []
 
     def fresh(k: int) -> list[int]:
-        made[0] += k
-        return list(range(made[0] - k, made[0]))
+        return [next(ids_made) for _ in range(k)]
 
     systems = [fresh(rng.randint(1, 6)) for _ in range(8)]
-    sessions: list[list[int]] = []
     for _ in range(requests):
         r = rng.random()
         if sessions and r < 0.6:  # the next turn of a conversation: everything before, then the new blocks
@@ -720,15 +549,10 @@ def chat_hash_ids(seed: int, requests: int) -> list[list[int]]:
     return out
 
 
-
-
-# --- lab 06 --------------------------------------------------------------------------------------------------
-
+# --- labs 06 and 07 -------------------------------------------------------------------------------------------
 @judge("preemption_plan")
 def _preemption_plan(got, spec) -> None:
-    """6.2: the victims in the engine's order, each with its way out.  Says whether the order, the set of
-    victims or one decision is wrong.  spec: want ([[name, "swap" or "recompute"], ...]), what,
-    blocks_needed, tokens ({name: its tokens}, for the remark on a wrong decision)."""
+    """6.2: the victims in the engine's order, each swapped or recomputed.  spec: want, what, blocks_needed, tokens."""
     want, what, need = spec["want"], spec["what"], spec["blocks_needed"]
     if isinstance(got, str) or not isinstance(got, list):
         raise Mismatch(f"{what} returned {echo(got)}; return a list of (name, 'swap' or 'recompute') pairs.")
@@ -749,21 +573,14 @@ def _preemption_plan(got, spec) -> None:
                            f"{kind!r} on this link.")
 
 
-# --- lab 07 --------------------------------------------------------------------------------------------------
-
 def engine_requests(seed: int, rate: float, blocks: int, n_req: int) -> list:
-    """A small run of the real engine (7.3's and 7.4's inputs): `n_req` requests arriving at `rate` per second,
-    prompts of 16 to 3,000 tokens, 1, 2, 40 or 200 new tokens, then one 200,000-token prompt that never fits (it
-    is rejected), on a pool of `blocks` blocks of 16 tokens, clocked by the cost model (the lecture's H100).
-    The run's RequestResults, in request order; the same config gives the same run anywhere."""
-    import random
-
+    """7.3's and 7.4's input: the RequestResults of a small run of the real engine (cost-model clock), the same
+    anywhere: `n_req` random requests at `rate` per second, then one that never fits, on `blocks` blocks of 16."""
     from labsupport.costmodel import CostModel
     from labsupport.engine import Engine
 
-    rng = random.Random(seed)
+    rng, t = random.Random(seed), 0.0
     engine = Engine(cost_model=CostModel(), num_blocks=blocks, block_size=16)
-    t = 0.0
     for _ in range(n_req):
         t += rng.expovariate(rate)
         engine.add_request(prompt_len=rng.randint(16, 3000), max_new_tokens=rng.choice([1, 2, 40, 200]), arrival_time=t)
@@ -771,30 +588,11 @@ def engine_requests(seed: int, rate: float, blocks: int, n_req: int) -> list:
     return list(engine.run().requests.values())
 
 
-# --- lab 08 --------------------------------------------------------------------------------------------------
-# 8.7, discussion seed 4: an open question (any decode-heavy workload with the property passes), so its
-# judge holds no answer.  It runs outside the sandbox, on the workload as data: the real engine, naive
-# (one S_max block per sequence) and paged (b = 16), on the lecture's H100 pool (cost-model clock).
-
-UTILIZATION_BUSY_SLOTS = 20  # of reserve-to-max's 29 slots: a load at which slots could bind, so "unmoved" is a finding
-
-
-def _utilization_measure(requests, block_size: int) -> tuple[float, float, int]:
-    """(time-averaged share of reserved KV slots holding tokens, output tokens/s, the most sequences
-    running at once), read off the real engine."""
-    from labsupport.viz.slo import utilization_run
-
-    try:
-        run = utilization_run(requests, block_size)
-    except ValueError as exc:
-        raise Mismatch(f"your workload does not run: {exc}") from None
-    return run.utilization, run.throughput_tok_s, run.peak_running
-
-
+# --- lab 08: 8.7 is an open question (any decode-heavy workload with the property passes): no answer here -------
 @judge("utilization_workload")
 def _utilization_workload(got, spec) -> None:
-    """Checkoff 8.7: the returned (arrival_s, prompt_tokens, output_tokens) workload, run naive and paged."""
-    import math
+    """8.7: the returned (arrival_s, prompt_tokens, output_tokens) workload, run naive and paged."""
+    from labsupport.viz.slo import utilization_run
 
     try:
         requests = [(float(a), int(p), int(o)) for a, p, o in got]
@@ -810,15 +608,17 @@ def _utilization_workload(got, spec) -> None:
                            "least one prompt and one output token, and prompt + output within S_max = 4,096.")
     if sum(p + o for _, p, o in requests) > 3_000_000:
         raise Mismatch("your workload holds more than 3 million tokens in all; a smaller one makes the point.")
-    prefill_heavy = sum(o < p for _, p, o in requests)
-    if prefill_heavy:
+    if prefill_heavy := sum(o < p for _, p, o in requests):
         raise Mismatch(f"{prefill_heavy} of your {len(requests)} requests have a prompt longer than their output; "
                        "this construction asks for a decode-heavy workload, every output at least as long as its "
-                       "prompt (the sweep's chat requests are 512 in, 128 out, the other way round). Its rates do "
-                       "not carry over as they are: a request's life on the card is set by how many steps it "
-                       "decodes.")
-    naive_util, naive_tput, naive_peak = _utilization_measure(requests, 4096)  # one S_max block: reserve-to-max
-    paged_util, paged_tput, _ = _utilization_measure(requests, 16)
+                       "prompt (the sweep's chat requests are 512 in, 128 out, the other way round). Its rates do not "
+                       "carry over as they are: a request's life on the card is set by how many steps it decodes.")
+    try:  # one S_max block per sequence (reserve-to-max), then paging
+        naive, paged = utilization_run(requests, 4096), utilization_run(requests, 16)
+    except ValueError as exc:
+        raise Mismatch(f"your workload does not run: {exc}") from None
+    naive_util, naive_tput, naive_peak = naive.utilization, naive.throughput_tok_s, naive.peak_running
+    paged_util, paged_tput = paged.utilization, paged.throughput_tok_s
     if naive_util > 0.20:
         raise Mismatch(f"under reserve-to-max your workload already uses {naive_util:.1%} of what it reserves; the "
                        "claim starts near 15%.")
@@ -826,11 +626,10 @@ def _utilization_workload(got, spec) -> None:
         raise Mismatch(f"under reserve-to-max your workload uses only {naive_util:.1%} of what it reserves; the claim "
                        "starts near 15% — sequences so short are not the workload the lecture means (its chat "
                        "sequences hold 640 of 4,096 tokens).")
-    if naive_peak < UTILIZATION_BUSY_SLOTS:
-        raise Mismatch(f"at its busiest the reserve-to-max engine runs only {naive_peak} sequences of its 29 slots: "
-                       "on a card that idle nothing could move throughput, and the claim says nothing. Raise the "
-                       f"arrival rate until the naive engine runs at least {UTILIZATION_BUSY_SLOTS} at once, and "
-                       "see whether throughput still holds.")
+    if naive_peak < 20:  # of reserve-to-max's 29 slots: a load at which slots could bind, so "unmoved" is a finding
+        raise Mismatch(f"at its busiest the reserve-to-max engine runs only {naive_peak} sequences of its 29 slots: on "
+                       "a card that idle nothing could move throughput, and the claim says nothing. Raise the arrival "
+                       "rate until the naive engine runs at least 20 at once, and see whether throughput still holds.")
     if paged_util < 0.95:
         raise Mismatch(f"paged utilization is only {paged_util:.1%}; the claim ends near 99%.")
     if not naive_tput > 0:

@@ -1,9 +1,5 @@
-"""Random configurations the labs never show, for the function checkoffs' hidden cases.
-
-`grade` seeds these from a secret drawn per run (and per notebook and checkoff), so a student
-function meets models, cards and sizes nobody has printed: typed-in constants and answers tuned to
-the lecture's presets cannot pass.  In a notebook the same generators run with a fixed public seed,
-so the feedback there already covers shapes beyond the lecture's.
+"""Models and cards the labs never show, for the function checkoffs' hidden cases: `grade` seeds them
+from a secret per run, so constants tuned to the lecture's presets cannot pass (a notebook uses a public seed).
 """
 from __future__ import annotations
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from labsupport.course.registry import case, function, givens, value
 
-# The one given: the KV the lecture's model stores per token, as the lecture writes it, in KiB.
 G = givens(hidden=lambda rng: dict(KV_KIB=rng.choice((64, 96, 128, 160, 192, 256, 320, 640, 1024, 1280))))
 
 value(
@@ -17,19 +16,18 @@ value(
     unit=" B",
 )
 
-# (layers, KV heads, head dim, bytes per element): the lecture's MHA 7B and its GQA-8 variant,
-# Llama 3 70B's GQA, fp32 and fp8 caches, and shapes small enough to check by hand.
+# (layers, KV heads, head dim, bytes per element): the lecture's models, fp32 and fp8, and hand-sized shapes
 _SHAPES = [(32, 32, 128, 2), (32, 8, 128, 2), (80, 8, 128, 2), (32, 32, 128, 4), (32, 32, 128, 1),
            (1, 1, 1, 1), (2, 3, 5, 4), (24, 16, 64, 2)]
 
 
 def _slips(layers, kv_heads, head_dim, dtype_bytes) -> list[tuple[int, str]]:
-    """What a wrong per-token count left out, for this very case (every reading a number fits is named:
-    at 2 bytes per element, one tensor's bytes and both tensors' elements are the same number)."""
+    """What a wrong count left out, naming every reading a number fits (at 2 bytes an element two coincide)."""
     readings = [(layers * kv_heads * head_dim * dtype_bytes,
                  "one tensor's bytes: every layer keeps a key vector and a value vector, two tensors"),
                 (2 * kv_heads * head_dim * dtype_bytes, "one layer's K and V: every layer keeps its own"),
-                (2 * layers * kv_heads * head_dim, "the elements without their bytes: each element is dtype_bytes bytes")]
+                (2 * layers * kv_heads * head_dim,
+                 "the elements without their bytes: each element is dtype_bytes bytes")]
     want = 2 * layers * kv_heads * head_dim * dtype_bytes
     counts = dict.fromkeys(count for count, _ in readings if count != want)
     return [(count, "That is " + "; or ".join(text for c, text in readings if c == count) + ".") for count in counts]
@@ -39,10 +37,7 @@ def _slips(layers, kv_heads, head_dim, dtype_bytes) -> list[tuple[int, str]]:
     "0.2", "KV bytes per token",
     hint="For every token the cache keeps, each layer stores one key vector and one value vector per KV head; "
          "each vector has head_dim elements of dtype_bytes bytes. Count them all, in bytes.",
-    # the KV caches price their own token (`PagedKVCache(...).kv_bytes_per_token`, `pool_bytes`) from the same
-    # four counts, with the bytes per element read off a torch dtype: the whole answer in one attribute
-    forbid=("labsupport.ledger.kv_bytes_per_token", "labsupport.specs.ModelSpec", "labsupport.kvcache._KVShape",
-            "labsupport.kvcache.PagedKVCache", "labsupport.kvcache.ContiguousKVCache"),
+    forbid=("labsupport.ledger.kv_bytes_per_token", "labsupport.specs.ModelSpec"),
     derive="multiply the four counts and the two tensors yourself rather than asking labsupport's ModelSpec or ledger",
     name="kv_bytes_per_token",
 )

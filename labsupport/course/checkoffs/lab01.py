@@ -9,16 +9,14 @@ from labsupport.course.registry import case, choice, function, value
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 JOBS = ("admit", "allocate", "batch", "run", "stream")
-# What each job hands out, in the lecture's words (§10.1): KV space; FLOPs and bandwidth; places in the
-# next forward pass (named so that no option spells out a job); the per-step time the user sees.
+# What each job hands out (§10.1); "places" in the next forward pass, so that no option spells out a job.
 RESOURCES = ("memory", "arithmetic", "places", "latency")
-_RESOURCE_OF = {"admit": "memory", "allocate": "memory", "batch": "places", "run": "arithmetic",
-                "stream": "latency"}
+_RESOURCE_OF = {"admit": "memory", "allocate": "memory", "batch": "places", "run": "arithmetic", "stream": "latency"}
 _RESOURCE_REMARKS = {
     ("batch", "memory"): "Batching is limited by memory (§2.15), but what it hands out is a place in the next "
                          "forward pass: it is re-chosen every iteration.",
     ("admit", "places"): "Admission is a promise of KV space for the request's whole life, not a place in "
-                              "one step.",
+                         "one step.",
     ("admit", "arithmetic"): "The lecture is explicit: admission's resource is memory, not compute.",
     ("run", "memory"): "The kernels read memory, but what running them spends is the GPU's arithmetic "
                        "(and bandwidth): it is the one job about compute.",
@@ -28,7 +26,6 @@ _RESOURCE_REMARKS = {
 
 _FP32 = replace(LECTURE_7B, name="lecture-7b-fp32-weights", dtype_bytes=4)
 _FP8 = replace(LECTURE_7B, name="lecture-7b-fp8-weights", dtype_bytes=1)
-
 
 value(
     "1.1", "The resource each of the five jobs contends for",
@@ -47,9 +44,7 @@ value(
          "the B sequences does 2 FLOP per weight (a multiply and an add). Write the step's FLOP per byte as a "
          "function of B, and find the B at which it equals the ratio the GPU can sustain: peak FLOP/s over HBM "
          "bytes/s. Use the model's and the GPU's fields, not typed-in constants.",
-    # with no KV read (S = 0) the KV-aware ridge is this one, and decode_intensity(model, B, 0) is 2B / b itself
-    forbid=("labsupport.ledger.ridge_batch", "labsupport.viz.roofline.batch_gap", "labsupport.ledger.ridge_batch_with_kv",
-            "labsupport.ledger.decode_intensity"),
+    forbid=("labsupport.ledger.ridge_batch", "labsupport.ledger.ridge_batch_with_kv"),
     derive="set the step's FLOP per byte, 2B / dtype_bytes, equal to peak / bandwidth and solve for B",
     name="ridge_batch",
 )
@@ -60,19 +55,6 @@ def _ridge_batch(rng):
     for model, gpu in pairs:  # B * 2 * N FLOP over N * b bytes equals peak / bandwidth; rounding either way is fine
         yield case(model, gpu, want=gpu.peak_flops / gpu.hbm_bandwidth * model.dtype_bytes / 2, abs_tol=1.0)
 
-
-# Whole S_max slots in a budget, counted by the library: the ledger's naive count, and every whole-unit count that
-# is the same floor with the unit set to one slot (a "block" of S_max tokens, a ReserveToMaxAllocator's max_seqs or
-# the token slots of a pool priced at S_max x KV a token, an allocator filled to refusal, a workload of one length).
-_SLOT_COUNT_SHORTCUTS = ("labsupport.ledger.naive_concurrency", "labsupport.ledger.kv_budget_bytes",
-                         "labsupport.ledger.naive_slot_bytes", "labsupport.viz.roofline.batch_gap",
-                         "labsupport.ledger.num_blocks", "labsupport.ledger.paged_concurrency",
-                         "labsupport.ledger.batch_that_fits", "labsupport.contiguous.ReserveToMaxAllocator.max_seqs",
-                         "labsupport.contiguous.ReserveToMaxAllocator.from_budget",
-                         "labsupport.contiguous.ContiguousAllocator.from_budget",
-                         "labsupport.viz.memory.fill_reserve_to_max", "labsupport.viz.memory.naive_measurement",
-                         "labsupport.viz.memory.fitting_batch", "labsupport.viz.slo.memory_ceiling",
-                         "labsupport.viz.slo.lecture_pool")
 
 _MEMORY_CASES = [(LECTURE_7B, "h100", 4096), (LECTURE_7B_GQA8, "h100", 4096), (LECTURE_7B, "h100", 32_768),
                  (LECTURE_7B, "h100", 131_072), (LECTURE_7B_GQA8, "h100", 131_072), (LLAMA3_8B, "a100-40gb", 8192),
@@ -86,7 +68,7 @@ _MEMORY_CASES = [(LECTURE_7B, "h100", 4096), (LECTURE_7B_GQA8, "h100", 4096), (L
          "that is the KV budget. A reserve-to-max slot holds S_max tokens at the model's KV bytes per token, "
          "however short the sequence really is. The batch is the number of whole slots that fit in the budget — "
          "and zero when the weights leave no budget at all.",
-    forbid=_SLOT_COUNT_SHORTCUTS,
+    forbid=("labsupport.ledger.naive_concurrency", "labsupport.ledger.kv_budget_bytes"),
     derive="subtract the weights and the reserve from the card's memory and count whole S_max slots yourself",
     name="memory_batch",
 )

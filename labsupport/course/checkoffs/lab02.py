@@ -1,20 +1,6 @@
 """Lab 02 checkoffs: the naive allocator and where 86% of the cache goes (§10.2, Exercises 1 and 2).
 
-2.1  bytes a slot reserves and never fills        2.7  Exercise 1: GQA-8 utilization at the brochure's S_max
-2.2  internal fragmentation, share of the budget  2.8  Exercise 1: what the brochure cost (paged / naive)
-2.3  utilization measured over a live allocator   2.9  Exercise 2: mean declared slot, bytes
-2.4  utilization averaged over a sequence's life  2.10 Exercise 2: mean concurrency
-2.5  decode throughput of the naive batch         2.11 the wastes paging eliminates (a set)
-2.6  utilization at the long S_max                2.12 the most a sequence's last block leaves unfilled, bytes
-
-Every value checkoff is a function of the lab's givens (the lecture's: an 80 GB card, 6.74e9 bf16
-parameters, a 4 GB reserve, 32 layers x 32 KV heads x 128, 512 + 128 tokens, S_max 4,096 / 32,768 /
-131,072, 16-token blocks, 3,350 GB/s, Exercise 2's 70/25/5 mix), multiplied out here with Python
-integers, never read from labsupport.ledger or from the student's code.  The wrong answers named in
-`mistakes=` are worked out on the lecture's givens.  2.3's cases are real allocators mid-serve,
-made with `live(...)` and changed only through their methods; the grader keeps its own record of
-every token it stored, and each case's slips (the reserved share, the slot share, a percentage) are
-worked out from that record.
+Values are multiplied out from the givens here, never read from labsupport.ledger; mistakes are the lecture's.
 """
 from __future__ import annotations
 
@@ -27,42 +13,30 @@ from labsupport.course.registry import case, choice, function, givens, namespace
 
 
 def _kv(g, kv_heads=None) -> int:
-    """Bytes of K and V per token: every layer, every KV head, head_dim elements each."""
     return 2 * g.LAYERS * (g.KV_HEADS if kv_heads is None else kv_heads) * g.HEAD_DIM * g.DTYPE_BYTES
 
 
 def _budget(g, reserve=None) -> int:
-    """What the card holds for KV: its memory less the weights and the reserve."""
     return g.HBM_BYTES - g.PARAMS * g.DTYPE_BYTES - (g.RESERVE_BYTES if reserve is None else reserve)
 
 
 def _hidden(rng: random.Random) -> dict:
     """Another card, model and workload on which every exercise still makes sense (and runs in seconds)."""
     while True:
-        g = dict(HBM_BYTES=rng.choice((40, 48, 94, 141, 192)) * 10**9,
-                 PARAMS=rng.randint(1_000, 12_000) * 10**6,
-                 DTYPE_BYTES=rng.choice((1, 4)),
-                 RESERVE_BYTES=rng.choice((2, 3, 5, 6, 8)) * 10**9,
-                 LAYERS=rng.choice((16, 24, 28, 40, 48)),
-                 KV_HEADS=rng.choice((16, 24, 40, 48)),
-                 GQA_KV_HEADS=rng.choice((1, 2, 4)),
-                 HEAD_DIM=rng.choice((64, 80, 96, 256)),
-                 HBM_BW=rng.choice((1_555, 2_039, 4_800, 8_000)) * 10**9,
-                 PROMPT=rng.randint(100, 2_000),
-                 OUTPUT=rng.randint(16, 400),
-                 S_MAX=rng.choice((2_048, 8_192)),
-                 S_MAX_LONG=rng.choice((16_384, 65_536)),
-                 S_MAX_BROCHURE=rng.choice((262_144, 524_288, 1_048_576)),
-                 BLOCK=rng.choice((8, 32)),
-                 S_MAX_SHORT=rng.choice((256, 1_024)),
-                 SHARE_SHORT=rng.choice((0.5, 0.6, 0.8)),
+        g = dict(HBM_BYTES=rng.choice((40, 48, 94, 141, 192)) * 10**9, PARAMS=rng.randint(1_000, 12_000) * 10**6,
+                 DTYPE_BYTES=rng.choice((1, 4)), RESERVE_BYTES=rng.choice((2, 3, 5, 6, 8)) * 10**9,
+                 LAYERS=rng.choice((16, 24, 28, 40, 48)), KV_HEADS=rng.choice((16, 24, 40, 48)),
+                 GQA_KV_HEADS=rng.choice((1, 2, 4)), HEAD_DIM=rng.choice((64, 80, 96, 256)),
+                 HBM_BW=rng.choice((1_555, 2_039, 4_800, 8_000)) * 10**9, PROMPT=rng.randint(100, 2_000),
+                 OUTPUT=rng.randint(16, 400), S_MAX=rng.choice((2_048, 8_192)), S_MAX_LONG=rng.choice((16_384, 65_536)),
+                 S_MAX_BROCHURE=rng.choice((262_144, 524_288, 1_048_576)), BLOCK=rng.choice((8, 32)),
+                 S_MAX_SHORT=rng.choice((256, 1_024)), SHARE_SHORT=rng.choice((0.5, 0.6, 0.8)),
                  SHARE_LONG=rng.choice((0.02, 0.1, 0.15)))
         n = namespace(g)
         budget, kv, kv_gqa = _budget(n), _kv(n), _kv(n, n.GQA_KV_HEADS)
         if (n.PROMPT + n.OUTPUT < n.S_MAX and budget > 0
                 and 2 <= budget // (n.S_MAX * kv) <= 300  # a naive batch, and a life the lab steps through quickly
-                and budget // (n.S_MAX_LONG * kv) >= 1
-                and budget // (n.S_MAX_BROCHURE * kv_gqa) >= 1
+                and budget // (n.S_MAX_LONG * kv) >= 1 and budget // (n.S_MAX_BROCHURE * kv_gqa) >= 1
                 and budget // (n.BLOCK * kv_gqa) <= 400_000):  # a block pool the lab's allocator fills in a second
             return g
 
@@ -74,33 +48,9 @@ KV_GQA8 = _kv(G, G.GQA_KV_HEADS)  # 131,072 B: the same model with 8 KV heads
 BUDGET = _budget(G)  # 62,520,000,000 B of KV on an 80 GB H100
 SEQ = G.PROMPT + G.OUTPUT
 PRINTED_BUDGET = 62_500_000_000  # the lecture's board writes the budget as 62.5 GB
-
-
-# One-call answers to this lab's questions; the exercises ask for the arithmetic behind them.
-_NAIVE_SHORTCUTS = ("labsupport.ledger.naive_concurrency", "labsupport.ledger.naive_utilization",
-                    "labsupport.ledger.slot_occupancy", "labsupport.viz.memory.fill_reserve_to_max",
-                    "labsupport.viz.memory.naive_measurement")
-_STEP_SHORTCUTS = ("labsupport.ledger.tpot_s", "labsupport.ledger.throughput_tok_s",
-                   "labsupport.ledger.decode_step_bytes", "labsupport.ledger.goodput_tok_s",
-                   # the cost model prices the step term by term (`.step(...).memory_s` is 2.5's time); the
-                   # SLO panels' helpers split or tabulate the same step
-                   "labsupport.costmodel.CostModel", "labsupport.viz.slo.tpot_terms",
-                   "labsupport.viz.slo.steady_batch_tpot", "labsupport.viz.slo.three_columns")
-# The library's counts of whole slots: the naive batch is the exercises' first step, not a call.
-_COUNT_SHORTCUTS = ("labsupport.ledger.naive_concurrency", "labsupport.contiguous.ReserveToMaxAllocator.max_seqs",
-                    "labsupport.viz.roofline.batch_gap")
-# An allocator's (or a replay's) own accounting: occupied, internal and reserved bytes and their shares of the
-# pool are these exercises' answers read off a filled pool (`.stats().internal_bytes`, `.shares()`).  Filling
-# an allocator and counting what it admitted (`num_seqs`, `slots`) is allowed: that is the mechanism.
-_STATS_SHORTCUTS = ("labsupport.contiguous.ContiguousAllocator.stats", "labsupport.block_allocator.BlockAllocator.stats",
-                    "labsupport.kvcache.PagedKVCache.stats", "labsupport.kvcache.ContiguousKVCache.stats",
-                    "labsupport.fig2.simulate_breakdown", "labsupport.fig2.fig2_breakdown")
-# The paged pool's counts (2.8's numerator): whole blocks in the budget, blocks per sequence, sequences.
-_PAGED_SHORTCUTS = ("labsupport.ledger.paged_concurrency", "labsupport.ledger.paged_utilization",
-                    "labsupport.ledger.num_blocks", "labsupport.ledger.blocks_for",
-                    "labsupport.ledger.block_table_entries", "labsupport.viz.slo.memory_ceiling",
-                    "labsupport.viz.slo.lecture_pool")
-_UTIL_SHORTCUTS = (*_NAIVE_SHORTCUTS, *_COUNT_SHORTCUTS, *_STATS_SHORTCUTS)
+_SLOTS = "labsupport.ledger.naive_concurrency"
+_UTIL = (_SLOTS, "labsupport.ledger.naive_utilization")
+_SLOT_BYTES = "labsupport.ledger.naive_slot_bytes"
 
 
 def _slots(g, s_max: int, kv: int, budget=None) -> int:
@@ -117,10 +67,8 @@ def _paged(g, kv: int) -> int:
 
 
 def _internal(g, budget=None) -> float:
-    """End of life: the share of the budget that slots reserve and their tokens never fill."""
     budget = _budget(g) if budget is None else budget
-    kv = _kv(g)
-    return _slots(g, g.S_MAX, kv, budget) * (g.S_MAX - g.PROMPT - g.OUTPUT) * kv / budget
+    return _slots(g, g.S_MAX, _kv(g), budget) * (g.S_MAX - g.PROMPT - g.OUTPUT) * _kv(g) / budget
 
 
 _GIB_RESERVE = _budget(G, 4 * 2**30)  # the reserve read as 4 GiB: 28 slots
@@ -137,18 +85,17 @@ value(
               ((G.S_MAX - G.PROMPT) * KV_MHA, "The output tokens land in the slot too: the sequence ends up holding "
                "PROMPT + OUTPUT tokens."),
               (SEQ * KV_MHA, "That is what the sequence fills; the question is what it leaves empty."),
-              ((G.S_MAX - SEQ) * 2 * G.LAYERS * G.KV_HEADS * G.HEAD_DIM * G.DTYPE_BYTES // 1024 * 1000,
-               "512 KiB per token is 524,288 B, not 512,000 B: a KiB is 1,024 bytes."),
+              ((G.S_MAX - SEQ) * KV_MHA // 1024 * 1000, "512 KiB per token is 524,288 B, not 512,000 B: a KiB is "
+               "1,024 bytes."),
               ((G.S_MAX - SEQ) * KV_MHA // 2, "Count both tensors: every layer keeps a key and a value per KV head.")],
     unit=" B",
-    forbid=("labsupport.ledger.naive_slot_bytes", *_STATS_SHORTCUTS),
+    forbid=(_SLOT_BYTES,),
     derive="multiply the slot's unfilled positions by the KV bytes per token",
 )
 
 value(
     "2.2", "Internal fragmentation, as a share of the KV budget",
-    expected=lambda g: _internal(g),
-    rel_tol=1e-4,
+    expected=lambda g: _internal(g), rel_tol=1e-4,
     hint="Start from the KV budget (the card's memory less the weights less the reserve, all decimal bytes), count the "
          "whole S_MAX slots it holds (a fraction of a slot holds no sequence), and add up what those slots reserve "
          "and never fill once each sequence holds its PROMPT + OUTPUT tokens. Give it over the whole budget, as a "
@@ -166,16 +113,9 @@ value(
                "80e9 - 13.48e9 - 4e9 = 62.52e9 B."),
               (((80 * 10**9 - 4 * 10**9) // (G.S_MAX * KV_MHA)) * (G.S_MAX - SEQ) * KV_MHA / BUDGET,
                "The weights live in HBM too: subtract them before counting slots.")],
-    forbid=_UTIL_SHORTCUTS,
+    forbid=_UTIL,
     derive="count the whole slots in the budget and add up the positions they reserve and never fill",
 )
-
-
-_RESERVED_REMARK = ("That is the share of the budget *reserved* by slots; utilization counts only the tokens stored "
-                    "in them.")
-_SLOT_SHARE_REMARK = ("That is the share of the reserved slots that holds tokens, a fair reading (lab 08's seed 4 "
-                      "uses it) but not this one: here, as in §10.2's 15.2%, utilization is over the whole KV budget.")
-_PERCENT_REMARK = "Return a fraction (0.1556 for 15.56%), not a percentage."
 
 
 @function(
@@ -183,13 +123,12 @@ _PERCENT_REMARK = "Return a fraction (0.1556 for 15.56%), not a percentage."
     hint="Utilization counts bytes that hold real tokens — what each live sequence has stored so far, not the slot it "
          "reserved — over the whole KV budget. The allocator knows its live slots (`alloc.slots`, a dict of `Slot`s "
          "with `.length` and `.size`) and its bytes per token (`alloc.kv_bytes_per_token`).",
-    forbid=("labsupport.contiguous.ContiguousAllocator.stats", *_NAIVE_SHORTCUTS),
+    forbid=("labsupport.contiguous.ContiguousAllocator.stats", "labsupport.viz.memory.naive_measurement"),
     derive="add up the tokens the live slots hold (`slot.length`) and convert them to bytes yourself",
     name="utilization",
 )
 def _utilization(rng: random.Random):
-    """Allocators in the middle of serving (made with `live`, changed only through their methods), with our
-    own record of the tokens each sequence holds: the want and the slips come from that record."""
+    """Allocators mid-serve, changed only through their methods; the wants come from our own record."""
     configs = [(KV_MHA, 4096, BUDGET), (KV_GQA8, 4096, BUDGET), (KV_MHA, 32_768, BUDGET), (KV_MHA, 512, BUDGET),
                (KV_GQA8, 16_384, 40 * 10**9), (KV_MHA, 2048, 10**10)]
     for _ in range(4):  # shapes and budgets the lab never shows
@@ -201,24 +140,21 @@ def _utilization(rng: random.Random):
         alloc = live(ReserveToMaxAllocator, int(budget // kv), s_max, kv_bytes_per_token=kv)
         held: dict[int, int] = {}
         for sid in range(alloc.real.max_seqs):
-            n = rng.randint(0, s_max // 2)
-            alloc.allocate(sid, num_tokens=n)
-            held[sid] = n
+            held[sid] = rng.randint(0, s_max // 2)
+            alloc.allocate(sid, num_tokens=held[sid])
         for sid in rng.sample(sorted(held), len(held) // 3):  # some finish, leaving free slots
             alloc.free(sid)
             del held[sid]
         for sid in list(held):  # the rest decode a few tokens
-            grow = rng.randint(0, 40)
+            held[sid] += (grow := rng.randint(0, 40))
             alloc.append(sid, grow)
-            held[sid] += grow
         cases.append((alloc, budget, held, kv))
     # per-request S_max (Exercise 2's allocator) and an empty pool
     alloc = live(ContiguousAllocator, 200_000, kv_bytes_per_token=KV_MHA)
     held = {}
     for sid, size in enumerate((512, 4096, 32_768, 512, 4096, 512)):
-        n = rng.randint(1, size)
-        alloc.allocate(sid, size, num_tokens=n)
-        held[sid] = n
+        held[sid] = rng.randint(1, size)
+        alloc.allocate(sid, size, num_tokens=held[sid])
     cases.append((alloc, 200_000 * KV_MHA + 123_456, held, KV_MHA))
     empty = live(ReserveToMaxAllocator, int(BUDGET // KV_MHA), 4096, kv_bytes_per_token=KV_MHA)
     cases.append((empty, BUDGET, {}, KV_MHA))
@@ -227,21 +163,20 @@ def _utilization(rng: random.Random):
         mistakes = []
         if held:  # the usual wrong readings, worked out from our record and the slots the allocator reserved
             reserved = sum(s.size for s in alloc.real.slots.values())
-            mistakes = [(reserved * kv / budget, _RESERVED_REMARK),
-                        (sum(held.values()) / reserved, _SLOT_SHARE_REMARK),
-                        (100 * want, _PERCENT_REMARK)]
+            mistakes = [(reserved * kv / budget, "That is the share of the budget *reserved* by slots; utilization "
+                         "counts only the tokens stored in them."),
+                        (sum(held.values()) / reserved, "That is the share of the reserved slots that holds tokens, a "
+                         "fair reading (lab 08's seed 4 uses it) but not this one: here, as in §10.2's 15.2%, "
+                         "utilization is over the whole KV budget."),
+                        (100 * want, "Return a fraction (0.1556 for 15.56%), not a percentage.")]
         yield case(alloc, budget, want=want, rel_tol=1e-9, abs_tol=1e-15, mistakes=mistakes,
                    what=f"utilization(<allocator with {len(held)} live sequences>, budget_bytes={budget:,})")
 
 
-# Over a life the sequence holds PROMPT, PROMPT + 1, ... PROMPT + OUTPUT - 1 tokens while its OUTPUT decode steps
-# run (the KV each step reads); the last token arrives with the last step.  For the lecture, 512 ... 639:
-# a mean of 575.5 tokens, in every one of the slots.
+# the tokens held while the OUTPUT steps run: PROMPT ... PROMPT + OUTPUT - 1 (575.5 on average for the lecture)
 def _life_mean(g) -> float:
     return sum(range(g.PROMPT, g.PROMPT + g.OUTPUT)) / g.OUTPUT
 
-
-_LIFE_MEAN = _life_mean(G)
 
 value(
     "2.4", "Utilization averaged over a sequence's life",
@@ -253,12 +188,12 @@ value(
          "sequence is anywhere in its life. Give a fraction.",
     mistakes=[(_util(G, G.S_MAX, KV_MHA), "That is the end of life, every sequence at PROMPT + OUTPUT tokens: 2.3's "
                "reading. Average over the steps instead."),
-              (_LIFE_MEAN / G.S_MAX, "That is one slot's mean occupancy; utilization is over the whole budget, which "
-               "the whole slots do not quite fill."),
+              (_life_mean(G) / G.S_MAX, "That is one slot's mean occupancy; utilization is over the whole budget, "
+               "which the whole slots do not quite fill."),
               (_slots(G, G.S_MAX, KV_MHA) * G.PROMPT * KV_MHA / BUDGET, "That is the start of life, the prompt alone."),
-              (_slots(_G_GIB, G.S_MAX, KV_MHA) * _LIFE_MEAN * KV_MHA / _GIB_RESERVE, _GIB_REMARK)],
+              (_slots(_G_GIB, G.S_MAX, KV_MHA) * _life_mean(G) * KV_MHA / _GIB_RESERVE, _GIB_REMARK)],
     # (on the printed 62.5 GB budget it is 0.03% off: inside the tolerance, so not a mistake here)
-    forbid=(*_UTIL_SHORTCUTS, "labsupport.ledger.naive_utilization_time_avg", "labsupport.ledger.life_lengths"),
+    forbid=("labsupport.ledger.naive_utilization_time_avg",),
     derive="step the allocator's sequences through their decode steps and average the utilization you read",
 )
 
@@ -271,8 +206,7 @@ def _naive_tok_s(g, seq_tokens=None, bw=None) -> float:
 
 value(
     "2.5", "Decode throughput of the naive batch",
-    expected=lambda g: _naive_tok_s(g),
-    rel_tol=1e-3,
+    expected=lambda g: _naive_tok_s(g), rel_tol=1e-3,
     hint="A memory-bound decode step reads every weight once plus every resident sequence's KV; its time is those "
          "bytes over the HBM bandwidth, and it yields one token per sequence. Use the batch the naive allocator "
          "permits and the full PROMPT + OUTPUT-token sequences.",
@@ -283,33 +217,31 @@ value(
                "decimal, 10**9 bytes per GB."),
               (_naive_tok_s(_G_GIB), _GIB_REMARK + " It leaves 28 slots, not 29.")],
     unit=" tok/s",
-    forbid=(*_STEP_SHORTCUTS, *_COUNT_SHORTCUTS),
+    forbid=("labsupport.ledger.tpot_s", "labsupport.ledger.throughput_tok_s", _SLOTS),
     derive="write the step's bytes (weights plus every sequence's KV) over the bandwidth, then B over that time",
 )
 
 value(
     "2.6", "Utilization at the long-context S_max",
-    expected=lambda g: _util(g, g.S_MAX_LONG, _kv(g)),
-    rel_tol=1e-4,
+    expected=lambda g: _util(g, g.S_MAX_LONG, _kv(g)), rel_tol=1e-4,
     hint="The allocator is the same, with a bigger slot: work out how many whole S_MAX_LONG slots fit in the budget, "
          "then the bytes their PROMPT + OUTPUT-token sequences hold, over the whole budget. Give a fraction.",
-    mistakes=[(SEQ / G.S_MAX_LONG, "That is one slot's occupancy (the lecture's reasoning, 1.95%), which is also what a "
-               "fraction of a slot counted gives. Utilization is over the whole budget, and the budget holds a whole "
-               "number of slots (round down), with a remainder no slot can use."),
+    mistakes=[(SEQ / G.S_MAX_LONG, "That is one slot's occupancy (the lecture's reasoning, 1.95%), which is also what "
+               "a fraction of a slot counted gives. Utilization is over the whole budget, and the budget holds a "
+               "whole number of slots (round down), with a remainder no slot can use."),
               (0.019, "The lecture prints 1.9%: one slot's occupancy, 640 / 32,768 = 1.95%, cut short. Compute "
                "utilization over the budget."),
               (_util(G, G.S_MAX, KV_MHA), "That is the S_MAX figure, not S_MAX_LONG's."),
               (_util(G, G.S_MAX_LONG, KV_MHA, PRINTED_BUDGET), "That is on the lecture's printed 62.5 GB budget; the "
                "exact one is 80e9 - 13.48e9 - 4e9 = 62.52e9 B, and the slots' bytes are divided by it."),
               (_util(_G_GIB, G.S_MAX_LONG, KV_MHA), _GIB_REMARK)],
-    forbid=_UTIL_SHORTCUTS,
+    forbid=_UTIL,
     derive="count the whole long slots in the budget and divide the bytes their tokens hold by the budget",
 )
 
 value(
     "2.7", "Exercise 1: GQA-8 utilization at the brochure's S_max",
-    expected=lambda g: _util(g, g.S_MAX_BROCHURE, _kv(g, g.GQA_KV_HEADS)),
-    rel_tol=1e-4,
+    expected=lambda g: _util(g, g.S_MAX_BROCHURE, _kv(g, g.GQA_KV_HEADS)), rel_tol=1e-4,
     hint="Under MHA a brochure slot can be larger than the whole budget, so zero requests fit. With GQA_KV_HEADS KV "
          "heads each token costs less: size the slot, count the whole slots that fit, and divide the bytes their "
          "PROMPT + OUTPUT-token sequences hold by the budget. Give a fraction.",
@@ -321,7 +253,7 @@ value(
                "the exact one is 62.52e9 B."),
               (_util(_G_GIB, G.S_MAX_BROCHURE, KV_GQA8), _GIB_REMARK),
               (0.0, "Zero is the MHA answer; this part is about the GQA-8 model.")],
-    forbid=_UTIL_SHORTCUTS,
+    forbid=_UTIL,
     derive="size the GQA slot, count the whole slots in the budget and divide the bytes their tokens hold by it",
 )
 
@@ -339,13 +271,12 @@ value(
               (_paged(G, KV_MHA) / _slots(G, G.S_MAX, KV_MHA), "That is the MHA model at S_MAX; this part is "
                "GQA against the brochure's reservation."),
               (_paged(_G_GIB, KV_GQA8) / _slots(_G_GIB, G.S_MAX_BROCHURE, KV_GQA8), _GIB_REMARK)],
-    forbid=(*_NAIVE_SHORTCUTS, *_COUNT_SHORTCUTS, *_PAGED_SHORTCUTS),
+    forbid=("labsupport.ledger.paged_concurrency", _SLOTS),
     derive="count the GQA paged sequences and the brochure slots in the budget yourself, then take the ratio",
 )
 
 
-def _mix(g):
-    """Exercise 2's declared S_max values and their shares of requests."""
+def _mix(g):  # Exercise 2's declared S_max values and their shares of requests
     return ((g.S_MAX_SHORT, g.SHARE_SHORT), (g.S_MAX, 1 - g.SHARE_SHORT - g.SHARE_LONG), (g.S_MAX_LONG, g.SHARE_LONG))
 
 
@@ -355,8 +286,7 @@ def _mean_slot(g) -> float:
 
 value(
     "2.9", "Exercise 2: mean declared slot",
-    expected=lambda g: _mean_slot(g),
-    rel_tol=5e-4,
+    expected=lambda g: _mean_slot(g), rel_tol=5e-4,
     hint="Each request reserves its own declared S_max at the model's KV bytes per token; requests of each size come "
          "in their shares. What does a request reserve on average, in bytes?",
     mistakes=[(1.586e9, "1.586 GB comes from the lecture's rounded slot sizes (0.268, 2.147, 17.2 GB); multiply "
@@ -366,7 +296,7 @@ value(
               (sum(share * min(SEQ, s) for s, share in _mix(G)) * KV_MHA, "That is what the requests fill; each "
                "reserves its declared S_max, not its tokens.")],
     unit=" B",
-    forbid=("labsupport.ledger.naive_slot_bytes", *_STATS_SHORTCUTS),
+    forbid=(_SLOT_BYTES,),
     derive="weight each declared slot (S_max x KV bytes per token) by its share",
 )
 
@@ -379,17 +309,14 @@ value(
     mistakes=[(_slots(G, G.S_MAX, KV_MHA), "That is everyone reserving S_MAX; here each request declares its own."),
               (sum(share * (BUDGET // (s * KV_MHA)) for s, share in _mix(G)), "That averages three pools, each full "
                "of one size; the requests share one pool, so divide the budget by the mean slot.")],
-    # budget / (mean tokens x KV) and the whole-slot counts are this answer in one call
-    forbid=("labsupport.ledger.batch_that_fits", "labsupport.viz.memory.fitting_batch",
-            "labsupport.ledger.naive_slot_bytes", *_COUNT_SHORTCUTS),
+    forbid=("labsupport.ledger.batch_that_fits", _SLOTS),
     derive="divide the budget by the mean declared slot (2.9's bytes) yourself",
 )
 
-WASTES = ("external fragmentation", "internal fragmentation", "reserved for tokens not yet emitted")
-
 choice(
     "2.11", "The wastes paging eliminates",
-    answer={"external fragmentation"}, options=WASTES,
+    answer={"external fragmentation"},
+    options=("external fragmentation", "internal fragmentation", "reserved for tokens not yet emitted"),
     hint="External fragmentation is free space between allocations, too small for the next request; internal is "
          "reserved space inside an allocation that its owner never fills; and a sequence that will emit more tokens "
          "needs room for them before they exist. With fixed-size blocks, can a free block ever be the wrong size? "
@@ -411,7 +338,6 @@ value(
               ((G.BLOCK - 1) * KV_MHA // 1024 * 1000, "512 KiB per token is 524,288 B, not 512,000 B."),
               (G.BLOCK - 1, "That is the count of positions; give their bytes.")],
     unit=" B",
-    forbid=("labsupport.ledger.naive_slot_bytes", "labsupport.ledger.tail_waste_tokens",
-            "labsupport.ledger.mean_tail_waste_tokens", *_STATS_SHORTCUTS),
+    forbid=(_SLOT_BYTES, "labsupport.ledger.tail_waste_tokens"),
     derive="multiply the worst-case empty positions of the last block by the KV bytes per token",
 )

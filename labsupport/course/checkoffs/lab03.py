@@ -1,41 +1,21 @@
-"""Lab 03 checkoffs: PagedAttention's block table (§10.3, Exercise 3).
-
-3.1  slot_mapping: token position -> physical slot through the block table (checked against the real
-     allocator's own mapping, which is where the real PagedKVCache writes each token)
-3.2  append: one more token, a new block exactly when the last one is full (in lockstep with the real
-     BlockAllocator on random workloads)
-3.3  tail waste of one sequence (against the blocks the real allocator hands out)
-3.4  mean tail waste at b = 16 for lengths uniform modulo b
-3.5  paged concurrency of the PROMPT + OUTPUT workload at b = BLOCK
-3.6  paged utilization averaged over a sequence's life (our measurement; the lecture derives 98.7% as 100% − 1.3%)
-3.7  block-table bytes of a 4,096-token sequence at b = 16 with int32 entries
-3.8  the entry width that gives the lecture's 2 KB
-3.9  Exercise 3: the lognormal's sigma
-3.10 Exercise 3: one row of the block-size table, at a batch it is handed (the lab uses the batch that fits)
-3.11 Exercise 3: the two measurements that decide
-
-Expected values are functions of the lab's givens (`G`), written out here with Python integers; the
-function checkoffs compare with `labsupport`'s real allocator, never with the student's code (3.2 runs in
-lockstep with it: labsupport.course.harness's "append").
-"""
+"""Lab 03 checkoffs: PagedAttention's block table (§10.3, Exercise 3); the function checkoffs compare with the
+real BlockAllocator (3.2 in lockstep with it: labsupport.course.harness's "append")."""
 from __future__ import annotations
 
 import math
 import random
-import types
 from statistics import NormalDist
 
 from labsupport.block_allocator import BlockAllocator
-from labsupport.course.registry import case, choice, function, givens, value
+from labsupport.course.harness import HARNESSES
+from labsupport.course.registry import case, choice, function, givens, namespace, value
 
 
 def _kv(g) -> int:
-    """K and V of one token, every layer and KV head (MHA here: as many KV heads as query heads)."""
     return 2 * g.LAYERS * g.KV_HEADS * g.HEAD_DIM * g.DTYPE_BYTES
 
 
 def _budget(g) -> int:
-    """The card's HBM less the weights and the runtime reserve."""
     return g.HBM_BYTES - g.WEIGHT_BYTES * g.PARAMS - g.RESERVE_BYTES
 
 
@@ -56,7 +36,7 @@ def _hidden(rng):
         entries = -(-g["TABLE_TOKENS"] // g["BLOCK"])
         g["PRINTED_TABLE_BYTES"] = entries * rng.choice((2, 4, 16))  # a printed table size some entry width gives
         g["TAIL_TOKENS"] = g["MEDIAN_TOKENS"] * rng.choice((10, 40, 60))
-        ns = types.SimpleNamespace(**g)
+        ns = namespace(g)
         if _budget(ns) > 0 and _paged_seqs(ns) >= 4 and entries * g["ENTRY_BYTES"] != 1024:
             return g
 
@@ -66,32 +46,12 @@ KV_MHA = _kv(G)  # 524,288 B per token
 BUDGET = _budget(G)  # 62,520,000,000 B
 SEQ = G.PROMPT + G.OUTPUT
 
-# The library's counts of a paged pool: whole blocks in the budget, blocks (table entries) per sequence,
-# sequences per pool.  3.5's answer is one of them, 3.7's and 3.8's one multiplication or division away.
-_POOL_SHORTCUTS = ("labsupport.ledger.paged_concurrency", "labsupport.ledger.paged_utilization",
-                   "labsupport.ledger.num_blocks", "labsupport.ledger.blocks_for",
-                   "labsupport.viz.slo.memory_ceiling", "labsupport.viz.slo.lecture_pool",
-                   "labsupport.viz.memory.fitting_batch")
-_ENTRY_SHORTCUTS = ("labsupport.ledger.block_table_bytes", "labsupport.ledger.block_table_entries",
-                    "labsupport.ledger.blocks_for", "labsupport.block_allocator.BlockAllocator.blocks_needed",
-                    "labsupport.viz.kernel.step_bytes", "labsupport.viz.board.tlb_bytes")
-# Replays that average a pool's shares over time (3.6 measures one sequence's life on the allocator instead).
-_REPLAY_SHORTCUTS = ("labsupport.fig2.simulate_breakdown", "labsupport.fig2.fig2_breakdown",
-                     "labsupport.viz.memory.measure_block_size", "labsupport.viz.memory.measure_workloads",
-                     "labsupport.viz.memory.replay_pool")
-# The real allocator's and kernels' own answers to "which slot holds this token".
-_TABLE_SHORTCUTS = ("labsupport.block_allocator.BlockAllocator.slot_mapping",
-                    "labsupport.block_allocator.BlockAllocator.append_slot",
-                    "labsupport.block_allocator.BlockAllocator.append_slots",
-                    "labsupport.kvcache.PagedKVCache.prepare_decode",
-                    "labsupport.kernels.kv_token_offsets", "labsupport.kernels.kv_token_offset",
-                    # the paged cache's own slot arithmetic (prepare_prefill's and prepare_decode's), which reads
-                    # nothing of the cache but its block size: any object with one answers 3.1
-                    "labsupport.kvcache.PagedKVCache._slots")
-# One sequence's tail read off the library: its whole blocks (then * b - n), an allocator's or a cache's internal
-# bytes, the replays' tail-waste columns.
-_TAIL_SHORTCUTS = ("labsupport.ledger.tail_waste_tokens", *_ENTRY_SHORTCUTS, *_REPLAY_SHORTCUTS,
-                   "labsupport.block_allocator.BlockAllocator.stats", "labsupport.kvcache.PagedKVCache.stats")
+# "Which slot holds this token", answered by the allocator, the kernels' helper or the cache's own arithmetic.
+_TABLE = ("labsupport.block_allocator.BlockAllocator.slot_mapping",
+          "labsupport.block_allocator.BlockAllocator.append_slot", "labsupport.kernels.kv_token_offsets",
+          "labsupport.kvcache.PagedKVCache._slots")
+_ENTRIES = ("labsupport.ledger.block_table_bytes", "labsupport.ledger.block_table_entries",
+            "labsupport.ledger.blocks_for")
 
 
 def _churn(alloc: BlockAllocator, rng: random.Random, ops: int, max_prompt: int) -> None:
@@ -118,13 +78,12 @@ def _churn(alloc: BlockAllocator, rng: random.Random, ops: int, max_prompt: int)
     hint="A position lives in logical block position // b, at offset position % b inside it. The table turns the "
          "logical block into a physical one; the pool numbers slots block after block, b to a block. Nothing "
          "about the physical blocks is contiguous, so look each one up.",
-    forbid=_TABLE_SHORTCUTS,
+    forbid=_TABLE,
     derive="look each position's logical block up in the table and add its offset inside the block",
     name="slot_mapping",
 )
 def _slot_mapping(rng):
-    """Tables left scattered by random traffic, block sizes 1..300 (3: not a power of two), each checked
-    against the slots the real allocator (and so the real cache) uses."""
+    """Tables scattered by random traffic, block sizes 1..300, against the slots the real allocator uses."""
     for block_size in (1, 3, 4, 16, 128, rng.randint(2, 40), rng.randint(41, 300)):
         alloc = BlockAllocator(96, block_size)
         _churn(alloc, rng, 300, 3 * block_size + 5)
@@ -136,7 +95,7 @@ def _slot_mapping(rng):
 
 
 def _reference_append(table, seq_len, block_size, take_free_block):
-    """What the real allocator does, written as 3.2's function (the expected run is this one's)."""
+    """What the real allocator does, written as 3.2's function."""
     if seq_len == len(table) * block_size:
         table.append(take_free_block())
     return table[seq_len // block_size] * block_size + seq_len % block_size
@@ -147,14 +106,11 @@ def _reference_append(table, seq_len, block_size, take_free_block):
     hint="Before writing token number seq_len, ask whether the sequence's last block still has a free slot. The "
          "sequence's blocks hold len(block_table) * b slots; if seq_len has reached that, take one block from the "
          "free pool, append it to the table, and only then compute the slot (block id * b + offset).",
-    forbid=_TABLE_SHORTCUTS,
+    forbid=_TABLE,
     derive="compare seq_len with the slots the table's blocks hold, and compute the slot from the table",
     name="append",
 )
 def _append(rng):
-    """A lockstep run against the real BlockAllocator per block size (labsupport.course.harness's "append")."""
-    from labsupport.course.harness import HARNESSES
-
     for block_size in (1, 2, 4, 5, 16, rng.randint(3, 64)):
         run = {"block_size": block_size, "seed": rng.getrandbits(32)}
         want = HARNESSES["append"](_reference_append, run)["result"]
@@ -165,7 +121,8 @@ def _append(rng):
     "3.3", "Tail waste of one sequence",
     hint="A sequence of n tokens holds ceil(n / b) blocks; the slots it does not fill are all in its last block. "
          "Check your formula on a length that is an exact multiple of b, and on n = 0.",
-    forbid=(*_TAIL_SHORTCUTS, *_TABLE_SHORTCUTS),
+    forbid=("labsupport.ledger.tail_waste_tokens", "labsupport.ledger.blocks_for",
+            "labsupport.block_allocator.BlockAllocator.blocks_needed"),
     derive="count the slots of ceil(n / b) blocks and take away the n tokens",
     name="tail_waste",
 )
@@ -184,23 +141,16 @@ def _tail_waste(rng):
             yield case(n, block_size, want=want, whole=True, mistakes=mistakes)
 
 
-def _mean_tail(g) -> float:
-    return sum(range(g.BLOCK)) / g.BLOCK
-
-
 value(
     "3.4", "Mean tail waste at b = 16",
-    expected=_mean_tail,
-    rel_tol=1e-9,
-    hint="If lengths are spread evenly modulo b, each remainder 0, 1, ..., b - 1 is equally likely. Write down the tail "
-         "each remainder leaves (use 3.3) and average them.",
+    expected=lambda g: sum(range(g.BLOCK)) / g.BLOCK,
+    hint="If lengths are spread evenly modulo b, each remainder 0, 1, ..., b - 1 is equally likely. Write down the "
+         "tail each remainder leaves (use 3.3) and average them.",
     mistakes=[(G.BLOCK / 2, "b/2 is the lecture's rounding. A length that is a multiple of b wastes nothing, so the "
                "tails run 0 .. b - 1, not 1 .. b."),
               (G.BLOCK - 1, "That is the worst case, b - 1; the question asks for the mean.")],
     unit=" tokens",
-    forbid=("labsupport.ledger.mean_tail_waste_tokens", "labsupport.ledger.block_size_table",
-            "labsupport.ledger.tail_waste_tokens", "labsupport.viz.memory.measure_block_size",
-            "labsupport.viz.memory.measure_workloads"),
+    forbid=("labsupport.ledger.mean_tail_waste_tokens", "labsupport.ledger.block_size_table"),
     derive="average the tails the remainders 0 .. b - 1 leave",
 )
 
@@ -215,16 +165,15 @@ value(
               (BUDGET / (SEQ * KV_MHA), "A fraction of a sequence does not run: whole blocks, whole sequences."),
               (BUDGET // ((SEQ + G.BLOCK // 2) * KV_MHA), "That gives every sequence the lecture's mean b/2 = 8-token "
                "tail. 640 fills 40 blocks exactly: no tail at end of life, so count whole blocks.")],
-    forbid=_POOL_SHORTCUTS,
+    forbid=("labsupport.ledger.paged_concurrency", "labsupport.ledger.num_blocks",
+            "labsupport.viz.slo.memory_ceiling"),
     derive="count the whole blocks in the budget and divide by the blocks one sequence holds",
 )
 
 
 def _paged_over_life(g) -> float:
-    # While its OUTPUT steps run a sequence holds n = PROMPT ... PROMPT + OUTPUT - 1 tokens in ceil(n / b) blocks;
-    # the pool is floor(budget / block bytes) whole blocks, so its blocks cover a little less than the budget.
-    life = range(g.PROMPT, g.PROMPT + g.OUTPUT)
-    fill = sum(n / (-(-n // g.BLOCK) * g.BLOCK) for n in life) / g.OUTPUT  # each step's reading, averaged
+    # the pool's whole blocks cover a little less than the budget
+    fill = sum(n / (-(-n // g.BLOCK) * g.BLOCK) for n in range(g.PROMPT, g.PROMPT + g.OUTPUT)) / g.OUTPUT
     block_bytes = g.BLOCK * _kv(g)
     pool_share = (_budget(g) // block_bytes) * block_bytes / _budget(g)
     return fill * pool_share
@@ -250,8 +199,7 @@ value(
               (1 - 199 * G.BLOCK / 2 * KV_MHA / BUDGET, "That is 100% less the lecture's 1.3% (199 sequences, each "
                "with an 8-token tail): the lecture's rule of thumb, not this pool. Step one sequence through its "
                "life and average what its blocks hold.")],
-    forbid=("labsupport.ledger.paged_utilization_time_avg", "labsupport.ledger.paged_utilization",
-            "labsupport.ledger.life_lengths", *_REPLAY_SHORTCUTS),
+    forbid=("labsupport.ledger.paged_utilization_time_avg",),
     derive="step one sequence through its life on a BlockAllocator and average how full its blocks are",
 )
 
@@ -268,7 +216,7 @@ value(
     mistakes=[(_table_entries(G), "That is the number of entries; each entry takes several bytes."),
               (G.PRINTED_TABLE_BYTES, "That is the lecture's 2 KB; it assumes a different entry width than int32.")],
     unit=" B",
-    forbid=_ENTRY_SHORTCUTS,
+    forbid=_ENTRIES,
     derive="multiply the table's entries by the bytes of one int32 entry",
 )
 
@@ -280,21 +228,15 @@ value(
     mistakes=[(G.PRINTED_TABLE_BYTES // _table_entries(G) * 8, "That is the width in bits; the question asks for "
                "bytes.")],
     unit=" B",
-    forbid=_ENTRY_SHORTCUTS,
+    forbid=_ENTRIES,
     derive="count the table's entries (whole blocks of TABLE_TOKENS) and divide the printed bytes by them",
 )
 
 
-def _sigma(g) -> float:
-    # one-sided: TAIL_SHARE of lengths lie above TAIL_TOKENS
-    return math.log(g.TAIL_TOKENS / g.MEDIAN_TOKENS) / NormalDist().inv_cdf(1 - g.TAIL_SHARE)
-
-
-_SIGMA = _sigma(G)
-
 value(
     "3.9", "Exercise 3: the lognormal's sigma",
-    expected=_sigma,
+    # one-sided: TAIL_SHARE of lengths lie above TAIL_TOKENS
+    expected=lambda g: math.log(g.TAIL_TOKENS / g.MEDIAN_TOKENS) / NormalDist().inv_cdf(1 - g.TAIL_SHARE),
     rel_tol=1e-3,
     hint="For a lognormal, ln(length) is normal. Where on that normal does the median sit, and at which quantile "
          "does 'a share TAIL_SHARE of sequences over TAIL_TOKENS' put TAIL_TOKENS? statistics.NormalDist().inv_cdf "
@@ -318,10 +260,7 @@ def _row(block_size: int, batch: int, tail=None) -> tuple[float, float, int, int
          "not fill, on average over lengths spread evenly modulo b (3.4's question at any b); what `batch` such "
          "sequences waste, as a fraction of BUDGET; and the block-table entries of the median and of the "
          "TAIL_TOKENS-token sequence (whole blocks).",
-    # the row's tail is 3.4's mean of one-sequence tails and its entries are whole blocks: every library count of
-    # either (`tail_waste_tokens`, `blocks_for`, `blocks_needed`, the replays' columns)
-    forbid=("labsupport.ledger.block_size_table", "labsupport.ledger.mean_tail_waste_tokens",
-            "labsupport.ledger.lognormal_params", *_TAIL_SHORTCUTS),
+    forbid=("labsupport.ledger.block_size_table", "labsupport.ledger.mean_tail_waste_tokens", *_ENTRIES),
     derive="compute the row's four numbers from b, the batch, 3.4's mean tail and the two lengths",
     name="exercise3_row",
 )
@@ -333,18 +272,16 @@ def _exercise3_row(rng):
                      "a multiple of b leaves no tail, so the mean tail is (b − 1)/2 tokens (3.4's mean).")] \
             if block_size > 1 else []
         if batch != 199 and block_size > 1:
-            wrong = _row(block_size, batch)
-            mistakes.append(((wrong[0], 199 * wrong[0] / BUDGET, wrong[2], wrong[3]), "That is the waste of 199 "
-                             "sequences, the lecture's chat batch; use the batch you are given."))
+            mistakes.append((_row(block_size, 199), "That is the waste of 199 sequences, the lecture's chat batch; "
+                             "use the batch you are given."))
         yield case(block_size, batch, want=_row(block_size, batch), rel_tol=1e-6, mistakes=mistakes,
                    what=f"exercise3_row({block_size}, batch={batch})")
 
 
-MEASUREMENTS = ("kernel_bandwidth", "fork_rate", "tail_waste", "table_size", "hbm_size")
-
 choice(
     "3.11", "Exercise 3: the two measurements that decide",
-    answer={"kernel_bandwidth", "fork_rate"}, options=MEASUREMENTS,
+    answer={"kernel_bandwidth", "fork_rate"},
+    options=("kernel_bandwidth", "fork_rate", "tail_waste", "table_size", "hbm_size"),
     hint="You have already computed the memory column, and it points at small blocks. Which costs of a small or a "
          "large block does the memory column not see? One lives in the attention kernel; one appears only when "
          "sequences share blocks (§10.4).",

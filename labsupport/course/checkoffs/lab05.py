@@ -1,13 +1,7 @@
 """Lab 05 checkoffs: copy-on-write fan-out and prefix sharing (§10.4).
 
-5.1  the copy-on-write append, driven through scripted fork/append/free histories beside the real
-     BlockAllocator (labsupport.course.harness's "cow_append", compared up to renaming of block ids)
-5.2  the fan-out in blocks, unshared and shared
-5.3  reference counts after a divergence (on the lab's givens)
-5.4  cross-request prefix hits on lists of block ids
-
-Every expected value comes from the real `BlockAllocator` run on the same inputs (the mechanism the
-student's code must agree with), never from the student's code.
+5.1 the copy-on-write append, 5.2 the fan-out in blocks, 5.3 reference counts after a divergence, 5.4 prefix
+hits.  Every expected value comes from the real BlockAllocator on the same inputs, never from the student's code.
 """
 from __future__ import annotations
 
@@ -18,8 +12,6 @@ from labsupport.course.data import live
 from labsupport.course.harness import chat_hash_ids
 from labsupport.course.registry import case, function, givens, value
 from labsupport.viz.sharing import measure_fanout, replay_prefix_cache
-
-# --- 5.1: the student's copy-on-write append ------------------------------------------------------
 
 
 def _random_script(rng: random.Random, block_size: int, steps: int = 60) -> list[list]:
@@ -49,44 +41,33 @@ def _scripts(rng: random.Random) -> list[tuple[str, int, int, list[list]]]:
          [["alloc", "q", 8], ["fork", "q", "r"], ["append", "r"], ["append", "q"], ["append", "r"]]),
         ("block size 1: every token starts a block", 1, 20,
          [["alloc", "s", 3], ["fork", "s", "t"], ["append", "t"], ["append", "s"], ["append", "s"]]),
-        ("an empty sequence's first token (block size 16)", 16, 4, [["alloc", "e", 0], ["append", "e"], ["append", "e"]]),
+        ("an empty sequence's first token (block size 16)", 16, 4,
+         [["alloc", "e", 0], ["append", "e"], ["append", "e"]]),
         ("the other holder left: the tail is private again (block size 4)", 4, 12,
          [["alloc", "x", 5], ["fork", "x", "y"], ["free", "x"], ["append", "y"], ["append", "y"]]),
-    ]
-    fixed = random.Random(5)  # the lab's own random history, the same for everyone
-    scripts.append(("a random fork/append/free history (block size 8)", 8, 64,
-                    [["alloc", 0, 13]] + _random_script(fixed, 8)[1:]))
-    for block_size in (rng.choice((2, 3, 4)), rng.choice((5, 16, 32))):
-        scripts.append((f"another fork/append/free history (block size {block_size})", block_size, 96,
-                        _random_script(rng, block_size)))
-    return scripts
+        ("a random fork/append/free history (block size 8)", 8, 64,  # the lab's own, the same for everyone
+         [["alloc", 0, 13]] + _random_script(random.Random(5), 8)[1:])]
+    return scripts + [(f"another fork/append/free history (block size {bs})", bs, 96, _random_script(rng, bs))
+                      for bs in (rng.choice((2, 3, 4)), rng.choice((5, 16, 32)))]
 
 
 def _real_run(block_size: int, num_blocks: int, ops: list[list]) -> list[dict]:
-    """The same script on the real BlockAllocator, as 5.1's observations hold a pool (see harness.CowWorld.state):
-    after each operation, its tables, lengths, every block's ref_count and the free count; for an append,
-    the (slot, cow) the allocator reports."""
+    """The script on the real BlockAllocator, each step as the harness's "cow_append" writes the student's down."""
     alloc, steps = BlockAllocator(num_blocks, block_size), []
     for op in ops:
         step = {}
-        if op[0] == "alloc":
-            alloc.allocate(op[1], op[2])
-        elif op[0] == "fork":
-            alloc.fork(op[1], op[2])
-        elif op[0] == "free":
-            alloc.free(op[1])
-        else:
+        if op[0] == "append":
             result = alloc.append_slot(op[1])
             step["returned"] = [result.slot, list(result.cow) if result.cow is not None else None]
-        step.update(tables=[[s, list(t)] for s, t in alloc.block_tables.items()],
-                    seq_lens=[[s, n] for s, n in alloc.seq_lens.items()], ref_counts=alloc.ref_counts(),
-                    free=alloc.num_free_blocks)
-        steps.append(step)
+        else:
+            getattr(alloc, "allocate" if op[0] == "alloc" else op[0])(*op[1:])
+        steps.append({**step, "tables": [[s, list(t)] for s, t in alloc.block_tables.items()],
+                      "seq_lens": [[s, n] for s, n in alloc.seq_lens.items()], "ref_counts": alloc.ref_counts(),
+                      "free": alloc.num_free_blocks})
     return steps
 
 
-# The allocator's and the cache's own append.  (PagedKVCache.append is left off: the scan finds a listed method
-# by its name after a dot, and every solution appends to a list.)
+# The allocator's and the cache's own append (not PagedKVCache.append: the scan would flag every list.append).
 _COW_SHORTCUTS = ("labsupport.block_allocator.BlockAllocator.append_slot",
                   "labsupport.block_allocator.BlockAllocator.append_slots",
                   "labsupport.kvcache.PagedKVCache.prepare_decode")
@@ -106,15 +87,12 @@ _COW_SHORTCUTS = ("labsupport.block_allocator.BlockAllocator.append_slot",
     name="cow_append",
 )
 def _cow_append(rng):
-    """Each script run through the student's function on plain structures (labsupport.course.harness's
-    "cow_append") and through the real BlockAllocator; compared step by step, up to renaming of block ids."""
+    """Each script through the student's function (harness "cow_append") and through the real BlockAllocator."""
     for name, block_size, num_blocks, ops in _scripts(rng):
         run = {"block_size": block_size, "num_blocks": num_blocks, "ops": ops}
         yield case(harness="cow_append", data=run, want=_real_run(block_size, num_blocks, ops), judge="cow_append",
                    name=name, ops=ops, block_size=block_size, what=f"cow_append on '{name}'")
 
-
-# --- 5.2: the fan-out factor in blocks ------------------------------------------------------------
 
 _FANOUT_CASES = [(8, 4096, 256, 16), (16, 8192, 512, 16), (8, 100, 1, 16), (8, 100, 40, 16), (3, 33, 40, 8),
                  (5, 7, 3, 4), (4, 64, 64, 16), (8, 4096, 256, 1), (8, 4000, 100, 256), (1, 50, 10, 16),
@@ -143,31 +121,22 @@ def _fanout(rng):
                  "shared": [(-(-p // b) + n * -(-o // b), "It looks as if the partly filled prompt block stayed shared "
                              "after the branches wrote."), (n * (p + o), tokens), (p + n * o, tokens)]}
         yield case(n, p, o, b, want=want, judge="fanout",
-                   slips={label: [[w, r] for w, r in pairs if w != want[i]]
-                          for i, (label, pairs) in enumerate(slips.items())},
+                   slips={k: [[w, r] for w, r in v if w != want[i]] for i, (k, v) in enumerate(slips.items())},
                    what=f"fanout_blocks(n={n}, prompt={p}, output={o}, block_size={b})")
 
 
-# --- 5.3: reference counts after a divergence -----------------------------------------------------
-
-# The quantities Exercise 5.3 is posed on (the lab's givens cell): n branches forked off one prompt, the block
-# size, and how many of the branches have written their first token when the reference counts are read.
-
-
 def _hidden_divergence(rng: random.Random) -> dict:
-    n = rng.choice((3, 4, 5, 6, 7, 9, 10, 12))
-    bs = rng.choice((4, 8, 32))
+    n, bs = rng.choice((3, 4, 5, 6, 7, 9, 10, 12)), rng.choice((4, 8, 32))
     prompt = rng.choice([p for p in range(20, 300) if p % bs and p != 100])  # a partly filled tail
     writers = rng.choice([w for w in range(2, n) if w != 5])
     return dict(N_BRANCHES=n, BLOCK=bs, PROMPT_TOKENS=prompt, WRITERS=writers)
 
 
-G = givens(hidden=_hidden_divergence)
+G = givens(hidden=_hidden_divergence)  # 5.3's: N_BRANCHES forked off one prompt, WRITERS of them wrote a token
 
 
 def _divergence(g) -> dict:
-    """Every in-use block's ref_count (sorted) after WRITERS branches wrote one token, and the copies once all
-    N_BRANCHES wrote: read off the real allocator."""
+    """Every in-use block's ref_count (sorted) once WRITERS branches wrote a token, and the copies once all did."""
     n, prompt, block_size, writers = g.N_BRANCHES, g.PROMPT_TOKENS, g.BLOCK, g.WRITERS
     alloc = BlockAllocator(-(-prompt // block_size) + 2 * n + 2, block_size)
     alloc.allocate(0, prompt)
@@ -188,20 +157,17 @@ def _divergence_keys(g) -> dict:
         refs = [(sorted([n] * (full + 1) + [1] * writers),
                  "Your shared tail still has all its references: each copy moves one reference off the original "
                  "tail block, so it is named by the branches that have not written yet."),
-                (sorted([n] * full + [1] * writers),
-                 "The original tail block is missing: it is still in use, named by the branches that have not "
-                 "written yet."),
+                (sorted([n] * full + [1] * writers), "The original tail block is missing: it is still in use, named "
+                 "by the branches that have not written yet."),
                 (sorted([n - writers] * (full + 1) + [1] * (writers * (full + 1))),
                  "You copied the full blocks too: a full block is never written again, so it stays shared by all "
                  "the branches — only the partly filled tail is copied.")]
+        only_tail = "Only the partly filled tail block is copied; the full blocks are never written again."
         copies = [(n, "That counts a copy for every branch; the last branch to write finds the original tail with "
                       "ref_count 1 (everyone else has copied away) and writes in place."),
                   (writers, "That is the copies after the first writers; the question asks once every branch has "
                             "written."),
-                  (n * (full + 1), "Only the partly filled tail block is copied; the full blocks are never written "
-                                   "again."),
-                  ((n - 1) * (full + 1), "Only the partly filled tail block is copied; the full blocks are never "
-                                         "written again."),
+                  (n * (full + 1), only_tail), ((n - 1) * (full + 1), only_tail),
                   (0, "A branch's first token lands in the shared, partly filled tail, so writing it needs a private "
                       "copy.")]
     return {"refcounts": {"judge": "refcounts_in_use", "writers": writers,
@@ -227,13 +193,8 @@ value(
 )
 
 
-# --- 5.4: cross-request prefix hits ---------------------------------------------------------------
-
-_PREFIX_CASES = [
-    [[1, 2, 3], [1, 2, 4], [5, 2, 3], [1, 2, 3, 9], [1], [2, 3]],
-    [[7, 7, 7], [7, 7], [7, 8, 7]],
-    [[10, 11], [12], [10, 11, 12], [10, 12], [10, 11, 12, 13], [12]],
-]
+_PREFIX_CASES = [[[1, 2, 3], [1, 2, 4], [5, 2, 3], [1, 2, 3, 9], [1], [2, 3]], [[7, 7, 7], [7, 7], [7, 8, 7]],
+                 [[10, 11], [12], [10, 11, 12], [10, 12], [10, 11, 12, 13], [12]]]
 CHAT_REQUESTS = 2000  # the long history's requests, as many as the lab's prompt says
 
 
@@ -250,18 +211,15 @@ CHAT_REQUESTS = 2000  # the long history's requests, as many as the lab's prompt
     name="prefix_hit_blocks",
 )
 def _prefix_hits(rng):
-    """Small tricky lists, a long conversation-like history (labsupport.course.harness.chat_hash_ids: the same
-    on every machine, whether or not the Mooncake trace is there), and short repetitive ones; each against the
-    real allocator's prefix index (`replay_prefix_cache`)."""
+    """Small tricky lists, a long conversation-like history (the same on every machine, trace or not) and short
+    repetitive ones, each against the real allocator's prefix index."""
     cases = [(ids, f"the {len(ids):,}-request list {ids!r}") for ids in _PREFIX_CASES]
-    chat = live(chat_hash_ids, rng.getrandbits(32), CHAT_REQUESTS)
-    cases.append((chat, f"a {CHAT_REQUESTS:,}-request conversation-like history (shared system prompts, "
-                        "multi-turn sessions)"))
+    cases.append((live(chat_hash_ids, rng.getrandbits(32), CHAT_REQUESTS), f"a {CHAT_REQUESTS:,}-request "
+                  "conversation-like history (shared system prompts, multi-turn sessions)"))
     for _ in range(3):  # short, repetitive histories: most prefixes recur, some only after a detour
         alphabet = rng.randint(2, 6)
         ids = [[rng.randrange(alphabet) for _ in range(rng.randint(1, 8))] for _ in range(rng.randint(5, 60))]
         cases.append((ids, f"a {len(ids)}-request history of block ids drawn from {alphabet} values"))
     for ids, label in cases:
-        real = ids.real if hasattr(ids, "real") and not isinstance(ids, list) else ids
-        want = replay_prefix_cache([tuple(r) for r in real]).hit_blocks
+        want = replay_prefix_cache([tuple(r) for r in getattr(ids, "real", ids)]).hit_blocks
         yield case(ids, want=want, judge="prefix_hits", label=label, what=f"prefix_hit_blocks(...) on {label}")

@@ -1,34 +1,16 @@
-"""Lab 06 checkoffs: the engine loop, preemption, and swap versus recompute (§10.5, Exercise 4).
-
-6.1  breakeven_bandwidth: the link bandwidth at which a sequence's swap round trip and its recompute cost the same
-6.2  preemption_plan: the victims in the engine's order (latest arrival first), each swapped or recomputed
-     (compared by the named judge "preemption_plan" of labsupport.course.harness, which says whether the
-     order, the set or one decision is wrong)
-6.3  Exercise 4's four numbers on the lab's givens (`G`), each key with its own tolerance and slips
-
-Expected values are written out here from the lecture's formulas and the presets' fields (not
-read from `labsupport.ledger`, which the lab compares against separately), and the victim policy
-is the engine's stated one: the sequence of the latest-arriving request goes first.
-"""
+"""Lab 06 checkoffs: the engine loop, preemption, and swap versus recompute (§10.5, Exercise 4); expected
+values are written out from the lecture's formulas, not read from `labsupport.ledger`."""
 from __future__ import annotations
 
-import types
 from dataclasses import replace
 
 from labsupport.course.checkoffs._hidden import random_pair
-from labsupport.course.registry import case, function, givens, value
+from labsupport.course.registry import case, function, givens, namespace, value
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B, ModelSpec
 
 MFU = 0.5
-# The ledger's and the cost model's one-call answers to §10.5's questions.
-_PREEMPT_SHORTCUTS = ("labsupport.ledger.breakeven_link_bandwidth", "labsupport.ledger.crossover_tokens",
-                      "labsupport.ledger.preempt_choice", "labsupport.ledger.recompute_s",
-                      "labsupport.ledger.swap_round_trip_s", "labsupport.ledger.prefill_flops",
-                      "labsupport.costmodel.CostModel", "labsupport.viz.engine.swap_recompute",
-                      "labsupport.viz.engine.breakeven_figure",
-                      # a group of one is one sequence: the fan-out versions give the same swap bytes, FLOPs, W*
-                      "labsupport.ledger.group_breakeven_link_bandwidth", "labsupport.ledger.group_recompute_flops",
-                      "labsupport.ledger.group_swap_bytes")
+_RECOMPUTE = ("labsupport.ledger.prefill_flops", "labsupport.ledger.recompute_s")
+_BREAKEVEN = "labsupport.ledger.breakeven_link_bandwidth"
 _FP32_SMALL = ModelSpec("tiny-fp32", 4, 4, 2, 32, 0.8e6, dtype_bytes=4)
 
 
@@ -37,8 +19,7 @@ def _kv_bytes(model: ModelSpec, tokens: int) -> float:
 
 
 def _prefill_flops(model: ModelSpec, tokens: int, attention_coef: int = 4, heads: int | None = None) -> float:
-    # weights: 2 FLOP per parameter per token; attention: QK^T and PV over every earlier key, every query head
-    # (the lecture's count, 4·L·H·d·S²; `attention_coef` and `heads` write the slips' counts)
+    # attention as the lecture counts it, 4·L·H·d·S²; `attention_coef` and `heads` write the slips' counts
     return 2 * model.num_params * tokens + attention_coef * model.num_layers * (heads or model.num_heads) \
         * model.head_dim * tokens ** 2
 
@@ -49,18 +30,15 @@ def _breakeven(model: ModelSpec, tokens: int, peak: float, mfu: float, attention
     return 2 * _kv_bytes(model, tokens) * mfu * peak / _prefill_flops(model, tokens, attention_coef, heads)
 
 
-# --- 6.1: the break-even bandwidth --------------------------------------------------------------
-
-_BREAKEVEN_CASES = [(m, s, g, mfu) for m, s, g, mfu in (
+_BREAKEVEN_CASES = [
     (LECTURE_7B, 4096, "h100", MFU), (LECTURE_7B_GQA8, 4096, "h100", MFU), (LECTURE_7B_GQA8, 16_384, "h100", MFU),
     (LECTURE_7B, 1, "h100", MFU), (LECTURE_7B, 131_072, "h100", MFU), (LLAMA3_70B, 8192, "h200", 0.4),
     (LLAMA3_8B, 2048, "a100-80gb", 0.6), (LECTURE_7B, 640, "l4", 1.0), (_FP32_SMALL, 300, "t4", 0.25),
-    (replace(LECTURE_7B, name="lecture-7b-fp8", dtype_bytes=1), 4096, "h100", MFU),
-)]
+    (replace(LECTURE_7B, name="lecture-7b-fp8", dtype_bytes=1), 4096, "h100", MFU)]
 
-_CAUSAL_61 = ("You counted attention causally, each query against only the keys before it (2·L·H·d·S² in all). That "
-              "is what a causal kernel does, but this exercise uses the lecture's count, every query against all S "
-              "keys (4·L·H·d·S²), which gives §10.5's 55.2 + 8.8 TFLOP and 129 ms.")
+_CAUSAL_61 = ("You counted attention causally, each query against only the keys before it (2·L·H·d·S² in all). "
+              "That is what a causal kernel does, but this exercise uses the lecture's count, every query against "
+              "all S keys (4·L·H·d·S²), which gives §10.5's 55.2 + 8.8 TFLOP and 129 ms.")
 
 
 @function(
@@ -68,9 +46,9 @@ _CAUSAL_61 = ("You counted attention causally, each query against only the keys 
     hint="Write both stalls as functions of the link bandwidth W. Swapping moves the sequence's KV bytes out and "
          "later back in over the link. Recomputing redoes the prefill: 2 FLOP per parameter per token, plus "
          "attention's QK^T and PV, which every query head does against the keys, counted as the lecture does: "
-         "each of the S tokens against all S keys (grouped-query attention shrinks the cache, not that arithmetic). Divide the FLOPs by the rate you actually achieve (mfu × peak). "
-         "Set the two times equal and solve for W.",
-    forbid=_PREEMPT_SHORTCUTS,
+         "each of the S tokens against all S keys (grouped-query attention shrinks the cache, not that arithmetic). "
+         "Divide the FLOPs by the rate you actually achieve (mfu × peak). Set the two times equal and solve for W.",
+    forbid=(_BREAKEVEN, "labsupport.ledger.group_breakeven_link_bandwidth", *_RECOMPUTE),
     derive="write the swap round trip and the recompute time from the model's fields, set them equal, solve for W",
     name="breakeven_bandwidth",
 )
@@ -82,11 +60,10 @@ def _breakeven_bandwidth(rng):
                       rng.choice((0.2, 0.35, 0.5, 0.8, 1.0))))
     for model, tokens, gpu, mfu in cases:
         want = _breakeven(model, tokens, gpu.peak_flops, mfu)
-        # the slips, each as the number it gives on this case; first match wins (the causal count first: at 4K
-        # tokens its ratio, 1.07, happens to look like a GB/GiB slip)
-        causal = _breakeven(model, tokens, gpu.peak_flops, mfu, attention_coef=2)
-        mistakes = [(causal, _CAUSAL_61)] if tokens > 1 else []
-        mistakes.append((want / 2, "A swap costs two trips over the link: out now, back in when the sequence resumes."))
+        # first match wins: the causal count first (at 4K tokens its ratio, 1.07, looks like a GB/GiB slip)
+        mistakes = [(_breakeven(model, tokens, gpu.peak_flops, mfu, 2), _CAUSAL_61)] if tokens > 1 else []
+        mistakes.append((want / 2, "A swap costs two trips over the link: out now, back in when the sequence "
+                                   "resumes."))
         if mfu != 1:
             mistakes.append((want / mfu, "The prefill runs at mfu × peak, not at peak."))
         if model.num_kv_heads != model.num_heads:
@@ -97,12 +74,9 @@ def _breakeven_bandwidth(rng):
                         f"mfu={mfu})")
 
 
-# --- 6.2: the preemption decision ----------------------------------------------------------------
-
 def _plan(running, blocks_needed, block_size, model, gpu, link, mfu):
-    order = sorted(running, key=lambda r: r[1], reverse=True)  # latest arrival first
     plan, freed = [], 0
-    for name, _, tokens in order:
+    for name, _, tokens in sorted(running, key=lambda r: r[1], reverse=True):  # latest arrival first
         if freed >= blocks_needed:
             break
         swap_s = 2 * _kv_bytes(model, tokens) / link
@@ -115,15 +89,10 @@ def _plan(running, blocks_needed, block_size, model, gpu, link, mfu):
 _RUNNING = [("a", 0.0, 9000), ("b", 0.5, 700), ("c", 1.25, 5400), ("d", 2.0, 300), ("e", 3.0, 12_000),
             ("f", 3.5, 2048)]
 _PLAN_CASES = [  # (running, blocks needed, block size, model, gpu, link bytes/s)
-    (_RUNNING, 1, 16, LECTURE_7B, "h100", 32 * GB),
-    (_RUNNING, 200, 16, LECTURE_7B, "h100", 32 * GB),
-    (_RUNNING, 900, 16, LECTURE_7B, "h100", 32 * GB),
-    (_RUNNING, 800, 16, LECTURE_7B, "h100", 64 * GB),
-    (_RUNNING, 800, 16, LECTURE_7B_GQA8, "h100", 8 * GB),
-    (_RUNNING, 3000, 16, LECTURE_7B, "a100-80gb", 10 * GB),
-    (list(reversed(_RUNNING)), 129, 64, LECTURE_7B, "h100", 32 * GB),
-    (_RUNNING, 2, 256, LLAMA3_70B, "h100", 12 * GB),
-]
+    (_RUNNING, 1, 16, LECTURE_7B, "h100", 32 * GB), (_RUNNING, 200, 16, LECTURE_7B, "h100", 32 * GB),
+    (_RUNNING, 900, 16, LECTURE_7B, "h100", 32 * GB), (_RUNNING, 800, 16, LECTURE_7B, "h100", 64 * GB),
+    (_RUNNING, 800, 16, LECTURE_7B_GQA8, "h100", 8 * GB), (_RUNNING, 3000, 16, LECTURE_7B, "a100-80gb", 10 * GB),
+    (list(reversed(_RUNNING)), 129, 64, LECTURE_7B, "h100", 32 * GB), (_RUNNING, 2, 256, LLAMA3_70B, "h100", 12 * GB)]
 
 
 @function(
@@ -133,12 +102,12 @@ _PLAN_CASES = [  # (running, blocks needed, block size, model, gpu, link bytes/s
          "ceil(tokens / block_size) blocks). How: for each victim separately, compare the round trip of its KV over "
          "the link with redoing its prefill at mfu × peak — the answer depends on its length, which is why one "
          "global policy is wrong for a mixed-length batch.",
-    forbid=_PREEMPT_SHORTCUTS,
+    forbid=("labsupport.ledger.preempt_choice", *_RECOMPUTE),
     derive="sort by arrival, latest first, and compare each victim's swap round trip with its recompute yourself",
     name="preemption_plan",
 )
 def _preemption_plan(rng):
-    cases = [(running, need, bs, model, GPUS[gpu_name], link) for running, need, bs, model, gpu_name, link in _PLAN_CASES]
+    cases = [(running, need, bs, model, GPUS[gpu], link) for running, need, bs, model, gpu, link in _PLAN_CASES]
     for _ in range(4):
         model, gpu = random_pair(rng, fits=True)
         arrivals = rng.sample(range(60_000), rng.randint(2, 9))  # distinct: the order is never a tie
@@ -154,14 +123,8 @@ def _preemption_plan(rng):
                         f"{model.name}, {gpu.name}, link={link / GB:g} GB/s)")
 
 
-# --- 6.3: Exercise 4's numbers -------------------------------------------------------------------
-
-# The quantities Exercise 4 is posed on (the lab's givens cell): the lecture's 7B (its MHA form and its GQA form
-# share every field but the KV heads), the card's peak and achieved share, its host link, the slower link of the
-# crossover question, and the long sequence's length.
-
 def _models(g) -> tuple[ModelSpec, ModelSpec]:
-    """(the MHA model, its GQA form) from the givens."""
+    """(the MHA model, its GQA form): they share every field but the KV heads."""
     mha = ModelSpec("givens-mha", g.LAYERS, g.HEADS, g.HEADS, g.HEAD_DIM, g.PARAMS, dtype_bytes=g.DTYPE_BYTES)
     return mha, replace(mha, name="givens-gqa", num_kv_heads=g.GQA_KV_HEADS)
 
@@ -181,7 +144,7 @@ def _hidden_exercise4(rng) -> dict:
                  PARAMS=rng.choice((1.3e9, 3.0e9, 8.0e9, 13.0e9)), PEAK_FLOPS=rng.choice((312e12, 756e12, 1979e12)),
                  MFU=rng.choice((0.3, 0.4, 0.6)), LINK_BW=rng.choice((16e9, 25e9, 50e9, 128e9)),
                  SLOW_LINK_BW=rng.choice((8e9, 12e9, 16e9, 24e9)), LONG_SEQ=rng.choice((8192, 12_000, 24_576, 32_768)))
-        mha, _ = _models(types.SimpleNamespace(**g))
+        mha, _ = _models(namespace(g))
         if 100 < _crossover(mha, g["SLOW_LINK_BW"], g["MFU"] * g["PEAK_FLOPS"]) < 10**6:
             return g
 
@@ -189,30 +152,23 @@ def _hidden_exercise4(rng) -> dict:
 G = givens(hidden=_hidden_exercise4)
 
 
-def _exercise4(g) -> dict[str, float]:
+def _terms(g):
     mha, gqa = _models(g)
     rate = g.MFU * g.PEAK_FLOPS
-    s = g.LONG_SEQ
-    swap = 2 * _kv_bytes(gqa, s) / g.LINK_BW
-    rec = _prefill_flops(gqa, s) / rate
-    return {"recompute_ms": 1e3 * rec, "swap_advantage": rec / swap, "breakeven_gbs": 2 * _kv_bytes(gqa, s) / rec / GB,
+    return mha, gqa, rate, 2 * _kv_bytes(gqa, g.LONG_SEQ) / g.LINK_BW, _prefill_flops(gqa, g.LONG_SEQ) / rate
+
+
+def _exercise4(g) -> dict[str, float]:
+    mha, gqa, rate, swap, rec = _terms(g)
+    return {"recompute_ms": 1e3 * rec, "swap_advantage": rec / swap,
+            "breakeven_gbs": 2 * _kv_bytes(gqa, g.LONG_SEQ) / rec / GB,
             "crossover_tokens": _crossover(mha, g.SLOW_LINK_BW, rate)}
-
-
-# The lecture prints ≈ 2,600 for the crossover.  An answer within 60 tokens of it gets the remark below; the judge
-# matches a slip within the key's tolerance (±2 tokens), so the window is written as its points 4 tokens apart.
-_PRINTED_CROSSOVER = ("About 2,600 is the lecture's printed figure, which is not the root of the lecture's own "
-                      "equation; solve it exactly.")
-_PRINTED_WINDOW = [(2600 + d, _PRINTED_CROSSOVER) for d in range(-58, 59, 4)]
 
 
 def _exercise4_keys(g) -> dict:
     """Each key's tolerance, its unit, and the plausible wrong numbers on givens `g` with what each is."""
-    mha, gqa = _models(g)
-    rate = g.MFU * g.PEAK_FLOPS
+    mha, gqa, rate, swap, rec = _terms(g)
     s = g.LONG_SEQ
-    swap = 2 * _kv_bytes(gqa, s) / g.LINK_BW
-    rec = _prefill_flops(gqa, s) / rate
     kv_attn = _prefill_flops(gqa, s, heads=gqa.num_kv_heads) / rate
     causal = _prefill_flops(gqa, s, attention_coef=2) / rate
     return {
@@ -237,10 +193,13 @@ def _exercise4_keys(g) -> dict:
                                                         "all S keys, 4·L·H·d·S²."),
             (_crossover(mha, g.SLOW_LINK_BW, rate, 8), "That is half the root, which twice the lecture's attention "
                                                         "term (8·L·H·d·S²) gives — the slip behind the lecture's "
-                                                        "printed ≈ 2,600: count QK^T and PV once each, 2 FLOP a pair."),
-            (_crossover(mha, g.SLOW_LINK_BW, g.PEAK_FLOPS), "That prices the recompute at the card's peak; it runs "
-                                                             "at MFU × peak."),
-            *_PRINTED_WINDOW,
+                                                        "printed ≈ 2,600: count QK^T and PV once each, 2 FLOP a "
+                                                        "pair."),
+            (_crossover(mha, g.SLOW_LINK_BW, g.PEAK_FLOPS), "That prices the recompute at the card's peak; it "
+                                                             "runs at MFU × peak."),
+            # within 60 tokens of the lecture's printed ≈ 2,600, as points 4 apart (a slip matches within ±2 tokens)
+            *[(2600 + d, "About 2,600 is the lecture's printed figure, which is not the root of the lecture's own "
+                         "equation; solve it exactly.") for d in range(-58, 59, 4)],
             (0, "With the GQA cache swap may win at every length on the slow link; the question is about MHA.")]},
     }
 
@@ -253,6 +212,6 @@ value(
          "SLOW_LINK_BW: the swap side is linear in S, the recompute side has an S and an S² term, so after dividing "
          "by S the equation is linear — solve it exactly rather than trusting a printed figure.",
     expected=_exercise4, keys=_exercise4_keys,
-    forbid=_PREEMPT_SHORTCUTS,
+    forbid=(_BREAKEVEN, "labsupport.ledger.crossover_tokens", *_RECOMPUTE),
     derive="write the swap and recompute times out from the givens (your own break-even function may help)",
 )

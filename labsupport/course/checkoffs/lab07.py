@@ -1,16 +1,5 @@
-"""Lab 07 checkoffs: §10.6's SLO ledger — TPOT at B, the largest B under an SLO, goodput, why a mean is a
-lie, Exercise 5.
-
-7.1  tpot: the weights once and every sequence's KV, over the HBM bandwidth
-7.2  max_batch: the smaller of the pool's whole-block ceiling and the SLO's
-7.3  goodput of a run, and 7.4 ttft_tail, on small runs of the real engine: each case's requests are rebuilt
-     where the student's function runs from the run's config (labsupport.course.harness.engine_requests, passed
-     as `live(engine_requests, seed, rate, blocks, n_req)`); the expected numbers come from the same builder here
-7.5  agent_session_ledger: Exercise 5's three numbers, each key with its own slips
-7.6  which of them paging improved (a choice)
-
-Expected values are written out here from the lecture's formulas (not read from `labsupport.ledger`).
-"""
+"""Lab 07 checkoffs: §10.6's SLO ledger, Exercise 5.  7.3 and 7.4 judge small real engine runs, rebuilt
+where the student's function runs (`live(engine_requests, ...)`)."""
 from __future__ import annotations
 
 import math
@@ -22,24 +11,7 @@ from labsupport.course.registry import case, choice, function
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 _RESERVE = 4 * GB  # activations and workspace, as in the lecture's 80 - 13.48 - 4 = 62.52 GB
-# One-call answers to §10.6's questions in the ledger and the lab's chart helpers.
-_TPOT_SHORTCUTS = ("labsupport.ledger.tpot_s", "labsupport.ledger.decode_step_bytes",
-                   "labsupport.ledger.throughput_tok_s", "labsupport.viz.slo.tpot_terms",
-                   "labsupport.viz.slo.steady_batch_tpot", "labsupport.costmodel.CostModel")
-# The pool's ceiling is the KV budget's whole blocks over one sequence's whole blocks: paged_concurrency, and each
-# of its two counts (num_blocks, and naive_concurrency / a ReserveToMaxAllocator's max_seqs / an allocator's token
-# slots at S_max = b; blocks_for, block_table_entries, blocks_needed), and Exercise 5 whole (7.5's three numbers).
-_BATCH_SHORTCUTS = (*_TPOT_SHORTCUTS, "labsupport.ledger.max_batch_for_tpot", "labsupport.ledger.paged_concurrency",
-                    "labsupport.viz.slo.memory_ceiling", "labsupport.viz.slo.lecture_pool",
-                    "labsupport.viz.slo.three_columns", "labsupport.ledger.kv_budget_bytes", "labsupport.ledger.num_blocks",
-                    "labsupport.ledger.naive_concurrency", "labsupport.ledger.batch_that_fits",
-                    "labsupport.ledger.blocks_for", "labsupport.ledger.block_table_entries",
-                    "labsupport.block_allocator.BlockAllocator.blocks_needed",
-                    "labsupport.contiguous.ReserveToMaxAllocator.max_seqs",
-                    "labsupport.contiguous.ReserveToMaxAllocator.from_budget",
-                    "labsupport.contiguous.ContiguousAllocator.from_budget",
-                    "labsupport.viz.memory.fill_reserve_to_max", "labsupport.viz.memory.fitting_batch",
-                    "labsupport.ledger.exercise5")
+_POOL = ("labsupport.ledger.paged_concurrency", "labsupport.viz.slo.memory_ceiling")
 
 
 def _kv_per_token(m) -> int:
@@ -50,7 +22,9 @@ def _weights(m) -> float:
     return m.num_params * m.dtype_bytes
 
 
-# --- 7.1: TPOT at B ------------------------------------------------------------------------------
+def _blocks(model, gpu, block_size, reserve=_RESERVE) -> int:
+    return max(0, math.floor((gpu.hbm_bytes - _weights(model) - reserve) / (block_size * _kv_per_token(model))))
+
 
 _TPOT_CASES = [(LECTURE_7B, "h100", 186, 640), (LECTURE_7B, "h100", 1, 640), (LECTURE_7B, "h100", 29, 640),
                (LECTURE_7B, "h100", 199, 640), (LECTURE_7B_GQA8, "h100", 400, 4096), (LLAMA3_8B, "a100-80gb", 64, 2048),
@@ -63,7 +37,7 @@ _TPOT_CASES = [(LECTURE_7B, "h100", 186, 640), (LECTURE_7B, "h100", 1, 640), (LE
          "of the B sequences in the step, that sequence's whole KV (its tokens × KV bytes per token). Divide the "
          "bytes by the card's HBM bandwidth. Everyone in the step waits for the same bytes, so everyone gets the "
          "same TPOT — yours includes your neighbours' KV.",
-    forbid=_TPOT_SHORTCUTS,
+    forbid=("labsupport.ledger.tpot_s", "labsupport.ledger.decode_step_bytes"),
     derive="add the weight bytes and every sequence's KV bytes and divide by the HBM bandwidth",
     name="tpot",
 )
@@ -86,18 +60,6 @@ def _tpot(rng):
                    what=f"tpot({model.name}, {gpu.name}, batch={batch}, seq_tokens={seq})")
 
 
-# --- 7.2: the largest B under the SLO --------------------------------------------------------------
-
-def _max_batch_hand(model, gpu, seq, slo, block_size):
-    kv = _kv_per_token(model)
-    budget = gpu.hbm_bytes - _weights(model) - _RESERVE
-    blocks = max(0, math.floor(budget / (block_size * kv)))
-    memory = blocks // math.ceil(seq / block_size)
-    spare = slo * gpu.hbm_bandwidth - _weights(model)
-    by_slo = max(0, math.floor(spare / (seq * kv)))
-    return min(memory, by_slo)
-
-
 _MAX_BATCH_CASES = [(LECTURE_7B, "h100", 640, 0.020, 16), (LECTURE_7B, "h100", 640, 0.030, 16),
                     (LECTURE_7B, "h100", 640, 0.003, 16), (LECTURE_7B, "h100", 2048, 0.025, 16),
                     (LECTURE_7B_GQA8, "h100", 640, 0.020, 16), (LECTURE_7B_GQA8, "h100", 4000, 0.040, 32),
@@ -111,7 +73,7 @@ _MAX_BATCH_CASES = [(LECTURE_7B, "h100", 640, 0.020, 16), (LECTURE_7B, "h100", 6
          "floor(KV budget / block bytes) blocks and each sequence needs ceil(S / block_size) of them. Latency: "
          "write TPOT(B) from 7.1, set it equal to the SLO and solve for B, rounding the way a count of whole "
          "sequences must be rounded. When the weights alone take longer than the SLO, no batch meets it.",
-    forbid=_BATCH_SHORTCUTS,
+    forbid=("labsupport.ledger.max_batch_for_tpot", *_POOL, "labsupport.viz.slo.three_columns"),
     derive="take the smaller of the pool's whole-block ceiling and TPOT(B) = SLO solved for a whole B",
     name="max_batch",
 )
@@ -123,31 +85,17 @@ def _max_batch(rng):
         cases.append((model, gpu, rng.randint(16, 20_000), round(weights_s * rng.uniform(0.8, 6.0), 6),
                       rng.choice((1, 8, 16, 32, 128))))
     for model, gpu, seq, slo, bs in cases:
+        memory = _blocks(model, gpu, bs) // math.ceil(seq / bs)
+        by_slo = max(0, math.floor((slo * gpu.hbm_bandwidth - _weights(model)) / (seq * _kv_per_token(model))))
         # whole: a batch counts whole sequences; at_least: when nothing meets the SLO the answer is zero sequences
-        yield case(model, gpu, seq, slo, bs, want=_max_batch_hand(model, gpu, seq, slo, bs), whole=True, at_least=0,
+        yield case(model, gpu, seq, slo, bs, want=min(memory, by_slo), whole=True, at_least=0,
                    what=f"max_batch({model.name}, {gpu.name}, seq_tokens={seq}, tpot_slo_s={slo}, block_size={bs})")
 
 
-# --- 7.3: goodput of a run (graded on real engine runs, cost-model clock) -----------------------
-
 def _run_configs(rng):
-    """(seed, rate, blocks, n_req) of the small engine runs: three fixed ones on the lecture's H100 (cost-model
-    clock), and one more whose arrivals, pool and lengths nobody has seen."""
+    """(seed, rate, blocks, n_req) of small engine runs on the lecture's H100: three fixed, one nobody has seen."""
     return [(1, 40.0, 7452, 60), (2, 400.0, 400, 80), (3, 5.0, 7452, 30),
             (rng.getrandbits(32), rng.choice((10.0, 80.0, 300.0)), rng.choice((300, 900, 7452)), rng.randint(20, 70))]
-
-
-def _goodput_hand(requests, ttft_slo, tpot_slo) -> float:
-    good_tokens = 0
-    for r in requests:
-        if r.status != "finished":
-            continue
-        ttft = r.first_token_time - r.arrival_time
-        if ttft <= ttft_slo and (r.tpot_s is None or r.tpot_s <= tpot_slo):
-            good_tokens += sum(r.num_output_tokens)
-    start = min(r.arrival_time for r in requests)
-    end = max(r.finish_time for r in requests if r.status == "finished")
-    return good_tokens / (end - start)
 
 
 @function(
@@ -157,30 +105,21 @@ def _goodput_hand(requests, ttft_slo, tpot_slo) -> float:
          "a single token, so it has no TPOT to miss) is within the TPOT SLO. Add up the output tokens of the "
          "requests you kept and divide by the run's duration — from the first arrival to the last finish — "
          "the same duration throughput uses. Rejected requests earn nothing.",
-    forbid=("labsupport.slo.slo_report", "labsupport.viz.slo.Replay.goodput_tok_s", "labsupport.viz.slo.Replay.good",
-            "labsupport.viz.slo.goodput_curve", "labsupport.ledger.goodput_tok_s"),
+    forbid=("labsupport.slo.slo_report", "labsupport.viz.slo.Replay.goodput_tok_s"),
     derive="walk the finished requests, keep those within both SLOs, and divide their tokens by the run's span",
     name="goodput",
 )
 def _goodput(rng):
     for i, config in enumerate(_run_configs(rng)):
         requests = engine_requests(*config)
-        slos = [(0.5, 0.020), (2.0, 0.050), (0.2, 0.012), (100.0, 1.0), (rng.uniform(0.05, 5), rng.uniform(0.005, 0.1))]
-        for ttft, tpot in slos:
-            yield case(live(engine_requests, *config), ttft, tpot, want=_goodput_hand(requests, ttft, tpot),
+        span = max(r.finish_time for r in requests if r.status == "finished") - min(r.arrival_time for r in requests)
+        for ttft, tpot in [(0.5, 0.020), (2.0, 0.050), (0.2, 0.012), (100.0, 1.0),
+                           (rng.uniform(0.05, 5), rng.uniform(0.005, 0.1))]:
+            good = [r for r in requests if r.status == "finished" and r.first_token_time - r.arrival_time <= ttft
+                    and (r.tpot_s is None or r.tpot_s <= tpot)]
+            yield case(live(engine_requests, *config), ttft, tpot, want=sum(r.total_output_tokens for r in good) / span,
                        rel_tol=1e-9,
                        what=f"goodput(run {i + 1}'s requests, ttft_slo_s={ttft:.6g}, tpot_slo_s={tpot:.6g})")
-
-
-# --- 7.4: why a mean is a lie ----------------------------------------------------------------------
-
-def _ttft_tail_hand(ttfts: list[float], ttft_slo: float) -> dict:
-    """Mean and p99 of the finished requests' TTFTs (sorted), and the share of them that missed the SLO."""
-    pos = (len(ttfts) - 1) * 0.99  # numpy's default: linear between the two closest ranks
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ttfts) - 1)
-    return {"mean_s": sum(ttfts) / len(ttfts), "p99_s": ttfts[lo] + (ttfts[hi] - ttfts[lo]) * (pos - lo),
-            "miss_share": sum(t > ttft_slo for t in ttfts) / len(ttfts)}
 
 
 @function(
@@ -190,9 +129,7 @@ def _ttft_tail_hand(ttfts: list[float], ttft_slo: float) -> dict:
          "p99 is the value 99% of them are at or under, interpolated between the two closest ranks as "
          "numpy.percentile does by default; the miss share is the fraction of the finished requests whose TTFT is "
          "over the SLO.",
-    # the overload panel keeps its own copy of slo._pct (numpy's interpolated percentile): the p99 in one call
-    forbid=("labsupport.slo.slo_report", "labsupport.slo._pct", "labsupport.viz.slo.Replay.goodput_frac",
-            "labsupport.viz.slo.Replay.good", "labsupport.viz.engine._percentile"),
+    forbid=("labsupport.slo.slo_report", "labsupport.slo._pct", "labsupport.viz.engine._percentile"),
     derive="collect the finished requests' TTFTs, sort them, and read the mean, the p99 and the share over the SLO",
     name="ttft_tail",
 )
@@ -202,14 +139,17 @@ def _ttft_tail(rng):
         ttfts = sorted(r.first_token_time - r.arrival_time for r in requests if r.status == "finished")
         nearest = ttfts[max(0, math.ceil(0.99 * len(ttfts)) - 1)]  # the nearest-rank p99, a known variant
         rejected = len(requests) - len(ttfts)
+        pos = (len(ttfts) - 1) * 0.99  # numpy's default: linear between the two closest ranks
+        lo, hi = math.floor(pos), min(math.floor(pos) + 1, len(ttfts) - 1)
+        p99 = ttfts[lo] + (ttfts[hi] - ttfts[lo]) * (pos - lo)
         for slo in (0.5, 0.2, 2.0, rng.uniform(0.02, 5)):
-            want = _ttft_tail_hand(ttfts, slo)
+            want = {"mean_s": sum(ttfts) / len(ttfts), "p99_s": p99,
+                    "miss_share": sum(t > slo for t in ttfts) / len(ttfts)}
             share = []
-            if want["miss_share"]:  # divided by every request (at a share of 0 that is the right answer)
+            if want["miss_share"]:  # at a share of 0, dividing by every request is right too
                 share.append([want["miss_share"] * len(ttfts) / len(requests),
                               "That divides by every request, rejected ones included; a rejected request has no "
                               "TTFT, so the share is over the finished ones."])
-            # the rejected requests counted as misses, in the numerator and the denominator
             share.append([(want["miss_share"] * len(ttfts) + rejected) / len(requests),
                           "That counts the rejected requests as misses, in the numerator and the denominator; the "
                           "share asked for is of the finished requests only. A rejected request has no TTFT to miss "
@@ -223,16 +163,14 @@ def _ttft_tail(rng):
                        what=f"ttft_tail(run {i + 1}'s requests, ttft_slo_s={slo:.6g})")
 
 
-# --- 7.5 / 7.6: Exercise 5, the 20-step agent session ---------------------------------------------
-
 @function(
     "7.5", "Exercise 5: the agent session's peak KV, sessions per card and prefill cost",
     hint="Three separate quantities. Peak KV: the context the session grows to, times the KV bytes per token "
          "(GQA shrinks that). Sessions per card: the paged pool's blocks divided by the blocks one session's "
-         "peak context needs (whole blocks, whole sessions; none when the weights leave no KV budget). Prefill: every submitted prompt token costs 2 × N "
-         "FLOP for the weights (the exercise drops the attention term); divide by the rate actually achieved, "
-         "the mfu share of peak.",
-    forbid=_BATCH_SHORTCUTS,
+         "peak context needs (whole blocks, whole sessions; none when the weights leave no KV budget). "
+         "Prefill: every submitted prompt token costs 2 × N FLOP for the weights (the exercise drops the attention "
+         "term); divide by the rate actually achieved, the mfu share of peak.",
+    forbid=("labsupport.ledger.exercise5", *_POOL),
     derive="compute the peak context's bytes, the whole sessions the pool holds, and the weights' prefill FLOPs",
     name="agent_session_ledger",
 )
@@ -246,15 +184,15 @@ def _exercise5(rng):
     for model, gpu, ctx, submitted, bs in cases:
         kv, heads = _kv_per_token(model), model.num_heads / model.num_kv_heads
         budget = gpu.hbm_bytes - _weights(model) - _RESERVE
-        blocks = max(0, math.floor(budget / (bs * kv)))
-        want = {"peak_kv_bytes": ctx * kv, "sessions": blocks // math.ceil(ctx / bs),
+        want = {"peak_kv_bytes": ctx * kv, "sessions": _blocks(model, gpu, bs) // math.ceil(ctx / bs),
                 "prefill_s": submitted * 2 * model.num_params / (0.5 * gpu.peak_flops)}
         peak = [[ctx * kv / 2, "That keeps one tensor; every layer caches a key and a value."]]
         if heads != 1:
-            peak.insert(0, [ctx * kv * heads, "That keeps K and V for every query head; the cache holds only the KV heads."])
+            peak.insert(0, [ctx * kv * heads, "That keeps K and V for every query head; the cache holds only the KV "
+                                              "heads."])
         keys = {"peak_kv_bytes": {"rel_tol": 1e-6, "mistakes": peak},
                 "sessions": {"rel_tol": 1e-6, "mistakes": [
-                    [max(0, math.floor((gpu.hbm_bytes - _weights(model)) / (bs * kv))) // math.ceil(ctx / bs),
+                    [_blocks(model, gpu, bs, 0) // math.ceil(ctx / bs),
                      "That leaves out the 4 GB reserve for activations and workspace."],
                     [max(0, math.floor(budget / (ctx * kv))),
                      "That divides the bytes by the session's bytes; a paged session holds whole blocks, so its last "

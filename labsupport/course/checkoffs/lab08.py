@@ -1,39 +1,16 @@
-"""Lab 08 checkoffs: §10.7 and the vLLM knobs — each knob mapped to a quantity of the labs.
-
-8.1  §10.7's nine rows matched to their quantities (the generic "matching" judge)
-8.2  the Part II topic that attacks §2.16's TPOT spike (a choice)
-8.3  num_gpu_blocks, 8.4 max_num_seqs_for, 8.5 max_num_batched_tokens_for, 8.6 tail_waste_fraction:
-     functions whose cases are models, cards and lengths as data, each with its want worked out here
-     from the lecture's formulas (8.6 on the real BlockAllocator) and its slips as per-case mistakes
-8.7  an open question: any decode-heavy workload with the property passes; its judge
-     (labsupport.course.harness's "utilization_workload", public: it holds no answer) runs the real
-     engine on the returned workload, outside the sandbox
-"""
+"""Lab 08 checkoffs: §10.7 and the vLLM knobs — each knob mapped to a quantity of the labs.  8.7 is an open
+question: its judge (labsupport.course.harness's "utilization_workload") runs the engine on the workload."""
 from __future__ import annotations
 
 import math
 
+from labsupport.block_allocator import BlockAllocator
 from labsupport.course.checkoffs._hidden import random_pair
 from labsupport.course.registry import case, choice, function, value
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 _ACTIVATIONS = 4 * GB  # the lecture's reserve for activations and workspace
-# One-call answers in the ledger and the lab's helpers to "what does this knob become".
-# 8.3's whole blocks are floor(left / (b x KV)): num_blocks, and every whole-unit count that is the same floor with
-# the unit set to one block (naive_concurrency or a ReserveToMaxAllocator's max_seqs at S_max = b, an allocator's
-# token slots at b x KV a token, batch_that_fits / fitting_batch of b-token sequences); 8.4 adds the blocks per
-# sequence and lab 07's B.
-_KNOB_SHORTCUTS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes",
-                   "labsupport.ledger.paged_concurrency", "labsupport.ledger.max_batch_for_tpot",
-                   "labsupport.ledger.tpot_s", "labsupport.viz.slo.memory_ceiling", "labsupport.viz.slo.lecture_pool",
-                   "labsupport.costmodel.CostModel", "labsupport.ledger.naive_concurrency",
-                   "labsupport.ledger.batch_that_fits", "labsupport.ledger.blocks_for",
-                   "labsupport.ledger.block_table_entries", "labsupport.block_allocator.BlockAllocator.blocks_needed",
-                   "labsupport.contiguous.ReserveToMaxAllocator.max_seqs",
-                   "labsupport.contiguous.ReserveToMaxAllocator.from_budget",
-                   "labsupport.contiguous.ContiguousAllocator.from_budget",
-                   "labsupport.viz.memory.fill_reserve_to_max", "labsupport.viz.memory.fitting_batch",
-                   "labsupport.viz.slo.three_columns", "labsupport.ledger.exercise5")
+_BLOCKS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes", "labsupport.viz.slo.lecture_pool")
 
 
 # §10.7's table as the lecture prints it: each row's "still broken after today", then "the quantity".
@@ -49,7 +26,6 @@ LECTURE_MAP = (
     ("The engine sees finished strings, not the agent's structure", "the dependence between requests"),
 )
 QUANTITIES = tuple(sorted(q for _, q in LECTURE_MAP))  # what the lab offers, in no telling order
-
 
 value(
     "8.1", "§10.7: the quantity each of the nine rows tracks",
@@ -81,7 +57,7 @@ _BLOCK_CASES = [(LECTURE_7B, "h100", 1.0, 16), (LECTURE_7B, "h100", 0.9, 16), (L
          "weights (num_params × dtype_bytes) and the activations (activation_bytes); what is left is the KV "
          "cache, cut into blocks of block_size tokens at the model's KV bytes per token. Whole blocks only, "
          "and none at all when the weights and activations already take everything.",
-    forbid=_KNOB_SHORTCUTS,
+    forbid=_BLOCKS,
     derive="take the weights and activations from gpu_memory_utilization × HBM and count whole blocks yourself",
     name="num_gpu_blocks",
 )
@@ -94,12 +70,12 @@ def _num_gpu_blocks(rng):
                       rng.choice((None, rng.randint(0, 8) * GB))))
     for model, gpu, util, bs, activation_bytes in cases:
         want = _blocks_hand(model, gpu, util, bs, _ACTIVATIONS if activation_bytes is None else activation_bytes)
-        what = f"num_gpu_blocks({model.name}, {gpu.name}, gpu_memory_utilization={util}, block_size={bs}"
-        if activation_bytes is None:
-            yield case(model, gpu, util, bs, want=want, whole=True, at_least=0, what=what + ")")
-        else:  # the activation reserve is an argument, not a constant
-            yield case(model, gpu, util, bs, kwargs={"activation_bytes": activation_bytes}, want=want, whole=True,
-                       at_least=0, what=what + f", activation_bytes={activation_bytes:,.0f})")
+        # the activation reserve is an argument, not a constant
+        kwargs = {} if activation_bytes is None else {"activation_bytes": activation_bytes}
+        tail = "" if activation_bytes is None else f", activation_bytes={activation_bytes:,.0f}"
+        yield case(model, gpu, util, bs, kwargs=kwargs, want=want, whole=True, at_least=0,
+                   what=f"num_gpu_blocks({model.name}, {gpu.name}, gpu_memory_utilization={util}, "
+                        f"block_size={bs}{tail})")
 
 
 @function(
@@ -108,7 +84,8 @@ def _num_gpu_blocks(rng):
          "TPOT SLO: it must fit the block pool (8.1's blocks ÷ the blocks one sequence of seq_tokens needs) and "
          "its memory-bound step must clear the SLO (lab 07's TPOT(B) solved for B). The smaller of the two "
          "binds.",
-    forbid=_KNOB_SHORTCUTS,
+    forbid=(*_BLOCKS, "labsupport.ledger.paged_concurrency", "labsupport.ledger.max_batch_for_tpot",
+            "labsupport.viz.slo.memory_ceiling"),
     derive="take the smaller of the pool's ceiling (8.1's blocks) and lab 07's TPOT(B) = SLO solved for a whole B",
     name="max_num_seqs_for",
 )
@@ -137,9 +114,7 @@ def _max_num_seqs(rng):
          "FLOP for the weights. At mfu × peak FLOP/s, how many tokens fit in one TPOT SLO? A step that carries "
          "more is compute-bound past the SLO however small its batch. Neglect the attention FLOPs and round "
          "down to whole tokens.",
-    # Exercise 5 prices a prompt token's weight FLOPs at mfu x peak (`prefill_s` of one token): 8.5 is one division
-    forbid=("labsupport.costmodel.CostModel", "labsupport.ledger.prefill_flops", "labsupport.ledger.recompute_s",
-            "labsupport.ledger.exercise5"),
+    forbid=("labsupport.ledger.prefill_flops", "labsupport.ledger.recompute_s", "labsupport.ledger.exercise5"),
     derive="divide what mfu × peak FLOP/s does in one SLO by the 2 × N FLOP a token costs, and round down",
     name="max_num_batched_tokens_for",
 )
@@ -167,10 +142,7 @@ def _max_batched_tokens(rng):
 
 def _allocator_waste(lengths, block_size) -> float:
     """Tail waste measured on the real block allocator: unfilled slots over allocated slots."""
-    from labsupport.block_allocator import BlockAllocator
-
-    blocks = sum(-(-n // block_size) for n in lengths) + 1
-    alloc = BlockAllocator(blocks, block_size)
+    alloc = BlockAllocator(sum(-(-n // block_size) for n in lengths) + 1, block_size)
     for i, n in enumerate(lengths):
         alloc.allocate(i, n)
     slots = alloc.num_used_blocks * block_size
@@ -182,13 +154,8 @@ def _allocator_waste(lengths, block_size) -> float:
     hint="Each sequence holds ceil(length / block_size) whole blocks; only its last block can be partly empty. "
          "Over the whole set of sequences, the waste fraction is the unfilled slots divided by all the slots "
          "the blocks hold. Lengths that are exact multiples of the block size waste nothing.",
-    # each length's whole blocks are the ledger's blocks_for (and its table entries, and the table-byte counts at
-    # one byte an entry); the replays read the same tails off a pool
-    forbid=("labsupport.ledger.tail_waste_tokens", "labsupport.block_allocator.BlockAllocator",
-            "labsupport.viz.memory.measure_block_size", "labsupport.ledger.blocks_for",
-            "labsupport.ledger.block_table_entries", "labsupport.ledger.block_table_bytes",
-            "labsupport.viz.kernel.step_bytes", "labsupport.viz.board.tlb_bytes",
-            "labsupport.viz.memory.measure_workloads", "labsupport.viz.memory.replay_pool"),
+    forbid=("labsupport.ledger.tail_waste_tokens", "labsupport.ledger.blocks_for",
+            "labsupport.block_allocator.BlockAllocator", "labsupport.viz.memory.measure_block_size"),
     derive="count each length's whole blocks, and divide the unfilled slots by all the slots",
     name="tail_waste_fraction",
 )
@@ -202,10 +169,6 @@ def _tail_waste(rng):
             yield case(list(lengths), bs, want=_allocator_waste(lengths, bs), rel_tol=1e-9, abs_tol=1e-12,
                        what=f"tail_waste_fraction({shown}, block_size={bs})")
 
-
-# --- 8.7: a workload whose utilization goes ~15% -> 99% while throughput barely moves ---------
-# An open question: any workload with the property passes, so the case has no want; its judge
-# (labsupport.course.harness's "utilization_workload") runs the real engine on the returned workload.
 
 @function(
     "8.7", "Discussion seed 4: utilization 15% → 99%, throughput unmoved, decode-heavy",
