@@ -1,16 +1,15 @@
 """`python -m labsupport autograder OUT.zip [--lab NN]`: the Gradescope autograder bundle (every lab).
 
-Gradescope builds an image from the bundle once (``setup.sh``, as root) and runs ``run_autograder`` in
-one container per submission (https://gradescope-autograders.readthedocs.io, "Autograder
-Specifications").  The bundle holds those two scripts, the package with its graders, and the data.
-``run_autograder`` grades ``/autograder/submission`` in `grade`'s container mode (GRADING.md) into
-``/autograder/results/results.json``, one test per checkoff, and always leaves that file behind.
-``AUTOGRADER_ROOT`` and ``LABSUPPORT_PYTHON`` move it elsewhere, for testing.
+Gradescope builds an image from the bundle (the two scripts, the package with its graders, the data) once
+(``setup.sh``, as root) and runs ``run_autograder`` in one container per submission
+(https://gradescope-autograders.readthedocs.io, "Autograder Specifications").  That grades
+``/autograder/submission`` in `grade`'s container mode (GRADING.md) into ``/autograder/results/results.json``,
+one test per checkoff, and always leaves that file behind (``AUTOGRADER_ROOT``, ``LABSUPPORT_PYTHON``: for tests).
 """
 from __future__ import annotations
 
 import argparse
-import os
+import importlib.metadata
 import stat
 import sys
 import time
@@ -18,7 +17,11 @@ import zipfile
 from pathlib import Path
 
 from labsupport.cli.parser import OneLineParser, UsageError
-from labsupport.course.grade import positive_int
+from labsupport.course import grade as G
+from labsupport.course import report
+from labsupport.course.checkoffs import load_lab
+from labsupport.course.report import NOT_ATTEMPTED, CheckoffResult, NotebookGrade
+from labsupport.course.sandbox import Sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "labsupport"
@@ -60,7 +63,8 @@ def _files(traces: bool) -> list[tuple[Path, str]]:
                 and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo", ".part")
                 and p.stat().st_size < 64 * 2**20]
 
-    files = tree(PACKAGE, "labsupport/") + [(ROOT / n, n) for n in ("pyproject.toml", "README.md") if (ROOT / n).is_file()]
+    files = tree(PACKAGE, "labsupport/")
+    files += [(ROOT / n, n) for n in ("pyproject.toml", "README.md") if (ROOT / n).is_file()]
     files += tree(ROOT / "data", "data/") if (ROOT / "data").is_dir() else []
     if traces:
         from labsupport.workloads import TRACES, find_trace
@@ -73,47 +77,32 @@ def _files(traces: bool) -> list[tuple[Path, str]]:
 
 def torch_requirement() -> str:
     try:
-        import torch
-
-        return f"torch=={torch.__version__.split('+')[0]}"
-    except ImportError:
+        return f"torch=={importlib.metadata.version('torch').split('+')[0]}"
+    except importlib.metadata.PackageNotFoundError:
         return "torch"
 
 
 def build_bundle(out: Path, lab: int | None = None, timeout: int = 300, traces: bool = True,
                  torch_req: str | None = None) -> list[str]:
     """Write the bundle; returns the names inside it."""
-    out = Path(out)
-    names = []
-    from labsupport.course.report import into_place
-
-    with into_place(out) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        def add_text(name: str, text: str, executable: bool = False) -> None:
+    lab_flag = f"--lab {lab:02d} " if lab is not None else ""
+    scripts = {"setup.sh": SETUP.format(torch_requirement=torch_req or torch_requirement()),
+               "run_autograder": RUN.format(lab_flag=lab_flag, timeout=timeout)}
+    files = _files(traces)
+    with report.into_place(out) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, text in scripts.items():  # executable: Gradescope runs them
             info = zipfile.ZipInfo(name, date_time=time.localtime()[:6])
-            info.external_attr = ((0o755 if executable else 0o644) | stat.S_IFREG) << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, text)
-            names.append(name)
-
-        add_text("setup.sh", SETUP.format(torch_requirement=torch_req or torch_requirement()), executable=True)
-        lab_flag = f"--lab {lab:02d} " if lab is not None else ""
-        add_text("run_autograder", RUN.format(lab_flag=lab_flag, timeout=timeout), executable=True)
-        for path, arc in _files(traces):
+            info.external_attr = (0o755 | stat.S_IFREG) << 16
+            zf.writestr(info, text, zipfile.ZIP_DEFLATED)
+        for path, arc in files:
             zf.write(path, arc)
-            names.append(arc)
-    return names
+    return [*scripts, *(arc for _, arc in files)]
 
 
 # --- inside the container -----------------------------------------------------------------------------------
 
 def run(root: Path, lab: int | None = None, timeout: int = 300, mode: str = "container") -> dict:
     """Grade ``root/submission`` into ``root/results/results.json``; whatever happens, a results.json is written."""
-    from labsupport.course import grade as G
-    from labsupport.course import report
-    from labsupport.course.sandbox import Sandbox
-
-    results = root / "results" / "results.json"
-    results.parent.mkdir(parents=True, exist_ok=True)
     start = time.time()
     try:
         submission = root / "submission"
@@ -129,12 +118,12 @@ def run(root: Path, lab: int | None = None, timeout: int = 300, mode: str = "con
             grades = _for_lab(grades, lab)
         data = report.gradescope(grades)
     except BaseException as exc:  # noqa: BLE001 - Gradescope needs a results.json whatever went wrong
-        data = {"score": 0.0, "output": f"The autograder failed: {type(exc).__name__}: {exc}. Please tell the course staff.",
-                "tests": []}
+        data = {"score": 0.0, "output": f"The autograder failed: {type(exc).__name__}: {exc}. "
+                                        "Please tell the course staff.", "tests": []}
         if isinstance(exc, KeyboardInterrupt):
             raise
     data["execution_time"] = round(time.time() - start, 1)
-    report.write_into_place(results, report.dump(data))
+    report.write_into_place(root / "results" / "results.json", report.dump(data))  # its folder made if need be
     for test in data.get("tests", []):
         print(f"{test['score']:.0f}/{test['max_score']:.0f}  {test['name']}")
     return data
@@ -143,9 +132,6 @@ def run(root: Path, lab: int | None = None, timeout: int = 300, mode: str = "con
 def _for_lab(grades, lab: int):
     """The assignment's lab only.  When no gradable notebook of it was handed in, every checkoff is
     there, not attempted, with the reason (Gradescope shows the same tests to everyone)."""
-    from labsupport.course.checkoffs import load_lab
-    from labsupport.course.report import NOT_ATTEMPTED, CheckoffResult, NotebookGrade
-
     ours = [g for g in grades if g.lab == lab and not g.not_graded]
     if ours and ours[0].checkoffs:
         return grades  # the one that counts, and the others named as not graded
@@ -160,53 +146,39 @@ def _for_lab(grades, lab: int):
     return [empty]
 
 
-def _lab(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 99:
-        raise argparse.ArgumentTypeError(f"wants a lab number 0-99, got {text!r}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m labsupport autograder",
                       description="Build the Gradescope autograder bundle (setup.sh, run_autograder, the package).")
     p.add_argument("out", nargs="?", help="the .zip to write")
-    p.add_argument("--lab", type=_lab, help="grade only this lab's notebook (an assignment per lab)")
-    p.add_argument("--timeout", type=positive_int, default=300, help="seconds one run of a notebook may take")
-    p.add_argument("--no-traces", action="store_true", help="leave the real traces out (the labs fall back to synthetic)")
-    p.add_argument("--torch", metavar="REQUIREMENT", help="the torch requirement setup.sh installs (default: this torch)")
+    p.add_argument("--lab", type=G.whole_number(0, 99, "wants a lab number 0-99"),
+                   help="grade only this lab's notebook (an assignment per lab)")
+    p.add_argument("--timeout", type=G.positive_int, default=300, help="seconds one run of a notebook may take")
+    p.add_argument("--no-traces", action="store_true",
+                   help="leave the real traces out (the labs fall back to synthetic)")
+    p.add_argument("--torch", metavar="REQUIREMENT",
+                   help="the torch requirement setup.sh installs (default: this torch)")
     p.add_argument("--run", metavar="ROOT", help=argparse.SUPPRESS)
-    p.add_argument("--mode", choices=("container", "bubblewrap", "trusted"), default="container", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=("container", "bubblewrap", "trusted"), default="container",
+                   help=argparse.SUPPRESS)
     try:
         args = p.parse_args(argv)
     except UsageError as exc:
-        print(f"autograder: {exc}", file=sys.stderr)
-        return 2
+        return G.usage_error("autograder", str(exc))
     if args.run:
         if args.out:
-            print("autograder: --run takes no output file", file=sys.stderr)
-            return 2
+            return G.usage_error("autograder", "--run takes no output file")
         run(Path(args.run), args.lab, args.timeout, args.mode)
         return 0
     if not args.out:
-        print("autograder: give the .zip to write, e.g. python -m labsupport autograder autograder.zip", file=sys.stderr)
-        return 2
+        return G.usage_error("autograder",
+                             "give the .zip to write, e.g. python -m labsupport autograder autograder.zip")
     out = Path(args.out)
     if out.suffix != ".zip":
-        print(f"autograder: {args.out}: the bundle is a .zip file", file=sys.stderr)
-        return 2
-    if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
-        print(f"autograder: {args.out}: cannot write a file there", file=sys.stderr)
-        return 2
-    if args.lab is not None:
-        from labsupport.course.checkoffs import load_lab
-
-        if not load_lab(args.lab):
-            print(f"autograder: --lab {args.lab:02d}: that lab has no checkoffs", file=sys.stderr)
-            return 2
+        return G.usage_error("autograder", f"{args.out}: the bundle is a .zip file")
+    if G.unwritable(out):
+        return G.usage_error("autograder", f"{args.out}: cannot write a file there")
+    if args.lab is not None and not load_lab(args.lab):
+        return G.usage_error("autograder", f"--lab {args.lab:02d}: that lab has no checkoffs")
     names = build_bundle(out, args.lab, args.timeout, traces=not args.no_traces, torch_req=args.torch)
     print(f"autograder: wrote {out} ({len(names)} files; upload it as the assignment's autograder)")
     return 0

@@ -4,22 +4,13 @@
       -> solutions/NN_topic.ipynb   executed, outputs kept: the instructor's copy, checked by nbval
       -> notebooks/NN_topic.ipynb   the student's copy: solutions cut out, outputs cleared
 
-The rules of a source (COURSE_AUTHORING.md shows them at work):
-  * each checkoff has one ``check("N.M", ...)`` cell, printing only its pass line (the student copy keeps
-    it for nbval), and at least one region ``### BEGIN SOLUTION N.M: prompt`` ... ``### END SOLUTION``,
-    which the student copy turns into ``# <to-do word> N.M: prompt`` over a placeholder that Run All gets
-    past and check() calls "not attempted": ``raise NotImplementedError(...)`` in a function's body, else
-    ``name = ...`` for each name that later code reads (or ``pass`` where a block needs a statement);
-  * a cell tagged ``solution-only`` stays out of the student copy; one tagged ``needs-traces`` built
-    without the real traces is reported as running on stand-ins, its outputs not to be committed;
-  * code after an exercise never needs the student's answer (it recomputes it, or waits behind
-    ``if unlocked("N.M"):``).
-
-The build adds a Colab set-up cell and, but to labs 90–99 (the instructors' board), a scoreboard.  It
-runs both copies as INSTRUCTORS.md says; cell ids follow the source, so a deterministic lab rebuilds
-byte for byte.  ``--check`` compares the committed notebooks and records with the sources;
-``--no-execute`` runs nothing, keeping unchanged solution cells' outputs.  Exit codes: 0 done; 1 a
-notebook does not run as it must, or --check found a difference; 2 bad input, in one line.
+A checkoff has one ``check("N.M", ...)`` cell, printing only its pass line (kept in the student copy for nbval),
+and at least one region ``### BEGIN SOLUTION N.M: prompt`` ... ``### END SOLUTION`` (cut_solutions).  Code after
+an exercise never needs the student's answer: it recomputes it, or waits behind ``if unlocked("N.M"):``.  A cell
+tagged ``solution-only`` stays out of the student copy; ``needs-traces`` ones built without the real traces run on
+stand-ins (the build says so: do not commit their outputs).  A Colab set-up cell is added and, but to the board
+(labs 90–99), a scoreboard; cell ids follow the source, so a deterministic lab rebuilds byte for byte (INSTRUCTORS.md).
+Exit codes: 0 done; 1 a notebook does not run as it must, or --check found a difference; 2 bad input, in one line.
 """
 from __future__ import annotations
 
@@ -37,18 +28,15 @@ from pathlib import Path
 import nbformat
 
 from labsupport.cli.parser import OneLineParser, UsageError
-from labsupport.course import record
+from labsupport.course import data, judge, record
 from labsupport.course.checkoff import NOT_ATTEMPTED_LINE, PASS_LINE, PROMPT_WORD, plain
 from labsupport.course.checkoffs import load_lab
+from labsupport.course.registry import GIVENS, case_rng, givens_cell, namespace
 
 BEGIN_MARK = "### BEGIN SOLUTION"
 END_MARK = "### END SOLUTION"
 TAG_SOLUTION_ONLY = "solution-only"
 TAG_CHECKOFF = "checkoff"
-TAG_NBVAL_CHECK = "nbval-check-output"
-TAG_RAISES = "raises-exception"
-TAG_SCOREBOARD = "scoreboard"
-TAG_FRONT_END = "front-end"
 TAG_NEEDS_TRACES = "needs-traces"
 TAG_GIVENS = "givens"
 SOURCE_PATTERN = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.py$")
@@ -56,13 +44,27 @@ BEGIN_RE = re.compile(
     r"^(?P<indent>[ \t]*)### BEGIN SOLUTION(?:[ \t]+(?P<id>\d+\.\d+))?[ \t]*:?[ \t]*(?P<prompt>.*?)[ \t]*$")
 END_RE = re.compile(r"^[ \t]*### END SOLUTION[ \t]*$")
 CHECK_RE = re.compile(r"""^[ \t]*(?:[\w.]+\.)?check\(\s*["'](\d+\.\d+)["']""", re.M)
+REPO_PLACEHOLDER = "https://github.com/<your-org>/<these-labs>.git"
+COLAB_CELL = '''# Google Colab only (anywhere else this cell does nothing): fetch and install the labs, then let Colab
+# draw their widgets (the sliders and plotly's FigureWidget are third-party widgets there).
+import sys
 
-KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-LANGUAGE_INFO = {"name": "python", "pygments_lexer": "ipython3", "file_extension": ".py",
-                 "mimetype": "text/x-python", "codemirror_mode": {"name": "ipython", "version": 3},
-                 "nbconvert_exporter": "python"}
-PLACEHOLDER_TEXT = "..."  # what data.contains_unfinished recognises, as Python source
-CELL_TIMEOUT_S = 600
+if "google.colab" in sys.modules:
+    import os
+    import subprocess
+
+    from google.colab import output
+
+    LABS_REPO = "{repo}"  # where your course publishes these labs
+    output.enable_custom_widget_manager()
+    if "<" in LABS_REPO:
+        print("Colab: set LABS_REPO in this cell to your course's clone URL of these labs, then run it again.")
+    elif not os.path.isdir("/content/labs"):
+        subprocess.run(["git", "clone", "-q", LABS_REPO, "/content/labs"], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/labs"], check=True)
+    if os.path.isdir("/content/labs/notebooks"):
+        sys.path.insert(0, "/content/labs")  # this kernel started before the install
+        os.chdir("/content/labs/notebooks")  # the labs read their files relative to notebooks/'''
 
 
 class BuildError(ValueError):
@@ -75,32 +77,16 @@ class ExecutionFailure(BuildError):
 
 @dataclass(frozen=True)
 class Lab:
-    source: Path  # solutions/NN_topic.py
+    """A lab source (solutions/NN_topic.py under the repository `root`) and the files the build makes of it."""
+    source: Path
     root: Path
-
-    @property
-    def name(self) -> str:
-        return self.source.stem
-
-    @property
-    def number(self) -> int:
-        return int(self.name[:2])
-
-    @property
-    def instructor(self) -> bool:
-        return self.number >= 90  # the board: no checkoffs required
-
-    @property
-    def record_path(self) -> Path:
-        return self.root / "labsupport" / "course" / "records" / f"lab{self.number:02d}.json"
-
-    @property
-    def solution_path(self) -> Path:
-        return self.root / "solutions" / f"{self.name}.ipynb"
-
-    @property
-    def student_path(self) -> Path:
-        return self.root / "notebooks" / f"{self.name}.ipynb"
+    name = property(lambda self: self.source.stem)
+    number = property(lambda self: int(self.name[:2]))
+    instructor = property(lambda self: self.number >= 90)  # the board: no checkoffs required
+    graders = property(lambda self: f"labsupport/course/checkoffs/lab{self.number:02d}.py")
+    record_path = property(lambda self: self.root / "labsupport" / "course" / "records" / f"lab{self.number:02d}.json")
+    solution_path = property(lambda self: self.root / "solutions" / f"{self.name}.ipynb")
+    student_path = property(lambda self: self.root / "notebooks" / f"{self.name}.ipynb")
 
 
 @dataclass
@@ -120,25 +106,22 @@ class Parsed:
     solution: nbformat.NotebookNode
     student: nbformat.NotebookNode
     regions: list[Region] = field(default_factory=list)
-    checkoffs: dict[str, int] = field(default_factory=dict)  # checkoff id -> solution cell index
-    check_cells: dict[str, str] = field(default_factory=dict)  # checkoff id -> its check() cell's id
+    checkoffs: dict[str, int] = field(default_factory=dict)  # checkoff id -> its check() cell's position
 
 
 def discover(root: Path, names: list[str] | None = None) -> list[Lab]:
     """Lab sources under root/solutions, optionally only those named ('01', '01_five_jobs', a path)."""
     folder = Path(root) / "solutions"
     labs = [Lab(p, Path(root)) for p in sorted(folder.glob("*.py")) if SOURCE_PATTERN.match(p.name)]
-    if not names:
-        return labs
     chosen = []
-    for name in names:
+    for name in names or ():
         key = Path(name).stem
         hits = [lab for lab in labs if lab.name == key or lab.name.startswith(key + "_") or lab.name[:2] == key]
         if not hits:
             have = ", ".join(lab.name for lab in labs) or "none"
             raise BuildError(f"no lab source matches {name!r} in {folder}; have: {have}")
         chosen += [h for h in hits if h not in chosen]
-    return chosen
+    return chosen or labs  # none named: every lab
 
 
 def cell_id(lab_name: str, position: int | str) -> str:
@@ -169,22 +152,6 @@ def find_regions(source: str, where: str) -> list[Region]:
     return regions
 
 
-def strip_regions(source: str) -> str:
-    """The cell with each region's lines blanked and one `pass` in its place (same line numbers)."""
-    out, indent = [], None
-    for line in source.split("\n"):
-        begin, end = BEGIN_RE.match(line), END_RE.match(line)
-        if begin:
-            indent = begin["indent"]
-            out.append(f"{indent}pass")
-        elif end:
-            indent = None
-            out.append("")
-        else:
-            out.append("" if indent is not None else line)
-    return "\n".join(out)
-
-
 def _bindings(statements) -> list[tuple[str, tuple[int, int]]]:
     """(name, where it takes effect) for each name the statements bind at their own level (into if/for/with/try
     bodies, never a def's or a class's), in order: an assignment at its end, a for or with target at once."""
@@ -201,11 +168,9 @@ def _bindings(statements) -> list[tuple[str, tuple[int, int]]]:
 
     for st in statements:
         end = (st.end_lineno, 10**9)
-        if isinstance(st, ast.Assign):
-            for t in st.targets:
+        if isinstance(st, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for t in st.targets if isinstance(st, ast.Assign) else [st.target]:
                 target(t, end)
-        elif isinstance(st, (ast.AnnAssign, ast.AugAssign)):
-            target(st.target, end)
         elif isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             found.append((st.name, end))
             continue
@@ -213,57 +178,41 @@ def _bindings(statements) -> list[tuple[str, tuple[int, int]]]:
             target(st.target, None)
         elif isinstance(st, (ast.With, ast.AsyncWith)):
             for item in st.items:
-                if item.optional_vars is not None:
-                    target(item.optional_vars, None)
+                target(item.optional_vars, None)  # None, binding nothing, without `as`
         elif isinstance(st, (ast.Import, ast.ImportFrom)):
             found += [((a.asname or a.name).split(".")[0], end) for a in st.names]
-        found += [(n.target.id, (n.end_lineno, n.end_col_offset)) for n in ast.walk(st)
-                  if isinstance(n, ast.NamedExpr)]
-        for body in ("body", "orelse", "finalbody"):
-            found += _bindings(getattr(st, body, []))
-        for block in (*getattr(st, "handlers", []), *getattr(st, "cases", [])):
-            found += _bindings(block.body)
+        found += [(n.target.id, (n.end_lineno, n.end_col_offset)) for n in ast.walk(st) if isinstance(n, ast.NamedExpr)]
+        for block in (st, *getattr(st, "handlers", []), *getattr(st, "cases", [])):
+            for body in ("body", "orelse", "finalbody"):
+                found += _bindings(getattr(block, body, []))
     return found
 
 
-def names_bound(code: str, where: str) -> list[str]:
-    """Names a solution region's code binds at its own level, in order."""
-    try:
-        tree = ast.parse(textwrap.dedent(code))
-    except SyntaxError as exc:
-        raise BuildError(f"{where}: a solution region outside a function must be whole statements "
-                         f"({exc.msg}, line {exc.lineno} of the region)") from None
-    return list(dict.fromkeys(name for name, _ in _bindings(tree.body)))
-
-
 def first_uses(source: str, after_line: int = 0) -> dict[str, str] | None:
-    """For each name a cell uses after `after_line`: "read" if its first use reads it, "bound" if the cell
-    sets it before reading it.  None when the cell is not plain Python (then assume it reads everything)."""
+    """For each name a cell's code outside its regions uses after `after_line`: "read" or "bound", what it does first.
+    None when that code is not plain Python (assume it reads everything) or its regions do not pair up."""
+    lines = source.split("\n")
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
+        for r in find_regions(source, ""):  # each region becomes one `pass` and blank lines: same line numbers
+            lines[r.begin - 1:r.begin + len(r.lines) + 1] = [f"{r.indent}pass"] + [""] * (len(r.lines) + 1)
+        tree = ast.parse("\n".join(lines))
+    except (BuildError, SyntaxError):
         return None
     events = [((n.lineno, n.col_offset), n.id, "read") for n in ast.walk(tree)
               if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.lineno > after_line]
     events += [(at, name, "bound") for name, at in _bindings(tree.body) if at[0] > after_line]
-    uses: dict[str, str] = {}
-    for _, name, kind in sorted(events):
-        uses.setdefault(name, kind)
-    return uses
+    return {name: kind for _, name, kind in sorted(events, reverse=True)}  # latest first: the first use wins
 
 
 def still_needed(name: str, uses: list[dict[str, str] | None]) -> bool:
     """Does code run after a region read `name` before setting it again?  `uses`: first_uses, in order."""
-    for cell in uses:
-        kind = "read" if cell is None else cell.get(name)
-        if kind:
-            return kind == "read"
-    return False
+    return next(filter(None, ("read" if cell is None else cell.get(name) for cell in uses)), None) == "read"
 
 
 def cut_solutions(source: str, where: str, later: list[dict[str, str] | None] = ()) -> tuple[str, list[Region]]:
-    """A code cell as the student sees it, and its regions: each becomes its to-do comment and placeholder,
-    ``name = ...`` only for what the rest of the notebook needs (`later`: first_uses of the later cells)."""
+    """A code cell as the student sees it, and its regions.  Each becomes its to-do comment over a placeholder that
+    Run All gets past and check() calls "not attempted": ``raise NotImplementedError(...)`` in a function, else
+    ``name = ...`` for what later code reads (`later`: the later cells' first_uses), or ``pass`` for a block."""
     regions = find_regions(source, where)
     if not regions:
         return source, []
@@ -274,31 +223,36 @@ def cut_solutions(source: str, where: str, later: list[dict[str, str] | None] = 
                          f"({exc.msg})") from None
     in_function = {line for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                    for line in range(node.lineno + 1, node.end_lineno + 1)}  # a region there raises when called
-    stripped = strip_regions(source)
     lines = source.split("\n")
     out, done = [], 0  # done: the lines consumed so far
     for region in regions:
         end = region.begin + len(region.lines) + 1  # the END marker's line
         message = f"{PROMPT_WORD} {region.checkoff_id}: {region.prompt}"
-        out += lines[done:region.begin - 1]
-        out.append(f"{region.indent}# {message}")
         if region.begin in in_function:
-            out.append(f"{region.indent}raise NotImplementedError({json.dumps(message, ensure_ascii=False)})")
+            todo = [f"raise NotImplementedError({json.dumps(message, ensure_ascii=False)})"]
         else:
-            uses = [first_uses(stripped, after_line=end), *later]
-            names = [n for n in names_bound("\n".join(region.lines), f"{where}, line {region.begin}")
-                     if still_needed(n, uses)]
-            out += [f"{region.indent}{name} = {PLACEHOLDER_TEXT}" for name in names]
-            if not names and region.indent:
-                out.append(f"{region.indent}pass")
+            try:
+                code = ast.parse(textwrap.dedent("\n".join(region.lines)))
+            except SyntaxError as exc:
+                raise BuildError(f"{where}, line {region.begin}: a solution region outside a function must be whole "
+                                 f"statements ({exc.msg}, line {exc.lineno} of the region)") from None
+            uses = [first_uses(source, after_line=end), *later]
+            bound = dict.fromkeys(name for name, _ in _bindings(code.body))  # at the region's own level, in order
+            todo = [f"{name} = ..." for name in bound if still_needed(name, uses)]  # data.contains_unfinished flags it
+        if not todo and region.indent:
+            todo = ["pass"]
+        out += lines[done:region.begin - 1] + [f"{region.indent}{line}" for line in [f"# {message}", *todo]]
         done = end
     return "\n".join(out + lines[done:]), regions
 
 
 def _notebook() -> nbformat.NotebookNode:
     """An empty notebook whose metadata names this kernel and language, nothing that depends on the machine."""
-    return nbformat.v4.new_notebook(nbformat_minor=5, metadata=nbformat.from_dict(
-        {"kernelspec": KERNELSPEC, "language_info": LANGUAGE_INFO}))
+    return nbformat.v4.new_notebook(nbformat_minor=5, metadata=nbformat.from_dict({
+        "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
+        "language_info": {"name": "python", "pygments_lexer": "ipython3", "file_extension": ".py",
+                          "mimetype": "text/x-python", "codemirror_mode": {"name": "ipython", "version": 3},
+                          "nbconvert_exporter": "python"}}))
 
 
 def _pass_lines(ids: list[str]) -> str:
@@ -308,7 +262,6 @@ def _pass_lines(ids: list[str]) -> str:
 def parse(lab: Lab) -> Parsed:
     """Read a lab source and generate both notebooks (the solution not yet executed)."""
     import jupytext
-
     try:
         text = lab.source.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -317,82 +270,49 @@ def parse(lab: Lab) -> Parsed:
     except OSError as exc:
         raise BuildError(f"{lab.source}: cannot read it ({exc.strerror})") from None
     source_nb = jupytext.reads(text, fmt="py:percent")
-    uses_of = {position: first_uses(strip_regions(cell.source)) for position, cell in enumerate(source_nb.cells)
+    uses_of = {position: first_uses(cell.source) for position, cell in enumerate(source_nb.cells)
                if cell.cell_type == "code" and TAG_SOLUTION_ONLY not in cell.metadata.get("tags", [])}
     parsed = Parsed(lab, _notebook(), _notebook())
     sol_cells, stu_cells = parsed.solution.cells, parsed.student.cells
     for position, cell in enumerate(source_nb.cells):
-        where = f"{lab.source.name}, cell {position + 1}"
-        body, student_body = cell.source, cell.source
+        where, body = f"{lab.source.name}, cell {position + 1}", cell.source
+        tags = cell.metadata.get("tags", [])
         ids = CHECK_RE.findall(body) if cell.cell_type == "code" else []
-        solution_only = TAG_SOLUTION_ONLY in cell.metadata.get("tags", [])
-        if solution_only and (ids or BEGIN_MARK in body):
+        if TAG_SOLUTION_ONLY in tags and (ids or BEGIN_MARK in body):
             raise BuildError(f"{where}: a solution-only cell cannot hold a checkoff or a solution region")
-        for checkoff_id in ids:
-            if int(checkoff_id.split(".")[0]) != lab.number:
-                raise BuildError(f"{where}: checkoff {checkoff_id} belongs to lab {checkoff_id.split('.')[0]}, "
-                                 f"not to lab {lab.number:02d}")
-            if checkoff_id in parsed.checkoffs:
-                raise BuildError(f"{where}: checkoff {checkoff_id} is checked twice (first in cell "
-                                 f"{parsed.checkoffs[checkoff_id] + 1})")
-            parsed.checkoffs[checkoff_id] = len(sol_cells)
-        cid = cell_id(lab.name, position)
-        parsed.check_cells.update({i: cid for i in ids})
         if cell.cell_type == "markdown" and BEGIN_MARK in body:
             raise BuildError(f"{where}: solution regions belong in code cells; tag a markdown answer "
                              f"cell '{TAG_SOLUTION_ONLY}' instead")
-        if cell.cell_type == "code":
-            later = [uses for other, uses in uses_of.items() if other > position]
-            student_body, found = cut_solutions(body, where, later)
-            for region in found:
-                if int(region.checkoff_id.split(".")[0]) != lab.number:
-                    raise BuildError(f"{where}: solution region {region.checkoff_id} is not a checkoff of lab "
-                                     f"{lab.number:02d}")
-                region.cell_id = cid
-            parsed.regions += found
-        new_cell = {"markdown": nbformat.v4.new_markdown_cell,
-                    "code": nbformat.v4.new_code_cell}.get(cell.cell_type, nbformat.v4.new_raw_cell)
-        tags = list(dict.fromkeys([*cell.metadata.get("tags", []), *([TAG_CHECKOFF, TAG_NBVAL_CHECK] if ids else [])]))
+        for i in ids:
+            if int(i.split(".")[0]) != lab.number:
+                raise BuildError(f"{where}: checkoff {i} belongs to lab {i.split('.')[0]}, not to lab {lab.number:02d}")
+            if i in parsed.checkoffs:
+                raise BuildError(f"{where}: checkoff {i} is checked twice (first in cell {parsed.checkoffs[i] + 1})")
+            parsed.checkoffs[i] = position
+        cid = cell_id(lab.name, position)
+        later = [uses for other, uses in uses_of.items() if other > position]
+        student_body, found = cut_solutions(body, where, later) if cell.cell_type == "code" else (body, [])
+        for r in found:
+            if int(r.checkoff_id.split(".")[0]) != lab.number:
+                raise BuildError(f"{where}: solution region {r.checkoff_id} is not a checkoff of lab {lab.number:02d}")
+            r.cell_id = cid
+        parsed.regions += found
+        new_cell = getattr(nbformat.v4, f"new_{cell.cell_type}_cell")  # markdown, code or raw
+        tags = list(dict.fromkeys([*tags, *([TAG_CHECKOFF, "nbval-check-output"] if ids else [])]))
         meta = {"tags": tags} if tags else {}
         sol_cells.append(new_cell(body, metadata=meta, id=cid))
         stu = new_cell(student_body, metadata=copy.deepcopy(meta), id=cid)
         if ids:
             stu.outputs = [nbformat.v4.new_output("stream", name="stdout", text=_pass_lines(ids))]
-            # nbval refuses a cell with outputs and no execution count ("unrun reference cell").
-            stu.execution_count = 1 + sum(c.cell_type == "code" for c in stu_cells)
-        if not solution_only:
+            stu.execution_count = 1 + sum(c.cell_type == "code" for c in stu_cells)  # nbval refuses outputs without one
+        if TAG_SOLUTION_ONLY not in tags:
             stu_cells.append(stu)
-    if not lab.instructor:
-        sol_cells += scoreboard_cells(lab, len(source_nb.cells))
-        stu_cells += scoreboard_cells(lab, len(source_nb.cells))
     for cells in (sol_cells, stu_cells):
+        cells.extend([] if lab.instructor else scoreboard_cells(lab, len(source_nb.cells)))
         first_code = next((i for i, c in enumerate(cells) if c.cell_type == "code"), len(cells))
         cells.insert(first_code, colab_cell(lab))
     _validate(parsed)
     return parsed
-
-
-REPO_PLACEHOLDER = "https://github.com/<your-org>/<these-labs>.git"
-COLAB_CELL = '''# Google Colab only (anywhere else this cell does nothing): fetch and install the labs, then let Colab
-# draw their widgets (the sliders and plotly's FigureWidget are third-party widgets there).
-import sys
-
-if "google.colab" in sys.modules:
-    import os
-    import subprocess
-
-    from google.colab import output
-
-    LABS_REPO = "{repo}"  # where your course publishes these labs
-    output.enable_custom_widget_manager()
-    if "<" in LABS_REPO:
-        print("Colab: set LABS_REPO in this cell to your course's clone URL of these labs, then run it again.")
-    elif not os.path.isdir("/content/labs"):
-        subprocess.run(["git", "clone", "-q", LABS_REPO, "/content/labs"], check=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/labs"], check=True)
-    if os.path.isdir("/content/labs/notebooks"):
-        sys.path.insert(0, "/content/labs")  # this kernel started before the install
-        os.chdir("/content/labs/notebooks")  # the labs read their files relative to notebooks/'''
 
 
 def colab_cell(lab: Lab) -> nbformat.NotebookNode:
@@ -403,7 +323,7 @@ def colab_cell(lab: Lab) -> nbformat.NotebookNode:
         text = ""
     found = re.search(r'^\[project\.urls\][^\[]*?^Repository\s*=\s*"([^"]+)"', text, re.M | re.S)
     return nbformat.v4.new_code_cell(COLAB_CELL.format(repo=found[1] if found else REPO_PLACEHOLDER),
-                                     metadata={"tags": [TAG_FRONT_END]}, id=cell_id(lab.name, "colab"))
+                                     metadata={"tags": ["front-end"]}, id=cell_id(lab.name, "colab"))
 
 
 def scoreboard_cells(lab: Lab, position: int) -> list:
@@ -414,67 +334,48 @@ def scoreboard_cells(lab: Lab, position: int) -> list:
         id=cell_id(lab.name, position))
     board = nbformat.v4.new_code_cell(
         f"from labsupport.course.scoreboard import scoreboard\n\nscoreboard({lab.name!r})",
-        metadata={"tags": [TAG_SCOREBOARD]}, id=cell_id(lab.name, position + 1))
+        metadata={"tags": ["scoreboard"]}, id=cell_id(lab.name, position + 1))
     return [heading, board]
-
-
-def _graders(lab: Lab) -> list:
-    """The lab's checkoffs, or a BuildError naming what is wrong in its grader module."""
-    try:
-        return load_lab(lab.number)
-    except (ValueError, TypeError, AttributeError, NameError, SyntaxError) as exc:
-        raise BuildError(f"{lab.name}: labsupport/course/checkoffs/lab{lab.number:02d}.py: {exc}") from None
 
 
 def _validate(parsed: Parsed) -> None:
     """check() cells, solution regions and registered checkoffs match one to one; the givens are sound."""
     lab = parsed.lab
-    checkoffs = _graders(lab)
-    graders = f"labsupport/course/checkoffs/lab{lab.number:02d}.py"
-    registered = {c.id for c in checkoffs}
-    used = set(parsed.checkoffs)
+    try:
+        checkoffs = load_lab(lab.number)
+    except (ValueError, TypeError, AttributeError, NameError, SyntaxError) as exc:
+        raise BuildError(f"{lab.name}: {lab.graders}: {exc}") from None
+    registered, used = {c.id for c in checkoffs}, set(parsed.checkoffs)
     with_regions = {r.checkoff_id for r in parsed.regions}
     if not used and not registered and not lab.instructor:
-        raise BuildError(f"{lab.name} has no checkoffs: register them in {graders} and call check() "
+        raise BuildError(f"{lab.name} has no checkoffs: register them in {lab.graders} and call check() "
                          "(only the instructors' labs 90-99 may have none)")
-    for ids, problem in ((used - registered, f"checkoffs {{}} are not registered in {graders}"),
+    for ids, problem in ((used - registered, f"checkoffs {{}} are not registered in {lab.graders}"),
                          (registered - used, "registered checkoffs {} have no check() cell in the source"),
                          (used - with_regions, f"checkoffs {{}} have no '{BEGIN_MARK} N.M: ...' region "
                                                "for the student to fill"),
                          (with_regions - used, "solution regions {} serve no check() cell")):
         if ids:
             raise BuildError(f"{lab.name}: " + problem.format(sorted(ids)))
-    check_givens(parsed)
-    check_hidden_givens(lab, checkoffs)
-
-
-def check_givens(parsed: Parsed) -> None:
-    """A lab with givens has exactly one cell tagged ``givens``, binding constants its hidden generator varies."""
-    from labsupport.course.registry import GIVENS, case_rng, givens_cell
-
-    lab = parsed.lab
-    cells = [c for c in parsed.solution.cells if TAG_GIVENS in c.metadata.get("tags", [])]
+    # a lab with givens has exactly one cell tagged ``givens``, binding constants its hidden generator varies
     declared = GIVENS.get(lab.number)
-    if declared is None:
-        if cells:
-            raise BuildError(f"{lab.name}: a cell is tagged '{TAG_GIVENS}' but labsupport/course/checkoffs/"
-                             f"lab{lab.number:02d}.py declares no givens()")
-        return
-    if len(cells) != 1:
+    cells = [c for c in parsed.solution.cells if TAG_GIVENS in c.metadata.get("tags", [])]
+    if declared is None and cells:
+        raise BuildError(f"{lab.name}: a cell is tagged '{TAG_GIVENS}' but {lab.graders} declares no givens()")
+    if declared is not None and len(cells) != 1:
         raise BuildError(f"{lab.name}: lab {lab.number:02d} declares givens, so exactly one code cell must be tagged "
                          f"'{TAG_GIVENS}' (found {len(cells)})")
     try:
-        givens_cell(cells[0].source, f"{lab.source.name}, the givens cell")
-        declared.draw(case_rng("givens", b"build"), 2)
+        if declared is not None:
+            givens_cell(cells[0].source, f"{lab.source.name}, the givens cell")
+            declared.draw(case_rng("givens", b"build"), 2)
     except ValueError as exc:
         raise BuildError(str(exc)) from None
+    check_hidden_givens(lab, checkoffs)
 
 
 def check_hidden_givens(lab: Lab, checkoffs: list, draws: int = 8) -> None:
     """Every value checkoff with givens has another answer on each hidden set, where a typed-in number fails."""
-    from labsupport.course import data, judge
-    from labsupport.course.registry import GIVENS, case_rng, namespace
-
     if lab.number not in GIVENS:
         return
     sets = GIVENS[lab.number].draw(case_rng("givens", b"build check"), draws)
@@ -490,20 +391,15 @@ def check_hidden_givens(lab: Lab, checkoffs: list, draws: int = 8) -> None:
 
 
 def record_of(parsed: Parsed) -> dict:
-    """The lab's public record (labsupport.course.record): its graders on the lecture's givens and own cases."""
-    from labsupport.course.registry import GIVENS, case_rng
-
-    lab = parsed.lab
-    entries = []
-    for c in _graders(lab):
+    """The public record (labsupport.course.record): the graders parse loaded, on the lecture's givens and own cases."""
+    lab, entries = parsed.lab, []
+    for c in load_lab(lab.number):
         regions = [r for r in parsed.regions if r.checkoff_id == c.id]
-        if c.kind == "function":
-            payload = {"cases": [{"input": k.input(), "spec": k.public_spec(c.name)} for k in c.cases(case_rng(c.id))]}
-        else:
-            payload = {"spec": c.value_spec()}
+        cells = [r.cell_id for r in regions] + [cell_id(lab.name, parsed.checkoffs[c.id])]  # the exercise's cells
+        payload = ({"cases": [{"input": k.input(), "spec": k.public_spec(c.name)} for k in c.cases(case_rng(c.id))]}
+                   if c.kind == "function" else {"spec": c.value_spec()})
         entries.append({"id": c.id, "title": c.title, "hint": c.hint, "kind": c.kind,
-                        "prompts": list(dict.fromkeys(r.prompt for r in regions)),
-                        "cells": list(dict.fromkeys([r.cell_id for r in regions] + [parsed.check_cells[c.id]])),
+                        "prompts": list(dict.fromkeys(r.prompt for r in regions)), "cells": list(dict.fromkeys(cells)),
                         "forbid": list(c.forbid), "derive": c.derive, "sealed": record.seal(payload, lab.number)})
     rec = {"lab": lab.number, "checkoffs": entries}
     if lab.number in GIVENS:
@@ -522,22 +418,18 @@ def kernel_manager():
         def get_kernel_spec(self, kernel_name):
             return self.kernel_spec_class(resource_dir=ipykernel.kernelspec.RESOURCES,
                                           **ipykernel.kernelspec.get_kernel_dict())
-
     return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=ThisPython())
 
 
-def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = CELL_TIMEOUT_S, progress: bool = True,
+def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600, progress: bool = True,
             allow_errors: bool = False, label: str = "") -> nbformat.NotebookNode:
-    """Run a copy of `nb` in a fresh kernel in `cwd`; without `allow_errors` it stops at the first error, as
-    Run All does, and the ExecutionFailure names that cell (1-based) and the error."""
+    """Run a copy of `nb` in a fresh kernel in `cwd`, stopping at the first error unless `allow_errors`."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
     from tqdm.auto import tqdm
-
     nb = copy.deepcopy(nb)
-    client = NotebookClient(nb, km=kernel_manager(), timeout=timeout, allow_errors=allow_errors,
-                            resources={"metadata": {"path": str(cwd)}}, record_timing=False,
-                            store_widget_state=False)
+    client = NotebookClient(nb, km=kernel_manager(), timeout=timeout, allow_errors=allow_errors, record_timing=False,
+                            resources={"metadata": {"path": str(cwd)}}, store_widget_state=False)
     with tqdm(total=len(nb.cells), desc=label or "cells", unit="cell", file=sys.stderr, leave=False,
               disable=not progress) as bar:
         client.on_cell_executed = lambda **_: bar.update(1)
@@ -546,9 +438,8 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = CELL_TIMEOUT_S,
         except CellTimeoutError:
             raise ExecutionFailure(f"{label or 'notebook'}: a cell ran longer than {timeout} s") from None
         except CellExecutionError as exc:
-            index = next((i for i, c in enumerate(nb.cells, start=1) if c.cell_type == "code"
-                          and any(o.output_type == "error" for o in c.get("outputs", []))), None)
-            where = f"cell {index}" if index else "a cell"
+            where = next((f"cell {i}" for i, c in enumerate(nb.cells, start=1) if c.cell_type == "code"
+                          and any(o.output_type == "error" for o in c.get("outputs", []))), "a cell")
             raise ExecutionFailure(f"{label or 'notebook'}, {where}: execution stops here with "
                                    f"{exc.ename}: {str(exc.evalue)[:300]}") from None
     return nb
@@ -560,10 +451,9 @@ def finalize(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     nb.metadata = _notebook().metadata
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
-        if cell.cell_type == "code":
-            for output in cell.outputs:
-                output.get("metadata", {}).pop("execution", None)
-                output.get("data", {}).pop("application/vnd.jupyter.widget-view+json", None)
+        for output in cell.get("outputs", []):  # code cells only
+            output.get("metadata", {}).pop("execution", None)
+            output.get("data", {}).pop("application/vnd.jupyter.widget-view+json", None)
     return nb
 
 
@@ -582,18 +472,14 @@ def _checkoff_output(cell) -> tuple[list[str], str, list[str]]:
 def validate_outputs(parsed: Parsed, executed: nbformat.NotebookNode) -> None:
     """An executed solution has no errors, and each checkoff cell prints exactly its pass lines."""
     for index, cell in enumerate(executed.cells, start=1):
-        if cell.cell_type != "code":
-            continue
         tags = cell.metadata.get("tags", [])
-        errors = [o for o in cell.outputs if o.output_type == "error"]
-        if errors and TAG_RAISES not in tags:
-            e = errors[0]
+        e = next((o for o in cell.get("outputs", []) if o.output_type == "error"), None)  # code cells only
+        if e is not None and "raises-exception" not in tags:
             raise BuildError(f"{parsed.lab.name}, cell {index}: the solution raised {e.ename}: {e.evalue}")
-        if TAG_CHECKOFF in tags:
-            ids, text, other = _checkoff_output(cell)
-            if text != _pass_lines(ids) or other:
-                raise BuildError(f"{parsed.lab.name}, cell {index}: a checkoff cell must print only "
-                                 f"{_pass_lines(ids)!r}; it printed {text!r} and {other or 'nothing else'}")
+        ids, text, other = _checkoff_output(cell)
+        if cell.cell_type == "code" and TAG_CHECKOFF in tags and (text != _pass_lines(ids) or other):
+            raise BuildError(f"{parsed.lab.name}, cell {index}: a checkoff cell must print only "
+                             f"{_pass_lines(ids)!r}; it printed {text!r} and {other or 'nothing else'}")
 
 
 def validate_student_run(parsed: Parsed, executed: nbformat.NotebookNode) -> None:
@@ -630,9 +516,7 @@ def write(nb: nbformat.NotebookNode, path: Path) -> None:
 
 def carry_outputs(new: nbformat.NotebookNode, old_path: Path) -> nbformat.NotebookNode:
     """Keep the outputs of solution cells whose id and source did not change (for --no-execute)."""
-    if not old_path.exists():
-        return new
-    by_id = {c.get("id"): c for c in nbformat.read(old_path, as_version=4).cells}
+    by_id = {c.get("id"): c for c in (nbformat.read(old_path, as_version=4).cells if old_path.exists() else [])}
     for cell in new.cells:
         prev = by_id.get(cell.get("id"))
         if cell.cell_type == "code" and prev is not None and prev.cell_type == "code" and prev.source == cell.source:
@@ -655,11 +539,10 @@ def compare(expected: nbformat.NotebookNode, actual: nbformat.NotebookNode, name
         where = f"{name}, cell {index}"
         diffs += [f"{where}: {key} differs from the generated cell (committed: {repr(got.get(key))[:120]})"
                   for key in ("cell_type", "id", "source", "metadata") if got.get(key) != want.get(key)]
-        if want.cell_type != "code":
-            continue
-        if outputs and any(got.get(key) != want.get(key) for key in ("outputs", "execution_count")):
+        code = want.cell_type == "code"
+        if code and outputs and any(got.get(key) != want.get(key) for key in ("outputs", "execution_count")):
             diffs.append(f"{where}: outputs differ from the generated student copy")
-        if not outputs and got.get("execution_count") is None:
+        if code and not outputs and got.get("execution_count") is None:
             diffs.append(f"{where}: not executed (rebuild without --no-execute)")
     return diffs
 
@@ -676,27 +559,22 @@ def check_labs(labs: list[Lab], root: Path) -> list[str]:
         for expected, path, outputs in ((parsed.solution, lab.solution_path, False),
                                         (parsed.student, lab.student_path, True)):
             rel = path.relative_to(root)
-            if not path.exists():
-                diffs.append(f"{rel}: missing (run `python -m labsupport build {lab.name}`)")
-                continue
-            diffs += compare(expected, nbformat.read(path, as_version=4), str(rel), outputs)
+            diffs += (compare(expected, nbformat.read(path, as_version=4), str(rel), outputs) if path.exists()
+                      else [f"{rel}: missing (run `python -m labsupport build {lab.name}`)"])
         path = lab.record_path
         if not lab.instructor and (not path.is_file()
                                    or path.read_text(encoding="utf-8") != record.dumps(record_of(parsed))):
             diffs.append(f"{path.relative_to(root)}: the lab's public record is missing or stale "
                          f"(run `python -m labsupport build {lab.name}`)")
-    if len(labs) == len(discover(root)):
-        sources = {lab.name for lab in labs}
-        for folder in ("notebooks", "solutions"):
-            for path in sorted((root / folder).glob("*.ipynb")):
-                if path.stem not in sources:
-                    diffs.append(f"{folder}/{path.name}: no source solutions/{path.stem}.py generates it")
+    if len(labs) == len(discover(root)):  # every lab: a notebook no source generates is a stray
+        diffs += [f"{folder}/{path.name}: no source solutions/{path.stem}.py generates it"
+                  for folder in ("notebooks", "solutions") for path in sorted((root / folder).glob("*.ipynb"))
+                  if path.stem not in {lab.name for lab in labs}]
     return diffs
 
 
 def _say_if_on_stand_ins(lab: Lab, solution: nbformat.NotebookNode) -> None:
     from labsupport.workloads import FETCH_COMMAND, TRACES, find_trace
-
     tagged = sum(TAG_NEEDS_TRACES in c.metadata.get("tags", []) for c in solution.cells)
     missing = [name for name in TRACES if find_trace(name) is None]
     if tagged and missing:
@@ -711,7 +589,6 @@ def build_lab(lab: Lab, run: bool = True) -> tuple[float, float]:
     if not lab.instructor:  # written first: the notebooks' check() reads it
         _update(lab.record_path, record.dumps(record_of(parsed)))
     record.read.cache_clear()
-    seconds = (0.0, 0.0)
     if run:
         _say_if_on_stand_ins(lab, parsed.solution)
         start = time.perf_counter()
@@ -724,7 +601,7 @@ def build_lab(lab: Lab, run: bool = True) -> tuple[float, float]:
         validate_student_run(parsed, student_run)
         solution = finalize(executed)
     else:
-        solution = carry_outputs(parsed.solution, lab.solution_path)
+        solution, seconds = carry_outputs(parsed.solution, lab.solution_path), (0.0, 0.0)
     write(solution, lab.solution_path)
     write(parsed.student, lab.student_path)
     return seconds
@@ -749,9 +626,7 @@ def main(argv: list[str] | None = None) -> int:
             raise BuildError(f"no lab sources (NN_topic.py) in {root / 'solutions'}")
         if args.check:
             diffs = check_labs(labs, root)
-            for line in diffs:
-                print(line)
-            print(f"build --check: {len(labs)} lab(s), {len(diffs)} difference(s)")
+            print("\n".join([*diffs, f"build --check: {len(labs)} lab(s), {len(diffs)} difference(s)"]))
             return 1 if diffs else 0
         for lab in labs:
             solution_s, student_s = build_lab(lab, run=not args.no_execute)
@@ -759,10 +634,7 @@ def main(argv: list[str] | None = None) -> int:
                    if not args.no_execute else "not executed")
             print(f"{lab.name}: wrote {lab.solution_path.relative_to(root)} and "
                   f"{lab.student_path.relative_to(root)} ({ran})", flush=True)
-    except ExecutionFailure as exc:
-        print(f"build: {exc}", file=sys.stderr)
-        return 1
     except (UsageError, BuildError) as exc:
         print(f"build: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, ExecutionFailure) else 2  # a notebook that does not run, or bad input
     return 0

@@ -1,27 +1,15 @@
 """Checkoffs: `check("2.1", answer)` gives instant feedback on a student's number or function (every lab).
 
-check() reads the lab's public record (labsupport.course.record: the expected value on the
-lecture's givens, the lab's own cases, the remarks), scans the exercise's cells for a direct call of
-the library function that would answer it (labsupport.course.scan), runs a function on the lab's own
-cases (labsupport.course.harness) and judges (labsupport.course.judge).  The same record, scan,
-harness and judge serve the repository and the student release; no grader is ever imported here.
-
-`check` is formative.  It prints one line and never raises for the answer, so Run All reaches the
-end of a lab:
-
-    ✅ Checkoff 2.1 passed
-    ⬜ Checkoff 2.1 not attempted — <the exercise's prompt>
-    ❌ Checkoff 2.1: <what was wrong> Hint: <how to think about it, never the answer>
-
-"Not attempted" means the answer is still the student copy's placeholder, `...` (alone or inside a
-list, tuple, set or dict), or the student's function raises NotImplementedError.  After a ❌ line
-come, only when the student's own code raised, the frames of that traceback that are in the
-student's code (never labsupport's).  Outcomes are kept in `results()` for this kernel only (the
-scoreboard reads them).  While `grade` runs a notebook, check() only hands the answer over
-(`collect`); the verdict is reached outside the notebook's sandbox (labsupport.course.grade).
+check() reads the lab's public record (labsupport.course.record), scans the exercise's cells for a
+direct call of the library function that would answer it (scan), runs a function on the lab's own
+cases (harness) and judges (judge); no grader is ever imported here.  It is formative: it prints one
+line (the *_LINE formats below) and never raises for the answer, so Run All reaches the end of a lab.
+An answer that is still the student copy's `...`, or a function that still raises NotImplementedError,
+is "not attempted".  While `grade` runs a notebook, check() only hands the answer over (`collect`).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import linecache
 import os
@@ -35,7 +23,7 @@ from labsupport.course.judge import Mismatch
 
 PASS_LINE = "✅ Checkoff {id} passed"
 NOT_ATTEMPTED_LINE = "⬜ Checkoff {id} not attempted — {prompt}"
-FAIL_LINE = "❌ Checkoff {id}: {problem} Hint: {hint}"
+FAIL_LINE = "❌ Checkoff {id}: {problem} Hint: {hint}"  # the hint: how to think about it, never the answer
 PROMPT_WORD = "TO" + "DO"  # built from parts: the word itself never appears in labsupport's source
 MAX_STUDENT_FRAMES = 4
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
@@ -71,8 +59,7 @@ def verdict(entry: dict, answer, exercise: list[str] = (), everything: list[str]
             got = data.parse(data.dumps(answer))
         except data.DataError as exc:  # as grade says of it: the answer fails, and check() never raises
             raise Mismatch(f"the answer handed to check() could not be read as plain data ({exc})") from None
-        judge.verdict(got, judge.readable(entry["spec"]))
-        return
+        return judge.verdict(got, judge.readable(entry["spec"]))
     if not callable(answer):
         raise Mismatch(f"this checkoff wants your function itself (no parentheses); you gave {judge.echo(answer)}.")
     for case in entry["cases"]:
@@ -80,6 +67,7 @@ def verdict(entry: dict, answer, exercise: list[str] = (), everything: list[str]
 
 
 def forbidden_text(names: list[str], entry: dict) -> str:
+    """The scan's finding, the same words in check() and in grade."""
     derive = entry.get("derive") or "work it out from the quantities you have"
     return (f"your code for {entry['id']} calls {', '.join(names)}, which answers this exercise in one call. "
             f"Derive it instead: {derive}.")
@@ -89,18 +77,18 @@ def check(checkoff_id: str, answer) -> None:
     """Judge `answer` (a value, or your function) for checkoff `checkoff_id` and print one line; never raises."""
     __tracebackhide__ = True
     if collect is not None:
-        collect(checkoff_id, answer)
-        return
+        return collect(checkoff_id, answer)
     entry = get(checkoff_id)
     caller = inspect.currentframe().f_back
-    if data.contains_unfinished(answer):  # `slot_bytes = ...`, as the student copy left it
-        _not_attempted(checkoff_id, prompt_of(entry, None, caller))
-        return
     harness.LAST_ERROR = None
     try:
+        if data.contains_unfinished(answer):  # `slot_bytes = ...`, as the student copy left it
+            raise judge.Unfinished()
         verdict(entry, answer, _exercise_sources(caller, answer), _history())
-    except judge.Unfinished as exc:
-        _not_attempted(checkoff_id, prompt_of(entry, str(exc), caller))
+    except judge.Unfinished as exc:  # the placeholder, or a function that still raises NotImplementedError
+        prompt = prompt_of(entry, str(exc), caller)
+        _RESULTS[checkoff_id] = {"status": NOT_ATTEMPTED, "detail": prompt}
+        print(plain(NOT_ATTEMPTED_LINE.format(id=checkoff_id, prompt=prompt)))
         return
     except Mismatch as exc:
         problem = str(exc)
@@ -111,23 +99,16 @@ def check(checkoff_id: str, answer) -> None:
         print(PASS_LINE.format(id=checkoff_id))
         return
     _RESULTS[checkoff_id] = {"status": FAILED, "detail": f"{problem}\nHint: {entry['hint']}"}
-    sentence = problem.rstrip() if problem.rstrip().endswith((".", "!", "?")) else problem.rstrip() + "."
-    print(plain(FAIL_LINE.format(id=checkoff_id, problem=sentence, hint=entry["hint"])))
+    print(plain(FAIL_LINE.format(id=checkoff_id, problem=judge.sentence(problem), hint=entry["hint"])))
     for line in student_traceback(harness.LAST_ERROR):
         print(line)
-
-
-def _not_attempted(checkoff_id: str, prompt: str) -> None:
-    _RESULTS[checkoff_id] = {"status": NOT_ATTEMPTED, "detail": prompt}
-    print(plain(NOT_ATTEMPTED_LINE.format(id=checkoff_id, prompt=prompt)))
 
 
 def _exercise_sources(caller, answer) -> list[str]:
     """The cells that are the exercise: the one calling check() and, for a function, the one defining it
     (outside a notebook: the calling function's and the handed-in function's own source)."""
-    sources = [_cell_or_source(caller.f_code)] if caller is not None else []
-    code = getattr(getattr(answer, "fn", answer), "__code__", None)
-    return sources + ([_cell_or_source(code)] if code is not None else [])
+    codes = [caller.f_code if caller is not None else None, getattr(getattr(answer, "fn", answer), "__code__", None)]
+    return [_cell_or_source(code) for code in codes if code is not None]
 
 
 def _cell_or_source(code) -> str:
@@ -142,15 +123,11 @@ def _cell_or_source(code) -> str:
 def _history() -> list[str]:
     try:
         from IPython import get_ipython
-
-        shell = get_ipython()
-        history = shell.user_ns.get("In", []) if shell is not None else []
-    except (ImportError, AttributeError):
+        history = get_ipython().user_ns.get("In", [])
+    except (ImportError, AttributeError):  # no IPython, or no shell running
         history = []
     return [h for h in history if isinstance(h, str)]
 
-
-# --- cells that use a student's answer ----------------------------------------------------------
 
 def passed(*checkoff_ids: str) -> bool:
     """True when every named checkoff passed in this kernel (feedback only: it decides no grade)."""
@@ -168,16 +145,13 @@ def revealed(*checkoff_ids: str) -> bool:
 
 
 def _waits_for(checkoff_ids: tuple[str, ...], what: str) -> bool:
-    if passed(*checkoff_ids):
-        return True
     waiting = [i for i in checkoff_ids if not passed(i)]
-    names, many = ", ".join(waiting), len(waiting) > 1
-    print(f"⬜ This cell {what}{'s' if many else ''} to {names}: run it again once "
-          f"checkoff{'s' if many else ''} {names} pass{'' if many else 'es'}.")
-    return False
+    if waiting:
+        names, many = ", ".join(waiting), len(waiting) > 1
+        print(f"⬜ This cell {what}{'s' if many else ''} to {names}: run it again once "
+              f"checkoff{'s' if many else ''} {names} pass{'' if many else 'es'}.")
+    return not waiting
 
-
-# --- what check() prints when an answer is missing or wrong ------------------------------------
 
 _CODE = re.compile(r"`+([^`]+?)`+")
 _EMPHASIS = re.compile(r"(?<![\w*])\*{1,2}([^\s*](?:[^*]*[^\s*])?)\*{1,2}(?![\w*])")
@@ -201,15 +175,12 @@ def prompt_of(entry: dict, raised: str | None = None, caller=None) -> str:
         found = comment.search(source)
         if found:
             return found[1].strip()
-    prompts = entry.get("prompts") or [entry["title"]]
-    return prompts[-1]
+    return (entry.get("prompts") or [entry["title"]])[-1]
 
 
 def student_traceback(exc: BaseException | None) -> list[str]:
     """The frames of `exc`'s traceback that are the student's code (never labsupport, Python or a library)."""
-    if exc is None:
-        return []
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _library_file(f.filename)]
+    frames = [f for f in traceback.extract_tb(getattr(exc, "__traceback__", None)) if not _library_file(f.filename)]
     if not frames:
         return []
     lines = []
@@ -217,25 +188,19 @@ def student_traceback(exc: BaseException | None) -> list[str]:
         lines.append(f"   {_where(frame.filename)}, line {frame.lineno}, in {frame.name}")
         if frame.line:
             lines.append(f"       {frame.line.strip()}")
-    lines.append(f"   {type(exc).__name__}: {exc}")
-    return lines
-
-
-def _library_dirs() -> tuple[str, ...]:
-    paths = {str(Path(__file__).resolve().parents[1])}
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        try:
-            paths.add(str(Path(sysconfig.get_path(key)).resolve()))
-        except (KeyError, TypeError, OSError):
-            pass
-    return tuple(p + os.sep for p in paths)
+    return lines + [f"   {type(exc).__name__}: {exc}"]
 
 
 def _library_file(filename: str) -> bool:
+    """A file of labsupport's, Python's or an installed library's: no frame the student wrote."""
     if filename.startswith("<frozen "):
         return True
+    dirs = {str(Path(__file__).resolve().parents[1])}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        with contextlib.suppress(KeyError, TypeError, OSError):
+            dirs.add(str(Path(sysconfig.get_path(key)).resolve()))
     try:
-        return str(Path(filename).resolve()).startswith(_library_dirs())
+        return str(Path(filename).resolve()).startswith(tuple(d + os.sep for d in dirs))
     except (OSError, ValueError):
         return False
 
@@ -244,10 +209,8 @@ def _where(filename: str) -> str:
     """A notebook cell's file as IPython names it ("Cell In[7]"); any other file by its path."""
     try:
         from IPython import get_ipython
-
-        shell = get_ipython()
-        count = shell.compile._filename_map.get(filename) if shell is not None else None
-    except (ImportError, AttributeError):
+        count = get_ipython().compile._filename_map.get(filename)
+    except (ImportError, AttributeError):  # no IPython, or no shell running
         count = None
     return f"Cell In[{count}]" if isinstance(count, int) else f'File "{filename}"'
 

@@ -1,9 +1,8 @@
 """Plain data: what a checkoff's inputs and a student's answers become on their way across (every lab).
 
 Answers leave the student's process as strict JSON and nothing else, so the grader never holds an
-object of the student's (never unpickles, never calls a method the student defined).  `plain`
-turns a value into that data, in whatever process the value lives; `parse` reads it back, with
-bounds, as the grader's own built-in types:
+object of the student's (never unpickles, never calls a method the student defined).  `plain` turns a
+value into that data; `parse` reads it back, with bounds, as the grader's own built-in types:
 
     None, bools, ints, finite floats, text      as themselves
     list, tuple                                 a list
@@ -14,11 +13,9 @@ bounds, as the grader's own built-in types:
     the placeholder ``...``                     {"$": "unfinished"}
     a function, anything else                   {"$": "function", "name": ...}, {"$": "object", "type": ...}
 
-A function checkoff's inputs go the other way, into the sandbox, as data too.  An input that is one
-of labsupport's own objects (a ModelSpec, an allocator in the middle of serving) travels as the
-recipe that makes it — ``{"$": "new", "make": "labsupport.contiguous:ContiguousAllocator",
-"args": [...], "kwargs": {...}, "calls": [["allocate", [0, 4096], {"num_tokens": 12}], ...]}`` —
-written by `live` (or, for a frozen dataclass, by `plain` itself) and rebuilt by `build`.
+A function checkoff's inputs go the other way, into the sandbox, as data too: labsupport's own objects
+as the recipe that makes them, ``{"$": "new", "make": "module:Type", "args", "kwargs", "calls"}``,
+written by `live` (or `plain`, for a frozen dataclass) and rebuilt by `build`.
 """
 from __future__ import annotations
 
@@ -26,6 +23,7 @@ import dataclasses
 import importlib
 import json
 import math
+import operator
 
 MAX_DEPTH = 40
 MAX_ITEMS = 2_000_000  # list items, dict entries and tensor elements in one answer
@@ -36,25 +34,14 @@ class DataError(ValueError):
     """Text that is not plain data in the agreed shape, or too much of it."""
 
 
-def is_unfinished(value) -> bool:
-    """The student copy's placeholder: ``...`` (checked by identity: nothing of the student's runs)."""
-    return value is Ellipsis
-
-
 def contains_unfinished(value, _depth: int = 0) -> bool:
     """``...`` alone or inside built-in containers (only exact built-in types are opened)."""
     if value is Ellipsis:
         return True
-    if _depth > MAX_DEPTH:
+    if _depth > MAX_DEPTH or type(value) not in (dict, list, tuple, set, frozenset):
         return False
-    if type(value) is dict:
-        return any(contains_unfinished(v, _depth + 1) for v in value.values())
-    if type(value) in (list, tuple, set, frozenset):
-        return any(contains_unfinished(v, _depth + 1) for v in value)
-    return False
+    return any(contains_unfinished(v, _depth + 1) for v in (value.values() if type(value) is dict else value))
 
-
-# --- turning a value into plain data ----------------------------------------------------------------
 
 def _number(x):
     if isinstance(x, float) and not math.isfinite(x):
@@ -94,7 +81,8 @@ def plain(x, _depth: int = 0, _count: list | None = None):
     if type(x) is dict:
         if all(type(k) is str and not k.startswith("$") for k in x):
             return {k: plain(v, _depth + 1, count) for k, v in x.items()}
-        return {"$": "dict", "items": [[plain(k, _depth + 1, count), plain(v, _depth + 1, count)] for k, v in x.items()]}
+        items = [[plain(k, _depth + 1, count), plain(v, _depth + 1, count)] for k, v in x.items()]
+        return {"$": "dict", "items": items}
     if type(x) in (set, frozenset):
         return {"$": "set", "items": [plain(v, _depth + 1, count) for v in x]}
     if isinstance(x, Live):
@@ -105,11 +93,10 @@ def plain(x, _depth: int = 0, _count: list | None = None):
         if count[0] > MAX_ITEMS:
             raise DataError("the answer is too large to hand over")
         return tensor
-    item = getattr(type(x), "item", None)
-    if type(x).__module__.split(".")[0] == "numpy" and item is not None:  # a numpy scalar
+    if type(x).__module__.split(".")[0] == "numpy" and getattr(type(x), "item", None) is not None:  # a scalar
         return plain(x.item(), _depth, count)
     if dataclasses.is_dataclass(x) and type(x).__module__.startswith("labsupport.") \
-            and getattr(type(x), "__dataclass_params__").frozen:
+            and type(x).__dataclass_params__.frozen:
         fields = {f.name: plain(getattr(x, f.name), _depth + 1, count) for f in dataclasses.fields(x) if f.init}
         return {"$": "new", "make": f"{type(x).__module__}:{type(x).__qualname__}", "args": [], "kwargs": fields,
                 "calls": []}
@@ -128,12 +115,9 @@ def reread(already_plain):
     return parse(json.dumps(already_plain, ensure_ascii=True, allow_nan=False))
 
 
-# --- reading plain data back (the grader's side) -----------------------------------------------------
-
 @dataclasses.dataclass(frozen=True)
 class Tensor:
     """A tensor as handed over: its dtype's name, shape and values (flat), compared as data."""
-
     dtype: str
     shape: tuple
     values: tuple
@@ -142,7 +126,6 @@ class Tensor:
 @dataclasses.dataclass(frozen=True)
 class Other:
     """Something plain data has no word for: a function (`kind` "function") or an object of some type."""
-
     kind: str
     name: str
 
@@ -155,7 +138,7 @@ def _reject_constant(name):
 
 
 def parse(text: str | bytes):
-    """Strict JSON back into built-in types, `Tensor` and `Other`; DataError on anything else."""
+    """Strict JSON back (on the grader's side) into built-in types, `Tensor` and `Other`; DataError on anything else."""
     if len(text) > MAX_TEXT:
         raise DataError(f"{len(text):,} characters of data, more than the {MAX_TEXT:,} read back")
     try:
@@ -212,17 +195,11 @@ def _hashable(x):
     return x
 
 
-# --- a checkoff's inputs: labsupport's objects as the recipe that makes them ------------------------------
-
 class Live:
-    """One of labsupport's objects, made in the grader, that remembers how it was made.
-
-    ``alloc = live(ContiguousAllocator, 4096, kv_bytes_per_token=KV)`` behaves as the allocator (every
-    attribute and method is the real one's) and records each method called on it — only method calls:
-    change it through its methods, never through an attribute it hands out — so `plain` can
-    write it as a recipe and `build` make the same object, in the same state, where the student's
-    function runs.  The mechanisms are deterministic, so replaying the calls gives the same state.
-    """
+    """One of labsupport's objects, made in the grader, that remembers how it was made: it behaves as the
+    real object and records each method called on it (change it only through its methods, never through an
+    attribute it hands out), so that `build` can replay it where the student's function runs, to the same
+    state: the mechanisms are deterministic."""
 
     def __init__(self, make, *args, **kwargs):
         self._make, self._args, self._kwargs, self._calls = make, args, kwargs, []
@@ -247,14 +224,11 @@ class Live:
                 "calls": [[n, plain(list(a), 1, count), plain(k, 1, count)] for n, a, k in self._calls]}
 
 
-def live(make, *args, **kwargs) -> Live:
-    return Live(make, *args, **kwargs)
+live = Live  # as a lab's graders write it: live(ContiguousAllocator, 4096, kv_bytes_per_token=KV)
 
 
 def build(data):
-    """Plain input data as the objects a student's function is called with (in the student's process).
-
-    Recipes may only make what labsupport's public modules define; tensors become torch tensors."""
+    """Plain input data as the objects a student's function is called with; recipes make only labsupport's."""
     if type(data) is list:
         return [build(v) for v in data]
     if type(data) is not dict:
@@ -266,16 +240,13 @@ def build(data):
         module, _, name = data["make"].partition(":")
         if not module.startswith("labsupport.") or module.startswith("labsupport.course.checkoffs"):
             raise DataError(f"a recipe may only make labsupport's objects, not {data['make']!r}")
-        make = importlib.import_module(module)
-        for part in name.split("."):
-            make = getattr(make, part)
+        make = operator.attrgetter(name)(importlib.import_module(module))  # a dotted name: a classmethod
         obj = make(*build(data["args"]), **build(data["kwargs"]))
         for method, args, kwargs in data["calls"]:
             getattr(obj, method)(*build(args), **build(kwargs))
         return obj
     if tag == "tensor":
         import torch
-
         values = [float(unplain(v)) if isinstance(v, dict) else v for v in data["values"]]
         return torch.tensor(values, dtype=getattr(torch, data["dtype"])).reshape(data["shape"])
     if tag == "dict":

@@ -1,25 +1,25 @@
 """`python -m labsupport grade PATH... [--jobs N] [--csv FILE] [--json] [--gradescope FILE]`: the grade (every lab).
 
 check() is feedback; this decides, the way PrairieLearn's Python grader does (GRADING.md):
+ 1. Before any student code runs: per student and lab, HIDDEN_RUNS sets of hidden givens and the function
+    checkoffs' hidden cases (from a secret; ``--seed`` repeats a run), and every expected value on them.
+ 2. The notebook runs whole in a sandbox (.sandbox, .runner): on the lecture's givens, then with its givens
+    cell rewritten to each hidden set.  Answers come back as plain data (a function's: what it did on the
+    hidden inputs); no expected value goes in.
+ 3. Here each answer is judged (.judge) against its run's expected value, after check()'s scan of the
+    exercise's cells (.scan): passed (right on every run and case), failed (where, with the hint) or not attempted.
 
- 1. Before anything of the student's runs: the lab's graders, per student and lab HIDDEN_RUNS sets of
-    hidden givens and the function checkoffs' hidden cases (from a secret; ``--seed`` repeats a run),
-    and every expected value on them.
- 2. The notebook runs whole in a sandbox (labsupport.course.sandbox, .runner) 1 + HIDDEN_RUNS times: on
-    the lecture's givens, then with its givens cell rewritten to each hidden set.  Answers come back
-    as plain data; a function's as what it did on the hidden cases' inputs.  No expected value goes in.
- 3. Here each answer is judged (labsupport.course.judge) against its run's expected value, after the
-    same scan of the exercise's cells check() runs (labsupport.course.scan): passed (right on every
-    run, every case), failed (the detail says where, with the hint) or not attempted.
-
-Every notebook gets a row whatever it does, and a bound it meets is named there; one notebook per
-student and lab counts, the newest.  Exit code: 0 nothing failed, 1 a checkoff failed or a notebook
-did not run, 2 a bad argument or a file that is not a notebook.
+Every notebook gets a row whatever it does (naming any bound it met); one per student and lab counts, the
+newest.  Exit code: 0 nothing failed, 1 a checkoff failed or a notebook did not run, 2 a bad argument or a
+file that is not a notebook.
 """
 from __future__ import annotations
 
+import argparse
+import ast
 import concurrent.futures
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -31,6 +31,9 @@ from pathlib import Path
 
 from labsupport.cli.parser import OneLineParser, UsageError
 from labsupport.course import data, judge, record, scan
+from labsupport.course.checkoff import forbidden_text
+from labsupport.course.checkoffs import load_lab
+from labsupport.course.registry import GIVENS, case_rng, namespace
 from labsupport.course.report import (FAILED, NOT_ATTEMPTED, PASSED, CheckoffResult, NotebookGrade, csv_text, dump,
                                       format_grade, gradescope, safe, safe_path, summary, write_into_place)
 from labsupport.course.sandbox import Bounds, NotABundle, Sandbox, forget_graders
@@ -41,6 +44,11 @@ MAX_NOTEBOOK_BYTES = 64 * 2**20
 MAX_CELLS = 5000
 LAB_NAME = re.compile(r"^(\d\d)_")
 CHECK_ID = re.compile(r"""check\(\s*["'](\d+\.\d+)["']""")
+
+
+def _lab_from_name(path: Path) -> int | None:
+    match = LAB_NAME.match(Path(path).name)
+    return int(match[1]) if match else None
 
 
 class NotebookError(ValueError):
@@ -61,9 +69,8 @@ class Notebook:
     cells: list[Cell]  # the code cells
 
     def lab(self) -> int:
-        match = LAB_NAME.match(self.path.name)
-        if match:
-            return int(match[1])
+        if (lab := _lab_from_name(self.path)) is not None:
+            return lab
         labs = {int(i.split(".")[0]) for c in self.cells for i in CHECK_ID.findall(c.source)}
         if len(labs) == 1:
             return labs.pop()
@@ -97,8 +104,9 @@ def read_notebook(path: Path) -> Notebook:
         source = cell.get("source", "")
         source = "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else source
         meta = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
-        tags = tuple(t for t in meta.get("tags", ()) if isinstance(t, str)) if isinstance(meta.get("tags"), list) else ()
-        code.append(Cell(number, source if isinstance(source, str) else "", str(cell.get("id", ""))[:64], tags))
+        tags = meta.get("tags") if isinstance(meta.get("tags"), list) else ()
+        code.append(Cell(number, source if isinstance(source, str) else "", str(cell.get("id", ""))[:64],
+                         tuple(t for t in tags if isinstance(t, str))))
     return Notebook(path, code)
 
 
@@ -118,21 +126,20 @@ class Run:
 def runs_of(events: list, count: int) -> list[Run]:
     runs, shared = [Run() for _ in range(count)], Run()
     for e in events:
-        if not isinstance(e, dict) or not (e.get("run") is None or (type(e.get("run")) is int and 0 <= e["run"] < count)):
+        number = e.get("run") if isinstance(e, dict) else -1  # None: before the fork
+        if number is not None and not (type(number) is int and 0 <= number < count):
             continue
-        targets = [runs[e["run"]]] if e.get("run") is not None else [shared]
-        for run in targets:
-            kind, cell = e.get("e"), e.get("cell")
-            if type(cell) is int:
-                run.reached = max(run.reached, cell)
-            if kind == "error" and type(cell) is int:
-                run.errors.setdefault(cell, (safe(e.get("ename"), 200), safe(e.get("evalue"), 500)))
-            elif kind == "answer" and isinstance(e.get("id"), str):
-                run.answers[e["id"]] = e
-            elif kind == "end":
-                run.ended = True
-            elif kind == "stop":
-                run.stop = safe(e.get("why"), 200)
+        run, kind, cell = shared if number is None else runs[number], e.get("e"), e.get("cell")
+        if type(cell) is int:
+            run.reached = max(run.reached, cell)
+        if kind == "error" and type(cell) is int:
+            run.errors.setdefault(cell, (safe(e.get("ename"), 200), safe(e.get("evalue"), 500)))
+        elif kind == "answer" and isinstance(e.get("id"), str):
+            run.answers[e["id"]] = e
+        elif kind == "end":
+            run.ended = True
+        elif kind == "stop":
+            run.stop = safe(e.get("why"), 200)
     for run in runs:  # the cells before the fork are every run's
         run.errors = {**shared.errors, **run.errors}
         run.answers = {**shared.answers, **run.answers}
@@ -158,9 +165,6 @@ class Grader:
         self.secret = secret if secret is not None else secrets.token_bytes(32)
 
     def plan(self, lab: int, student: str) -> Plan:
-        from labsupport.course.checkoffs import load_lab
-        from labsupport.course.registry import GIVENS, case_rng, namespace
-
         key = f"{student}|{lab:02d}"
         runs = [dict(GIVENS[lab].lecture)] if lab in GIVENS else [{}]
         if lab in GIVENS:
@@ -188,8 +192,6 @@ class Grader:
         return grade
 
     def _grade(self, path: Path, grade: NotebookGrade) -> None:
-        from labsupport.course.checkoffs import load_lab
-
         nb = read_notebook(path)
         grade.lab = lab = nb.lab()
         checkoffs = load_lab(lab)
@@ -212,12 +214,11 @@ class Grader:
         runs = runs_of(outcome.events, len(plan.runs))
         if outcome.stopped:
             grade.error = f"the notebook was stopped: {outcome.stopped}" + _where(runs)
-        for number, run in enumerate(runs):
-            if run.stop:
-                grade.notes.append(f"{_run_name(number)} stopped at cell {run.reached}: {run.stop}")
+        grade.notes += [f"{_run_name(n)} stopped at cell {r.reached}: {r.stop}" for n, r in enumerate(runs) if r.stop]
         if outcome.dropped:
             grade.notes.append(f"{outcome.dropped} of its answer records were too large to read and were dropped")
-        grade.notes += [safe(e.get("text"), 300) for e in outcome.events if isinstance(e, dict) and e.get("e") == "note"][:5]
+        notes = [e.get("text") for e in outcome.events if isinstance(e, dict) and e.get("e") == "note"]
+        grade.notes += [safe(text, 300) for text in notes[:5]]
         entries = {e["id"]: e for e in rec["checkoffs"]}
         for c in checkoffs:  # every checkoff of the lab gets its line, whatever an answer does to the judge
             try:
@@ -234,7 +235,7 @@ class Grader:
         exercise = [cell.source for cell in nb.cells if cell in calls or cell.id in entry.get("cells", ())]
         found = scan.hits(exercise, [cell.source for cell in nb.cells], c.forbid)
         if found:
-            return FAILED, _hinted(_forbidden(found, c), c.hint)
+            return FAILED, _hinted(forbidden_text(found, {"id": c.id, "derive": c.derive}), c.hint)
         specs = plan.specs[c.id]
         answer = runs[0].answers.get(c.id)
         if answer is None or "unfinished" in answer:
@@ -262,7 +263,7 @@ class Grader:
     def _rerun(self, c, run: Run, calls: list[Cell], spec: dict, number: int) -> None:
         answer = run.answers.get(c.id)
         if answer is None or "unfinished" in answer:
-            status, why = _without(run, calls, answer, number)
+            why = _without(run, calls, answer, number)[1]
             raise judge.Mismatch(f"right on the lab's givens, but on {_run_name(number)} {why}")
         try:
             judge.verdict(_value(answer), judge.readable(spec))
@@ -276,19 +277,14 @@ class Grader:
 def rewrite_givens(source: str, values: dict) -> str | None:
     """The notebook's givens cell with each given's value replaced by `values`' and its other lines kept
     (a given it does not bind is bound first); None when the cell is not plain Python (then it is replaced)."""
-    import ast
-
-    try:
-        tree = ast.parse(source) if len(source) <= 65_536 else None
-    except (SyntaxError, ValueError, RecursionError):
-        tree = None
-    if tree is None:
+    if len(source) > 65_536:
         return None
-    lines = source.encode().splitlines(keepends=True)
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
     text, bound = source.encode(), set()
+    starts = [0, *itertools.accumulate(len(line) for line in text.splitlines(keepends=True))]  # ast's offsets: bytes
     for st in reversed(tree.body):  # from the end, so earlier offsets stay valid
         if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) \
                 and st.targets[0].id in values:
@@ -321,15 +317,15 @@ def _without(run: Run, calls: list[Cell], answer, number: int) -> tuple[str, str
         return NOT_ATTEMPTED, "the exercise still holds the student copy's placeholder"
     if not calls:
         return FAILED, f"no answer was handed to check() (the run reached cell {run.reached})"
-    first = min(c.number for c in calls)
+    numbers = {c.number for c in calls}
     for cell in sorted(run.errors):
-        if cell <= max(c.number for c in calls) and (cell in {c.number for c in calls} or cell < first):
+        if cell in numbers or cell < min(numbers):  # a placeholder raising before the call is not attempted
             ename, evalue = run.errors[cell]
             if ename == "NotImplementedError" and number == 0:
                 return NOT_ATTEMPTED, evalue
-            if cell in {c.number for c in calls}:
+            if cell in numbers:
                 return FAILED, f"cell {cell} raised {ename}: {evalue}, before handing the answer over"
-    if not run.ended and run.reached <= max(c.number for c in calls):
+    if not run.ended and run.reached <= max(numbers):
         why = run.stop or "the notebook was stopped"
         return FAILED, f"the run did not reach its check() cell ({why}, at cell {run.reached})"
     return NOT_ATTEMPTED if number == 0 else FAILED, "its check() call never ran (in a branch that was not taken?)"
@@ -337,16 +333,6 @@ def _without(run: Run, calls: list[Cell], answer, number: int) -> tuple[str, str
 
 def _hinted(text: str, hint: str) -> str:
     return f"{text}\nHint: {hint}"
-
-
-def _forbidden(names: list[str], c) -> str:
-    derive = c.derive or "work it out from the quantities you have"
-    return f"your code for {c.id} calls {', '.join(names)}, which answers this exercise in one call. Derive it instead: {derive}."
-
-
-def _lab_from_name(path: Path) -> int | None:
-    match = LAB_NAME.match(Path(path).name)
-    return int(match[1]) if match else None
 
 
 # --- a class at a time ---------------------------------------------------------------------------------------
@@ -366,9 +352,7 @@ def notebooks_in(folder: Path) -> list[Path]:
 
 def refusal(path: Path, top: Path) -> str:
     """Why a notebook under `top` is never graded ("" if it is): it, or a folder between, is a link."""
-    for q in [path, *path.parents]:
-        if q == top:
-            break
+    for q in itertools.takewhile(lambda q: q != top, [path, *path.parents]):
         if q.is_symlink():
             return f"{safe(q.name, 200)} is a symbolic link, not a notebook handed in: hand in the file itself"
     return ""
@@ -396,15 +380,13 @@ def choose(submissions: list[Submission], lab: int | None = None) -> list[tuple[
             groups.setdefault((s.student, n if n is not None else str(s.path)), []).append(i)
     why = [s.refused for s in submissions]
     for (student, n), members in groups.items():
-        if lab is not None and n != lab:
-            for i in members:
-                why[i] = f"a notebook of {_lab_text(n)}; this assignment is lab {lab:02d}"
-            continue
         newest = max(members, key=lambda i: age(submissions[i].path))
         for i in members:
-            if i != newest:
-                why[i] = (f"{safe(os.fsdecode(submissions[newest].path), 300)} is {safe(student, 100)}'s newer notebook "
-                          f"of {_lab_text(n)} and is the one graded (one notebook per lab counts: the newest)")
+            if lab is not None and n != lab:
+                why[i] = f"a notebook of {_lab_text(n)}; this assignment is lab {lab:02d}"
+            elif i != newest:
+                why[i] = (f"{safe(os.fsdecode(submissions[newest].path), 300)} is {safe(student, 100)}'s newer "
+                          f"notebook of {_lab_text(n)} and is the one graded (one notebook per lab counts: the newest)")
     return list(zip(why, labs))
 
 
@@ -449,49 +431,43 @@ def collect(paths: list[str]) -> tuple[list[Submission], list[str]]:
 def grade_all(grader: Grader, submissions: list[Submission], jobs: int = 1, progress: bool = True,
               on_done=None, lab: int | None = None) -> list[NotebookGrade]:
     """Grade the submissions `choose` picks, `jobs` at a time; a row for every one, in the order given."""
-    results: list[NotebookGrade | None] = [None] * len(submissions)
-    for i, (why, its_lab) in enumerate(choose(submissions, lab)):
-        if why:
-            results[i] = NotebookGrade(submissions[i].path, its_lab, submissions[i].student, not_graded=why)
-    todo = [i for i, r in enumerate(results) if r is None]
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(todo), desc="grading", unit="notebook", file=sys.stderr)
-    try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = {pool.submit(grader.grade, submissions[i].path, submissions[i].student): i for i in todo}
-            for future in concurrent.futures.as_completed(futures):
-                i = futures[future]
-                try:
-                    results[i] = future.result()
-                except Exception as exc:  # noqa: BLE001 - grade() catches; this is the last net
-                    results[i] = NotebookGrade(submissions[i].path, None, submissions[i].student,
-                                               error=f"the grader failed ({type(exc).__name__}: {exc})")
-                if bar is not None:
-                    bar.update(1)
-                if on_done is not None:
-                    on_done([r for r in results if r is not None])
-    finally:
-        if bar is not None:
-            bar.close()
+    results = [NotebookGrade(s.path, its_lab, s.student, not_graded=why) if why else None
+               for s, (why, its_lab) in zip(submissions, choose(submissions, lab))]
+    todo = [i for i, r in enumerate(results) if r is None]
+    with tqdm(total=len(todo), desc="grading", unit="notebook", file=sys.stderr, disable=not progress) as bar, \
+            concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(grader.grade, submissions[i].path, submissions[i].student): i for i in todo}
+        for future in concurrent.futures.as_completed(futures):
+            i = futures[future]
+            try:
+                results[i] = future.result()
+            except Exception as exc:  # noqa: BLE001 - grade() catches; this is the last net
+                results[i] = NotebookGrade(submissions[i].path, None, submissions[i].student,
+                                           error=f"the grader failed ({type(exc).__name__}: {exc})")
+            bar.update(1)
+            if on_done is not None:
+                on_done([r for r in results if r is not None])
     return [r for r in results if r is not None]
 
 
 # --- command line --------------------------------------------------------------------------------------------
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    import argparse
+def whole_number(low: int, high: float, wants: str):
+    """An argparse type: a whole number in [low, high]; else the error "<wants>, got '<text>'"."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{wants}, got {text!r}")
+        return value
+    return parse
 
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"wants a whole number of at least 1, got {text!r}")
-    return value
+
+positive_int = whole_number(1, float("inf"), "wants a whole number of at least 1")
 
 
 def _parser() -> OneLineParser:
@@ -516,18 +492,19 @@ def _parser() -> OneLineParser:
     return p
 
 
-def _writable(flag: str, value: str | None) -> str | None:
-    if value is None:
-        return None
-    path = Path(value)
-    parent = path.parent if str(path.parent) else Path(".")
+def usage_error(prog: str, message: str) -> int:
+    """A refused command line: one line on stderr, and the exit code 2."""
+    print(f"{prog}: {message}", file=sys.stderr)
+    return 2
+
+
+def unwritable(path: Path) -> str:
+    """Why no file can be written at `path`, or "" (a bare file name's folder is ".")."""
     if path.is_dir():
-        return f"grade: {flag} {value}: is a folder, not a file"
-    if not parent.is_dir():
-        return f"grade: {flag} {value}: no such folder {parent}"
-    if not os.access(parent, os.W_OK):
-        return f"grade: {flag} {value}: folder {parent} is not writable"
-    return None
+        return "is a folder, not a file"
+    if not path.parent.is_dir():
+        return f"no such folder {path.parent}"
+    return "" if os.access(path.parent, os.W_OK) else f"folder {path.parent} is not writable"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -536,24 +513,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
     except UsageError as exc:
-        print(f"grade: {exc}", file=sys.stderr)
-        return 2
+        return usage_error("grade", str(exc))
     for flag, value in (("--csv", args.csv), ("--gradescope", args.gradescope)):
-        problem = _writable(flag, value)
-        if problem:
-            print(problem, file=sys.stderr)
-            return 2
+        if value is not None and (why := unwritable(Path(value))):
+            return usage_error("grade", f"{flag} {value}: {why}")
     submissions, missing = collect(args.paths)
     if missing:
-        print(f"grade: {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""), file=sys.stderr)
-        return 2
+        return usage_error("grade", missing[0] + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     bounds = Bounds(memory=args.memory * 2**20)
     sandbox = Sandbox.for_this_machine(trusted=args.trusted, container=args.container, bounds=bounds)
     if sandbox is None:
-        print("grade: bubblewrap cannot run here (apt-get install bubblewrap, and allow user namespaces), so student "
-              "code would run as you; use --container inside a per-submission container, or --trusted for notebooks "
-              "you trust", file=sys.stderr)
-        return 2
+        return usage_error("grade", "bubblewrap cannot run here (apt-get install bubblewrap, and allow user "
+                           "namespaces), so student code would run as you; use --container inside a per-submission "
+                           "container, or --trusted for notebooks you trust")
     print(f"grade: isolation: {sandbox.describe()}", file=sys.stderr)
     secret = hashlib.sha256(f"seed {args.seed}".encode()).digest() if args.seed is not None else None
     grader = Grader(sandbox, timeout=args.timeout, secret=secret)
@@ -561,18 +533,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             prepare_then_forget(grader, submissions)
         except NotABundle as exc:
-            print(f"grade: --container: {exc}", file=sys.stderr)
-            return 2
+            return usage_error("grade", f"--container: {exc}")
     return _report(args, grader, submissions)
 
 
 def prepare_then_forget(grader: Grader, submissions: list[Submission]) -> None:
     """Container mode: load every graded lab's graders while they are on disk, then delete them."""
-    from labsupport.course.checkoffs import load_lab
-
-    for lab in {_lab_from_name(s.path) for s in submissions} | set(range(9)):
-        if lab is not None:
-            load_lab(lab)
+    for lab in ({_lab_from_name(s.path) for s in submissions} | set(range(9))) - {None}:
+        load_lab(lab)
     forget_graders()
 
 
@@ -595,10 +563,7 @@ def _report(args, grader: Grader, submissions: list[Submission]) -> int:
                            on_done=lambda done: (grades.__setitem__(slice(None), done), write_files(done)))
     finally:
         write_files(grades)
-    for g in grades:
-        if g.invalid:
-            print(f"grade: {g.path}: {safe(g.error)}", file=sys.stderr)
-    for problem in unwritten.values():
+    for problem in [f"grade: {g.path}: {safe(g.error)}" for g in grades if g.invalid] + list(unwritten.values()):
         print(problem, file=sys.stderr)
     if args.json:
         sys.stdout.write(dump(summary(grades)))

@@ -1,7 +1,8 @@
 """The judge: an answer against a checkoff's expected value, in one line of feedback (every lab).
 
-`check()` in a notebook and `grade` both end here, with the same two things: the answer as plain
-data (labsupport.course.data) and a *spec*, the expected value and how to compare it:
+`check()` (from the lab's public record) and `grade` (from the graders, on hidden givens and cases too)
+both end here, with the answer as plain data and a *spec*, the expected value and how to compare it
+(a message never contains the expected value):
 
     want              the expected value (a number, text, a list, a dict, a tensor)
     rel_tol, abs_tol  how close a number must be (default: exactly, 1e-9 relative)
@@ -14,17 +15,13 @@ data (labsupport.course.data) and a *spec*, the expected value and how to compar
     at_least          a floor no answer goes below (a count of what fits is 0 when nothing does)
     options, multi    for a choice: the options, and whether the answer is a set of them
     judge             the name of one of `JUDGES`, for an answer no generic rule fits
-
-`check()` reads its specs from the lab's public record (labsupport.course.record), on the lecture's
-givens and the lab's own cases; `grade` makes them, from the graders, for hidden givens and cases too.
-A message never contains the expected value.
 """
 from __future__ import annotations
 
 import math
 import numbers
 
-from labsupport.course.data import Other, Tensor
+from labsupport.course.data import Other, Tensor, unplain
 from labsupport.units import fmt_number
 
 
@@ -64,13 +61,8 @@ def as_number(x, what: str) -> float:
 
 
 def tolerance_text(rel_tol: float, abs_tol: float) -> str:
-    if rel_tol <= 1e-9 and abs_tol == 0:
-        return "which is not exactly right"
-    if abs_tol and rel_tol <= 1e-9:
-        return f"which is not within ±{fmt_number(abs_tol)} of the right value"
-    if not abs_tol:
-        return f"which is not within {rel_tol:.2%} of the right value"
-    return f"which is not within ±{fmt_number(abs_tol)} or {rel_tol:.2%} of the right value"
+    bounds = ([f"±{fmt_number(abs_tol)}"] if abs_tol else []) + ([f"{rel_tol:.2%}"] if rel_tol > 1e-9 else [])
+    return f"which is not within {' or '.join(bounds)} of the right value" if bounds else "which is not exactly right"
 
 
 # (factor, what it is, whether only a quantity in bytes can suffer it)
@@ -95,12 +87,10 @@ def units_slip(got: float, want: float, unit: str | None = None) -> str:
     """Name the units slip that explains `got` exactly (a remark, never the right value), or ""."""
     if got == 0 or want == 0 or (got < 0) != (want < 0):
         return ""
-    in_bytes = unit is None or unit.strip() in _BYTE_UNITS
+    ratio, in_bytes = got / want, unit is None or unit.strip() in _BYTE_UNITS
     for factor, name, bytes_only in _SLIPS:
-        if bytes_only and not in_bytes:
-            continue
-        if any(math.isclose(got / want, f, rel_tol=1e-6) for f in (factor, 1 / factor)):
-            return f"Your answer is off by what looks like {name}" + ("" if name.endswith("?") else ".")
+        if (in_bytes or not bytes_only) and any(math.isclose(ratio, f, rel_tol=1e-6) for f in (factor, 1 / factor)):
+            return sentence(f"Your answer is off by what looks like {name}")
     return ""
 
 
@@ -144,22 +134,18 @@ def _difference(got, want, rel_tol, abs_tol, at) -> str:
             return f"{echo(got)}{where} where a sequence of {len(want)} was expected"
         if len(got) != len(want):
             return f"{len(got)} items{where} where {len(want)} were expected"
-        for i, (g, w) in enumerate(zip(got, want)):
-            problem = _difference(g, w, rel_tol, abs_tol, f"{at}[{i}]")
-            if problem:
-                return problem
-        return ""
+        return _first(_difference(g, w, rel_tol, abs_tol, f"{at}[{i}]") for i, (g, w) in enumerate(zip(got, want)))
     if isinstance(want, frozenset):
         return "" if isinstance(got, frozenset) and got == want else f"{echo(got)}{where}"
     if isinstance(want, dict):
         if not isinstance(got, dict) or set(got) != set(want):
             return f"{echo(got)}{where} where a dict with the keys {sorted(map(str, want))} was expected"
-        for key in want:
-            problem = _difference(got[key], want[key], rel_tol, abs_tol, f"{at}[{key!r}]")
-            if problem:
-                return problem
-        return ""
+        return _first(_difference(got[key], want[key], rel_tol, abs_tol, f"{at}[{key!r}]") for key in want)
     return "" if got == want else f"{echo(got)}{where}"
+
+
+def _first(problems) -> str:
+    return next((p for p in problems if p), "")
 
 
 def _index(flat: int, shape: tuple) -> list[int]:
@@ -170,19 +156,13 @@ def _index(flat: int, shape: tuple) -> list[int]:
     return list(reversed(out))
 
 
-def _tolerances(spec: dict) -> tuple[float, float]:
-    return float(spec.get("rel_tol", 1e-9)), float(spec.get("abs_tol", 0.0))
+def _remark(got, spec: dict, rel: float, abs_: float) -> str:
+    """The remark of the first known mistake `got` matches (after a space), or ""."""
+    return next((" " + remark for wrong, remark in spec.get("mistakes", ())
+                 if close(got, wrong, max(rel, 1e-9), abs_)), "")
 
 
-def _remark(got, spec: dict) -> str:
-    rel, abs_ = _tolerances(spec)
-    for wrong, remark in spec.get("mistakes", ()):
-        if close(got, wrong, max(rel, 1e-9), abs_):
-            return " " + remark
-    return ""
-
-
-def _sentence(text: str) -> str:
+def sentence(text: str) -> str:
     text = text.rstrip()
     return text if text.endswith((".", "!", "?")) else text + "."
 
@@ -193,37 +173,34 @@ def verdict(got, spec: dict) -> None:
     if name:
         if name not in JUDGES:  # labsupport.course.harness registers them; check(), the registry and grade import it
             raise KeyError(f"no judge named {name!r}: labsupport.course.harness registers the named judges")
-        JUDGES[name](got, spec)
-        return
+        return JUDGES[name](got, spec)
     if "options" in spec:
-        _choice(got, spec)
-        return
+        return _choice(got, spec)
     want, what = spec["want"], spec.get("what")
-    rel, abs_ = _tolerances(spec)
+    rel, abs_ = float(spec.get("rel_tol", 1e-9)), float(spec.get("abs_tol", 0.0))
     if isinstance(want, numbers.Real) and not isinstance(want, bool):
         x = as_number(got, f"{what} returned a value that" if what else "your answer")
+        said = f"{what} returned {fmt_number(x)}" if what else f"your answer is {fmt_number(x)}"
         if spec.get("whole") and not x.is_integer():
-            raise Mismatch(f"{what or 'your answer'} {'returned' if what else 'is'} {fmt_number(x)}: it counts whole "
-                           "things, and a fraction of one is none.")
+            raise Mismatch(f"{said}: it counts whole things, and a fraction of one is none.")
         if math.isclose(x, want, rel_tol=rel, abs_tol=abs_):
             return
         floor = spec.get("at_least")
         if floor is not None and x < floor <= want:
-            raise Mismatch(f"{what or 'your answer'} {'returned' if what else 'is'} {fmt_number(x)}: it cannot be "
-                           f"below {fmt_number(floor)} (when nothing fits, the answer is {fmt_number(floor)}).")
-        shown = f"{what} returned {fmt_number(x)}" if what else f"you gave {fmt_number(x)}{spec.get('unit', '')}"
-        problem = f"{shown}, {tolerance_text(rel, abs_)}; it is too {'high' if x > want else 'low'}." if not what \
-            else f"{shown}, which is too {'high' if x > want else 'low'}."
-        remark = _remark(x, spec) or (" " + units_slip(x, want, spec.get("unit")) if units_slip(x, want, spec.get("unit")) else "")
-        raise Mismatch(problem + remark)
+            raise Mismatch(f"{said}: it cannot be below {fmt_number(floor)} (when nothing fits, the answer is "
+                           f"{fmt_number(floor)}).")
+        too = "too high" if x > want else "too low"
+        problem = (f"{said}, which is {too}." if what
+                   else f"you gave {fmt_number(x)}{spec.get('unit', '')}, {tolerance_text(rel, abs_)}; it is {too}.")
+        raise Mismatch(problem + (_remark(x, spec, rel, abs_) or f" {units_slip(x, want, spec.get('unit'))}".rstrip()))
     if isinstance(want, dict) and "keys" in spec:
-        _keys(got, spec)
-        return
+        return _keys(got, spec)
     if spec.get("unordered") and isinstance(got, (list, tuple)) and isinstance(want, (list, tuple)):
         got, want = _sorted(got), _sorted(want)
     problem = _difference(got, want, rel, abs_, "")
     if problem:
-        raise Mismatch(_sentence(f"{what + ' returned' if what else 'you gave'} {problem}") + _remark(got, spec))
+        raise Mismatch(sentence(f"{what + ' returned' if what else 'you gave'} {problem}")
+                       + _remark(got, spec, rel, abs_))
 
 
 def _sorted(items):
@@ -242,7 +219,7 @@ def _keys(got, spec: dict) -> None:
         sub = {"rel_tol": spec.get("rel_tol", 1e-9), "abs_tol": spec.get("abs_tol", 0.0),
                **spec["keys"].get(key, {}), "want": want[key]}
         try:
-            verdict(got[key], {**sub, "what": f"{what}[{key!r}]" if what else None} if what else sub)
+            verdict(got[key], {**sub, "what": f"{what}[{key!r}]"} if what else sub)
         except Mismatch as exc:
             text = str(exc)
             raise Mismatch(text if what else f"{key!r}: {text[0].lower()}{text[1:]}") from None
@@ -278,8 +255,6 @@ def _choice(got, spec: dict) -> None:
 
 def readable(spec: dict) -> dict:
     """A spec as stored (plain data: want, mistakes, after, keys) turned back into values to compare with."""
-    from labsupport.course.data import unplain
-
     out = dict(spec)
     if "want" in out:
         out["want"] = unplain(out["want"])
@@ -291,8 +266,6 @@ def readable(spec: dict) -> dict:
         out["keys"] = {k: readable(v) for k, v in out["keys"].items()}
     return out
 
-
-# --- a function's observations (labsupport.course.harness) -------------------------------------------------
 
 class Unfinished(Exception):
     """The function still raises the student copy's NotImplementedError: not attempted."""

@@ -1,13 +1,8 @@
 """What a checkoff is, and how a lab's grader module declares one (every lab; the staff side).
 
-Each lab's graders live in ``labsupport/course/checkoffs/labNN.py``, never in the student release nor
-where student code runs.  A module declares the lab's hidden givens once (`givens`; the lecture's are its
-source's givens cell) and each checkoff once: `value` (expected: a function of the givens, or `fixed=`
-and why), `choice`, or `function` over a generator of `case`s (inputs as plain data, their `want`).
-`forbid=` and `derive=` feed the scan's hint (labsupport.course.scan).  The build writes each
-checkoff's public part — title, hint, the lecture's expected value, the lab's own cases — into the
-lab's record (labsupport.course.record), all check() reads; the hidden givens and cases stay here.
-How to add one: COURSE_AUTHORING.md.
+A lab's graders, ``checkoffs/labNN.py``, never ship to students nor run where student code runs.  They declare
+the lab's hidden `givens` and each checkoff once (`value`, `choice`, or `function` over `case`s); the build
+writes each checkoff's public part into the lab's record, all check() reads.  How to add one: COURSE_AUTHORING.md.
 """
 from __future__ import annotations
 
@@ -49,12 +44,9 @@ def case_rng(checkoff_id: str, secret: bytes | None = None, key: str = "") -> ra
     return random.Random(hashlib.sha256(material.encode()).digest())
 
 
-# --- givens -----------------------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class Givens:
     """A lab's givens: the lecture's values (what its givens cell binds) and a source of other ones."""
-
     lab: int
     lecture: dict
     hidden: Callable[[random.Random], dict]
@@ -93,17 +85,11 @@ def givens_cell(source: str, where: str = "the givens cell") -> dict:
     return bound
 
 
-def lab_source(lab: int) -> Path | None:
-    found = sorted((ROOT / "solutions").glob(f"{lab:02d}_*.py"))
-    return found[0] if found else None
-
-
 def lecture_givens(lab: int) -> dict:
     """The lecture's givens of lab `lab`: its source's givens cell (the one declaration), else its record."""
-    source = lab_source(lab)
+    source = min((ROOT / "solutions").glob(f"{lab:02d}_*.py"), default=None)
     if source is not None:
-        cells = re.split(r"^# %%", source.read_text(encoding="utf-8"), flags=re.M)
-        for cell in cells:
+        for cell in re.split(r"^# %%", source.read_text(encoding="utf-8"), flags=re.M):
             header, _, body = cell.partition("\n")
             if re.search(r"""tags=\[[^\]]*["']givens["']""", header):
                 return givens_cell(body, f"{source.name}, the givens cell")
@@ -115,30 +101,20 @@ def lecture_givens(lab: int) -> dict:
 
 def givens(*, hidden: Callable[[random.Random], dict], lab: int | None = None,
            lecture: dict | None = None) -> types.SimpleNamespace:
-    """Declare the calling lab's hidden givens; returns the lecture's as a namespace (``G.S_MAX``).
-
-    The lecture's values come from the lab source's givens cell (`lecture` only for a lab with no source)."""
-    lab = _lab_of_caller() if lab is None else lab
+    """Declare the calling lab's hidden givens; returns the lecture's (from its source's givens cell, or
+    `lecture` for a lab with no source) as a namespace, ``G.S_MAX``."""
+    if lab is None:
+        found = re.search(r"lab(\d+)$", _module())
+        if not found:
+            raise ValueError("declare givens and checkoffs from a lab's grader module (labNN.py)")
+        lab = int(found[1])
     GIVENS[lab] = Givens(lab, dict(lecture) if lecture is not None else lecture_givens(lab), hidden)
     return namespace(GIVENS[lab].lecture)
 
 
-def _lab_of_caller() -> int:
-    frame = inspect.currentframe()
-    while frame is not None and frame.f_globals.get("__name__") == __name__:
-        frame = frame.f_back
-    found = re.search(r"lab(\d+)$", frame.f_globals.get("__name__", "") if frame else "")
-    if not found:
-        raise ValueError("declare givens and checkoffs from a lab's grader module (labNN.py)")
-    return int(found[1])
-
-
-# --- checkoffs -----------------------------------------------------------------------------------------
-
 @dataclass
 class Case:
     """One case of a function checkoff: its inputs (plain data once written), what it must give, and remarks."""
-
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     want: Any = None
@@ -155,7 +131,8 @@ class Case:
         return {**out, "after": list(self.after)} if self.after else out
 
     def public_spec(self, name: str) -> dict:
-        spec = {**self.spec, "want": data.plain(self.want), "what": self.what or f"{name}({shown(self.args, self.kwargs)})"}
+        what = self.what or f"{name}({shown(self.args, self.kwargs)})"
+        spec = {**self.spec, "want": data.plain(self.want), "what": what}
         if "mistakes" in spec:
             spec["mistakes"] = [[data.plain(w), r] for w, r in spec["mistakes"] if r]
         if "after" in spec:
@@ -165,10 +142,8 @@ class Case:
 
 def case(*args, want=None, what: str = "", kwargs: dict | None = None, after: dict | None = None,
          harness: str = "", data=None, **spec) -> Case:
-    """A function checkoff's case: ``case(7, 16, want=9, mistakes=[(16, "a whole block")])``.
-
-    `after` maps an argument's position to the state the call must leave it in; `harness` names a
-    driver of labsupport.course.harness that runs the function on `data` instead of one call."""
+    """A function checkoff's case: ``case(7, 16, want=9, mistakes=[(16, "a whole block")])``.  `after` maps an
+    argument's position to the state the call must leave it in; `harness` runs the function on `data` instead."""
     if after:
         spec["after"] = after
     return Case(tuple(args), dict(kwargs or {}), want, spec, what, tuple(sorted(after or ())), harness, data)
@@ -211,13 +186,12 @@ class Checkoff:
 
     @property
     def takes_givens(self) -> bool:
-        return self.kind == "value" and callable(self.expected) and len(inspect.signature(self.expected).parameters) == 1
+        return (self.kind == "value" and callable(self.expected)
+                and len(inspect.signature(self.expected).parameters) == 1)
 
     def expect(self, g=None):
         """The expected answer on givens `g` (the lecture's when None)."""
-        if self.kind == "choice":
-            return self.expected
-        if not callable(self.expected):
+        if self.kind == "choice" or not callable(self.expected):
             return self.expected
         if not self.takes_givens:
             return self.expected()
@@ -246,13 +220,11 @@ class Checkoff:
         return self.cases(rng) if self.kind == "function" else self.expect()
 
     def verdict(self, answer, prepared) -> None:
-        """Raise judge.Mismatch (or judge.Unfinished) unless `answer` passes: a value against `prepared`,
-        the expected answer; a function on `prepared`, a list of cases."""
+        """Raise judge.Mismatch or judge.Unfinished unless `answer` passes on `prepared` (expected value or cases)."""
         if self.kind != "function":
             spec = {**self.value_spec(), "want": sorted(prepared) if isinstance(prepared, (set, frozenset))
                     else data.plain(prepared)}
-            judge.verdict(data.parse(data.dumps(answer)), judge.readable(spec))
-            return
+            return judge.verdict(data.parse(data.dumps(answer)), judge.readable(spec))
         for c in prepared:
             judge.observed(data.reread(observe(answer, c.input())), judge.readable(c.public_spec(self.name)))
 
@@ -289,15 +261,14 @@ def _names(forbid: Iterable[str]) -> tuple[str, ...]:
 
 
 def value(checkoff_id: str, title: str, *, expected, hint: str, rel_tol: float = 1e-9, abs_tol: float = 0.0,
-          unit: str = "", mistakes: Iterable[tuple[Any, str]] | Callable = (), forbid: Iterable[str] = (), derive: str = "",
-          fixed: str = "", keys: dict | Callable | None = None, unordered: bool = False, whole: bool = False,
-          judge_name: str = "", **judge_data) -> Checkoff:
+          unit: str = "", mistakes: Iterable[tuple[Any, str]] | Callable = (), forbid: Iterable[str] = (),
+          derive: str = "", fixed: str = "", keys: dict | Callable | None = None, unordered: bool = False,
+          whole: bool = False, judge_name: str = "", **judge_data) -> Checkoff:
     """A value checked against `expected` (a function of the lab's givens, or of nothing when `fixed`).
 
-    A dict answer compares key by key: `keys` gives each key its own tolerance and mistakes.  `mistakes`
-    and `keys` may be functions of the givens, so that a re-run on hidden givens names a slip too.  An
-    answer no generic rule fits names a judge of labsupport.course.judge.JUDGES (`judge_name`), and
-    `judge_data` is the plain data that judge reads (options, remarks)."""
+    `keys` gives each key of a dict answer its own tolerance and mistakes; `mistakes` and `keys` may be
+    functions of the givens, so that hidden givens name a slip too.  `judge_name` names a judge of
+    judge.JUDGES for an answer no generic rule fits, and `judge_data` is the plain data it reads."""
     lab = int(validate_id(checkoff_id).split(".")[0])
     takes = callable(expected) and len(inspect.signature(expected).parameters) == 1
     if takes and lab not in GIVENS:
@@ -307,12 +278,8 @@ def value(checkoff_id: str, title: str, *, expected, hint: str, rel_tol: float =
                          "(lambda g: ...) or say in fixed= why this answer has nothing to vary")
     spec = {"rel_tol": rel_tol, "abs_tol": abs_tol, "unit": unit,
             "mistakes": mistakes if callable(mistakes) else [(w, r) for w, r in mistakes]}
-    if keys:
-        spec["keys"] = keys
-    spec.update({k: True for k, on in (("unordered", unordered), ("whole", whole)) if on})
-    if judge_name:
-        spec["judge"] = judge_name
-    spec.update(judge_data)
+    optional = {"keys": keys, "unordered": bool(unordered), "whole": bool(whole), "judge": judge_name}
+    spec.update({k: v for k, v in optional.items() if v}, **judge_data)
     return register(Checkoff(checkoff_id, title, hint, "value", _module(), _names(forbid), derive, fixed.strip(),
                              expected, spec))
 

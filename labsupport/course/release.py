@@ -108,11 +108,11 @@ def write_release(out: Path) -> dict:
         for path in [*notebooks, *_data_files(), *(ROOT / name for name in TOP_FILES if (ROOT / name).is_file())]:
             (staging / path.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, staging / path.relative_to(ROOT))
+        readme = (ROOT / "README.md").read_text(encoding="utf-8") if (ROOT / "README.md").is_file() else ""
+        _write(staging / "README.md", RELEASE_NOTE + without_missing_links(readme, staging))
         for name in STUDENT_GUIDES:
             if (ROOT / name).is_file():
                 _write(staging / name, unlinked((ROOT / name).read_text(encoding="utf-8"), staging))
-        readme = (ROOT / "README.md").read_text(encoding="utf-8") if (ROOT / "README.md").is_file() else ""
-        _write(staging / "README.md", RELEASE_NOTE + without_missing_links(readme, staging))
         _write(staging / "tests" / "test_release.py", RELEASE_TEST)
         if out.exists():
             out.rmdir()
@@ -124,7 +124,8 @@ def write_release(out: Path) -> dict:
 
 
 def _missing(target: str, folder: Path) -> bool:
-    return "://" not in target and not (folder / target).exists()
+    """A link to a file the release leaves out (the README and the guides count as in: each is written once)."""
+    return "://" not in target and target not in ("README.md", *STUDENT_GUIDES) and not (folder / target).exists()
 
 
 def unlinked(markdown: str, folder: Path) -> str:

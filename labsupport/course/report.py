@@ -1,10 +1,9 @@
 """The grade's reports: the table, JSON, the gradebook CSV and Gradescope's results.json (every lab).
 
-Everything a report holds that came from a notebook — values, type names, messages, file and
-folder names in any encoding — goes through `safe` first: lone surrogates, control characters and
-bidirectional overrides become visible escapes, so writing a report never fails on a row's content
-and no row can disguise itself or another.  Files are written to a fresh private folder beside the
-target and renamed into place.
+Everything a report holds that came from a notebook (values, type names, messages, file and folder names in
+any encoding) goes through `safe` first: lone surrogates, control characters and bidirectional overrides become
+visible escapes, so writing a report never fails on a row's content and no row can disguise itself or another.
+Files are written in a fresh private folder beside the target and renamed into place.
 """
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
-SYMBOLS = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⬜"}
+from labsupport.course.checkoff import FAILED, NOT_ATTEMPTED, PASSED, SYMBOLS
 MAX_TEXT_CHARS = 2000  # of one detail or error a report keeps
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
 
@@ -60,20 +58,13 @@ class NotebookGrade:
     notes: list[str] = field(default_factory=list)
     checkoffs: list[CheckoffResult] = field(default_factory=list)
 
+    # counted, never stored: the checkoffs are appended as they are judged
+    passed = property(lambda self: sum(c.status == PASSED for c in self.checkoffs))
+    failed = property(lambda self: sum(c.status == FAILED for c in self.checkoffs))
+    total = property(lambda self: len(self.checkoffs))
+
     def __post_init__(self):
         self.path, self.student = safe_path(self.path), safe(self.student, 200)
-
-    @property
-    def passed(self) -> int:
-        return sum(c.status == PASSED for c in self.checkoffs)
-
-    @property
-    def failed(self) -> int:
-        return sum(c.status == FAILED for c in self.checkoffs)
-
-    @property
-    def total(self) -> int:
-        return len(self.checkoffs)
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -121,10 +112,11 @@ def rows(grades: list[NotebookGrade]) -> tuple[list[str], list[dict]]:
     for g in grades:
         if g.not_graded:
             continue
-        notes = [safe(n) for n in g.notes] + [f"also handed in {o.path} (not graded)" for o in skipped.get((g.student, g.lab), [])]
+        notes = [safe(n) for n in ([g.error] if g.error else []) + g.notes]
+        notes += [f"also handed in {o.path} (not graded)" for o in skipped.get((g.student, g.lab), [])]
         row = {"student": _cell(g.student), "lab": "" if g.lab is None else f"{g.lab:02d}", "notebook": _cell(g.path),
                "passed": g.passed, "total": g.total, "score": f"{g.passed}/{g.total}",
-               "error": _cell("; ".join([safe(g.error), *notes] if g.error else notes))}
+               "error": _cell("; ".join(notes))}
         row.update({c.id: c.status for c in g.checkoffs})
         out.append(row)
     return header, out

@@ -14,6 +14,7 @@ here and nothing here knows an expected value.  Events:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -168,10 +169,8 @@ def warm() -> None:
     import importlib
 
     for name in WARM:
-        try:
+        with contextlib.suppress(Exception):  # a library that is not there is the notebook's business
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a library that is not there is the notebook's business
-            pass
 
 
 def single_threaded() -> bool:
@@ -250,10 +249,8 @@ def wait(pid: int, deadline: float) -> str:
             return ""
         if time.monotonic() > deadline:
             for target in (-pid, pid):
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(target, signal.SIGKILL)
-                except OSError:
-                    pass
             os.waitpid(pid, 0)
             return "timeout"
         time.sleep(0.05)

@@ -15,6 +15,7 @@ against a fresh computation).
 """
 from __future__ import annotations
 
+import functools
 import html
 import json
 import math
@@ -26,7 +27,6 @@ from typing import Sequence
 import plotly.graph_objects as go
 
 from labsupport import ledger
-from labsupport.cli import ledger as staff_ledger
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LLAMA3_70B, KiB
 from labsupport.viz import FONT_SIZE, PALETTE, TITLE_SIZE, styled
 
@@ -387,8 +387,14 @@ class Segment:
     lab: str = ""
 
 
+@functools.cache
 def _segments() -> tuple[Segment, ...]:
-    """The timing plan, with every number on the board computed by the ledger (printed figure beside)."""
+    """The timing plan, with every number on the board computed by the ledger (printed figure beside).
+
+    Made on first use, not on import: the ledger command's whole-scenario answers are staff-only (not in the
+    student release, masked while grading), and lab 08 imports this module for its map of Part II."""
+    from labsupport.cli import ledger as staff_ledger
+
     r = staff_ledger.compute(staff_ledger.Scenario())
     kv, budget = r["kv_bytes_per_token"], r["kv_budget_bytes"]
     seq_bytes = r["seq_tokens"] * kv
@@ -481,7 +487,10 @@ def _segments() -> tuple[Segment, ...]:
     )
 
 
-SEGMENTS: tuple[Segment, ...] = _segments()
+def __getattr__(name: str):
+    if name == "SEGMENTS":
+        return _segments()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _board_picture(index: int, data: dict):
@@ -524,7 +533,7 @@ def _board_picture(index: int, data: dict):
         import ipywidgets as widgets
 
         return [widgets.HTML(map_board_html(map_rows(data["map"])))]
-    raise IndexError(f"segment index must be 0..{len(SEGMENTS) - 1}, got {index}")
+    raise IndexError(f"segment index must be 0..{len(_segments()) - 1}, got {index}")
 
 
 def swap_recompute_figure(seq_tokens: int = 4096) -> go.Figure:
@@ -569,9 +578,9 @@ class SegmentView:
     def __init__(self, index: int, data: dict | None = None):
         import ipywidgets as widgets
 
-        if not 0 <= index < len(SEGMENTS):
-            raise IndexError(f"segment index must be 0..{len(SEGMENTS) - 1}, got {index}")
-        self.segment = SEGMENTS[index]
+        if not 0 <= index < len(_segments()):
+            raise IndexError(f"segment index must be 0..{len(_segments()) - 1}, got {index}")
+        self.segment = _segments()[index]
         self.pictures = _board_picture(index, data if data is not None else load_board_data())
         parts = [widgets.HTML(segment_header_html(self.segment))]
         for p in self.pictures:
