@@ -99,8 +99,6 @@ def build_bundle(out: Path, lab: int | None = None, timeout: int = 300, traces: 
     return [*scripts, *(arc for _, arc in files)]
 
 
-# --- inside the container -----------------------------------------------------------------------------------
-
 def run(root: Path, lab: int | None = None, timeout: int = 300, mode: str = "container") -> dict:
     """Grade ``root/submission`` into ``root/results/results.json``; whatever happens, a results.json is written."""
     start = time.time()

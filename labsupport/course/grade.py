@@ -110,8 +110,6 @@ def read_notebook(path: Path) -> Notebook:
     return Notebook(path, code)
 
 
-# --- what one sandbox sent back --------------------------------------------------------------------------
-
 @dataclass
 class Run:
     """One run's answers (the last one per checkoff id), its errors per cell, and where it got to."""
@@ -145,8 +143,6 @@ def runs_of(events: list, count: int) -> list[Run]:
         run.answers = {**shared.answers, **run.answers}
     return runs
 
-
-# --- grading ------------------------------------------------------------------------------------------------
 
 @dataclass
 class Plan:
@@ -335,8 +331,6 @@ def _hinted(text: str, hint: str) -> str:
     return f"{text}\nHint: {hint}"
 
 
-# --- a class at a time ---------------------------------------------------------------------------------------
-
 @dataclass
 class Submission:
     path: Path
@@ -451,8 +445,6 @@ def grade_all(grader: Grader, submissions: list[Submission], jobs: int = 1, prog
                 on_done([r for r in results if r is not None])
     return [r for r in results if r is not None]
 
-
-# --- command line --------------------------------------------------------------------------------------------
 
 def whole_number(low: int, high: float, wants: str):
     """An argparse type: a whole number in [low, high]; else the error "<wants>, got '<text>'"."""

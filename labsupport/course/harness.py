@@ -50,7 +50,6 @@ def time_limit(seconds: float | None):
 
 
 def observe(fn, case: dict, seconds: float | None = CASE_SECONDS) -> dict:
-    """What `fn` does on one case (plain data, see the module's docstring)."""
     try:
         with time_limit(seconds):
             if "harness" in case:
@@ -102,12 +101,10 @@ def _matching(got, spec) -> None:
     if isinstance(want, dict):
         if not isinstance(got, dict):
             raise Mismatch(f"answer with a dict from each {noun} to its match; you gave {echo(got)}.")
-        for key in got:
-            if _normal(key) not in want:
-                raise Mismatch(f"{echo(key)} is not one of the {noun}s: {', '.join(want)}.")
+        if stray := [k for k in got if _normal(k) not in want]:
+            raise Mismatch(f"{echo(stray[0])} is not one of the {noun}s: {', '.join(want)}.")
         answer = {_normal(k): v for k, v in got.items()}
-        missing = [k for k in want if k not in answer]
-        if missing:
+        if missing := [k for k in want if k not in answer]:
             raise Mismatch(f"{len(missing)} of the {len(want)} {noun}s {'is' if len(missing) == 1 else 'are'} "
                            f"missing: {', '.join(missing)}.")
         pairs = [(k, answer[k], want[k]) for k in want]
@@ -119,8 +116,7 @@ def _matching(got, spec) -> None:
     for key, value, _ in pairs:
         if _normal(value) not in options:
             raise Mismatch(f"{noun} {key}: {echo(value)} is not one of{listed}.")
-    wrong = [(k, _normal(v)) for k, v, w in pairs if _normal(v) != _normal(w)]
-    if wrong:
+    if wrong := [(k, _normal(v)) for k, v, w in pairs if _normal(v) != _normal(w)]:
         remarks = " ".join(spec.get("remarks", {}).get(f"{k}={v}", "") for k, v in wrong).strip()
         raise Mismatch(f"{len(wrong)} of the {len(pairs)} {'is' if len(wrong) == 1 else 'are'} not right "
                        f"({', '.join(k for k, _ in wrong)})." + (f" {remarks}" if remarks else ""))
@@ -197,8 +193,7 @@ def raise_if_unfinished(fn) -> None:
         source = inspect.getsource(fn)
     except (OSError, TypeError):
         return
-    found = re.search(r'raise\s+NotImplementedError\(\s*("(?:[^"\\\n]|\\.)*")', source)
-    if found:
+    if found := re.search(r'raise\s+NotImplementedError\(\s*("(?:[^"\\\n]|\\.)*")', source):
         message = found[1]
         with contextlib.suppress(ValueError):
             message = json.loads(found[1])
@@ -246,7 +241,6 @@ def kernel_case_tensors(case: dict, device=None):
 
 
 def _kernel_run(kernel, fn, *args) -> dict:
-    """One labsupport kernel run with `fn` compiled in as its address line."""
     try:
         return {"result": kernel(*args, token_offset_fn=fn)}
     except NotImplementedError:

@@ -1,5 +1,6 @@
 """Models and cards the labs never show, for the function checkoffs' hidden cases: `grade` seeds them
 from a secret per run, so constants tuned to the lecture's presets cannot pass (a notebook uses a public seed).
+Also the KV and weight arithmetic several labs' graders share.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from labsupport.specs import GB, GPUSpec, ModelSpec
 _HEADS = (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
 _HEAD_DIMS = (16, 32, 48, 64, 80, 96, 128, 160, 192, 256)
 _MEMORIES_GB = (8, 12, 16, 24, 32, 40, 48, 64, 80, 94, 96, 128, 141, 180, 192, 288)
+RESERVE = 4 * GB  # the lecture's reserve for activations and workspace: 80 - 13.48 - 4 = 62.52 GB of KV on an H100
 
 
 def random_model(rng: random.Random, *, max_params: float = 4e11) -> ModelSpec:
@@ -36,8 +38,32 @@ def random_pair(rng: random.Random, *, fits: bool | None = None, max_params: flo
     """A model and a card; `fits=True` keeps the weights (plus a 4 GB reserve) inside the card's memory."""
     for _ in range(200):
         model, gpu = random_model(rng, max_params=max_params), random_gpu(rng)
-        room = gpu.hbm_bytes - model.weight_bytes - 4 * GB
+        room = gpu.hbm_bytes - model.weight_bytes - RESERVE
         if fits is None or (room > 0) == fits:
             return model, gpu
     return model, gpu
 
+
+# The graders' own KV and weight arithmetic (labs 01, 02, 03, 06, 07, 08), not read from ModelSpec or the ledger.
+def givens_kv(g, kv_heads: int | None = None) -> int:
+    """KV bytes per token on a lab's givens (LAYERS, KV_HEADS, HEAD_DIM, DTYPE_BYTES), or on `kv_heads` KV heads."""
+    return 2 * g.LAYERS * (g.KV_HEADS if kv_heads is None else kv_heads) * g.HEAD_DIM * g.DTYPE_BYTES
+
+
+def kv_per_token(m: ModelSpec) -> int:
+    return 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
+
+
+def weight_bytes(m: ModelSpec) -> float:
+    return m.num_params * m.dtype_bytes
+
+
+def kv_blocks(model: ModelSpec, gpu: GPUSpec, block_size: int, reserve: float = RESERVE, util: float = 1.0) -> int:
+    """Whole blocks (or slots) in what `util` of the card leaves after the weights and `reserve`; none if nothing."""
+    kv_cache = util * gpu.hbm_bytes - weight_bytes(model) - reserve
+    return max(0, math.floor(kv_cache / (block_size * kv_per_token(model))))
+
+
+def tpot_batch(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, slo: float) -> int:
+    """The largest whole batch whose memory-bound step (every weight, each sequence's KV) meets the TPOT `slo`."""
+    return max(0, math.floor((slo * gpu.hbm_bandwidth - weight_bytes(model)) / (seq_tokens * kv_per_token(model))))

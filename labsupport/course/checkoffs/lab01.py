@@ -1,12 +1,11 @@
 """Lab 01 checkoffs: §10.1's five jobs, and Lecture 2's collision of 295 against 29."""
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
-from labsupport.course.checkoffs._hidden import random_pair
+from labsupport.course.checkoffs._hidden import kv_blocks, random_pair
 from labsupport.course.registry import case, choice, function, value
-from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
+from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 JOBS = ("admit", "allocate", "batch", "run", "stream")
 # What each job hands out (§10.1); "places" in the next forward pass, so that no option spells out a job.
@@ -78,10 +77,8 @@ def _memory_batch(rng):
               for _ in range(5)]
     cases.append((*random_pair(rng, fits=False), 4096))  # the weights leave nothing: zero sequences
     for model, gpu, s_max in cases:
-        kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
-        budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4 * GB
-        yield case(model, gpu, s_max, want=max(0, math.floor(budget / (s_max * kv_per_token))), whole=True,
-                   at_least=0, what=f"memory_batch({model.name}, {gpu.name}, s_max={s_max})")
+        yield case(model, gpu, s_max, want=kv_blocks(model, gpu, s_max), whole=True, at_least=0,
+                   what=f"memory_batch({model.name}, {gpu.name}, s_max={s_max})")
 
 
 choice(

@@ -8,16 +8,13 @@ import math
 import random
 
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
+from labsupport.course.checkoffs._hidden import givens_kv as _kv
 from labsupport.course.data import live
 from labsupport.course.registry import case, choice, function, givens, namespace, value
 
 
-def _kv(g, kv_heads=None) -> int:
-    return 2 * g.LAYERS * (g.KV_HEADS if kv_heads is None else kv_heads) * g.HEAD_DIM * g.DTYPE_BYTES
-
-
-def _budget(g, reserve=None) -> int:
-    return g.HBM_BYTES - g.PARAMS * g.DTYPE_BYTES - (g.RESERVE_BYTES if reserve is None else reserve)
+def _budget(g) -> int:
+    return g.HBM_BYTES - g.PARAMS * g.DTYPE_BYTES - g.RESERVE_BYTES
 
 
 def _hidden(rng: random.Random) -> dict:
@@ -71,8 +68,8 @@ def _internal(g, budget=None) -> float:
     return _slots(g, g.S_MAX, _kv(g), budget) * (g.S_MAX - g.PROMPT - g.OUTPUT) * _kv(g) / budget
 
 
-_GIB_RESERVE = _budget(G, 4 * 2**30)  # the reserve read as 4 GiB: 28 slots
-_G_GIB = namespace(dict(vars(G), RESERVE_BYTES=4 * 2**30))  # the lecture's givens with that slip
+_G_GIB = namespace(dict(vars(G), RESERVE_BYTES=4 * 2**30))  # the lecture's givens with the reserve read as 4 GiB
+_GIB_RESERVE = _budget(_G_GIB)  # its budget: 28 slots
 _GIB_REMARK = "That reads the 4 GB reserve as 4 GiB (4,294,967,296 B); the reserve, like the card, is decimal GB."
 
 value(
@@ -138,10 +135,9 @@ def _utilization(rng: random.Random):
     cases = []
     for kv, s_max, budget in configs:
         alloc = live(ReserveToMaxAllocator, int(budget // kv), s_max, kv_bytes_per_token=kv)
-        held: dict[int, int] = {}
-        for sid in range(alloc.real.max_seqs):
-            held[sid] = rng.randint(0, s_max // 2)
-            alloc.allocate(sid, num_tokens=held[sid])
+        held = {sid: rng.randint(0, s_max // 2) for sid in range(alloc.real.max_seqs)}
+        for sid, tokens in held.items():
+            alloc.allocate(sid, num_tokens=tokens)
         for sid in rng.sample(sorted(held), len(held) // 3):  # some finish, leaving free slots
             alloc.free(sid)
             del held[sid]

@@ -62,8 +62,7 @@ def _address_cases(rng: random.Random):
         table = _random_tables(gen, batch, blocks_per_seq, 3 * batch * blocks_per_seq + 5)
         lens = [max_len] + torch.randint(1, max_len + 1, (batch - 1,), generator=gen).tolist()
         cases.append((table, lens, block_size, block_size * hkv * d, hkv * d))
-    table = _random_tables(gen, 2, 3, 0, high=True)
-    cases.append((table, [48, 33], 16, 16 * 8 * 128, 8 * 128))  # offsets around 3.5e13 elements
+    cases.append((_random_tables(gen, 2, 3, 0, high=True), [48, 33], 16, 16 * 8 * 128, 8 * 128))  # offsets ~3.5e13
     return cases
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from labsupport.course.checkoffs._hidden import random_pair
+from labsupport.course.checkoffs._hidden import kv_per_token, random_pair
 from labsupport.course.registry import case, function, givens, namespace, value
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B, ModelSpec
 
@@ -15,7 +15,7 @@ _FP32_SMALL = ModelSpec("tiny-fp32", 4, 4, 2, 32, 0.8e6, dtype_bytes=4)
 
 
 def _kv_bytes(model: ModelSpec, tokens: int) -> float:
-    return tokens * 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+    return tokens * kv_per_token(model)
 
 
 def _prefill_flops(model: ModelSpec, tokens: int, attention_coef: int = 4, heads: int | None = None) -> float:
@@ -54,10 +54,8 @@ _CAUSAL_61 = ("You counted attention causally, each query against only the keys 
 )
 def _breakeven_bandwidth(rng):
     cases = [(model, tokens, GPUS[gpu], mfu) for model, tokens, gpu, mfu in _BREAKEVEN_CASES]
-    for _ in range(6):
-        model, gpu = random_pair(rng)
-        cases.append((model, rng.choice((1, 100, 640, 4096, 20_000, 100_000)), gpu,
-                      rng.choice((0.2, 0.35, 0.5, 0.8, 1.0))))
+    cases += [(model, rng.choice((1, 100, 640, 4096, 20_000, 100_000)), gpu, rng.choice((0.2, 0.35, 0.5, 0.8, 1.0)))
+              for model, gpu in (random_pair(rng) for _ in range(6))]
     for model, tokens, gpu, mfu in cases:
         want = _breakeven(model, tokens, gpu.peak_flops, mfu)
         # first match wins: the causal count first (at 4K tokens its ratio, 1.07, looks like a GB/GiB slip)
@@ -124,7 +122,6 @@ def _preemption_plan(rng):
 
 
 def _models(g) -> tuple[ModelSpec, ModelSpec]:
-    """(the MHA model, its GQA form): they share every field but the KV heads."""
     mha = ModelSpec("givens-mha", g.LAYERS, g.HEADS, g.HEADS, g.HEAD_DIM, g.PARAMS, dtype_bytes=g.DTYPE_BYTES)
     return mha, replace(mha, name="givens-gqa", num_kv_heads=g.GQA_KV_HEADS)
 

@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import math
 
-from labsupport.course.checkoffs._hidden import random_pair
+from labsupport.course.checkoffs._hidden import kv_blocks, kv_per_token, random_pair, tpot_batch, weight_bytes
 from labsupport.course.data import live
 from labsupport.course.harness import engine_requests
 from labsupport.course.registry import case, choice, function
-from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
+from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
-_RESERVE = 4 * GB  # activations and workspace, as in the lecture's 80 - 13.48 - 4 = 62.52 GB
 _POOL = ("labsupport.ledger.paged_concurrency", "labsupport.viz.slo.memory_ceiling")
-
-
-def _kv_per_token(m) -> int:
-    return 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
-
-
-def _weights(m) -> float:
-    return m.num_params * m.dtype_bytes
-
-
-def _blocks(model, gpu, block_size, reserve=_RESERVE) -> int:
-    return max(0, math.floor((gpu.hbm_bytes - _weights(model) - reserve) / (block_size * _kv_per_token(model))))
 
 
 _TPOT_CASES = [(LECTURE_7B, "h100", 186, 640), (LECTURE_7B, "h100", 1, 640), (LECTURE_7B, "h100", 29, 640),
@@ -45,16 +32,16 @@ def _tpot(rng):
     cases = [(model, GPUS[name], batch, seq) for model, name, batch, seq in _TPOT_CASES]
     cases += [(*random_pair(rng), rng.randint(1, 1000), rng.randint(1, 100_000)) for _ in range(6)]
     for model, gpu, batch, seq in cases:
-        kv_all = batch * seq * _kv_per_token(model)
-        want = (_weights(model) + kv_all) / gpu.hbm_bandwidth
+        kv_all = batch * seq * kv_per_token(model)
+        want = (weight_bytes(model) + kv_all) / gpu.hbm_bandwidth
         # at B = 1 the slips are other slips' numbers too (the weights once per sequence is once): no remark there
         mistakes = [] if batch <= 1 else [
-            ((batch * _weights(model) + kv_all) / gpu.hbm_bandwidth,
+            ((batch * weight_bytes(model) + kv_all) / gpu.hbm_bandwidth,
              "That streams the weights once per sequence; one step reads each weight once and every sequence in "
              "the batch uses it."),
             (kv_all / gpu.hbm_bandwidth, "That leaves out the weights, which every step streams too."),
-            (_weights(model) / gpu.hbm_bandwidth, "That leaves out the KV of the B sequences in the step."),
-            ((_weights(model) + kv_all * model.num_heads / model.num_kv_heads) / gpu.hbm_bandwidth,
+            (weight_bytes(model) / gpu.hbm_bandwidth, "That leaves out the KV of the B sequences in the step."),
+            ((weight_bytes(model) + kv_all * model.num_heads / model.num_kv_heads) / gpu.hbm_bandwidth,
              "That reads the KV of every query head; the cache holds only the KV heads (GQA shares them).")]
         yield case(model, gpu, batch, seq, want=want, rel_tol=1e-6, mistakes=mistakes,
                    what=f"tpot({model.name}, {gpu.name}, batch={batch}, seq_tokens={seq})")
@@ -81,14 +68,13 @@ def _max_batch(rng):
     cases = [(model, GPUS[name], seq, slo, bs) for model, name, seq, slo, bs in _MAX_BATCH_CASES]
     for _ in range(6):
         model, gpu = random_pair(rng, fits=True)
-        weights_s = _weights(model) / gpu.hbm_bandwidth  # SLOs around the weights' own read time
+        weights_s = weight_bytes(model) / gpu.hbm_bandwidth  # SLOs around the weights' own read time
         cases.append((model, gpu, rng.randint(16, 20_000), round(weights_s * rng.uniform(0.8, 6.0), 6),
                       rng.choice((1, 8, 16, 32, 128))))
     for model, gpu, seq, slo, bs in cases:
-        memory = _blocks(model, gpu, bs) // math.ceil(seq / bs)
-        by_slo = max(0, math.floor((slo * gpu.hbm_bandwidth - _weights(model)) / (seq * _kv_per_token(model))))
+        want = min(kv_blocks(model, gpu, bs) // math.ceil(seq / bs), tpot_batch(model, gpu, seq, slo))
         # whole: a batch counts whole sequences; at_least: when nothing meets the SLO the answer is zero sequences
-        yield case(model, gpu, seq, slo, bs, want=min(memory, by_slo), whole=True, at_least=0,
+        yield case(model, gpu, seq, slo, bs, want=want, whole=True, at_least=0,
                    what=f"max_batch({model.name}, {gpu.name}, seq_tokens={seq}, tpot_slo_s={slo}, block_size={bs})")
 
 
@@ -182,9 +168,8 @@ def _exercise5(rng):
     cases += [(*random_pair(rng), rng.randint(100, 60_000), rng.randint(1000, 2_000_000), rng.choice((1, 16, 64)))
               for _ in range(4)]
     for model, gpu, ctx, submitted, bs in cases:
-        kv, heads = _kv_per_token(model), model.num_heads / model.num_kv_heads
-        budget = gpu.hbm_bytes - _weights(model) - _RESERVE
-        want = {"peak_kv_bytes": ctx * kv, "sessions": _blocks(model, gpu, bs) // math.ceil(ctx / bs),
+        kv, heads = kv_per_token(model), model.num_heads / model.num_kv_heads
+        want = {"peak_kv_bytes": ctx * kv, "sessions": kv_blocks(model, gpu, bs) // math.ceil(ctx / bs),
                 "prefill_s": submitted * 2 * model.num_params / (0.5 * gpu.peak_flops)}
         peak = [[ctx * kv / 2, "That keeps one tensor; every layer caches a key and a value."]]
         if heads != 1:
@@ -192,9 +177,9 @@ def _exercise5(rng):
                                               "heads."])
         keys = {"peak_kv_bytes": {"rel_tol": 1e-6, "mistakes": peak},
                 "sessions": {"rel_tol": 1e-6, "mistakes": [
-                    [_blocks(model, gpu, bs, 0) // math.ceil(ctx / bs),
+                    [kv_blocks(model, gpu, bs, 0) // math.ceil(ctx / bs),
                      "That leaves out the 4 GB reserve for activations and workspace."],
-                    [max(0, math.floor(budget / (ctx * kv))),
+                    [kv_blocks(model, gpu, ctx),
                      "That divides the bytes by the session's bytes; a paged session holds whole blocks, so its last "
                      "block is held in full."]]},
                 "prefill_s": {"rel_tol": 1e-6, "mistakes": [

@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 
 from labsupport.block_allocator import BlockAllocator
-from labsupport.course.checkoffs._hidden import random_pair
+from labsupport.course.checkoffs._hidden import RESERVE, kv_blocks, random_pair, tpot_batch, weight_bytes
 from labsupport.course.registry import case, choice, function, value
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
-_ACTIVATIONS = 4 * GB  # the lecture's reserve for activations and workspace
 _BLOCKS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes", "labsupport.viz.slo.lecture_pool")
 
 
@@ -37,15 +36,6 @@ value(
 )
 
 
-def _kv_per_token(m) -> int:
-    return 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
-
-
-def _blocks_hand(model, gpu, util, block_size, activation_bytes=_ACTIVATIONS) -> int:
-    kv_cache = util * gpu.hbm_bytes - model.num_params * model.dtype_bytes - activation_bytes
-    return max(0, math.floor(kv_cache / (block_size * _kv_per_token(model))))
-
-
 _BLOCK_CASES = [(LECTURE_7B, "h100", 1.0, 16), (LECTURE_7B, "h100", 0.9, 16), (LECTURE_7B, "h100", 0.9, 32),
                 (LECTURE_7B_GQA8, "h100", 0.9, 16), (LLAMA3_8B, "a100-40gb", 0.92, 16), (LLAMA3_8B, "l4", 0.9, 16),
                 (LLAMA3_70B, "h200", 0.95, 16), (LLAMA3_70B, "h100", 0.9, 16), (LECTURE_7B, "t4", 0.9, 16)]
@@ -64,12 +54,10 @@ _BLOCK_CASES = [(LECTURE_7B, "h100", 1.0, 16), (LECTURE_7B, "h100", 0.9, 16), (L
 def _num_gpu_blocks(rng):
     cases = [(model, GPUS[name], util, bs, None) for model, name, util, bs in _BLOCK_CASES]
     cases.append((LECTURE_7B, GPUS["h100"], 0.9, 16, 1 * GB))
-    for _ in range(5):
-        model, gpu = random_pair(rng)
-        cases.append((model, gpu, rng.choice((0.5, 0.8, 0.9, 0.95, 1.0)), rng.choice((1, 8, 16, 32)),
-                      rng.choice((None, rng.randint(0, 8) * GB))))
+    cases += [(*random_pair(rng), rng.choice((0.5, 0.8, 0.9, 0.95, 1.0)), rng.choice((1, 8, 16, 32)),
+               rng.choice((None, rng.randint(0, 8) * GB))) for _ in range(5)]
     for model, gpu, util, bs, activation_bytes in cases:
-        want = _blocks_hand(model, gpu, util, bs, _ACTIVATIONS if activation_bytes is None else activation_bytes)
+        want = kv_blocks(model, gpu, bs, RESERVE if activation_bytes is None else activation_bytes, util)
         # the activation reserve is an argument, not a constant
         kwargs = {} if activation_bytes is None else {"activation_bytes": activation_bytes}
         tail = "" if activation_bytes is None else f", activation_bytes={activation_bytes:,.0f}"
@@ -96,14 +84,13 @@ def _max_num_seqs(rng):
         (LLAMA3_8B, "a100-80gb", 0.9, 1200, 0.030, 32), (LECTURE_7B, "h100", 0.9, 640, 0.003, 16))]
     for _ in range(5):
         model, gpu = random_pair(rng, fits=True)
-        weights_s = model.num_params * model.dtype_bytes / gpu.hbm_bandwidth
+        weights_s = weight_bytes(model) / gpu.hbm_bandwidth
         cases.append((model, gpu, rng.choice((0.8, 0.9, 1.0)), rng.randint(16, 20_000),
                       round(weights_s * rng.uniform(0.8, 6.0), 6), rng.choice((8, 16, 32))))
     for model, gpu, util, seq, slo, bs in cases:
-        kv = _kv_per_token(model)
-        memory = _blocks_hand(model, gpu, util, bs) // math.ceil(seq / bs)
-        by_slo = max(0, math.floor((slo * gpu.hbm_bandwidth - model.num_params * model.dtype_bytes) / (seq * kv)))
-        yield case(model, gpu, util, seq, slo, bs, want=min(memory, by_slo), whole=True, at_least=0,
+        memory = kv_blocks(model, gpu, bs, util=util) // math.ceil(seq / bs)
+        want = min(memory, tpot_batch(model, gpu, seq, slo))
+        yield case(model, gpu, util, seq, slo, bs, want=want, whole=True, at_least=0,
                    what=f"max_num_seqs_for({model.name}, {gpu.name}, gpu_memory_utilization={util}, "
                         f"seq_tokens={seq}, tpot_slo_s={slo}, block_size={bs})")
 
@@ -141,7 +128,6 @@ def _max_batched_tokens(rng):
 
 
 def _allocator_waste(lengths, block_size) -> float:
-    """Tail waste measured on the real block allocator: unfilled slots over allocated slots."""
     alloc = BlockAllocator(sum(-(-n // block_size) for n in lengths) + 1, block_size)
     for i, n in enumerate(lengths):
         alloc.allocate(i, n)
