@@ -90,11 +90,11 @@ def report() -> dict:
         info["triton_mode"] = "unavailable"
         problems.append("Triton was imported before labsupport with no GPU and no TRITON_INTERPRET: restart the "
                         "kernel and `import labsupport` first (it sets TRITON_INTERPRET=1 on CPU machines).")
-    try:
-        from labsupport.course.sandbox import Sandbox
-    except ModuleNotFoundError:  # the student release leaves the grading tooling out
+    if importlib.util.find_spec("labsupport.course.sandbox") is None:  # the student release leaves it out
         info["grading_isolation"] = "not in this copy (course staff grade with the full repository)"
     else:
+        from labsupport.course.sandbox import Sandbox
+
         sandbox = Sandbox.for_this_machine()  # as `grade` would run here
         info["grading_isolation"] = sandbox.describe() if sandbox else (
             "none: bubblewrap cannot run here, so `grade` refuses untrusted notebooks (--trusted runs them as you)")
