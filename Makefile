@@ -2,6 +2,7 @@
 #   make lab   - create .venv if missing, install, and open JupyterLab at the repository root, in notebooks/
 #                (instructors reach solutions/ and the board from the same file browser)
 #   make test  - the same install, then the whole test suite (unit tests, notebooks, a real browser)
+#   make test-fast - the same install, then the tests not marked slow or browser (a contributor's loop)
 # and two for instructors:
 #   make board   - JupyterLab on the board (notebooks/99_board.ipynb); its executed copy is solutions/99_board.ipynb
 #   make present - the board with no code on screen (Voila), live; NB=notebooks/06_engine_loop.ipynb for a lab
@@ -17,7 +18,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # The browser test drives Debian's Chromium; as root with apt-get, `make test` installs it when missing.
 CHROMIUM := $(firstword $(LABSUPPORT_CHROMIUM) $(shell command -v chromium chromium-browser google-chrome 2>/dev/null))
 
-.PHONY: lab board present test install chromium bubblewrap clean-venv
+.PHONY: lab board present test test-fast install chromium bubblewrap clean-venv
 
 install: $(STAMP) bubblewrap
 
@@ -73,6 +74,10 @@ bubblewrap:
 
 test: $(STAMP) chromium bubblewrap
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# the contributor's loop: everything not marked slow (notebook runs, grading batches) or browser; minutes, not half an hour
+test-fast: $(STAMP) bubblewrap
+	$(PY) -m pytest tests -m "not slow and not browser" $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
