@@ -178,6 +178,43 @@ class TokenEvent:
     finished: bool
 
 
+@dataclass(slots=True)
+class StepOutput:
+    """What one iteration of §10.5's loop did: `Engine.step` returns it, and None once nothing is left.
+
+    Streaming is a loop over it (`labsupport.viz.engine.stream_engine`).  An idle step (nobody to run,
+    the clock jumps to the next arrival) admits, preempts and emits nothing.
+    """
+
+    start: float
+    end: float
+    admitted: list[int]  # requests prefilled for the first time
+    recomputed: list[tuple[int, int]]  # (request, branch) prefilled again after a recompute preemption
+    swapped_in: list[tuple[int, int]]  # (request, branch) brought back from host memory
+    preempted: list[tuple[int, int, str]]  # (request, branch, "swap" or "recompute")
+    finished: list[int]  # requests whose last branch finished
+    num_tokens: int  # tokens emitted: one per prefilled branch, one per decoding sequence
+    # every token in emission order; None on the cost-model replay's fast path (no model, no
+    # on_token, record_token_times=False), which only counts them
+    tokens: list[TokenEvent] | None
+
+    @property
+    def idle(self) -> bool:
+        return self.num_tokens == 0 and not self.preempted
+
+    @classmethod
+    def of(cls, plan: "_Step", end: float, finished: list[int], tokens: list | None) -> "StepOutput":
+        admitted, recomputed, num_tokens = [], [], len(plan.decode)
+        for seq, children in plan.prefills:
+            num_tokens += 1 + len(children)
+            if seq.num_out == 1:  # its first token came from this prefill
+                admitted.append(seq.req.request_id)
+            else:
+                recomputed.append((seq.req.request_id, seq.branch))
+        return cls(plan.start, end, admitted, recomputed, plan.swapped_in, plan.preempted, finished, num_tokens,
+                   tokens)
+
+
 @dataclass
 class Counters:
     steps: int = 0
@@ -220,7 +257,7 @@ class _Step:
     """What one iteration has decided so far, phase by phase (`Engine.step`)."""
 
     __slots__ = ("start", "free", "decode", "prefills", "copies", "swap_bytes", "swap_blocks", "prefill_flops",
-                 "preempted")
+                 "preempted", "swapped_in")
 
     def __init__(self, start: float, free: int):
         self.start = start
@@ -231,7 +268,8 @@ class _Step:
         self.swap_bytes = 0  # bytes over the host link, both ways
         self.swap_blocks = 0  # the blocks those bytes were in (the cost model may charge each copy)
         self.prefill_flops = 0.0
-        self.preempted = False
+        self.preempted: list[tuple[int, int, str]] = []  # (request, branch, kind)
+        self.swapped_in: list[tuple[int, int]] = []
 
 
 # --- the engine ------------------------------------------------------------------------------------
@@ -403,8 +441,8 @@ class Engine:
         return len(self._swapped)
 
     # -- one iteration: §10.5's loop --------------------------------------------------------------
-    def step(self) -> bool:
-        """One iteration of §10.5's loop; returns False when there is nothing left to do.
+    def step(self) -> StepOutput | None:
+        """One iteration of §10.5's loop: what it did, or None when there is nothing left to do.
 
         Pick the batch and reserve the blocks it grows into (preempting when the pool runs dry),
         bring swapped-out sequences back, admit new arrivals behind the watermark, run one forward
@@ -415,9 +453,9 @@ class Engine:
         self._take_arrivals(start)
         if not (self._running or self._waiting or self._swapped):
             if not self._pending:
-                return False
+                return None
             self.clock = self._pending[0][0]  # idle: jump to the next arrival
-            return True
+            return StepOutput(start, self.clock, [], [], [], [], [], 0, [])
 
         plan = _Step(start, self.allocator.num_free_blocks)
         self._reserve_next_slots(plan)
@@ -431,11 +469,11 @@ class Engine:
         emitted = self._forward(plan)
         dt = self._step_seconds(plan, wall0)
         end = self.clock = start + dt
-        finished = self._stream(plan, emitted, end)
+        finished, tokens = self._stream(plan, emitted, end)
         batch = len(self._running)
-        self._retire(finished, end)
+        done = self._retire(finished, end)
         self._record(plan, dt, batch)
-        return True
+        return StepOutput.of(plan, end, done, tokens)
 
     def _take_arrivals(self, now: float) -> None:
         """Requests whose arrival time has come join the waiting queue at this step boundary (the
@@ -518,7 +556,7 @@ class Engine:
         self.counters.preemptions[kind] += 1
         seq.req.preemptions += 1
         plan.free += self.allocator.num_free_blocks - free_before
-        plan.preempted = True
+        plan.preempted.append((seq.req.request_id, seq.branch, kind))
         return seq
 
     def _swap_in(self, plan: "_Step") -> None:
@@ -540,6 +578,7 @@ class Engine:
             plan.free -= need
             bisect.insort(running, seq, key=_priority)
             plan.decode.append(seq)
+            plan.swapped_in.append((seq.req.request_id, seq.branch))
 
     def _admit(self, plan: "_Step") -> None:
         """Admit waiting requests first come first served while the free blocks stay at or above the
@@ -646,11 +685,12 @@ class Engine:
         context = sum(seq.num_cached for seq in plan.decode)  # tokens the decode batch attends to
         return self.cost_model.step_s(len(plan.decode), context, plan.prefill_flops, plan.swap_bytes, plan.swap_blocks)
 
-    def _stream(self, plan: "_Step", emitted, end: float) -> list[_Seq]:
-        """Each sequence of the step appends the token it emitted and streams it to `on_token`;
-        returns those that finished (max_new_tokens reached, or a stop token)."""
+    def _stream(self, plan: "_Step", emitted, end: float) -> tuple[list[_Seq], list[TokenEvent] | None]:
+        """Each sequence of the step appends the token it emitted and streams it to `on_token`; returns
+        those that finished (max_new_tokens reached, or a stop token) and the step's tokens."""
         if emitted is None and self.on_token is None and not self.record_token_times:
-            return self._count_tokens(plan, end)
+            return self._count_tokens(plan, end), None
+        tokens = []
         if emitted is None:  # no model: the tokens are counted, not known
             emitted = [(s, None) for seq, children in plan.prefills for s in (seq, *children)]
             emitted += [(seq, None) for seq in plan.decode]
@@ -669,11 +709,13 @@ class Engine:
             elif record:
                 seq.times.append(end)
             done = n >= seq.max_new or (tok is not None and tok in seq.req.sampling.stop_token_ids)
+            event = TokenEvent(seq.req.request_id, seq.branch, n - 1, tok, end, done)
+            tokens.append(event)
             if on_token is not None:
-                on_token(TokenEvent(seq.req.request_id, seq.branch, n - 1, tok, end, done))
+                on_token(event)
             if done:
                 finished.append(seq)
-        return finished
+        return finished, tokens
 
     def _count_tokens(self, plan: "_Step", end: float) -> list[_Seq]:
         """`_stream`'s fast path for the cost-model replay: no token ids, no callback, no per-token
@@ -694,9 +736,10 @@ class Engine:
                 seq.req.t_first = end
         return finished
 
-    def _retire(self, finished: list[_Seq], end: float) -> None:
+    def _retire(self, finished: list[_Seq], end: float) -> list[int]:
         """Finished sequences leave at the end of the step that finished them; their blocks serve
-        the next step's arrivals."""
+        the next step's arrivals.  Returns the requests this finished."""
+        done = []
         for seq in finished:
             seq.done = True
             seq.last_t = end
@@ -707,8 +750,10 @@ class Engine:
                 req.status = "finished"
                 req.t_finish = end
                 self._unfinished -= 1
+                done.append(req.request_id)
         if finished:
             self._running = [s for s in self._running if not s.done]
+        return done
 
     def _record(self, plan: "_Step", dt: float, batch: int) -> None:
         c = self.counters

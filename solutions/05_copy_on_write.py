@@ -30,6 +30,7 @@ from labsupport.engine import Engine
 from labsupport.kvcache import PagedKVCache
 from labsupport.model import load_tiny_model
 from labsupport.sampling import SamplingParams, sample_token
+from labsupport.sharing import fanout_in_pool, measure_fanout, measure_fork_cost, replay_prefix_cache
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, MiB
 from labsupport.units import fmt_gb
 from labsupport.viz import sharing as viz_sharing
@@ -182,12 +183,12 @@ print(f"{len({tuple(o) for o in outputs})} distinct continuations of {N_BRANCHES
 # How many blocks did that take? The engine records the blocks in use after every step. A branch
 # caches its prompt plus every output token but the last (the last one is emitted, never attended
 # to), so each branch holds $P + O - 1$ tokens at its peak. Compare the engine's peak with both ways
-# of counting on the allocator (`viz_sharing.measure_fanout` replays the fan-out on two real
+# of counting on the allocator (`labsupport.sharing.measure_fanout` replays the fan-out on two real
 # allocators, forked and unshared) and with the ledger's block formula:
 
 # %%
 P, O = len(fanout_prompt), NEW_TOKENS - 1
-measured = viz_sharing.measure_fanout(N_BRANCHES, P, O, BLOCK)
+measured = measure_fanout(N_BRANCHES, P, O, BLOCK)
 closed = ledger.fanout_blocks(N_BRANCHES, P, O, BLOCK)
 block_bytes = BLOCK * model.spec().kv_bytes_per_token
 print(f"prompt {P} tokens, {O} cached output tokens per branch, block size {BLOCK}")
@@ -216,7 +217,7 @@ assert result.counters.peak_blocks == measured.shared_blocks == closed[1]
 # %%
 for n, p, o in ((8, 4096, 256), (16, 8192, 512)):
     unshared_tok, shared_tok = ledger.fanout_tokens(n, p, o)
-    m = viz_sharing.measure_fanout(n, p, o, 16)
+    m = measure_fanout(n, p, o, 16)
     kv_block = 16 * LECTURE_7B.kv_bytes_per_token
     print(f"n = {n} off {p:,}, {o} each: tokens {unshared_tok:,} → {shared_tok:,} = {unshared_tok / shared_tok:.4f}×; "
           f"allocator blocks {m.unshared_blocks:,} → {m.shared_blocks:,} = {m.factor:.4f}×; "
@@ -230,7 +231,7 @@ for n, p, o in ((8, 4096, 256), (16, 8192, 512)):
 # %%
 pool_blocks = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU), 16, LECTURE_7B.kv_bytes_per_token)
 for share in (False, True):
-    run = viz_sharing.fanout_in_pool(16, 8192, 512, 16, pool_blocks, share=share)
+    run = fanout_in_pool(16, 8192, 512, 16, pool_blocks, share=share)
     what = "shared  " if share else "unshared"
     outcome = "fits" if run.fits else f"REFUSED — {run.refusal}"
     print(f"{what}: {run.branches_admitted} of 16 branches admitted, {run.used_blocks:,} of {pool_blocks:,} blocks "
@@ -314,7 +315,7 @@ check("5.3", {"refcounts": refcounts, "copies": copies})
 # tokens), priced at the lecture's 512 KiB per token:
 
 # %%
-costs = [viz_sharing.measure_fork_cost(b, n=8) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+costs = [measure_fork_cost(b, n=8) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
 kv = LECTURE_7B.kv_bytes_per_token
 for c in costs:
     print(f"b = {c.block_size:>3}: {c.copies:5.3f} copies per divergence, "
@@ -421,7 +422,7 @@ summary = trace.summary()
 print(f"{trace.name} ({'SYNTHETIC stand-in: the real file is missing' if trace.synthetic else 'real trace'}): "
       f"{summary['count']:,} requests over {summary['duration_s']:,.0f} s; prompt median {summary['prompt_median']:,.0f} "
       f"/ p99 {summary['prompt_p99']:,.0f} tokens")
-replay = viz_sharing.replay_prefix_cache(trace)
+replay = replay_prefix_cache(trace)
 print(f"prompt blocks requested: {replay.requested_blocks:,}; served by the prefix index: {replay.hit_blocks:,} "
       f"= {100 * replay.hit_rate:.2f}%; allocated: {replay.allocated_blocks:,}")
 saved_tokens = replay.hit_blocks * replay.block_tokens
@@ -447,8 +448,8 @@ h100_blocks = int(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU) // block_bytes
 head = trace.head(3000)
 tiers = {"one H100's KV budget": h100_blocks, "× 10 (a host's DRAM)": 10 * h100_blocks,
          "× 100 (an SSD)": 100 * h100_blocks}
-bounded = [viz_sharing.replay_prefix_cache(head, num_blocks=cap) for cap in tiers.values()]
-head_unbounded = viz_sharing.replay_prefix_cache(head)
+bounded = [replay_prefix_cache(head, num_blocks=cap) for cap in tiers.values()]
+head_unbounded = replay_prefix_cache(head)
 for name, r in zip(tiers, bounded):
     print(f"{name:>22}: {r.num_blocks:>6,} blocks = {r.num_blocks * block_bytes_7b / GB:7.1f} GB → {100 * r.hit_rate:5.2f}% hit")
 print(f"{'unbounded':>22}: {100 * head_unbounded.hit_rate:5.2f}% hit")

@@ -29,6 +29,7 @@ from labsupport.costmodel import CostModel
 from labsupport.course.checkoff import check, revealed, unlocked
 from labsupport.engine import Engine
 from labsupport.model import load_tiny_model
+from labsupport.replay import watermark_sweep
 from labsupport.sampling import SamplingParams
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LECTURE_MFU
 from labsupport.viz import engine as viz_engine
@@ -159,7 +160,7 @@ print(f"{azure.name} ({'SYNTHETIC stand-in: the real file is missing' if azure.s
 burst = azure.requests[:600]
 pool = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, H100), 16, LECTURE_7B.kv_bytes_per_token)
 watermarks = [0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]
-sweep = viz_engine.watermark_sweep(burst, watermarks, num_blocks=pool, preemption="swap", speedup=8.0)
+sweep = watermark_sweep(burst, watermarks, num_blocks=pool, preemption="swap", speedup=8.0)
 print(f"{'watermark':>9} | {'refused':>7} | {'preempted':>9} | {'mean queueing':>13} | {'p99 TPOT':>8} | makespan")
 for r in sweep:
     print(f"{100 * r.watermark:8.1f}% | {r.waited:7d} | {r.total_preemptions:9d} | {r.mean_queueing_s:11.2f} s | "

@@ -28,6 +28,7 @@ from labsupport.costmodel import CostModel
 from labsupport.course.checkoff import check, passed, revealed, unlocked
 from labsupport.engine import Engine
 from labsupport.memory_stats import OutOfBlocks
+from labsupport.replay import ReplayConfig, replay
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.units import fmt_bytes, fmt_gb
 from labsupport.viz import slo as viz_slo
@@ -278,10 +279,10 @@ print(f"first 600 s: {len(window):,} requests, mean sequence {mean_len:,.0f} tok
 print(f"{long} of them ({100 * long / len(window):.1f}%) are longer than S_max = 4,096 tokens")
 
 # %% tags=["needs-traces"]
-configs = [viz_slo.ReplayConfig("reserve-to-max (29 slots)", s_max=4096),
-           viz_slo.ReplayConfig("paged, b = 16"),
-           viz_slo.ReplayConfig(f"paged, max_num_seqs = {b_slo}", max_num_seqs=b_slo)]
-replays = [viz_slo.replay_trace(azure, c, speedup=2.0, window_s=600) for c in configs]
+configs = [ReplayConfig("reserve-to-max (29 slots)", s_max=4096),
+           ReplayConfig("paged, b = 16"),
+           ReplayConfig(f"paged, max_num_seqs = {b_slo}", max_num_seqs=b_slo)]
+replays = [replay(azure, c, speedup=2.0, window_s=600) for c in configs]
 for rp in replays:
     c = rp.counters
     print(f"{rp.label}: {c['finished']:,}/{c['requests']:,} finished, {c['steps']:,} steps, peak batch "
@@ -292,7 +293,7 @@ print(f"reserve-to-max: {replays[0].note.split('; ')[-1]}")
 # And the whole trace, once, paged (a few seconds):
 
 # %% tags=["needs-traces"]
-whole = viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16, whole trace"), speedup=2.0)
+whole = replay(azure, ReplayConfig("paged, b = 16, whole trace"), speedup=2.0)
 c = whole.counters
 print(f"{whole.note}: {c['finished']:,}/{c['requests']:,} finished, {c['steps']:,} steps, peak batch "
       f"{c['peak_running']}, peak blocks {c['peak_blocks']:,} of {c['num_blocks']:,}, leaked blocks {c['leaked_blocks']}")
@@ -305,7 +306,7 @@ replays.append(whole)
 # end — the reserve-to-max column's total is in seconds, not milliseconds):
 
 # %% tags=["needs-traces"]
-viz_slo.FigureView(viz_slo.ttft_bars_figure([rp.mean_split() for rp in replays], normalize=True,
+viz_slo.FigureView(viz_slo.ttft_bars_figure([viz_slo.mean_split(rp) for rp in replays], normalize=True,
                                             title="Mean TTFT split, Azure conversation (10 min, 2× rate)"),
                    "mean TTFT split per configuration")
 
@@ -338,7 +339,7 @@ viz_slo.goodput_slo_panel(replays, tpot_slo_ms=20, ttft_slo_s=1.0)
 # 6.7× spike comes from. Replay the paged column on the additive clock:
 
 # %% tags=["needs-traces"]
-additive = viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16, additive clock", overlap=False),
+additive = replay(azure, ReplayConfig("paged, b = 16, additive clock", overlap=False),
                                 speedup=2.0, window_s=600)
 for rp in (replays[1], additive):
     print(f"{rp.label:>32}: goodput at TTFT <= 1 s, TPOT <= 20 ms: {100 * rp.goodput_frac(1.0, 0.020):5.1f}% of "

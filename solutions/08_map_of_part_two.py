@@ -23,12 +23,11 @@ import numpy as np
 from IPython.display import HTML
 
 from labsupport import ledger, workloads
-from labsupport.costmodel import CostModel
 from labsupport.course.checkoff import check, passed, revealed, unlocked
-from labsupport.engine import Engine
+from labsupport.replay import ReplayConfig, replay, tlb_replay
+from labsupport.sharing import measure_fanout, measure_fork_cost
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.viz import board as viz_board
-from labsupport.viz import sharing as viz_sharing
 from labsupport.viz import slo as viz_slo
 
 H100, MHA = LECTURE_GPU, LECTURE_7B
@@ -257,11 +256,8 @@ if unlocked("8.3", "8.4", "8.5"):
     settings = [("defaults (256 seqs, no token budget)", 256, None), (f"max_num_seqs={b_knob}", b_knob, None),
                 (f"max_num_seqs={b_knob}, max_num_batched_tokens={t_knob}", b_knob, t_knob)]
     for label, seqs, tokens in settings:
-        engine = Engine(cost_model=CostModel(), num_blocks=pool, block_size=16, max_num_seqs=seqs,
-                        max_num_batched_tokens=tokens)
-        for arrival, prompt, output in chat:
-            engine.add_request(prompt_len=prompt, max_new_tokens=output, arrival_time=arrival)
-        result = engine.run()
+        result = replay(chat, ReplayConfig(label, max_num_seqs=seqs, max_num_batched_tokens=tokens), num_blocks=pool,
+                        record_token_times=True).result
         rep = result.slo(1.0, 0.020)
         longest = max(max(np.diff(q.token_times[0])) for q in result.requests.values())
         print(f"{label:>48}: throughput {rep.throughput_tok_s:6,.0f}, goodput {rep.goodput_tok_s:6,.0f} tok/s "
@@ -279,8 +275,8 @@ if unlocked("8.3", "8.4", "8.5"):
 # %% tags=["needs-traces"]
 if unlocked("8.5"):
     budget_tokens = max_num_batched_tokens_for(MHA, H100, 0.020)
-    azure_runs = [viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16"), speedup=2.0, window_s=600),
-                  viz_slo.replay_trace(azure, viz_slo.ReplayConfig(f"max_num_batched_tokens = {budget_tokens}",
+    azure_runs = [replay(azure, ReplayConfig("paged, b = 16"), speedup=2.0, window_s=600),
+                  replay(azure, ReplayConfig(f"max_num_batched_tokens = {budget_tokens}",
                                                                    max_num_batched_tokens=budget_tokens),
                                        speedup=2.0, window_s=600)]
     print(viz_slo.goodput_slo_readout(azure_runs, 20, 1.0))
@@ -324,7 +320,7 @@ for name, lengths in traces.items():
         print(f"{name + ' tail waste':>26} " + " ".join(f"{100 * tail_waste_fraction(lengths, b):7.2f}%" for b in sizes))
     p50 = int(np.median(lengths))
     print(f"{'  table entries at p50':>26} " + " ".join(f"{ledger.block_table_entries(p50, b):>8,}" for b in sizes))
-fork = {b: viz_sharing.measure_fork_cost(b, n=8) for b in sizes}
+fork = {b: measure_fork_cost(b, n=8) for b in sizes}
 print(f"{'CoW copy per divergence':>26} " + " ".join(f"{fork[b].copied_bytes(MHA.kv_bytes_per_token) / 2**20:6.0f}MiB"
                                                 for b in sizes))
 
@@ -341,7 +337,7 @@ print(f"{'CoW copy per divergence':>26} " + " ".join(f"{fork[b].copied_bytes(MHA
 # First the baseline: how often the watermark policy preempts on an overloaded replay.
 
 # %% tags=["needs-traces"]
-overload = viz_slo.replay_trace(azure, viz_slo.ReplayConfig("paged, b = 16"), speedup=3.0, window_s=600)
+overload = replay(azure, ReplayConfig("paged, b = 16"), speedup=3.0, window_s=600)
 print(f"watermark policy, 3x rate: preemptions {overload.counters['preemptions']}, "
       f"{overload.counters['finished']:,} requests served")
 
@@ -381,7 +377,7 @@ print(f"one 640-token sequence swapped in over 64 GB/s: {1e3 * tlb['swap_in_one_
 
 # %% [markdown]
 # A KV "TLB" would be a small cache of block-table entries, keyed by (sequence, logical block), next to
-# the attention kernel. Its hit rate on a real run (`viz_board.tlb_replay`): the first 10 minutes of the
+# the attention kernel. Its hit rate on a real run (`labsupport.replay.tlb_replay`): the first 10 minutes of the
 # Azure trace at twice the recorded rate, where every decode step reads each resident block's
 # translation once per layer.
 
@@ -389,7 +385,7 @@ print(f"one 640-token sequence swapped in over 64 GB/s: {1e3 * tlb['swap_in_one_
 loaded = [type(r)(r.request_id, r.arrival_s / 2, r.prompt_tokens, r.output_tokens) for r in azure
           if r.arrival_s < 600]
 sizes_tlb = (256, 1024, 2048, 4096, 7452)
-tlb_run = viz_board.tlb_replay(loaded, sizes_tlb, max_steps=8_000)
+tlb_run = tlb_replay(loaded, sizes_tlb, max_steps=8_000)
 print(f"{tlb_run.steps:,} steps, {tlb_run.lookups:,} table lookups; working set up to {tlb_run.peak_working_set:,} "
       f"translations; {tlb_run.new_translations:,} first-time translations")
 for e in sizes_tlb:
@@ -479,7 +475,7 @@ check("8.7", utilization_workload)
 gqa = LECTURE_7B_GQA8
 C, o = 7_700, 80
 for k in (1, 2, 4, 6, 8, 16):
-    counted = viz_sharing.measure_fanout(k, C, o, 16)
+    counted = measure_fanout(k, C, o, 16)
     unshared_b, shared_b = counted.bytes(gqa.kv_bytes_per_token)
     flops_unshared = k * ledger.prefill_flops(gqa, C)
     flops_shared = ledger.prefill_flops(gqa, C)
@@ -487,7 +483,7 @@ for k in (1, 2, 4, 6, 8, 16):
           f"({unshared_b / shared_b:4.2f}x); prefill {flops_unshared / 1e15:5.2f} vs {flops_shared / 1e15:4.2f} PFLOP; "
           f"sharing factor {ledger.sharing_factor(k, C, o):.2f}")
 print(f"cost of one more branch: {C + o:,} tokens unshared, {o} shared ({(C + o) / o:.0f}x less)")
-at6 = viz_sharing.measure_fanout(6, C, o, 16).bytes(gqa.kv_bytes_per_token)
+at6 = measure_fanout(6, C, o, 16).bytes(gqa.kv_bytes_per_token)
 print(f"at k = 6: prefill {6 * ledger.prefill_flops(gqa, C) / ledger.prefill_flops(gqa, C):.1f}x cheaper shared, "
       f"KV held {at6[0] / at6[1]:.2f}x less")
 

@@ -372,6 +372,45 @@ def test_victim_is_the_latest_arrival_not_the_sequence_that_needs_the_block():
     assert all(r.finished for r in res.requests.values()) and res.counters.leaked_blocks == 0
 
 
+@pytest.mark.parametrize("record", [True, False])
+def test_each_step_says_what_it_did(record):
+    # The scenario above, step by step, by hand: 6 blocks of 4 tokens.
+    # 1: r0 (8 tokens, 2 blocks), r1 and r2 (5 tokens, 2 blocks each) are admitted; each emits its first token.
+    # 2: r0's 9th token needs a third block, none is free: r2 (latest) is dropped to recompute; r0 and r1
+    #    decode; r1 has its 2 tokens and finishes.  Nothing is admitted in a step that preempted.
+    # 3: r0 decodes (9 cached: room in its third block); r2 comes back (5 + 1 tokens = 2 blocks of the 3
+    #    free), is prefilled again and emits its second token: it finishes.
+    # 4: r0's fourth token: it finishes.  Then nothing is left.
+    eng = cost_engine(6, 4, watermark=0.0, preemption="recompute", record_token_times=record)
+    for p, m in ((8, 4), (5, 2), (5, 2)):
+        eng.add_request(prompt_len=p, max_new_tokens=m)
+    outs = []
+    while (out := eng.step()) is not None:
+        outs.append(out)
+    assert [o.admitted for o in outs] == [[0, 1, 2], [], [], []]
+    assert [o.preempted for o in outs] == [[], [(2, 0, "recompute")], [], []]
+    assert [o.recomputed for o in outs] == [[], [], [(2, 0)], []]
+    assert [o.finished for o in outs] == [[], [1], [2], [0]]
+    assert [o.num_tokens for o in outs] == [3, 2, 2, 1]
+    assert all(o.swapped_in == [] and not o.idle and o.end > o.start for o in outs)
+    if record:  # the tokens themselves: (request, index in its output, finished)
+        assert [[(t.request_id, t.index, t.finished) for t in o.tokens] for o in outs] == [
+            [(0, 0, False), (1, 0, False), (2, 0, False)], [(0, 1, False), (1, 1, True)],
+            [(2, 1, True), (0, 2, False)], [(0, 3, True)]]
+    else:  # the replay's fast path counts the tokens and keeps none
+        assert all(o.tokens is None for o in outs)
+
+
+def test_a_step_that_waits_for_an_arrival_is_idle():
+    eng = cost_engine(10, 4)
+    eng.add_request(prompt_len=3, max_new_tokens=1, arrival_time=2.5)
+    first = eng.step()
+    assert first.idle and first.end == 2.5 and first.admitted == [] and first.tokens == []
+    second = eng.step()
+    assert second.admitted == [0] and second.finished == [0] and not second.idle
+    assert eng.step() is None
+
+
 @pytest.mark.parametrize("link_gbs, kind", [(64, "swap"), (32, "recompute")])
 def test_auto_preemption_follows_the_break_even_for_the_victims_length(link_gbs, kind):
     # The victim below is r2 with 5 cached tokens.  §10.5 / Exercise 4 by hand for the lecture 7B at

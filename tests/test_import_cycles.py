@@ -100,3 +100,20 @@ def test_labsupport_has_no_import_circle():
     assert "labsupport.course.judge" in graph["labsupport.course.harness"]
     found = cycles(graph)
     assert not found, "import circles: " + "; ".join(" <-> ".join(group) for group in found)
+
+
+def test_layers_by_role():
+    """The course tooling grades with the mechanisms, never with the figures; benchmarks measure the
+    mechanisms, not a command; mechanisms import neither; one class is named Replay."""
+    graph = import_graph(PACKAGE)
+    role = lambda name: name.split(".")[1] if name.count(".") >= 1 else ""
+    offences = [(a, b) for a, targets in graph.items() for b in targets
+                if (role(a) == "course" and role(b) == "viz")
+                or (role(a) == "bench" and b == "labsupport.cli.simulate")
+                or (a.count(".") == 1 and role(a) not in ("viz", "course", "bench", "cli", "__main__")
+                    and role(b) in ("viz", "course", "bench"))]
+    assert offences == [], offences
+    replays = [path for path in PACKAGE.rglob("*.py")
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.ClassDef) and node.name == "Replay"]
+    assert [p.relative_to(PACKAGE).as_posix() for p in replays] == ["replay.py"]

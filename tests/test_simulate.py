@@ -10,6 +10,7 @@ import pytest
 import labsupport  # noqa: F401
 from labsupport.bench import engine as bench_engine
 from labsupport.cli import simulate
+from labsupport.replay import replay
 from labsupport.workloads import REPO_ROOT
 from labsupport.workloads import traces_hidden
 
@@ -64,8 +65,8 @@ def test_azure_conv_replay_figures_are_unchanged():
     from labsupport.workloads import load_trace
 
     rows = _azure_rows()
-    rp = simulate.replay(load_trace("azure-conv").requests, CostModel(), 7452, 16)
-    res, rep = rp.result, rp.report
+    rp = replay(load_trace("azure-conv").requests, cost_model=CostModel(), num_blocks=7452)
+    res, rep = rp.result, rp.report(1.0, 0.020)
     assert rep.finished == len(rows) == 19_366 and rep.rejected == 0
     assert rep.output_tokens == sum(o for _, o in rows) == 4_088_665
     assert rep.peak_blocks == 4_055 and rep.leaked_blocks == 0
@@ -163,9 +164,9 @@ def test_rate_scale_compresses_arrivals():
     from labsupport.workloads import Request
 
     reqs = [Request(0, 0.0, 100, 3), Request(1, 10.0, 100, 3), Request(2, 30.0, 50, 2)]
-    rp = simulate.replay(reqs, CostModel(), 7452, rate_scale=2.0)
+    rp = replay(reqs, cost_model=CostModel(), num_blocks=7452, speedup=2.0)
     assert [rp.result.requests[i].arrival_time for i in range(3)] == [0.0, 5.0, 15.0]
-    assert rp.report.finished == 3 and rp.report.output_tokens == 8
+    assert rp.report(1.0, 0.020).finished == 3 and rp.report(1.0, 0.020).output_tokens == 8
 
 
 @pytest.mark.skipif(not MOONCAKE_CONV.exists() or traces_hidden(), reason="../shared/traces not present or hidden")
@@ -206,7 +207,7 @@ def test_a_leak_fails_the_command(monkeypatch, capsys):
 
     def leaky(*args, **kwargs):
         rp = real(*args, **kwargs)
-        rp.report.leaked_blocks = 3
+        rp.result.counters.leaked_blocks = 3
         return rp
 
     monkeypatch.setattr(simulate, "replay", leaky)

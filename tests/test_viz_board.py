@@ -15,6 +15,7 @@ import pytest
 
 from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8
 from labsupport.viz import board as viz_board
+from labsupport import replay as R
 from labsupport.workloads import Request, Workload
 from labsupport.workloads import traces_hidden
 
@@ -161,7 +162,7 @@ def test_tlb_replay_counts_lookups_and_new_translations():
     """Seed 3: two sequences of 40 and 20 tokens in blocks of 16 decode; every step reads every
     resident block once per layer; an LRU TLB below the working set serves nothing."""
     reqs = [Request(0, 0.0, 40, 30), Request(1, 0.0, 20, 30)]
-    rp = viz_board.tlb_replay(reqs, entries=[1, 4, 8, 1000], num_blocks=64, block_size=16)
+    rp = R.tlb_replay(reqs, entries=[1, 4, 8, 1000], num_blocks=64, block_size=16)
     # hand: after the prefill step the tables hold 3 + 2 = 5 blocks; both grow one token per step
     lens = [(40 + k, 20 + k) for k in range(30)]  # the KV each holds after step k + 1
     blocks = [-(-a // 16) + -(-b // 16) for a, b in lens[:29]]  # both finish at step 30 and are freed

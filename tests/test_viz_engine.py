@@ -19,6 +19,7 @@ from labsupport.course.checkoff import check
 from labsupport.model import ModelConfig, TinyTransformer
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.viz import engine as VE
+from labsupport import replay as R
 from labsupport.workloads import Request
 
 H100 = LECTURE_GPU
@@ -157,13 +158,13 @@ def _two(prompt=64, output=33):
 def test_watermark_trades_preemptions_for_refusals():
     # pool 12: both fit to the end with no watermark; a watermark of int(0.5 x 12) = 6 blocks refuses r1
     # at admission (12 - 4 - 4 = 4 < 6), so r1 waits for r0: one refusal, no preemption.
-    roomy = VE.watermark_sweep(_two(), [0.0, 0.4, 0.5], num_blocks=12)
+    roomy = R.watermark_sweep(_two(), [0.0, 0.4, 0.5], num_blocks=12)
     assert [r.watermark_blocks for r in roomy] == [0, 4, 6]
     assert [r.waited for r in roomy] == [0, 0, 1]
     assert [r.total_preemptions for r in roomy] == [0, 0, 0]
     # pool 10: with no watermark both are admitted (8 blocks) and must grow to 12: the newer one is
     # preempted once; a 3-block watermark (10 - 4 - 4 = 2 < 3) refuses it instead.
-    tight = VE.watermark_sweep(_two(), [0.0, 0.3], num_blocks=10)
+    tight = R.watermark_sweep(_two(), [0.0, 0.3], num_blocks=10)
     assert [r.total_preemptions for r in tight] == [1, 0]
     assert [r.waited for r in tight] == [0, 1]
     assert tight[0].preemptions == {"swap": 1, "recompute": 0}
@@ -171,7 +172,7 @@ def test_watermark_trades_preemptions_for_refusals():
 
 
 def test_watermark_panel_moves_with_its_slider():
-    runs = VE.watermark_sweep(_two(), [0.0, 0.3], num_blocks=10)
+    runs = R.watermark_sweep(_two(), [0.0, 0.3], num_blocks=10)
     panel = VE.watermark_panel(runs, watermark=0.0)
     assert "preemptions: 1 (1 by swap)" in panel.text()
     right = list(panel.figure.data[2].y)
@@ -362,7 +363,7 @@ def test_watermark_refusals_axis_starts_at_zero():
     # 40 requests of 6 blocks each into 24 blocks: hundreds of refusals that a watermark barely changes;
     # an axis fitted to them would make a change of a few look like a cliff
     requests = [Request(i, 0.0, 64, 33) for i in range(40)]
-    runs = VE.watermark_sweep(requests, [0.0, 0.1, 0.2], num_blocks=24)
+    runs = R.watermark_sweep(requests, [0.0, 0.1, 0.2], num_blocks=24)
     refused = [r.waited for r in runs]
     assert min(refused) > 0
     fig = VE.watermark_figure(runs, 0.1)

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labsupport import ledger
+from labsupport import sharing as S
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course import checkoff as C
 from labsupport.course.checkoff import check
@@ -95,34 +96,34 @@ def hand_fanout(n, p, o, b):
     (1, 50, 10, 16, 4, 4),
 ])
 def test_measure_fanout_counts_blocks_like_the_hand_formula(n, p, o, b, unshared, shared):
-    m = V.measure_fanout(n, p, o, b)
+    m = S.measure_fanout(n, p, o, b)
     assert (m.unshared_blocks, m.shared_blocks) == (unshared, shared)
     assert m.cow_copies == (n - 1 if p % b else 0)
     assert m.factor == pytest.approx(unshared / shared)
 
 
 def test_lecture_fanouts_in_bytes():
-    m8 = V.measure_fanout(8, 4096, 256, 16)
+    m8 = S.measure_fanout(8, 4096, 256, 16)
     assert m8.factor == pytest.approx(34_816 / 6_144)  # 5.667, printed 5.7
     assert m8.bytes(KV_7B) == (2176 * 8 * 2**20, 384 * 8 * 2**20)  # 18.25 GB, 3.22 GB
-    un, sh = V.measure_fanout(16, 8192, 512, 16).bytes(KV_7B)
+    un, sh = S.measure_fanout(16, 8192, 512, 16).bytes(KV_7B)
     assert round(un / 1e9, 1) == 73.0 and round(sh / 1e9, 1) == 8.6
 
 
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 9), p=st.integers(1, 200), o=st.integers(1, 60), b=st.sampled_from([1, 2, 4, 8, 16, 32]))
 def test_closed_form_and_allocator_agree(n, p, o, b):
-    m = V.measure_fanout(n, p, o, b)
+    m = S.measure_fanout(n, p, o, b)
     assert (m.unshared_blocks, m.shared_blocks) == hand_fanout(n, p, o, b) == ledger.fanout_blocks(n, p, o, b)
 
 
 def test_unshared_16_off_8k_does_not_fit_the_lecture_pool():
     pool = 62_520_000_000 // (16 * KV_7B)
     assert pool == 7452
-    unshared = V.fanout_in_pool(16, 8192, 512, 16, pool, share=False)
+    unshared = S.fanout_in_pool(16, 8192, 512, 16, pool, share=False)
     assert not unshared.fits and unshared.branches_admitted == 14 and unshared.used_blocks == 14 * 512
     assert "needs 512 free block(s), 284 of 7452 free" in unshared.refusal
-    shared = V.fanout_in_pool(16, 8192, 512, 16, pool, share=True)
+    shared = S.fanout_in_pool(16, 8192, 512, 16, pool, share=True)
     assert shared.fits and shared.used_blocks == 1024 and shared.tokens_written == 512
 
 
@@ -154,7 +155,7 @@ def test_fanout_panel_reacts_and_reads_out_the_factor():
 
 @pytest.mark.parametrize("b", [1, 2, 16, 256])
 def test_fork_cost_means_over_tail_fills(b):
-    c = V.measure_fork_cost(b, n=8)  # prompts 4,096 ... 4,096 + b - 1
+    c = S.measure_fork_cost(b, n=8)  # prompts 4,096 ... 4,096 + b - 1
     assert c.copies == pytest.approx(7 * (b - 1) / b)  # the last writer finds refcount 1
     assert c.copied_tokens == pytest.approx(7 * (b - 1))  # whole blocks: b slots per copy
     assert c.filled_tokens == pytest.approx(7 * (b - 1) / 2)
@@ -162,9 +163,9 @@ def test_fork_cost_means_over_tail_fills(b):
 
 
 def test_fork_cost_single_prompt_and_figure():
-    c = V.measure_fork_cost(256, n=8, prompts=4097)
+    c = S.measure_fork_cost(256, n=8, prompts=4097)
     assert (c.copies, c.copied_tokens, c.filled_tokens) == (7, 7 * 256, 7)
-    costs = [V.measure_fork_cost(b, 8) for b in (16, 256)]
+    costs = [S.measure_fork_cost(b, 8) for b in (16, 256)]
     fig = V.fork_cost_figure(costs, KV_7B, "MB")
     copied, filled = fig.data
     assert list(copied.x) == ["16", "256"]
@@ -178,7 +179,7 @@ def test_fork_cost_single_prompt_and_figure():
 
 def test_prefix_replay_counts_only_whole_prefixes():
     reqs = [[1, 2, 3], [1, 2, 4], [5, 2, 3], [1, 2, 3, 9], [1], [2, 3]]
-    r = V.replay_prefix_cache(reqs)
+    r = S.replay_prefix_cache(reqs)
     # hits: 0; 1,2 -> 2; 5 misses so 2,3 after it are new -> 0; 1,2,3 -> 3; 1 -> 1; (2) at the root is new -> 0
     assert r.hit_blocks == 6 and r.requested_blocks == 16 and r.allocated_blocks == 10
     assert list(r.cum_hits) == [0, 2, 2, 5, 6, 6]
@@ -188,15 +189,15 @@ def test_prefix_replay_counts_only_whole_prefixes():
 
 def test_prefix_replay_bounded_pool_evicts_least_recently_freed():
     reqs = [[1, 2], [3, 4], [1, 2]]
-    assert V.replay_prefix_cache(reqs, num_blocks=4).hit_blocks == 2  # room for both: the third hits
-    assert V.replay_prefix_cache(reqs, num_blocks=2).hit_blocks == 0  # [3, 4] evicted [1, 2]
-    r = V.replay_prefix_cache([[1, 2, 3], [1]], num_blocks=2)
+    assert S.replay_prefix_cache(reqs, num_blocks=4).hit_blocks == 2  # room for both: the third hits
+    assert S.replay_prefix_cache(reqs, num_blocks=2).hit_blocks == 0  # [3, 4] evicted [1, 2]
+    r = S.replay_prefix_cache([[1, 2, 3], [1]], num_blocks=2)
     assert r.skipped == 1 and r.requested_blocks == 1
 
 
 def test_prefix_replay_rejects_requests_without_hash_ids():
     with pytest.raises(ValueError, match="no hash ids"):
-        V.replay_prefix_cache([[1], []])
+        S.replay_prefix_cache([[1], []])
 
 
 def _independent_hits(lists):
@@ -217,15 +218,15 @@ def test_mooncake_conversation_trace_reproduces_the_published_hit_rate():
 
     trace = load_mooncake("conversation", path=MOONCAKE)
     head = trace.head(800)
-    assert V.replay_prefix_cache(head).hit_blocks == _independent_hits([list(r.hash_ids) for r in head])
-    full = V.replay_prefix_cache(trace)
+    assert S.replay_prefix_cache(head).hit_blocks == _independent_hits([list(r.hash_ids) for r in head])
+    full = S.replay_prefix_cache(trace)
     assert full.requested_blocks == sum(ceil_div(r.prompt_tokens, 512) for r in trace)
     assert round(100 * full.hit_rate, 1) == 36.6  # SOURCES.md: 36.6% with an unbounded cache
     fig = V.prefix_sharing_figure(full)
     requested, allocated = fig.data
     assert requested.y[-1] == full.requested_blocks and allocated.y[-1] == full.allocated_blocks
-    cap = V.prefix_capacity_figure([V.replay_prefix_cache(head, num_blocks=k) for k in (4000, 500)],
-                                   V.replay_prefix_cache(head))
+    cap = V.prefix_capacity_figure([S.replay_prefix_cache(head, num_blocks=k) for k in (4000, 500)],
+                                   S.replay_prefix_cache(head))
     assert list(cap.data[0].x) == [500, 4000] and cap.data[0].y[0] <= cap.data[0].y[1]
 
 

@@ -17,6 +17,7 @@ from labsupport.costmodel import CostModel
 from labsupport.engine import Engine
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LLAMA3_70B
 from labsupport.viz import slo as viz_slo
+from labsupport import replay as R
 from labsupport.workloads import Request, Workload
 
 W = 6.74e9 * 2
@@ -158,7 +159,7 @@ def _tiny_trace() -> Workload:
 
 def test_replay_goodput_agrees_with_the_engines_ledger():
     trace = _tiny_trace()
-    rp = viz_slo.replay_trace(trace, viz_slo.ReplayConfig("paged"), speedup=1.5, window_s=3.0)
+    rp = R.replay(trace, R.ReplayConfig("paged"), speedup=1.5, window_s=3.0)
     window = [r for r in trace if r.arrival_s < 3.0]
     assert rp.counters["requests"] == len(window) == rp.counters["finished"]
     # the same requests, straight into the engine: its own slo_report is the reference
@@ -171,17 +172,17 @@ def test_replay_goodput_agrees_with_the_engines_ledger():
         assert rp.goodput_tok_s(ttft, tpot) == pytest.approx(rep.goodput_tok_s, rel=1e-12)
         assert rp.goodput_frac(ttft, tpot) == pytest.approx(rep.goodput_req_frac, rel=1e-12)
     assert rp.throughput_tok_s == pytest.approx(result.slo(1, 1).throughput_tok_s, rel=1e-12)
-    assert rp.mean_split().total_s == pytest.approx(np.mean([r.ttft_s for r in result.requests.values()]))
+    assert viz_slo.mean_split(rp).total_s == pytest.approx(np.mean([r.ttft_s for r in result.requests.values()]))
     with pytest.raises(ValueError, match="no request"):
-        viz_slo.replay_trace(trace, viz_slo.ReplayConfig("x"), window_s=0.0)
+        R.replay(trace, R.ReplayConfig("x"), window_s=0.0)
     with pytest.raises(ValueError, match="speedup"):
-        viz_slo.replay_trace(trace, viz_slo.ReplayConfig("x"), speedup=0)
+        R.replay(trace, R.ReplayConfig("x"), speedup=0)
 
 
 def test_goodput_panel_recounts_without_rerunning():
     trace = _tiny_trace()
-    replays = [viz_slo.replay_trace(trace, viz_slo.ReplayConfig("paged")),
-               viz_slo.replay_trace(trace, viz_slo.ReplayConfig("naive", block_size=4096))]
+    replays = [R.replay(trace, R.ReplayConfig("paged")),
+               R.replay(trace, R.ReplayConfig("naive", block_size=4096))]
     fig = viz_slo.goodput_vs_slo_figure(replays, 20.0, 1.0)
     curve = fig.data[0]
     assert list(curve.y) == sorted(curve.y)  # goodput never falls as the SLO loosens
@@ -196,15 +197,15 @@ def test_goodput_panel_recounts_without_rerunning():
 
 def test_utilization_is_what_the_allocator_holds():
     reqs = [(0.0, 512, 128)]
-    exact = viz_slo.utilization_run(reqs, 1)  # block size 1: every reserved slot holds a token
-    naive = viz_slo.utilization_run(reqs, 4096)
-    paged = viz_slo.utilization_run(reqs, 16)
+    exact = R.utilization_run(reqs, 1)  # block size 1: every reserved slot holds a token
+    naive = R.utilization_run(reqs, 4096)
+    paged = R.utilization_run(reqs, 16)
     assert exact.utilization == pytest.approx(1.0)
     assert 512 / 4096 <= naive.utilization <= 639 / 4096  # one 4,096-token slot holding 512..639 tokens
     assert 512 / 528 <= paged.utilization <= 1.0
     assert naive.throughput_tok_s == exact.throughput_tok_s == paged.throughput_tok_s  # same steps, same clock
     with pytest.raises(ValueError, match="rejected"):
-        viz_slo.utilization_run([(0.0, 130_000, 10)], 4096)  # 32 slots of 4,096 > the pool's 29
+        R.utilization_run([(0.0, 130_000, 10)], 4096)  # 32 slots of 4,096 > the pool's 29
     assert viz_slo.chat_requests(10, 5)[0][1:] == (512, 128)
 
 
@@ -223,7 +224,7 @@ def test_reserve_to_max_replay_never_preempts():
     reqs = [Request(i, 0.001 * i, int(p), int(o)) for i, (p, o) in
             enumerate(zip(rng.integers(100, 5000, 300), rng.integers(1, 900, 300)))]
     trace = Workload("mixed", reqs, "test", True)
-    rp = viz_slo.replay_trace(trace, viz_slo.ReplayConfig("naive", s_max=4096))
+    rp = R.replay(trace, R.ReplayConfig("naive", s_max=4096))
     refused = sum(r.prompt_tokens >= 4096 for r in reqs)
     cut = sum(r.prompt_tokens < 4096 < r.prompt_tokens + r.output_tokens for r in reqs)
     c = rp.counters
@@ -234,5 +235,5 @@ def test_reserve_to_max_replay_never_preempts():
     kept = [r for r in reqs if r.prompt_tokens < 4096]
     assert rp.tokens.sum() == sum(min(r.output_tokens, 4096 - r.prompt_tokens) for r in kept)
     # the old emulation (a 4,096-token block, no window) lets long requests take a second block and preempt
-    old = viz_slo.replay_trace(trace, viz_slo.ReplayConfig("naive", block_size=4096))
+    old = R.replay(trace, R.ReplayConfig("naive", block_size=4096))
     assert sum(old.counters["preemptions"].values()) > 0

@@ -15,14 +15,8 @@ from labsupport.viz.engine import S_OPTIONS, swap_recompute_panel
 from labsupport.viz.memory import block_table_explorer, naive_panel
 from labsupport.viz.roofline import batch_gap_panel, kv_heads_panel
 from labsupport.viz.sharing import fanout_panel
-from labsupport.viz.slo import (
-    ReplayConfig,
-    goodput_slo_panel,
-    goodput_table_panel,
-    replay_trace,
-    tpot_panel,
-    ttft_panel,
-)
+from labsupport.replay import ReplayConfig, replay
+from labsupport.viz.slo import goodput_slo_panel, goodput_table_panel, tpot_panel, ttft_panel
 from labsupport.workloads import chat_workload
 
 
@@ -86,7 +80,7 @@ def bench_slo(argv: list[str] | None = None) -> int:
     """`python -m labsupport bench viz_slo [--repeats N]`: Python time per panel update (closed-form panels:
     target ≤ 50 ms; the TTFT panel re-runs the engine and is marked continuous_update=False)."""
     chat = chat_workload(400, rate_per_s=40.0)
-    replays = [replay_trace(chat, ReplayConfig("paged, b = 16")), replay_trace(chat, ReplayConfig("naive", 4096))]
+    replays = [replay(chat, ReplayConfig("paged, b = 16")), replay(chat, ReplayConfig("naive", 4096))]
     cases = {
         "tpot_panel (closed form)": (lambda: tpot_panel(), "batch", [29, 100, 159, 186, 250]),
         "goodput_table_panel (closed form)": (lambda: goodput_table_panel(), "tpot_slo_ms", [15.0, 20.0, 25.0, 40.0]),

@@ -14,28 +14,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-import warnings
-from dataclasses import dataclass
 
 from labsupport import ledger
 from labsupport.block_allocator import bookkeeping_bytes
 from labsupport.checks import MAX_TOKENS, check_fits_in_memory
-from labsupport.cli.parser import (OneLineParser, UsageError, dumps_strict, int_flag, one_line, real_flag, run_command,
+from labsupport.cli.parser import (OneLineParser, UsageError, dumps_strict, int_flag, real_flag, run_command,
                                    strict_json)
 from labsupport.costmodel import CostModel
-from labsupport.engine import PREEMPTION_MODES, Engine, EngineResult
-from labsupport.slo import SLOReport, slo_report
+from labsupport.cli.traces import TRACE_NAMES, load_trace_reporting
+from labsupport.engine import PREEMPTION_MODES
+from labsupport.replay import Replay, ReplayConfig, replay
+from labsupport.slo import SLOReport
 from labsupport.specs import GB, GPUS, MODELS, MiB, get_gpu, get_model
 from labsupport.workloads import MAX_REQUESTS
 
 PROG = "simulate"
-TRACE_NAMES = {  # command-line name -> labsupport.workloads trace name
-    "azure-conv": "azure-conv",
-    "azure-code": "azure-code",
-    "mooncake-conv": "mooncake-conversation",
-    "mooncake-synthetic": "mooncake-synthetic",
-}
 TRACE_CHOICES = (*TRACE_NAMES, "synthetic")
 TOKENS = int_flag(1, MAX_TOKENS)
 RATE = real_flag(1e-6, 1e9)  # requests/s, GB/s: from one a day-ish to far past any machine
@@ -107,47 +100,7 @@ def load_workload(a):
     if a.trace == "synthetic":
         return workloads.chat_workload(a.synthetic_requests, a.synthetic_prompt, a.synthetic_output,
                                        rate_per_s=a.synthetic_rate, seed=a.seed)
-    return load_trace_reporting(a.trace, a.trace_file, a.limit, a.bad_rows == "skip")
-
-
-def load_trace_reporting(trace: str, path=None, limit: int | None = None, skip_malformed: bool = False,
-                         prog: str = PROG):
-    """`workloads.load_trace` by command-line name, each of its notices (a stand-in, skipped rows) one line on stderr."""
-    from labsupport import workloads
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        w = workloads.load_trace(TRACE_NAMES[trace], path, limit=limit, skip_malformed=skip_malformed)
-    for wmsg in caught:
-        print(f"{prog}: {one_line(wmsg.message, limit=4000)}", file=sys.stderr)  # up to five rows, each named
-    return w
-
-
-@dataclass
-class Replay:
-    result: EngineResult
-    report: SLOReport
-    wall_s: float
-    cpu_s: float
-    num_blocks: int
-    cost_model: CostModel
-
-
-def replay(requests, cost_model: CostModel, num_blocks: int, block_size: int = 16, *, watermark: float = 0.01,
-           preemption: str = "auto", max_num_seqs: int = 256, max_num_batched_tokens: int | None = None,
-           ttft_slo_s: float = 1.0, tpot_slo_s: float = 0.020, rate_scale: float = 1.0,
-           progress: bool = False) -> Replay:
-    """Run every request (anything with prompt_tokens, output_tokens, arrival_s and n) to completion."""
-    eng = Engine(cost_model=cost_model, num_blocks=num_blocks, block_size=block_size, watermark=watermark,
-                 preemption=preemption, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                 record_token_times=False)
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    for r in requests:
-        eng.add_request(prompt_len=r.prompt_tokens, max_new_tokens=r.output_tokens, n=getattr(r, "n", 1),
-                        arrival_time=r.arrival_s / rate_scale)
-    res = eng.run(progress=progress)
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    return Replay(res, slo_report(res, ttft_slo_s, tpot_slo_s), wall, cpu, num_blocks, cost_model)
+    return load_trace_reporting(a.trace, a.trace_file, a.limit, a.bad_rows == "skip", prog=PROG)
 
 
 def _ms(x: float | None) -> str:
@@ -159,8 +112,9 @@ def _num(x: float | None, spec: str, scale: float = 1.0) -> str:
     return "n/a" if x is None else format(scale * x, spec)
 
 
-def format_report(w, rp: Replay, budget: float, block_size: int, preemption: str, watermark: float) -> str:
-    r, cm, c = rp.report, rp.cost_model, rp.result.counters
+def format_report(w, rp: Replay, r: SLOReport, budget: float, block_size: int, preemption: str,
+                  watermark: float) -> str:
+    cm, c = rp.cost_model, rp.result.counters
     kv = cm.model.kv_bytes_per_token
     block_bytes = block_size * kv
     cross = cm.crossover_tokens()
@@ -213,13 +167,14 @@ def _main(argv: list[str]) -> int:
     budget, num_blocks = pool_blocks(a, model, gpu)
     cm = CostModel(model, gpu, mfu=a.mfu, link_bandwidth=None if a.link_gbs is None else a.link_gbs * GB)
     w = load_workload(a)
-    rp = replay(w.requests if a.limit is None else w.requests[: a.limit], cm, num_blocks, a.block_size,
-                watermark=a.watermark, preemption=a.preemption, max_num_seqs=a.max_num_seqs,
-                max_num_batched_tokens=a.max_num_batched_tokens, ttft_slo_s=a.ttft_slo_ms / 1e3,
-                tpot_slo_s=a.tpot_slo_ms / 1e3, rate_scale=a.rate_scale, progress=a.progress)
+    config = ReplayConfig(w.name, a.block_size, a.max_num_seqs, a.max_num_batched_tokens, watermark=a.watermark,
+                          preemption=a.preemption)
+    rp = replay(w.requests if a.limit is None else w.requests[: a.limit], config, cost_model=cm, num_blocks=num_blocks,
+                speedup=a.rate_scale, progress=a.progress)
+    report = rp.report(a.ttft_slo_ms / 1e3, a.tpot_slo_ms / 1e3)
     if a.json:
-        out = rp.report.as_dict()
-        notes = rp.report.notes + w.notes
+        out = report.as_dict()
+        notes = report.notes + w.notes
         out.update(trace=w.name, synthetic=w.synthetic, source=w.source, model=model.name,
                    gpu=gpu.name, kv_budget_bytes=budget, block_size=a.block_size, watermark=a.watermark,
                    preemption_mode=a.preemption, peak_running=rp.result.counters.peak_running,
@@ -227,5 +182,5 @@ def _main(argv: list[str]) -> int:
         out = strict_json(out, notes)
         print(dumps_strict({**out, "notes": notes}))
     else:
-        print(format_report(w, rp, budget, a.block_size, a.preemption, a.watermark))
-    return 0 if rp.report.leaked_blocks == 0 else 1
+        print(format_report(w, rp, report, budget, a.block_size, a.preemption, a.watermark))
+    return 0 if report.leaked_blocks == 0 else 1

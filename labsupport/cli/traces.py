@@ -16,11 +16,19 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
-from labsupport.cli.parser import OneLineParser, UsageError, run_command
+from labsupport.cli.parser import OneLineParser, UsageError, one_line, run_command
 
 PROG = "traces"
+TRACE_NAMES = {  # command-line name (simulate, bench) -> labsupport.workloads trace name
+    "azure-conv": "azure-conv",
+    "azure-code": "azure-code",
+    "mooncake-conv": "mooncake-conversation",
+    "mooncake-synthetic": "mooncake-synthetic",
+}
+
 
 
 def build_parser() -> OneLineParser:
@@ -118,3 +126,16 @@ def _main(argv) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     return run_command(PROG, _main, sys.argv[1:] if argv is None else argv)
+
+
+def load_trace_reporting(trace: str, path=None, limit: int | None = None, skip_malformed: bool = False,
+                         prog: str = "simulate"):
+    """`workloads.load_trace` by command-line name, each of its notices (a stand-in, skipped rows) one line on stderr."""
+    from labsupport import workloads
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        w = workloads.load_trace(TRACE_NAMES[trace], path, limit=limit, skip_malformed=skip_malformed)
+    for wmsg in caught:
+        print(f"{prog}: {one_line(wmsg.message, limit=4000)}", file=sys.stderr)  # up to five rows, each named
+    return w

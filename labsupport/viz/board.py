@@ -3,7 +3,7 @@
 Lab 08: every row of §10.7's "what paging did not fix" table is re-computed here from the real
 mechanisms and traces (`map_rows`), next to the lab that computed it first; the discussion seeds get
 their data (`request_level_batching`, `interference_spike`, `routing_hit_rates`, `dependent_requests`,
-`tlb_bytes`, `tlb_replay`).
+`tlb_bytes`; the TLB replay itself is `labsupport.replay.tlb_replay`).
 
 Lab 99: `SEGMENTS` follows the lecture's timing plan (0–6, 6–16, 16–36, 36–46, 46–58, 58–68,
 68–75).  `segment_view(i)` is one projector-sized panel: the segment's board picture (the same
@@ -163,61 +163,6 @@ def length_prediction_cost(workload, sigma: float, margin: float = 1.0, seed: in
     return {"sigma": sigma, "margin": margin, "preempted_share": float(under.mean()),
             "recompute_share": float((p + pred)[under].sum() / p.sum()),
             "idle_share": float(1 - held / reserved)}
-
-
-@dataclass(frozen=True)
-class TLBReplay:
-    """Seed 3: the block-table lookups a decode batch makes, and what a translation cache would catch."""
-
-    steps: int
-    layers: int
-    lookups: int  # table entries read: every resident block, once per layer, every step
-    new_translations: int  # (sequence, logical block) pairs seen for the first time (new blocks, admissions)
-    peak_working_set: int  # the most translations one step needed
-    hits: dict  # TLB entries -> lookups served, for an LRU cache shared by every layer and step
-
-    def hit_rate(self, entries: int) -> float:
-        return self.hits[entries] / self.lookups if self.lookups else 0.0
-
-
-def tlb_replay(requests, entries: Sequence[int], num_blocks: int = 7452, block_size: int = 16,
-               max_steps: int = 3000, model=LECTURE_7B) -> TLBReplay:
-    """Seed 3: a KV "TLB" — a cache of block-table entries, keyed by (sequence, logical block) — on a
-    real engine run (cost-model clock, the lecture's pool).
-
-    Every decode step reads each resident sequence's whole table once per layer, in the same order:
-    L sweeps over the step's working set of W translations.  An LRU cache of E entries serves every
-    sweep but the first of a translation it already holds when E >= W; when E < W a sweep evicts
-    each entry just before it is needed again, so LRU serves none.  The only misses with E >= W are
-    translations new in this step, read off the allocator's tables after each step.
-    """
-    from labsupport.costmodel import CostModel
-    from labsupport.engine import Engine
-
-    engine = Engine(cost_model=CostModel(model, LECTURE_GPU), num_blocks=num_blocks, block_size=block_size,
-                    record_token_times=False)
-    for r in requests:
-        engine.add_request(prompt_len=r.prompt_tokens, max_new_tokens=r.output_tokens, arrival_time=r.arrival_s)
-    layers = model.num_layers
-    hits = {e: 0 for e in entries}
-    lookups = new = peak = steps = 0
-    held: dict = {}
-    while steps < max_steps and engine.step():
-        tables = engine.allocator.block_tables
-        if not tables:
-            continue
-        now = {sid: len(t) for sid, t in tables.items()}
-        fresh = sum(n - held.get(sid, 0) for sid, n in now.items() if n > held.get(sid, 0))
-        held = now
-        w = sum(now.values())
-        steps += 1
-        lookups += layers * w
-        new += fresh
-        peak = max(peak, w)
-        for e in entries:
-            if e >= w:
-                hits[e] += layers * w - fresh
-    return TLBReplay(steps, layers, lookups, new, peak, hits)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ Every picture is read off the real `Engine` or the ledger's closed forms:
 * the loop streamed: each step's batch re-chosen, tokens appearing per step (`stream_engine`,
   `stream_figure`, `stream_panel`, `stream_text`);
 * overload and the watermark: refusals at admission against preemptions, and blocks in use over
-  time, from engine runs on a real trace with the cost-model clock (`watermark_sweep`,
-  `watermark_figure`, `watermark_panel`);
+  time, from engine runs on a real trace with the cost-model clock (`labsupport.replay.watermark_sweep`
+  measures; `watermark_figure`, `watermark_panel` draw);
 * swap against recompute: the two stalls against S, the break-even bandwidth, the crossover, for
   any model, GPU and link (`swap_recompute`, `swap_recompute_figure`, `swap_recompute_panel`,
   `breakeven_figure`);
@@ -32,6 +32,7 @@ from plotly.subplots import make_subplots
 
 from labsupport import ledger
 from labsupport.checks import positive_int as _positive_int
+from labsupport.replay import OverloadRun
 from labsupport.specs import GB, LECTURE_MFU, GPUSpec, MiB, ModelSpec, get_gpu, get_model
 from labsupport.units import fmt_int, log_axis_ticks
 from labsupport.viz import FONT_SIZE, PALETTE, Panel, a11y, dropdown, gpu_options, number_slider, selection_slider, styled
@@ -126,51 +127,41 @@ def stream_engine(engine, schedule: Sequence[tuple[int, dict]], max_steps: int =
     clock, so it is waiting at that step boundary.  `on_step` sees each StepRecord as it happens
     (a live view can redraw there).  Returns the log, with the engine's result attached.
     """
-    events: list = []
-    chained = engine.on_token
-
-    def collect(ev):
-        events.append(ev)
-        if chained is not None:
-            chained(ev)
-
-    engine.on_token = collect
     pending = sorted(((int(k), i, kw) for i, (k, kw) in enumerate(schedule)), key=lambda x: (x[0], x[1]))
     prompts, max_new, fan = {}, {}, {}
     steps: list[StepRecord] = []
     k = 0
-    try:
-        while k < max_steps:
-            arrived = []
-            while pending and pending[0][0] <= k:
-                _, _, kw = pending.pop(0)
-                rid = engine.add_request(**kw)
-                prompts[rid] = list(kw["prompt_ids"]) if kw.get("prompt_ids") is not None else None
-                max_new[rid] = kw.get("max_new_tokens", 16)
-                fan[rid] = kw.get("n", 1)
-                arrived.append(rid)
-            before = dict(engine.counters.preemptions)
-            events.clear()
-            if not engine.step():
-                if pending:
-                    k = pending[0][0]
-                    continue
-                break
-            if not events and not any(engine.counters.preemptions[x] != before[x] for x in before):
-                # an idle step (the clock jumped to the next arrival): not an iteration of the loop
+    while k < max_steps:
+        arrived = []
+        while pending and pending[0][0] <= k:
+            _, _, kw = pending.pop(0)
+            rid = engine.add_request(**kw)
+            prompts[rid] = list(kw["prompt_ids"]) if kw.get("prompt_ids") is not None else None
+            max_new[rid] = kw.get("max_new_tokens", 16)
+            fan[rid] = kw.get("n", 1)
+            arrived.append(rid)
+        out = engine.step()
+        if out is None:
+            if pending:
+                k = pending[0][0]
                 continue
-            rec = StepRecord(
-                step=len(steps) + 1, clock_s=engine.clock,
-                emitted=[(e.request_id, e.branch, e.token, e.finished) for e in events],
-                blocks_in_use=engine.allocator.num_used_blocks, waiting=engine.num_waiting,
-                running=engine.num_running, swapped=engine.num_swapped,
-                preempted={x: engine.counters.preemptions[x] - before[x] for x in before}, arrived=arrived)
-            steps.append(rec)
-            if on_step is not None:
-                on_step(rec)
-            k += 1
-    finally:
-        engine.on_token = chained
+            break
+        if out.idle:  # the clock jumped to the next arrival: not an iteration of the loop
+            continue
+        if out.tokens is None:
+            raise ValueError("stream_engine shows every token: give the Engine a model, or record_token_times=True")
+        preempted = {"swap": 0, "recompute": 0}
+        for _, _, kind in out.preempted:
+            preempted[kind] += 1
+        rec = StepRecord(
+            step=len(steps) + 1, clock_s=out.end,
+            emitted=[(e.request_id, e.branch, e.token, e.finished) for e in out.tokens],
+            blocks_in_use=engine.allocator.num_used_blocks, waiting=engine.num_waiting,
+            running=engine.num_running, swapped=engine.num_swapped, preempted=preempted, arrived=arrived)
+        steps.append(rec)
+        if on_step is not None:
+            on_step(rec)
+        k += 1
     res = engine.result()
     return StreamLog(steps, prompts, max_new, fan, engine.num_blocks, engine.block_size, res)
 
@@ -302,79 +293,6 @@ def stream_panel(log: StreamLog, decode: Callable | None = None, upto: int | Non
 # =============================================================================================
 # Overload: the watermark trades refusals for preemptions
 # =============================================================================================
-
-@dataclass(frozen=True)
-class OverloadRun:
-    """One replay of a trace under overload at one watermark (cost-model clock: deterministic)."""
-
-    watermark: float
-    watermark_blocks: int
-    num_blocks: int
-    requests: int
-    waited: int  # requests refused at least once at admission (queued before their prefill)
-    mean_queueing_s: float
-    p99_tpot_s: float
-    makespan_s: float
-    preemptions: dict
-    swapped_out_bytes: int
-    recomputed_tokens: int
-    block_times: tuple[float, ...]
-    blocks_in_use: tuple[int, ...]
-
-    @property
-    def total_preemptions(self) -> int:
-        return sum(self.preemptions.values())
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    v = sorted(values)
-    if not v:
-        return math.nan
-    pos = (len(v) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-
-def overload_run(requests, watermark: float, num_blocks: int = 7452, block_size: int = 16, cost_model=None,
-                 preemption: str = "swap", speedup: float = 8.0) -> OverloadRun:
-    """Replay `requests` (workloads.Request-like: prompt_tokens, output_tokens, arrival_s) `speedup`×
-    faster than recorded, through a model-free engine on the cost-model clock (the lecture's 7B on an
-    H100 by default)."""
-    from labsupport.costmodel import CostModel
-    from labsupport.engine import Engine
-
-    if not speedup > 0:
-        raise ValueError(f"speedup must be positive, got {speedup!r}")
-    cost_model = cost_model or CostModel()
-    eng = Engine(cost_model=cost_model, num_blocks=num_blocks, block_size=block_size, watermark=watermark,
-                 preemption=preemption, record_token_times=False)
-    reqs = list(requests)
-    if not reqs:
-        raise ValueError("no requests to replay")
-    t0 = min(r.arrival_s for r in reqs)
-    for r in reqs:
-        eng.add_request(prompt_len=r.prompt_tokens, max_new_tokens=r.output_tokens,
-                        arrival_time=(r.arrival_s - t0) / speedup)
-    res = eng.run()
-    fin = [r for r in res.requests.values() if r.finished]
-    tpots = [r.tpot_s for r in fin if r.tpot_s is not None]
-    c = res.counters
-    return OverloadRun(watermark, eng.watermark_blocks, num_blocks, len(reqs),
-                       sum(1 for r in fin if r.queueing_s > 0), statistics.fmean(r.queueing_s for r in fin),
-                       _percentile(tpots, 99), res.clock_s, dict(c.preemptions), c.swapped_out_bytes,
-                       c.recomputed_tokens, tuple(c.block_times), tuple(c.blocks_in_use))
-
-
-def watermark_sweep(requests, watermarks: Sequence[float], progress: bool = False, **kwargs) -> list[OverloadRun]:
-    """`overload_run` at each watermark (same requests, same pool)."""
-    items = list(watermarks)
-    if progress:
-        from tqdm.auto import tqdm
-
-        items = tqdm(items, desc="watermark sweep", leave=False)
-    return [overload_run(requests, w, **kwargs) for w in items]
-
 
 def _pick(runs: Sequence[OverloadRun], watermark: float) -> OverloadRun:
     for r in runs:

@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 
 from labsupport import ledger
+from labsupport.replay import Replay, UtilizationRun, lecture_pool, utilization_run
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec, ModelSpec, get_gpu, get_model
 from labsupport.viz import reopen
 from labsupport.viz import (FONT_SIZE, PALETTE, Panel, a11y, dropdown, fit_width, gpu_options, live_figure,
@@ -354,23 +355,12 @@ def goodput_table_panel(tpot_slo_ms: float = 20.0, seq_tokens: int = 640, model:
 
 # --- engine runs behind the pictures (cost-model clock: deterministic, H100 scale on a laptop) -------
 
-def lecture_pool(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, block_size: int = 16,
-                 kv_budget: float | None = None) -> int:
-    """Blocks in the paged pool for the KV budget (7,452 for the lecture at b = 16)."""
-    budget = ledger.kv_budget_bytes(model, gpu) if kv_budget is None else kv_budget
-    blocks = ledger.num_blocks(max(0.0, budget), block_size, model.kv_bytes_per_token)
-    if blocks < 1:
-        raise ValueError(f"the KV budget ({budget / GB:.2f} GB) holds no block of {block_size} tokens of {model.name}")
-    return blocks
-
-
-def _engine(model: ModelSpec, gpu: GPUSpec, block_size: int = 16, kv_budget: float | None = None,
-            overlap: bool = True, **kw):
+def _engine(model: ModelSpec, gpu: GPUSpec, block_size: int = 16, **kw):
     from labsupport.costmodel import CostModel
     from labsupport.engine import Engine
 
-    return Engine(cost_model=CostModel(model, gpu, overlap=overlap),
-                  num_blocks=lecture_pool(model, gpu, block_size, kv_budget), block_size=block_size, **kw)
+    return Engine(cost_model=CostModel(model, gpu), num_blocks=lecture_pool(model, gpu, block_size),
+                  block_size=block_size, **kw)
 
 
 def steady_batch_tpot(batches: Sequence[int], seq_tokens: int = 640, model: ModelSpec = LECTURE_7B,
@@ -474,112 +464,10 @@ def ttft_panel(rate_per_s: float = 62.0, probe_prompt: int = 4096) -> Panel:
 
 # --- trace replays and goodput against the SLO ---------------------------------------------------------
 
-@dataclass(frozen=True)
-class ReplayConfig:
-    """An engine configuration to replay a trace with.
-
-    `s_max` makes it a reserve-to-max engine with a context window of s_max tokens: every sequence
-    gets one block of s_max tokens (so it never grows into a second one and is never preempted),
-    generation stops at the window, and a prompt that fills the window is refused.  `overlap=False`
-    prices each step with the additive cost model instead of the roofline's max.
-    """
-
-    label: str
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    s_max: int | None = None
-    overlap: bool = True  # False: the step's compute and memory times add up (Lecture 2 §2.16's model)
-
-    @property
-    def pool_block_size(self) -> int:
-        return self.block_size if self.s_max is None else self.s_max
-
-
-@dataclass
-class Replay:
-    """Per-request outcomes of one trace replay (seconds), kept as arrays so SLO sweeps are cheap."""
-
-    label: str
-    ttft_s: "object"  # numpy array, nan for unfinished
-    tpot_s: "object"  # numpy array, nan when a request produced one token (no TPOT to miss)
-    tokens: "object"  # output tokens of each request
-    finished: "object"  # bool array
-    duration_s: float
-    counters: dict
-    config: ReplayConfig
-    note: str = ""
-
-    @property
-    def throughput_tok_s(self) -> float:
-        return float(self.tokens[self.finished].sum()) / self.duration_s
-
-    def good(self, ttft_slo_s: float, tpot_slo_s: float):
-        import numpy as np
-
-        tpot_ok = np.isnan(self.tpot_s) | (self.tpot_s <= tpot_slo_s)
-        return self.finished & (self.ttft_s <= ttft_slo_s) & tpot_ok
-
-    def goodput_tok_s(self, ttft_slo_s: float, tpot_slo_s: float) -> float:
-        return float(self.tokens[self.good(ttft_slo_s, tpot_slo_s)].sum()) / self.duration_s
-
-    def goodput_frac(self, ttft_slo_s: float, tpot_slo_s: float) -> float:
-        return float(self.good(ttft_slo_s, tpot_slo_s).mean())
-
-    def mean_split(self, label: str | None = None) -> TTFTSplit:
-        c = self.counters
-        return TTFTSplit(label or self.label, c["queueing_mean_s"], c["prefill_mean_s"], c["scheduling_mean_s"])
-
-
-def replay_trace(workload, config: ReplayConfig, speedup: float = 1.0, window_s: float | None = None,
-                 model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, kv_budget: float | None = None,
-                 progress: bool = False) -> Replay:
-    """Replay a trace's arrivals (the first `window_s` seconds of it, time divided by `speedup`)
-    through the engine's cost-model clock; every request of the window is accounted for."""
-    import numpy as np
-
-    if not speedup > 0:
-        raise ValueError(f"speedup must be positive, got {speedup!r}")
-    engine = _engine(model, gpu, config.pool_block_size, kv_budget, overlap=config.overlap,
-                     max_num_seqs=config.max_num_seqs,
-                     max_num_batched_tokens=config.max_num_batched_tokens, record_token_times=False)
-    chosen = [r for r in workload if window_s is None or r.arrival_s < window_s]
-    if not chosen:
-        raise ValueError(f"no request of {getattr(workload, 'name', 'the workload')} arrives in the first {window_s} s")
-    refused, truncated = [], 0
-    for r in chosen:
-        output = r.output_tokens
-        if config.s_max is not None:  # a reserve-to-max engine: the window caps each sequence
-            if r.prompt_tokens >= config.s_max:
-                refused.append(r.arrival_s / speedup)
-                continue
-            if r.prompt_tokens + output > config.s_max:
-                output, truncated = config.s_max - r.prompt_tokens, truncated + 1
-        engine.add_request(prompt_len=r.prompt_tokens, max_new_tokens=output, n=r.n,
-                           arrival_time=r.arrival_s / speedup)
-    result = engine.run(progress=progress)
-    reqs = list(result.requests.values())
-    fin = np.array([r.finished for r in reqs] + [False] * len(refused), dtype=bool)
-    ttft = np.array([r.ttft_s if r.finished else math.nan for r in reqs] + [math.nan] * len(refused), dtype=float)
-    tpot = np.array([r.tpot_s if r.finished and r.tpot_s is not None else math.nan for r in reqs]
-                    + [math.nan] * len(refused), dtype=float)
-    tokens = np.array([r.total_output_tokens for r in reqs] + [0] * len(refused), dtype=np.int64)
-    start = min([r.arrival_time for r in reqs] + refused)
-    end = max((r.finish_time for r in reqs if r.finished), default=start)
-    done = [r for r in reqs if r.finished]
-    mean = lambda xs: float(np.mean(xs)) if len(xs) else math.nan
-    c = result.counters
-    counters = {"requests": len(reqs) + len(refused), "finished": int(fin.sum()), "rejected": c.rejected + len(refused),
-                "truncated": truncated, "steps": c.steps,
-                "peak_running": c.peak_running, "peak_blocks": c.peak_blocks, "num_blocks": result.num_blocks,
-                "preemptions": dict(c.preemptions), "leaked_blocks": c.leaked_blocks,
-                "queueing_mean_s": mean([r.queueing_s for r in done]), "prefill_mean_s": mean([r.prefill_s for r in done]),
-                "scheduling_mean_s": mean([r.scheduling_delay_s for r in done])}
-    note = (f"{len(chosen):,} requests" + (f" (the first {window_s:g} s of the trace)" if window_s else "")
-            + (f", arrivals {speedup:g}x faster" if speedup != 1 else "")
-            + (f"; S_max = {config.s_max:,}: {truncated:,} outputs cut at the window, {len(refused):,} prompts refused"
-               if config.s_max is not None else ""))
-    return Replay(config.label, ttft, tpot, tokens, fin, end - start, counters, config, note)
+def mean_split(replay: Replay, label: str | None = None) -> TTFTSplit:
+    """The mean TTFT of a replay's finished requests as one bar of three parts."""
+    c = replay.counters
+    return TTFTSplit(label or replay.label, c["queueing_mean_s"], c["prefill_mean_s"], c["scheduling_mean_s"])
 
 
 def goodput_curve(replay: Replay, ttft_slo_s: float, tpot_slos_s: Sequence[float]) -> list[float]:
@@ -675,43 +563,6 @@ class FigureView:
 
 
 # --- discussion seed 4 (lab 08): utilization is not throughput -------------------------------------------
-
-@dataclass(frozen=True)
-class UtilizationRun:
-    """One workload on one allocator: the share of reserved KV slots holding tokens, and throughput."""
-
-    label: str
-    block_size: int
-    utilization: float  # time-averaged over the run's busy steps
-    throughput_tok_s: float
-    peak_running: int
-
-
-def utilization_run(requests: Sequence[tuple[float, int, int]], block_size: int, label: str = "",
-                    model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU) -> UtilizationRun:
-    """Run (arrival_s, prompt_tokens, output_tokens) requests on the engine (cost-model clock) and
-    measure, after every step, the tokens held against the slots the allocator has handed out.
-
-    `block_size = 4096` is reserve-to-max at S_max = 4,096 (one block per sequence); 16 is paging."""
-    engine = _engine(model, gpu, block_size, record_token_times=False)
-    for arrival, prompt, output in requests:
-        engine.add_request(prompt_len=int(prompt), max_new_tokens=int(output), arrival_time=float(arrival))
-    alloc = engine.allocator
-    held = reserved = 0.0
-    last = engine.clock
-    while engine.step():
-        dt, last = engine.clock - last, engine.clock
-        if alloc.num_used_blocks:
-            held += dt * sum(alloc.seq_lens[s] for s in alloc.block_tables)
-            reserved += dt * alloc.num_used_blocks * block_size
-    result = engine.result()
-    rejected = [r for r in result.requests.values() if not r.finished]
-    if rejected:
-        raise ValueError(f"request {rejected[0].request_id} was rejected: {rejected[0].reason}")
-    report = result.slo(1e9, 1e9)  # SLOs that everyone meets: this is throughput
-    return UtilizationRun(label or f"b = {block_size}", block_size, held / reserved if reserved else math.nan,
-                          report.throughput_tok_s, result.counters.peak_running)
-
 
 def chat_requests(rate_per_s: float, num_requests: int = 300, prompt: int = 512, output: int = 128,
                   seed: int = 0) -> list[tuple[float, int, int]]:

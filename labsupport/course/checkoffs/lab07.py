@@ -91,7 +91,7 @@ def _run_configs(rng):
          "a single token, so it has no TPOT to miss) is within the TPOT SLO. Add up the output tokens of the "
          "requests you kept and divide by the run's duration — from the first arrival to the last finish — "
          "the same duration throughput uses. Rejected requests earn nothing.",
-    forbid=("labsupport.slo.slo_report", "labsupport.viz.slo.Replay.goodput_tok_s"),
+    forbid=("labsupport.slo.slo_report", "labsupport.replay.Replay.goodput_tok_s"),
     derive="walk the finished requests, keep those within both SLOs, and divide their tokens by the run's span",
     name="goodput",
 )
@@ -115,7 +115,7 @@ def _goodput(rng):
          "p99 is the value 99% of them are at or under, interpolated between the two closest ranks as "
          "numpy.percentile does by default; the miss share is the fraction of the finished requests whose TTFT is "
          "over the SLO.",
-    forbid=("labsupport.slo.slo_report", "labsupport.slo._pct", "labsupport.viz.engine._percentile"),
+    forbid=("labsupport.slo.slo_report", "labsupport.slo._pct"),
     derive="collect the finished requests' TTFTs, sort them, and read the mean, the p99 and the share over the SLO",
     name="ttft_tail",
 )

@@ -9,7 +9,8 @@ from labsupport.course.checkoffs._hidden import RESERVE, kv_blocks, random_pair,
 from labsupport.course.registry import case, choice, function, value
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
-_BLOCKS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes", "labsupport.viz.slo.lecture_pool")
+_BLOCKS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes", "labsupport.replay.lecture_pool",
+           "labsupport.viz.slo.lecture_pool")
 
 
 # §10.7's table as the lecture prints it: each row's "still broken after today", then "the quantity".
