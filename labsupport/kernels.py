@@ -21,6 +21,9 @@ What is here
 ``kv_token_offset``                   the block-table lookup itself (a ``@triton.jit`` helper), and
 ``kv_token_offsets``                  a launcher that evaluates it for inspection.
 
+Every argument check of these launchers lives in ``labsupport.kernel_args``: here, each kernel is
+followed by its launcher and, last, the plain-torch references the tests compare against.
+
 The block-table indexing, line by line (``kv_token_offset``)
 -------------------------------------------------------------
 Every kernel here finds a token's keys the same way; it is the one line §10.3 adds to attention::
@@ -96,12 +99,14 @@ Hardware and dtype notes
 """
 from __future__ import annotations
 
-import math
 import types
 import warnings
 from dataclasses import dataclass
 
 import torch
+
+from labsupport import kernel_args as args
+from labsupport.kernel_args import MAX_BLOCK_SIZE, MAX_SPLITS, SUPPORTED_DTYPES  # noqa: F401  (public names)
 
 try:  # `import labsupport` (our package __init__) has already set TRITON_INTERPRET when needed
     import triton
@@ -130,13 +135,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
 ]
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_BLOCK_SIZE = 256
-MAX_HEAD_DIM = 256
-MAX_SPLITS = 256
 _LOG2E = 1.4426950408889634
-# Grid axes 1 and 2 are limited to 65,535 programs on CUDA.
-_MAX_GRID_YZ = 65535
 _PROBE_TILE = 64  # tokens per program of kv_token_offsets
 
 
@@ -351,178 +350,6 @@ def _fallback_reason(device: torch.device) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Argument validation: every check runs before a launch, every message names the bad value
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Layout:
-    batch: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int  # tokens per block (paged) or S_max (contiguous)
-    num_blocks: int
-    num_q_heads: int = 0
-
-    @property
-    def group(self) -> int:
-        return self.num_q_heads // self.num_kv_heads
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def _require_tensor(name: str, t) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-
-
-def _check_common(tensors: dict[str, torch.Tensor]) -> None:
-    for name, t in tensors.items():
-        _require_tensor(name, t)
-    devices = {name: t.device for name, t in tensors.items()}
-    first_name, first_device = next(iter(devices.items()))
-    for name, device in devices.items():
-        if device != first_device:
-            raise ValueError(f"all tensors must be on one device: {first_name} is on {first_device}, "
-                             f"{name} is on {device}")
-    if first_device.type == "meta":
-        raise ValueError(f"{first_name} and the others are meta tensors (shapes with no data): the kernels read "
-                         f"data; make them on 'cpu' or 'cuda'")
-    for name, t in tensors.items():
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (got strides {tuple(t.stride())} for shape "
-                             f"{tuple(t.shape)}); call .contiguous() first")
-
-
-def _check_index_tensors(block_tables, seq_lens, batch: int | None = None) -> int:
-    """Check the int32 block table [B, max_blocks] and seq_lens [B]; returns B (`batch` when the caller knows it)."""
-    if block_tables.dtype != torch.int32:
-        raise ValueError(f"block_tables must be int32, got {block_tables.dtype}")
-    if block_tables.dim() != 2:
-        raise ValueError(f"block_tables must be 2-D [B, max_blocks], got shape {tuple(block_tables.shape)}")
-    if batch is None:
-        batch = block_tables.shape[0]
-    if block_tables.shape[0] != batch:
-        raise ValueError(f"block_tables must be [B={batch}, max_blocks], got shape {tuple(block_tables.shape)}")
-    if seq_lens.dtype != torch.int32:
-        raise ValueError(f"seq_lens must be int32, got {seq_lens.dtype}")
-    if seq_lens.dim() != 1 or seq_lens.shape[0] != batch:
-        raise ValueError(f"seq_lens must be [B={batch}], got shape {tuple(seq_lens.shape)}")
-    return batch
-
-
-def _check_cache(name: str, cache: torch.Tensor) -> None:
-    if cache.dim() != 4:
-        raise ValueError(f"{name} must be [num_blocks, block_size, Hkv, D], got shape {tuple(cache.shape)}")
-    if cache.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"{name} dtype {cache.dtype} is not supported; use one of "
-                         f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
-    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
-    if num_blocks < 1:
-        raise ValueError(f"{name} has no blocks (shape {tuple(cache.shape)})")
-    if not (_is_pow2(block_size) and block_size <= MAX_BLOCK_SIZE):
-        raise ValueError(f"block_size (dim 1 of {name}) must be a power of two <= {MAX_BLOCK_SIZE}, got {block_size}")
-    if num_kv_heads < 1 or num_kv_heads > _MAX_GRID_YZ:
-        raise ValueError(f"Hkv (dim 2 of {name}) must be in 1..{_MAX_GRID_YZ}, got {num_kv_heads}")
-    if not (_is_pow2(head_dim) and head_dim <= MAX_HEAD_DIM):
-        raise ValueError(f"head dim (dim 3 of {name}) must be a power of two <= {MAX_HEAD_DIM}, got {head_dim}")
-
-
-def _check_gpu_dtype(t: torch.Tensor) -> None:
-    if t.device.type == "cuda" and t.dtype == torch.bfloat16 and not _INTERPRETING:
-        major, minor = torch.cuda.get_device_capability(t.device)
-        if major < 8:
-            raise ValueError(f"bf16 needs an sm_80 (Ampere) or newer GPU; {torch.cuda.get_device_name(t.device)} "
-                             f"is sm_{major}{minor}: use fp16 there")
-
-
-def _check_lengths_and_blocks(block_tables, seq_lens, block_size: int, num_blocks: int, min_len: int) -> None:
-    """The data-dependent checks: one device->host sync when all is well, details only on error."""
-    max_blocks = block_tables.shape[1]
-    capacity = max_blocks * block_size
-    lens = seq_lens.long()
-    bad_len = (lens < min_len) | (lens > capacity)
-    needed = (lens + block_size - 1) // block_size  # table entries each sequence actually uses
-    used = torch.arange(max_blocks, device=lens.device)[None, :] < needed[:, None]
-    ids = block_tables.long()
-    bad_id = used & ((ids < 0) | (ids >= num_blocks))
-    any_bad_len, any_bad_id = torch.stack([bad_len.any(), bad_id.any()]).tolist()
-    if any_bad_len:
-        b = int(bad_len.nonzero()[0, 0])
-        n = int(lens[b])
-        if n < min_len:
-            raise ValueError(f"seq_lens[{b}] = {n}: every sequence needs at least {min_len} token(s)")
-        raise ValueError(f"seq_lens[{b}] = {n} exceeds the block table's capacity "
-                         f"{max_blocks} blocks x {block_size} tokens = {capacity} tokens")
-    if any_bad_id:
-        b, j = (int(x) for x in bad_id.nonzero()[0])
-        raise ValueError(f"block_tables[{b}, {j}] = {int(ids[b, j])} is outside the pool [0, {num_blocks}) "
-                         f"(sequence {b} has {int(lens[b])} tokens, so its entries 0..{int(needed[b]) - 1} are read)")
-
-
-def _check_out(out, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, min_dim1: int | None = None):
-    if out is None:
-        return
-    _require_tensor("out", out)
-    ok_shape = tuple(out.shape) == shape if min_dim1 is None else (
-        out.dim() == len(shape) and out.shape[0] == shape[0] and out.shape[1] >= min_dim1
-        and tuple(out.shape[2:]) == shape[2:])
-    if not ok_shape:
-        want = shape if min_dim1 is None else f"[{shape[0]}, >= {min_dim1}, {', '.join(map(str, shape[2:]))}]"
-        raise ValueError(f"out must have shape {want}, got {tuple(out.shape)}")
-    if out.dtype != dtype:
-        raise ValueError(f"out must be {dtype}, got {out.dtype}")
-    if out.device != device:
-        raise ValueError(f"out must be on {device}, got {out.device}")
-    if not out.is_contiguous():
-        raise ValueError("out must be contiguous")
-
-
-def _check_scale_splits(scale, num_splits, head_dim: int) -> float:
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits must be an int in 1..{MAX_SPLITS}, got {num_splits!r}")
-    if scale is None:
-        return head_dim ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale == 0:
-        raise ValueError(f"scale must be a finite non-zero number, got {scale!r}")
-    return float(scale)
-
-
-def _check_tile(tile_tokens) -> None:
-    if tile_tokens is not None and (isinstance(tile_tokens, bool) or not isinstance(tile_tokens, int)
-                                    or not _is_pow2(tile_tokens) or not 16 <= tile_tokens <= 256):
-        raise ValueError(f"tile_tokens must be a power of two in 16..256, got {tile_tokens!r}")
-
-
-def _validate_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, validate: bool) -> _Layout:
-    _check_common({"q": q, "k_cache": k_cache, "v_cache": v_cache,
-                   "block_tables": block_tables, "seq_lens": seq_lens})
-    _check_cache("k_cache", k_cache)
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
-    if q.dim() != 3:
-        raise ValueError(f"q must be [B, Hq, D], got shape {tuple(q.shape)}")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError(f"q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-    batch, num_q_heads, q_dim = q.shape
-    if q_dim != head_dim:
-        raise ValueError(f"q head dim {q_dim} does not match the cache's head dim {head_dim}")
-    if num_q_heads < 1 or num_q_heads % num_kv_heads:
-        raise ValueError(f"Hq ({num_q_heads}) must be a positive multiple of Hkv ({num_kv_heads})")
-    if num_q_heads > _MAX_GRID_YZ:
-        raise ValueError(f"Hq must be <= {_MAX_GRID_YZ} (one grid row per query head in the split-K merge), "
-                         f"got {num_q_heads}")
-    if batch > 2**31 - 1:
-        raise ValueError(f"batch {batch} is too large for one launch")
-    _check_index_tensors(block_tables, seq_lens, batch)
-    _check_gpu_dtype(q)
-    if validate and batch:
-        _check_lengths_and_blocks(block_tables, seq_lens, block_size, num_blocks, min_len=1)
-    return _Layout(batch, num_kv_heads, head_dim, block_size, num_blocks, num_q_heads)
-
-
-# --------------------------------------------------------------------------------------------
 # Launch helpers
 # --------------------------------------------------------------------------------------------
 _VARIANTS: dict[tuple, object] = {}
@@ -636,7 +463,7 @@ class _Launch:
         self.kernel[self.grid](*self.args, **self.kwargs)
 
 
-def _attention_launches(q, k, v, block_tables, seq_lens, out, layout: _Layout, scale: float, num_splits: int,
+def _attention_launches(q, k, v, block_tables, seq_lens, out, layout: args.Layout, scale: float, num_splits: int,
                         paged: bool, tile_tokens=None, use_dot=None, force_split=False,
                         token_offset_fn=None, capability: tuple[int, int] | None = None) -> list[_Launch]:
     """The launches for one attention call.  ``capability`` (major, minor) is the GPU the kernels
@@ -680,7 +507,7 @@ def _attention_launches(q, k, v, block_tables, seq_lens, out, layout: _Layout, s
     return launches
 
 
-def _launch_attention(q, k, v, block_tables, seq_lens, out, layout: _Layout, scale: float, num_splits: int,
+def _launch_attention(q, k, v, block_tables, seq_lens, out, layout: args.Layout, scale: float, num_splits: int,
                       paged: bool, tile_tokens=None, use_dot=None, force_split=False, token_offset_fn=None):
     launches = _attention_launches(q, k, v, block_tables, seq_lens, out, layout, scale, num_splits, paged,
                                    tile_tokens, use_dot, force_split, token_offset_fn)
@@ -721,23 +548,7 @@ def paged_gather(cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torc
     — ``kv_token_offset`` computes exactly that address.  ``validate=False`` skips the
     data-dependent checks (lengths, block ids), which cost a device->host sync.
     """
-    _check_common({"cache": cache, "block_tables": block_tables, "seq_lens": seq_lens})
-    _check_cache("cache", cache)
-    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
-    batch = _check_index_tensors(block_tables, seq_lens)
-    if batch > _MAX_GRID_YZ:
-        raise ValueError(f"paged_gather launches one grid row per sequence: B must be <= {_MAX_GRID_YZ}, got {batch}")
-    if validate and batch:
-        _check_lengths_and_blocks(block_tables, seq_lens, block_size, num_blocks, min_len=0)
-    if out is None:
-        max_len = int(seq_lens.max()) if batch else 0
-        out_shape = (batch, max_len, num_kv_heads, head_dim)
-    else:
-        out_shape = (batch, out.shape[1] if out.dim() == 4 else -1, num_kv_heads, head_dim)
-        if validate and batch:
-            _check_out(out, out_shape, cache.dtype, cache.device, min_dim1=int(seq_lens.max()))
-        else:
-            _check_out(out, out_shape, cache.dtype, cache.device)
+    out_shape = args.check_gather(cache, block_tables, seq_lens, out, validate)
     if _fallback_reason(cache.device) is not None:
         result = paged_gather_reference(cache, block_tables, seq_lens, out_len=out_shape[1])
         return result if out is None else out.copy_(result)
@@ -769,10 +580,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     sync): only for callers that have already validated the same tables, such as benchmarks.
     ``tile_tokens`` overrides the tokens per loop iteration (power of two, 16..256).
     """
-    layout = _validate_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, validate)
-    scale = _check_scale_splits(scale, num_splits, layout.head_dim)
-    _check_tile(tile_tokens)
-    _check_out(out, tuple(q.shape), q.dtype, q.device)
+    layout, scale = args.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits,
+                                               tile_tokens, out, validate, _INTERPRETING)
     if _fallback_reason(q.device) is not None:
         result = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale)
         return result if out is None else out.copy_(result)
@@ -795,40 +604,15 @@ def contiguous_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     a measurement of what the block table costs and nothing else.  seq_lens: int32 ``[B]``,
     each in 1..S_max.
     """
-    _check_common({"q": q, "k": k, "v": v, "seq_lens": seq_lens})
-    if k.dim() != 4 or v.shape != k.shape:
-        raise ValueError(f"k and v must both be [B, S_max, Hkv, D], got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.dim() != 3 or q.shape[0] != k.shape[0]:
-        raise ValueError(f"q must be [B={k.shape[0]}, Hq, D], got shape {tuple(q.shape)}")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"q, k, v must share one of {SUPPORTED_DTYPES}, got {q.dtype}, {k.dtype}, {v.dtype}")
-    batch, s_max, num_kv_heads, head_dim = k.shape
-    num_q_heads = q.shape[1]
-    if q.shape[2] != head_dim or not (_is_pow2(head_dim) and head_dim <= MAX_HEAD_DIM):
-        raise ValueError(f"head dim must be a power of two <= {MAX_HEAD_DIM} shared by q and k; "
-                         f"got q {q.shape[2]}, k {head_dim}")
-    if num_kv_heads < 1 or num_kv_heads > _MAX_GRID_YZ or num_q_heads < 1 or num_q_heads % num_kv_heads:
-        raise ValueError(f"Hq ({num_q_heads}) must be a positive multiple of Hkv ({num_kv_heads})")
-    if seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (batch,):
-        raise ValueError(f"seq_lens must be int32 [B={batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
-    _check_gpu_dtype(q)
-    if validate and batch:
-        lens = seq_lens.long()
-        bad = (lens < 1) | (lens > s_max)
-        if bool(bad.any()):
-            b = int(bad.nonzero()[0, 0])
-            raise ValueError(f"seq_lens[{b}] = {int(lens[b])} must be in 1..S_max={s_max}")
-    scale = _check_scale_splits(scale, num_splits, head_dim)
-    _check_tile(tile_tokens)
-    _check_out(out, tuple(q.shape), q.dtype, q.device)
+    layout, scale = args.check_contiguous_attention(q, k, v, seq_lens, scale, num_splits, tile_tokens, out, validate,
+                                                    _INTERPRETING)
     if _fallback_reason(q.device) is not None:
         result = contiguous_decode_attention_reference(q, k, v, seq_lens, scale)
         return result if out is None else out.copy_(result)
     if out is None:
         out = torch.empty_like(q)
-    if batch == 0:
+    if layout.batch == 0:
         return out
-    layout = _Layout(batch, num_kv_heads, head_dim, s_max, batch, num_q_heads)
     return _launch_attention(q, k, v, seq_lens, seq_lens, out, layout, scale, num_splits,
                              paged=False, tile_tokens=tile_tokens)
 
@@ -843,8 +627,8 @@ def gather_then_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     kernel moves them once.  ``workspace=(k_buf, v_buf)``, each ``[B, S >= max(seq_lens), Hkv, D]``,
     reuses caller-owned buffers instead of allocating (the benchmark does, to fit big pools).
     """
-    layout = _validate_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, validate)
-    scale = _check_scale_splits(scale, num_splits, layout.head_dim)
+    layout, scale = args.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits,
+                                               None, None, validate, _INTERPRETING)
     k_buf, v_buf = workspace if workspace is not None else (None, None)
     k_flat = paged_gather(k_cache, block_tables, seq_lens, out=k_buf, validate=validate)
     v_flat = paged_gather(v_cache, block_tables, seq_lens, out=v_buf, validate=validate)
@@ -861,23 +645,11 @@ def kv_token_offsets(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_s
     from, or -1 past ``seq_lens[b]``.  No cache is touched, so a lab can inspect the addresses
     of a pool far larger than memory (e.g. block ids near 2**31).
     """
-    _check_common({"block_tables": block_tables, "seq_lens": seq_lens})
-    batch = _check_index_tensors(block_tables, seq_lens)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or not _is_pow2(block_size) \
-            or block_size > MAX_BLOCK_SIZE:
-        raise ValueError(f"block_size must be a power of two <= {MAX_BLOCK_SIZE}, got {block_size!r}")
-    for name, stride in (("stride_block", stride_block), ("stride_slot", stride_slot)):
-        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
-            raise ValueError(f"{name} must be a positive int, got {stride!r}")
+    batch = args.check_offsets(block_tables, seq_lens, block_size, stride_block, stride_slot)
     reason = backend_status(block_tables.device)
     if reason is not None:
         raise RuntimeError(f"kv_token_offsets runs the Triton helper itself and cannot here: {reason}")
-    max_len = int(seq_lens.max()) if batch else 0
-    if (batch and int(seq_lens.min()) < 0) or max_len > block_tables.shape[1] * block_size:
-        raise ValueError(f"seq_lens must be in 0..{block_tables.shape[1] * block_size}")
-    if batch > 2**31 - 1 or -(-max_len // _PROBE_TILE) > _MAX_GRID_YZ:
-        raise ValueError(f"kv_token_offsets launches one program per {_PROBE_TILE} tokens on grid axis 1: "
-                         f"max(seq_lens) must be <= {_PROBE_TILE * _MAX_GRID_YZ}, got {max_len}")
+    max_len = args.check_offset_lengths(block_tables, seq_lens, block_size, batch, _PROBE_TILE)
     out = torch.empty(batch, max_len, dtype=torch.int64, device=block_tables.device)
     if out.numel() == 0:
         return out
@@ -936,8 +708,8 @@ def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_c
                                      scale: float | None = None, num_splits: int = 1) -> torch.Tensor:
     """Plain-torch ``paged_decode_attention`` (gather, then fp32 softmax).  Same signature; the
     split count changes how a kernel schedules the work, not the result, so it is ignored."""
-    _validate_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, validate=True)
-    scale = _check_scale_splits(scale, num_splits, q.shape[-1])
+    _, scale = args.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, None, None,
+                                          True, _INTERPRETING)
     k = paged_gather_reference(k_cache, block_tables, seq_lens)
     v = paged_gather_reference(v_cache, block_tables, seq_lens)
     return contiguous_decode_attention_reference(q, k, v, seq_lens, scale)

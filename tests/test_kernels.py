@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import labsupport  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
+from labsupport import kernel_args
 from labsupport import kernels as K
 
 triton = pytest.importorskip("triton")
@@ -151,7 +152,7 @@ def test_custom_scale_and_default_scale():
 def test_dot_and_broadcast_paths_agree_on_the_same_gqa_input():
     # GQA normally takes the tl.dot path (group padded to 16 rows); the broadcast path must agree.
     case = Case(seed=5, lens=[1, 33, 64], hq=8, hkv=2, d=32, bs=16)
-    layout = K._validate_paged_attention(*case.args(), validate=True)
+    layout, _ = kernel_args.check_paged_attention(*case.args(), None, 1, None, None, True, K._INTERPRETING)
     results = []
     for use_dot in (True, False):
         out = case.poisoned_out()
@@ -185,7 +186,7 @@ def test_split_k_invariance():
 
 def test_one_split_through_the_merge_equals_the_unsplit_kernel(monkeypatch):
     case = Case(seed=22, lens=[9, 70], hq=4, hkv=4, d=16, bs=8)
-    layout = K._validate_paged_attention(*case.args(), validate=True)
+    layout, _ = kernel_args.check_paged_attention(*case.args(), None, 1, None, None, True, K._INTERPRETING)
     direct = K.paged_decode_attention(*case.args())
     merged = case.poisoned_out()
     K._launch_attention(*case.args(), merged, layout, 16 ** -0.5, 1, paged=True, force_split=True)
@@ -429,6 +430,7 @@ FALLBACK_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a subprocess that imports torch and triton afresh
 @pytest.mark.parametrize("prelude,reason", [
     ("sys.modules['triton'] = None", "triton is not importable"),
     ("import os; os.environ.pop('TRITON_INTERPRET', None); import triton", "without TRITON_INTERPRET=1"),

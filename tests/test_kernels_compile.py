@@ -54,6 +54,9 @@ def _toolchain_reason() -> str | None:
     return None
 
 
+pytestmark = pytest.mark.slow  # the compile matrix: a fresh triton compiles every configuration for three GPUs
+
+
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     reason = _toolchain_reason()
@@ -127,6 +130,7 @@ def _main() -> None:
     import torch
 
     import labsupport  # noqa: F401
+    from labsupport import kernel_args
     from labsupport import kernels as K
 
     try:
@@ -188,11 +192,11 @@ def _main() -> None:
         q = torch.zeros(batch, hq, d, dtype=dtype)
         if kind == "contiguous":
             k = torch.zeros(batch, 256, hkv, d, dtype=dtype)
-            layout = K._Layout(batch, hkv, d, 256, batch, hq)
+            layout = kernel_args.Layout(batch, hkv, d, 256, batch, hq)
             return K._attention_launches(q, k, k, lens, lens, torch.empty_like(q), layout, d ** -0.5, splits,
                                          paged=False, capability=divmod(sm, 10))
         k = torch.zeros(num_blocks, bs, hkv, d, dtype=dtype)
-        layout = K._Layout(batch, hkv, d, bs, num_blocks, hq)
+        layout = kernel_args.Layout(batch, hkv, d, bs, num_blocks, hq)
         fn = student_token_offset if kind == "student" else None
         return K._attention_launches(q, k, k, table, lens, torch.empty_like(q), layout, d ** -0.5, splits,
                                      paged=True, token_offset_fn=fn, capability=divmod(sm, 10))
