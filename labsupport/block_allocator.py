@@ -5,17 +5,17 @@ gets a block table mapping its logical block i to whichever physical block holds
 sequence grows by one block when its last one fills, so it wastes at most `block_size - 1` tokens.
 Blocks are reference-counted, so `fork` shares a prompt among n branches and the first divergent
 append copies only the shared last block (copy-on-write, §10.4).  `swap_out` / `swap_in` move a
-preempted sequence's blocks out and back into possibly different blocks (§10.5).  An optional
-prefix index lets requests that start with the same tokens share blocks across requests (the
-seed of the Nov 9 lecture).
+preempted sequence's blocks out and back into possibly different blocks (§10.5).  A prefix index
+that lets requests starting with the same tokens share blocks across requests (the seed of the
+Nov 9 lecture) is a subclass, `labsupport.prefix_cache.PrefixCachingAllocator`.
 
 The paged KV cache (`labsupport.kvcache`) puts real tensors behind these block ids; the engine
 (`labsupport.engine`) drives it every step.
 """
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from typing import Callable, Hashable, Mapping, NamedTuple, Sequence
+from collections import deque
+from typing import Hashable, Mapping, NamedTuple, Sequence
 
 from labsupport.checks import as_count as _as_count
 from labsupport.checks import check_fits_in_memory, shown
@@ -49,58 +49,36 @@ class BlockAllocator:
     append to a shared, partly filled last block copies it (copy-on-write).  `swap_out` releases a
     sequence's blocks and remembers its length; `swap_in` gives it fresh, possibly different blocks.
 
-    With `enable_prefix_caching`, each full block whose token ids are known is entered in an index
-    under a hash chained with the previous block's hash.  A later `allocate` with the same leading
-    token ids reuses those blocks.  A hit is verified, not trusted: the stored token ids must match
-    and the stored parent must be the very block (and generation) matched one position earlier,
-    so a hash collision can cost a hit but never share wrong content.  Freed indexed blocks stay
-    cached (least recently freed are evicted first) until the pool needs them.
-
     `block_tables` holds the resident sequences; `seq_lens` holds resident and swapped-out ones.
     Every public operation either completes or raises before changing anything.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, *,
-                 kv_bytes_per_token: int | None = None, hash_fn: Callable[[object], int] = hash):
+    def __init__(self, num_blocks: int, block_size: int, *, kv_bytes_per_token: int | None = None):
         self.num_blocks = _as_count("num_blocks", num_blocks, 1)
         self.block_size = _as_count("block_size", block_size, 1)
         if self.num_blocks > _CHECK_MEMORY_ABOVE:
             check_fits_in_memory(f"a pool of {self.num_blocks:,} blocks", bookkeeping_bytes(self.num_blocks))
-        self.enable_prefix_caching = bool(enable_prefix_caching)
         self.kv_bytes_per_token = (None if kv_bytes_per_token is None
                                    else _as_count("kv_bytes_per_token", kv_bytes_per_token, 1))
         self.block_tables: dict[Hashable, list[int]] = {}  # resident sequences only
         self.seq_lens: dict[Hashable, int] = {}  # resident and swapped-out sequences
-        self.num_cached_tokens: dict[Hashable, int] = {}  # tokens served by the prefix index at allocate
         self._ref = [0] * self.num_blocks
         self._free: deque[int] = deque(range(self.num_blocks))  # FIFO: a freed block is reused last
         self._swapped: set = set()
-        # prefix caching state
-        if not callable(hash_fn):
-            raise ValueError(f"hash_fn must be a function of a tuple, got {shown(hash_fn)}")
-        self._hash_fn = hash_fn
-        self._cached_free: OrderedDict[int, None] = OrderedDict()  # free blocks still holding indexed content
-        self._index: dict[int, int] = {}  # chained hash -> block id
-        self._block_hash: list[int | None] = [None] * self.num_blocks
-        self._block_key: list[tuple | None] = [None] * self.num_blocks  # (parent block, parent gen, token ids)
-        self._gen = [0] * self.num_blocks  # bumped whenever a block gets new content
-        self._tokens: dict[Hashable, list[int] | None] = {}
-        self._hashes: dict[Hashable, list[int]] = {}
-        self._take_block = self._take_block_cached if self.enable_prefix_caching else self._take_block_plain
 
     # -- queries ---------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        """Blocks a new allocation may take, including cached ones it would evict."""
-        return len(self._free) + len(self._cached_free)
+        """Blocks a new allocation may take."""
+        return len(self._free)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free) - len(self._cached_free)
+        return self.num_blocks - self.num_free_blocks
 
-    @property
-    def num_cached_free_blocks(self) -> int:
-        return len(self._cached_free)
+    def cached_tokens(self, seq_id: Hashable) -> int:
+        """Leading tokens of a sequence whose KV another request already wrote (0 without a prefix index)."""
+        return 0
 
     def ref_count(self, block_id: int) -> int:
         b = _as_count("block_id", block_id, 0)
@@ -112,20 +90,18 @@ class BlockAllocator:
         return list(self._ref)
 
     def free_block_ids(self) -> list[int]:
-        """Free blocks in the order they will be handed out (clean ones first, then cached LRU)."""
-        return list(self._free) + list(self._cached_free)
+        """Free blocks in the order they will be handed out."""
+        return list(self._free)
 
     def block_state(self, block_id: int) -> str:
-        """'used', 'cached' (free but still indexed) or 'free' -- what a lab colours the pool by."""
-        if self.ref_count(block_id):
-            return "used"
-        return "cached" if block_id in self._cached_free else "free"
+        """'used' or 'free' -- what a lab colours the pool by."""
+        return "used" if self.ref_count(block_id) else "free"
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-_as_count("num_tokens", num_tokens, 0) // self.block_size)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return _as_count("num_blocks", num_blocks, 0) <= len(self._free) + len(self._cached_free)
+        return _as_count("num_blocks", num_blocks, 0) <= self.num_free_blocks
 
     def is_swapped(self, seq_id: Hashable) -> bool:
         try:
@@ -171,26 +147,13 @@ class BlockAllocator:
         raise ValueError(f"sequence {shown(seq_id)} already exists ({state}); free it first or pick a new id")
 
     def _out_of_blocks(self, need: int, what: str) -> OutOfBlocks:
-        free = len(self._free) + len(self._cached_free)
+        free = self.num_free_blocks
         return OutOfBlocks(f"{what}: needs {need} free block(s), {free} of {self.num_blocks} free "
                            f"(block_size={self.block_size})", needed=need, free=free)
 
     # -- the hot path ----------------------------------------------------------------------------
-    def _take_block_plain(self) -> int:
+    def _take_block(self) -> int:
         b = self._free.popleft()
-        self._ref[b] = 1
-        return b
-
-    def _take_block_cached(self) -> int:
-        if self._free:
-            b = self._free.popleft()
-        else:  # evict the least recently freed cached block
-            b, _ = self._cached_free.popitem(last=False)
-            h = self._block_hash[b]
-            if self._index.get(h) == b:
-                del self._index[h]
-            self._block_hash[b] = self._block_key[b] = None
-        self._gen[b] += 1
         self._ref[b] = 1
         return b
 
@@ -198,73 +161,48 @@ class BlockAllocator:
         r = self._ref[b] - 1
         self._ref[b] = r
         if not r:
-            if self._block_hash[b] is None:
-                self._free.append(b)
-            else:  # keep its content findable until the pool needs the block
-                self._cached_free[b] = None
+            self._free.append(b)
 
     # -- sequence operations ---------------------------------------------------------------------
     def allocate(self, seq_id: Hashable, num_tokens: int, token_ids: Sequence[int] | None = None) -> list[int]:
         """Give a new sequence blocks for `num_tokens` tokens; returns its block table.
 
-        With prefix caching and `token_ids`, leading full blocks found in the index are shared
-        (`num_cached_tokens[seq_id]` says how many tokens that covered) and the new full blocks
-        are entered in the index.
+        `token_ids`, when given, must be the prompt's ids; a prefix index reads them (this allocator
+        only checks them).
         """
+        num_tokens, token_ids = self._check_allocate(seq_id, num_tokens, token_ids)
+        n = -(-num_tokens // self.block_size)
+        free = self._free
+        if n > len(free):
+            raise self._out_of_blocks(n, f"allocate {seq_id!r} ({num_tokens} tokens)")
+        ref = self._ref
+        table = []
+        for _ in range(n):
+            b = free.popleft()
+            ref[b] = 1
+            table.append(b)
+        self.block_tables[seq_id] = table
+        self.seq_lens[seq_id] = num_tokens
+        return table[:]
+
+    def _check_allocate(self, seq_id, num_tokens, token_ids) -> tuple[int, list[int] | None]:
         self._check_new(seq_id)
         if type(num_tokens) is not int or num_tokens < 0:
             num_tokens = _as_count("num_tokens", num_tokens, 0)
-        bs = self.block_size
-        n = -(-num_tokens // bs)
         if token_ids is not None:
             if isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__iter__"):
                 raise ValueError(f"token_ids must be a sequence of integer token ids, got {shown(token_ids)}")
             token_ids = [_as_count("token id", t, 0) for t in token_ids]
             if len(token_ids) != num_tokens:
                 raise ValueError(f"token_ids has {len(token_ids)} ids but num_tokens={num_tokens}")
-        if not self.enable_prefix_caching:
-            free = self._free
-            if n > len(free):
-                raise self._out_of_blocks(n, f"allocate {seq_id!r} ({num_tokens} tokens)")
-            ref = self._ref
-            table = []
-            for _ in range(n):
-                b = free.popleft()
-                ref[b] = 1
-                table.append(b)
-            self.block_tables[seq_id] = table
-            self.seq_lens[seq_id] = num_tokens
-            return table[:]
-
-        hashes = self._chain_hashes(token_ids, 0, num_tokens // bs, -1) if token_ids is not None else []
-        hits = self._match(token_ids, hashes)
-        need = n - len(hits) + sum(1 for b in hits if self._ref[b] == 0)
-        if need > self.num_free_blocks:
-            raise self._out_of_blocks(need, f"allocate {seq_id!r} ({num_tokens} tokens, {len(hits)} cached blocks)")
-        table = []
-        for b in hits:  # revive cached blocks before taking new ones, so eviction cannot pick them
-            if self._ref[b] == 0:
-                del self._cached_free[b]
-            self._ref[b] += 1
-            table.append(b)
-        for _ in range(n - len(hits)):
-            table.append(self._take_block())
-        self.block_tables[seq_id] = table
-        self.seq_lens[seq_id] = num_tokens
-        self.num_cached_tokens[seq_id] = len(hits) * bs
-        self._tokens[seq_id] = token_ids
-        self._hashes[seq_id] = hashes
-        if token_ids is not None:
-            for i in range(len(hits), len(hashes)):
-                self._register(table, i, hashes[i], token_ids)
-        return list(table)
+        return num_tokens, token_ids
 
     def append_slot(self, seq_id: Hashable, token_id: int | None = None) -> AppendResult:
         """Reserve the slot of one more token of a resident sequence.
 
         A full (or missing) last block means a fresh block; a shared, partly filled last block is
         copied first (copy-on-write): `cow=(src, dst)` tells the cache which block to copy.
-        `token_id` keeps the prefix index able to register the block this token completes.
+        `token_id` is the token's id, which a prefix index needs to register the block it completes.
         """
         try:
             table = self.block_tables.get(seq_id)
@@ -279,14 +217,14 @@ class BlockAllocator:
         off = n % bs
         cow = None
         if off == 0:
-            if not self._free and not self._cached_free:
+            if not self._free and not self.num_free_blocks:  # (a subclass may keep other free blocks)
                 raise self._out_of_blocks(1, f"append to {seq_id!r}")
             b = self._take_block()
             table.append(b)
         else:
             b = table[-1]
             if self._ref[b] > 1:
-                if not self._free and not self._cached_free:
+                if not self._free and not self.num_free_blocks:
                     raise self._out_of_blocks(1, f"copy-on-write for {seq_id!r}")
                 src = b
                 b = self._take_block()
@@ -294,8 +232,6 @@ class BlockAllocator:
                 table[-1] = b
                 cow = (src, b)
         self.seq_lens[seq_id] = n + 1
-        if self.enable_prefix_caching:
-            self._track_token(seq_id, table, n + 1, token_id)
         return AppendResult(b * bs + off, cow)
 
     def append_slots(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int] | None = None) -> list[AppendResult]:
@@ -340,11 +276,6 @@ class BlockAllocator:
             ref[b] += 1
         self.block_tables[child_id] = list(table)
         self.seq_lens[child_id] = self.seq_lens[parent_id]
-        if self.enable_prefix_caching:
-            toks = self._tokens.get(parent_id)
-            self._tokens[child_id] = None if toks is None else list(toks)
-            self._hashes[child_id] = list(self._hashes.get(parent_id, ()))
-            self.num_cached_tokens[child_id] = 0
         return list(table)
 
     def free(self, seq_id: Hashable) -> None:
@@ -363,10 +294,6 @@ class BlockAllocator:
             for b in reversed(table):
                 self._release_block(b)
         del self.seq_lens[seq_id]
-        if self.enable_prefix_caching:
-            self.num_cached_tokens.pop(seq_id, None)
-            self._tokens.pop(seq_id, None)
-            self._hashes.pop(seq_id, None)
 
     def swap_out(self, seq_id: Hashable) -> list[int]:
         """Release a resident sequence's blocks (shared ones stay with their other holders) and mark
@@ -390,58 +317,7 @@ class BlockAllocator:
         table = [self._take_block() for _ in range(n)]
         self._swapped.discard(seq_id)
         self.block_tables[seq_id] = table
-        toks = self._tokens.get(seq_id)
-        if self.enable_prefix_caching and toks is not None:
-            hashes = self._hashes[seq_id]
-            for i in range(len(hashes)):
-                self._register(table, i, hashes[i], toks)
         return list(table)
-
-    # -- prefix index ----------------------------------------------------------------------------
-    def _chain_hashes(self, token_ids, start_block, end_block, prev) -> list[int]:
-        bs, h, out = self.block_size, prev, []
-        for i in range(start_block, end_block):
-            h = self._hash_fn((h, tuple(token_ids[i * bs:(i + 1) * bs])))
-            out.append(h)
-        return out
-
-    def _match(self, token_ids, hashes) -> list[int]:
-        """Leading blocks whose content is verified equal to token_ids' leading full blocks."""
-        hits: list[int] = []
-        bs, parent, parent_gen = self.block_size, -1, 0
-        for i, h in enumerate(hashes):
-            b = self._index.get(h)
-            if b is None or self._block_key[b] != (parent, parent_gen, tuple(token_ids[i * bs:(i + 1) * bs])):
-                break
-            hits.append(b)
-            parent, parent_gen = b, self._gen[b]
-        return hits
-
-    def _register(self, table, i, h, token_ids) -> None:
-        """Enter full block i of a sequence in the index, unless the hash already names a block."""
-        if h in self._index:
-            return
-        b = table[i]
-        bs = self.block_size
-        parent = table[i - 1] if i else -1
-        self._index[h] = b
-        self._block_hash[b] = h
-        self._block_key[b] = (parent, self._gen[parent] if i else 0, tuple(token_ids[i * bs:(i + 1) * bs]))
-
-    def _track_token(self, seq_id, table, n, token_id) -> None:
-        toks = self._tokens.get(seq_id)
-        if toks is None:
-            return
-        if token_id is None:  # content unknown from here on: stop indexing this sequence
-            self._tokens[seq_id] = None
-            return
-        toks.append(token_id)
-        bs = self.block_size
-        if n % bs == 0:
-            hashes = self._hashes[seq_id]
-            i = n // bs - 1
-            hashes.extend(self._chain_hashes(toks, i, i + 1, hashes[-1] if hashes else -1))
-            self._register(table, i, hashes[i], toks)
 
     # -- accounting and checks -------------------------------------------------------------------
     def stats(self, final_lens: Mapping[Hashable, int] | None = None, kv_bytes_per_token: int | None = None) -> MemoryStats:
@@ -484,21 +360,15 @@ class BlockAllocator:
             "seq_lens": dict(self.seq_lens),
             "ref_counts": list(self._ref),
             "free": list(self._free),
-            "cached_free": list(self._cached_free),
             "swapped": set(self._swapped),
-            "index": dict(self._index),
-            "num_cached_tokens": dict(self.num_cached_tokens),
-            "tokens": {s: (None if t is None else list(t)) for s, t in self._tokens.items()},
         }
 
     def check_invariants(self) -> None:
         """Raise InvariantError unless the bookkeeping is consistent (see the class docstring)."""
         nb, bs = self.num_blocks, self.block_size
-        free, cached = list(self._free), list(self._cached_free)
+        free = self.free_block_ids()
         if len(set(free)) != len(free):
-            raise InvariantError("a block appears twice in the free list")
-        if set(free) & set(cached):
-            raise InvariantError(f"blocks both clean-free and cached-free: {sorted(set(free) & set(cached))}")
+            raise InvariantError("a block appears twice in the free lists")
         counts = [0] * nb
         for s, table in self.block_tables.items():
             if s in self._swapped:
@@ -514,7 +384,7 @@ class BlockAllocator:
         if counts != self._ref:
             bad = [b for b in range(nb) if counts[b] != self._ref[b]]
             raise InvariantError(f"ref_count disagrees with the block tables for blocks {bad[:10]}")
-        free_set = set(free) | set(cached)
+        free_set = set(free)
         used = {b for b in range(nb) if counts[b]}
         if used & free_set:
             raise InvariantError(f"blocks both free and used: {sorted(used & free_set)[:10]}")
@@ -522,23 +392,3 @@ class BlockAllocator:
             raise InvariantError(f"free ({len(free_set)}) + used ({len(used)}) != total ({nb})")
         if set(self.seq_lens) != set(self.block_tables) | self._swapped:
             raise InvariantError("seq_lens does not cover exactly the resident and swapped-out sequences")
-        for h, b in self._index.items():
-            if self._block_hash[b] != h:
-                raise InvariantError(f"index names block {b} under a hash it does not carry")
-            if not (counts[b] or b in self._cached_free):
-                raise InvariantError(f"index names block {b}, which is neither live nor cached")
-        for b in cached:
-            h = self._block_hash[b]
-            if h is None or self._index.get(h) != b:
-                raise InvariantError(f"cached-free block {b} is not in the index")
-        for b in free:
-            if self._block_hash[b] is not None:
-                raise InvariantError(f"clean-free block {b} still carries an index entry")
-        for s, table in self.block_tables.items():  # indexed content is what its holders hold
-            toks = self._tokens.get(s)
-            if toks is None:
-                continue
-            for i, b in enumerate(table[: len(toks) // bs]):
-                key = self._block_key[b]
-                if key is not None and key[2] != tuple(toks[i * bs:(i + 1) * bs]):
-                    raise InvariantError(f"block {b} is indexed with content sequence {s!r} does not hold")

@@ -23,6 +23,7 @@ from labsupport.checks import as_count as _as_count
 from labsupport.checks import as_device, check_fits_in_memory, shown
 from labsupport.contiguous import ReserveToMaxAllocator
 from labsupport.memory_stats import OutOfBlocks, ReservationExceeded, UnknownSequence
+from labsupport.prefix_cache import PrefixCachingAllocator
 
 __all__ = ["PagedKVCache", "ContiguousKVCache"]
 
@@ -105,8 +106,8 @@ class PagedKVCache(_KVShape):
         self.head_dim = _as_count("head_dim", head_dim, 1)
         self.dtype = _check_dtype(dtype)
         self.device = as_device("device", device)
-        self.allocator = BlockAllocator(num_blocks, block_size, enable_prefix_caching,
-                                        kv_bytes_per_token=self.kv_bytes_per_token)
+        allocator = PrefixCachingAllocator if enable_prefix_caching else BlockAllocator
+        self.allocator = allocator(num_blocks, block_size, kv_bytes_per_token=self.kv_bytes_per_token)
         self.block_size = block_size
         self.num_blocks = self.allocator.num_blocks
         self._check_pool_fits(f"a KV pool of {self.num_blocks:,} blocks of {block_size} tokens on {self.device}",
@@ -133,7 +134,7 @@ class PagedKVCache(_KVShape):
     def prepare_prefill(self, seq_id: Hashable, num_tokens: int, token_ids: Sequence[int] | None = None) -> torch.Tensor:
         """Allocate a new sequence of `num_tokens` and return its slot mapping [num_tokens] (int64).
 
-        With prefix caching, the first `allocator.num_cached_tokens[seq_id]` slots lie in shared
+        With prefix caching, the first `allocator.cached_tokens(seq_id)` slots lie in shared
         blocks that already hold those tokens' K/V; a model that recomputes them may skip writing
         them (`slot_mapping[num_cached:]`).  Writing identical values there is harmless.
         """
@@ -181,7 +182,7 @@ class PagedKVCache(_KVShape):
         t = k.shape[1]
         self._check_kv(k, v, (self.num_layers, t), "add_sequence")
         slots = self.prepare_prefill(seq_id, t, token_ids)
-        start = self.allocator.num_cached_tokens.get(seq_id, 0)
+        start = self.allocator.cached_tokens(seq_id)
         for layer in range(self.num_layers):  # shapes were checked above; slots come from the allocator
             self._scatter(layer, slots[start:], k[layer, start:], v[layer, start:])
         return self.allocator.table(seq_id)

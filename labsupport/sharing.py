@@ -18,6 +18,7 @@ import numpy as np
 from labsupport.block_allocator import BlockAllocator
 from labsupport.checks import as_count as _count
 from labsupport.memory_stats import OutOfBlocks
+from labsupport.prefix_cache import PrefixCachingAllocator
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def replay_prefix_cache(workload, num_blocks: int | None = None, block_tokens: i
     name, lists = _hash_lists(workload)
     total = sum(len(h) for h in lists)
     pool = total if num_blocks is None else _count("num_blocks", num_blocks, 1)
-    alloc = BlockAllocator(max(1, pool), 1, enable_prefix_caching=True)
+    alloc = PrefixCachingAllocator(max(1, pool), 1)
     cum_req = np.zeros(len(lists), dtype=np.int64)
     cum_hit = np.zeros(len(lists), dtype=np.int64)
     requested = hits = skipped = 0

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from labsupport.block_allocator import BlockAllocator
+from labsupport.prefix_cache import PrefixCachingAllocator
 from labsupport.contiguous import (
     ContiguousAllocator,
     OrcaAllocator,
@@ -342,7 +343,7 @@ def test_check_invariants_catches_corruption():
 
 
 def test_prefix_cache_shares_identical_prefixes_and_keeps_them_after_free():
-    alloc = BlockAllocator(16, 4, enable_prefix_caching=True)
+    alloc = PrefixCachingAllocator(16, 4)
     system = list(range(100, 108))  # two full blocks
     t1 = alloc.allocate("u1", 10, system + [1, 2])
     t2 = alloc.allocate("u2", 11, system + [7, 8, 9])
@@ -360,7 +361,7 @@ def test_prefix_cache_shares_identical_prefixes_and_keeps_them_after_free():
 
 
 def test_prefix_cache_registers_blocks_filled_by_decode_and_evicts_lru():
-    alloc = BlockAllocator(4, 2, enable_prefix_caching=True)
+    alloc = PrefixCachingAllocator(4, 2)
     alloc.allocate("a", 1, [5])
     alloc.append_slot("a", 6)  # completes block 0 = (5, 6)
     alloc.append_slot("a", 7)
@@ -378,7 +379,7 @@ def test_prefix_cache_registers_blocks_filled_by_decode_and_evicts_lru():
 
 
 def test_hash_collisions_never_share_wrong_content():
-    alloc = BlockAllocator(32, 2, enable_prefix_caching=True, hash_fn=lambda key: 0)  # everything collides
+    alloc = PrefixCachingAllocator(32, 2, hash_fn=lambda key: 0)  # everything collides
     alloc.allocate("a", 6, [1, 2, 3, 4, 5, 6])
     tb = alloc.allocate("b", 6, [9, 9, 3, 4, 5, 6])
     assert alloc.num_cached_tokens["b"] == 0 and not set(tb) & set(alloc.table("a"))
@@ -410,7 +411,8 @@ class BlockMachine(RuleBasedStateMachine):
                 collide=st.booleans())
     def setup(self, block_size, num_blocks, prefix, collide):
         kwargs = {"hash_fn": (lambda key: hash(key) % 3)} if collide else {}
-        self.alloc = BlockAllocator(num_blocks, block_size, prefix, **kwargs)
+        self.alloc = (PrefixCachingAllocator(num_blocks, block_size, **kwargs) if prefix
+                      else BlockAllocator(num_blocks, block_size))
         self.mem: dict[int, object] = {}
         self.model: dict[int, list] = {}  # seq -> values
         self.tokens: dict[int, list | None] = {}
@@ -450,7 +452,7 @@ class BlockMachine(RuleBasedStateMachine):
         self.tokens[sid] = None if toks is None else list(toks)
         values = [self._value(sid, i) for i in range(n)]
         slots = self.alloc.slot_mapping(sid, 0, n)
-        cached = self.alloc.num_cached_tokens.get(sid, 0)
+        cached = self.alloc.cached_tokens(sid)
         if cached:
             event("prefix hit")
         for i, (s, val) in enumerate(zip(slots, values)):
@@ -637,8 +639,7 @@ def test_prefix_hit_needs_the_very_parent_block_not_a_reused_one():
     ignoring the parent) builds the case: block a1 holds token 2 after prefix [1]; its parent a0
     is then reused for prefix [5]; a request [5, 2] must not take a1 (its K/V belongs to [1, 2]).
     """
-    alloc = BlockAllocator(3, 1, enable_prefix_caching=True,
-                           hash_fn=lambda key: 100 if key[0] == -1 else key[1][0])
+    alloc = PrefixCachingAllocator(3, 1, hash_fn=lambda key: 100 if key[0] == -1 else key[1][0])
     alloc.allocate("Z", 1, [7])  # block 0, indexed under 100
     a0, a1 = alloc.allocate("A", 2, [1, 2])  # block 0's hash is taken: a0 is not indexed; a1 is
     alloc.free("Z")

@@ -21,6 +21,7 @@ import labsupport  # noqa: F401  (TRITON_INTERPRET before triton)
 from labsupport import checks
 from labsupport.__main__ import main as labsupport_main
 from labsupport.block_allocator import BlockAllocator
+from labsupport.prefix_cache import PrefixCachingAllocator
 from labsupport.cli import ledger as ledger_cli
 from labsupport.cli import simulate
 from labsupport.costmodel import CostModel
@@ -509,4 +510,4 @@ def test_devices_presets_and_run_limits_are_checked_at_the_boundary():
     with pytest.raises(ValueError, match="max_steps"):
         Engine(cost_model=CostModel(), num_blocks=4).run(max_steps=True)
     with pytest.raises(ValueError, match="hash_fn"):
-        BlockAllocator(4, 4, True, hash_fn="sha256")
+        PrefixCachingAllocator(4, 4, hash_fn="sha256")

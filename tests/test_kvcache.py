@@ -331,7 +331,7 @@ class CacheMachine(RuleBasedStateMachine):
             del self.ids[sid]
             assert_unchanged(self.cache, before)
             return
-        if self.cache.allocator.num_cached_tokens.get(sid):
+        if self.cache.allocator.cached_tokens(sid):
             event("prefix hit")
         self.model[sid] = toks
 
