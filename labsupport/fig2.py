@@ -51,6 +51,72 @@ def _pairs(requests) -> list[tuple[int, int]]:
     return out
 
 
+class _Paged:
+    """vLLM's policy on a `BlockAllocator`: a prompt's blocks are admitted while the pool stays above the
+    watermark; a sequence that needs a block and finds none makes room by preempting (recompute)."""
+
+    def __init__(self, reqs, capacity_tokens: int, block_size: int, watermark: float):
+        self.alloc = BlockAllocator(capacity_tokens // _as_count("block_size", block_size, 1), block_size)
+        if not 0 <= watermark < 1:
+            raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark!r}")
+        self.reqs, self.block_size = reqs, block_size
+        self.watermark_blocks = int(watermark * self.alloc.num_blocks)
+        self.final = {i: p + o for i, (p, o) in enumerate(reqs)}
+        longest = max(self.final.values())
+        if self.alloc.blocks_needed(longest) + self.watermark_blocks > self.alloc.num_blocks:
+            raise ValueError(f"a request of {longest} tokens does not fit in {self.alloc.num_blocks} blocks")
+
+    def admit(self, i: int, generated: int) -> int | None:
+        """None when request i is admitted, else the size (tokens) it waits for."""
+        tokens = self.reqs[i][0] + generated  # a preempted request recomputes its output so far
+        need = self.alloc.blocks_needed(tokens)
+        if self.alloc.num_free_blocks - need < self.watermark_blocks:
+            return need * self.block_size
+        self.alloc.allocate(i, tokens)
+        return None
+
+    def grow(self, i: int) -> bool:
+        """One more token for request i; False when the pool has no block for it."""
+        try:
+            self.alloc.append_slot(i)
+        except OutOfBlocks:
+            return False
+        return True
+
+    def stats(self, head_size: int | None):
+        return self.alloc.stats(self.final)
+
+
+class _Orca:
+    """Orca's policies on an `OrcaAllocator`: a request is admitted when its whole reservation fits one hole
+    (first-fit); reservations guarantee growth, so nothing is ever preempted."""
+
+    def __init__(self, reqs, capacity_tokens: int, policy: str, s_max: int | None):
+        longest = max(p + o for p, o in reqs)
+        s_max = next_pow2(longest) if s_max is None else _as_count("s_max", s_max, 1)
+        self.alloc = OrcaAllocator(capacity_tokens, policy, s_max)
+        if s_max > capacity_tokens:
+            raise ValueError(f"s_max={s_max} exceeds the pool of {capacity_tokens} tokens")
+        self.reqs = reqs
+
+    def admit(self, i: int, generated: int) -> int | None:
+        try:
+            self.alloc.allocate(i, *self.reqs[i])
+        except OutOfBlocks as e:
+            return e.needed
+        return None
+
+    def grow(self, i: int) -> bool:
+        self.alloc.append(i)
+        return True
+
+    def stats(self, head_size: int | None):
+        return self.alloc.stats(next_request_tokens=head_size)
+
+
+_SHARES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+
+
 def simulate_breakdown(requests: Iterable, capacity_tokens: int, policy: str, *, s_max: int | None = None,
                        block_size: int = 16, watermark: float = 0.01, sample_every: int = 1,
                        progress: bool = False) -> Breakdown:
@@ -60,14 +126,9 @@ def simulate_breakdown(requests: Iterable, capacity_tokens: int, policy: str, *,
     every request is waiting at time 0, in trace order.  Each iteration (Orca and vLLM both
     schedule per iteration) first admits waiting requests first-come-first-served until the head
     does not fit, then samples the pool, then lets every running sequence append one token;
-    a sequence that has produced its `output_tokens` leaves and frees its memory.
-    A request's KV length starts at its prompt and ends at prompt + output.
-
-    * Orca policies: the head is admitted when its whole reservation fits in one hole (first-fit);
-      reservations guarantee growth, so nothing is ever preempted.
-    * paged: the head is admitted when its prompt's blocks fit while leaving `watermark` of the
-      pool free (vLLM's default 1%); when a running sequence needs a block and none is free, the
-      most recently admitted sequence is preempted and recomputed later (vLLM's default).
+    a sequence that has produced its `output_tokens` leaves and frees its memory.  What "fits"
+    means is the policy's (`_Orca`, `_Paged`); when a paged sequence finds no block, the most
+    recently admitted sequence is preempted and recomputed later (vLLM's default).
 
     Samples are taken only while someone is waiting, i.e. while memory is the bottleneck; free
     space then is space the waiting request could not use.  Shares are of the whole pool.
@@ -77,25 +138,12 @@ def simulate_breakdown(requests: Iterable, capacity_tokens: int, policy: str, *,
         raise ValueError("no requests to simulate")
     capacity_tokens = _as_count("capacity_tokens", capacity_tokens, 1)
     sample_every = _as_count("sample_every", sample_every, 1)
-    longest = max(p + o for p, o in reqs)
-    paged = policy == "paged"
-    if paged:
-        alloc = BlockAllocator(capacity_tokens // _as_count("block_size", block_size, 1), block_size)
-        if not 0 <= watermark < 1:
-            raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark!r}")
-        watermark_blocks = int(watermark * alloc.num_blocks)
-        final = {i: p + o for i, (p, o) in enumerate(reqs)}
-        if alloc.blocks_needed(longest) + watermark_blocks > alloc.num_blocks:
-            raise ValueError(f"a request of {longest} tokens does not fit in {alloc.num_blocks} blocks")
-    else:
-        s_max = next_pow2(longest) if s_max is None else _as_count("s_max", s_max, 1)
-        alloc = OrcaAllocator(capacity_tokens, policy, s_max)
-        if s_max > capacity_tokens:
-            raise ValueError(f"s_max={s_max} exceeds the pool of {capacity_tokens} tokens")
+    pol = (_Paged(reqs, capacity_tokens, block_size, watermark) if policy == "paged"
+           else _Orca(reqs, capacity_tokens, policy, s_max))
     generated = [0] * len(reqs)
     waiting = deque(range(len(reqs)))
     running: list[int] = []
-    sums = [0.0] * 5
+    sums = [0.0] * len(_SHARES)
     samples = steps = finished = preemptions = running_sum = 0
     bar = None
     if progress:
@@ -103,50 +151,27 @@ def simulate_breakdown(requests: Iterable, capacity_tokens: int, policy: str, *,
         bar = tqdm(total=len(reqs), desc=f"simulate {policy}", leave=False)
     while waiting or running:
         head_size = None
-        while waiting:
-            i = waiting[0]
-            p, o = reqs[i]
-            if paged:
-                need = alloc.blocks_needed(p + generated[i])  # a preempted request recomputes its output so far
-                if alloc.num_free_blocks - need < watermark_blocks:
-                    head_size = need * block_size
-                    break
-                alloc.allocate(i, p + generated[i])
-            else:
-                try:
-                    alloc.allocate(i, p, o)
-                except OutOfBlocks as e:
-                    head_size = e.needed
-                    break
-            waiting.popleft()
-            running.append(i)
+        while waiting and (head_size := pol.admit(waiting[0], generated[waiting[0]])) is None:
+            running.append(waiting.popleft())
         if not running:
             raise ValueError(f"request {waiting[0]} {reqs[waiting[0]]} can never be admitted")
         if waiting and steps % sample_every == 0:
-            st = alloc.stats(final) if paged else alloc.stats(next_request_tokens=head_size)
-            sh = st.shares()
-            for k, key in enumerate(("token_states", "reservation", "internal_fragmentation",
-                                     "external_fragmentation", "free")):
-                sums[k] += sh[key]
+            shares = pol.stats(head_size).shares()
+            sums = [total + shares[key] for total, key in zip(sums, _SHARES)]
             samples += 1
             running_sum += len(running)
         k = 0
         while k < len(running):
             i = running[k]
-            if paged:
-                try:
-                    alloc.append_slot(i)
-                except OutOfBlocks:
-                    victim = running.pop()
-                    alloc.free(victim)
-                    waiting.appendleft(victim)
-                    preemptions += 1
-                    continue
-            else:
-                alloc.append(i)
+            if not pol.grow(i):  # no block: the latest admitted gives its memory back
+                victim = running.pop()
+                pol.alloc.free(victim)
+                waiting.appendleft(victim)
+                preemptions += 1
+                continue
             generated[i] += 1
             if generated[i] == reqs[i][1]:
-                alloc.free(i)
+                pol.alloc.free(i)
                 running.pop(k)
                 finished += 1
                 if bar is not None:
@@ -158,7 +183,7 @@ def simulate_breakdown(requests: Iterable, capacity_tokens: int, policy: str, *,
         bar.close()
     if samples == 0:
         raise ValueError("memory never became the bottleneck: use more requests or a smaller capacity")
-    avg = [s / samples for s in sums]
+    avg = [total / samples for total in sums]
     return Breakdown(policy, *avg, samples=samples, steps=steps, finished=finished, preemptions=preemptions,
                      mean_running=running_sum / samples, capacity_tokens=capacity_tokens)
 
