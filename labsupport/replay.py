@@ -15,11 +15,12 @@ import functools
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from labsupport import ledger
 from labsupport.costmodel import CostModel
 from labsupport.engine import Engine, EngineResult
-from labsupport.slo import SLOReport, slo_report
+from labsupport.slo import SLOReport, TTFTSplit, slo_report
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec, ModelSpec
 
 
@@ -129,6 +130,11 @@ class Replay:
     @property
     def num_blocks(self) -> int:
         return self.result.num_blocks
+
+    def mean_split(self, label: str | None = None) -> TTFTSplit:
+        """The mean TTFT of the finished requests, in its three parts."""
+        c = self.counters
+        return TTFTSplit(label or self.label, c["queueing_mean_s"], c["prefill_mean_s"], c["scheduling_mean_s"])
 
     def report(self, ttft_slo_s: float, tpot_slo_s: float) -> SLOReport:
         """§10.6's ledger of the engine's requests (a request the S_max window refused is not among them)."""
@@ -368,3 +374,98 @@ def watermark_sweep(requests, watermarks, progress: bool = False, **kwargs) -> l
 
         items = tqdm(items, desc="watermark sweep", leave=False)
     return [overload_run(requests, w, **kwargs) for w in items]
+
+
+# --- engine runs behind lab 07's pictures (§10.6) and lab 08's seed 4 --------------------------------------
+
+def _engine(model: ModelSpec, gpu: GPUSpec, block_size: int = 16, **kw) -> Engine:
+    return Engine(cost_model=CostModel(model, gpu), num_blocks=lecture_pool(model, gpu, block_size),
+                  block_size=block_size, **kw)
+
+
+def steady_batch_tpot(batches: Sequence[int], seq_tokens: int = 640, model: ModelSpec = LECTURE_7B,
+                      gpu: GPUSpec = LECTURE_GPU, block_size: int = 16) -> dict[int, float]:
+    """TPOT measured on the engine for a steady batch: B sequences that each hold `seq_tokens`
+    tokens when they decode (prompt seq_tokens - 1, two output tokens: the second token's step is
+    a pure decode step of B sequences).  Watermark 0 so that a full pool is admitted at once."""
+    out = {}
+    for b in batches:
+        engine = _engine(model, gpu, block_size, watermark=0.0, max_num_seqs=max(b, 1))
+        for _ in range(b):
+            engine.add_request(prompt_len=seq_tokens - 1, max_new_tokens=2, arrival_time=0.0)
+        result = engine.run()
+        reqs = list(result.requests.values())
+        rejected = [r for r in reqs if not r.finished]
+        if rejected:
+            raise ValueError(f"B = {b} sequences of {seq_tokens} tokens do not fit the pool: {rejected[0].reason}")
+        if len({r.admitted_time for r in reqs}) > 1:  # some had to wait: the batch was never B
+            raise ValueError(f"B = {b} sequences of {seq_tokens} tokens do not fit the pool at once "
+                             f"({engine.num_blocks:,} blocks of {block_size})")
+        out[b] = max(r.tpot_s for r in reqs)
+    return out
+
+
+@dataclass
+class ProbeRun:
+    """A chat workload (512-token prompts, 128-token outputs, Poisson arrivals) plus one probe request."""
+
+    rate_per_s: float
+    probe_prompt: int
+    result: object  # EngineResult
+    probe_id: int
+
+    def splits(self) -> list[TTFTSplit]:
+        """The probe's TTFT split, and those of the median- and p99-TTFT chat requests."""
+        reqs = self.result.requests
+        probe = reqs[self.probe_id]
+        chat = sorted((r for rid, r in reqs.items() if rid != self.probe_id and r.finished),
+                      key=lambda r: (r.ttft_s, r.request_id))
+        rows = [(f"your {self.probe_prompt:,}-token prompt", probe)]
+        if chat:
+            rows += [("median chat request", chat[(len(chat) - 1) // 2]),
+                     ("p99 chat request", chat[min(len(chat) - 1, math.ceil(0.99 * len(chat)) - 1)])]
+        return [TTFTSplit(label, r.queueing_s, r.prefill_s, r.scheduling_delay_s) for label, r in rows]
+
+
+def chat_with_probe(rate_per_s: float, probe_prompt: int = 4096, duration_s: float = 10.0, probe_at_s: float = 8.0,
+                    model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seed: int = 0) -> ProbeRun:
+    """§10.6's TTFT on a loaded card: the lecture's chat workload arrives at `rate_per_s` for
+    `duration_s`; your request (a `probe_prompt`-token prompt, 128 output tokens) arrives at
+    `probe_at_s`.  Engine with the cost-model clock, b = 16, the lecture's pool."""
+    import numpy as np
+
+    if not rate_per_s > 0:
+        raise ValueError(f"rate_per_s must be positive, got {rate_per_s!r}")
+    if not 0 <= probe_at_s:
+        raise ValueError(f"probe_at_s must be >= 0, got {probe_at_s!r}")
+    engine = _engine(model, gpu)
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate_per_s, size=int(rate_per_s * duration_s * 2) + 10))
+    for t in arrivals[arrivals <= duration_s]:
+        engine.add_request(prompt_len=512, max_new_tokens=128, arrival_time=float(t))
+    probe = engine.add_request(prompt_len=probe_prompt, max_new_tokens=128, arrival_time=probe_at_s)
+    result = engine.run()
+    if not result.requests[probe].finished:
+        raise ValueError(f"your {probe_prompt:,}-token request can never fit: {result.requests[probe].reason}")
+    return ProbeRun(rate_per_s, probe_prompt, result, probe)
+
+
+def chat_requests(rate_per_s: float, num_requests: int = 300, prompt: int = 512, output: int = 128,
+                  seed: int = 0) -> list[tuple[float, int, int]]:
+    """The lecture's chat workload (`workloads.chat_workload`, Poisson arrivals) as (arrival_s, prompt, output)."""
+    from labsupport.workloads import chat_workload
+
+    if not rate_per_s > 0:
+        raise ValueError(f"rate_per_s must be positive, got {rate_per_s!r}")
+    return [(r.arrival_s, r.prompt_tokens, r.output_tokens)
+            for r in chat_workload(num_requests, prompt, output, rate_per_s=rate_per_s, seed=seed)]
+
+
+def utilization_sweep(rates: Sequence[float], num_requests: int = 300) -> dict[str, list[UtilizationRun]]:
+    """Seed 4's construction over a range of arrival rates: reserve-to-max (29 slots) against paging."""
+    out: dict[str, list[UtilizationRun]] = {"reserve-to-max (S_max 4,096)": [], "paged (b = 16)": []}
+    for rate in rates:
+        reqs = chat_requests(rate, num_requests)
+        out["reserve-to-max (S_max 4,096)"].append(utilization_run(reqs, 4096, f"{rate:g}/s"))
+        out["paged (b = 16)"].append(utilization_run(reqs, 16, f"{rate:g}/s"))
+    return out

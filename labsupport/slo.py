@@ -7,10 +7,13 @@ a second token, a rate over no time) is None, and `SLOReport.notes` says why: ne
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Protocol
 
+from labsupport import ledger
 from labsupport.checks import as_real
+from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec, ModelSpec
 
 
 class EngineRun(Protocol):
@@ -132,3 +135,98 @@ def _undefined_notes(requests: int, finished: int, duration_s: float, tpots: lis
     if finished and not tpots:
         notes.append("no finished request produced a second token, so TPOT (the time between tokens) is undefined")
     return notes
+
+
+# --- the lecture's §10.6 arithmetic: TTFT's three parts, TPOT's three terms, the three-column table ------
+
+TTFT_PARTS = ("queueing", "prefill", "scheduling delay")
+
+
+@dataclass(frozen=True)
+class TTFTSplit:
+    """One bar: a label and the three terms of a TTFT, in seconds."""
+
+    label: str
+    queueing_s: float
+    prefill_s: float
+    scheduling_s: float
+
+    def __post_init__(self):
+        for name in ("queueing_s", "prefill_s", "scheduling_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"TTFTSplit {self.label!r}: {name} must be a finite number >= 0, got {v!r}")
+
+    @property
+    def total_s(self) -> float:
+        return ledger.ttft_s(self.queueing_s, self.prefill_s, self.scheduling_s)
+
+    @property
+    def parts(self) -> dict[str, float]:
+        return dict(zip(TTFT_PARTS, (self.queueing_s, self.prefill_s, self.scheduling_s)))
+
+
+def tpot_terms(model: ModelSpec, gpu: GPUSpec, batch: int, seq_tokens: int) -> dict[str, float]:
+    """One memory-bound decode step split into who moves the bytes: weights, you, your neighbours (s)."""
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a whole number >= 1, got {batch!r}")
+    per_seq = seq_tokens * model.kv_bytes_per_token / gpu.hbm_bandwidth
+    terms = {"weights": model.weight_bytes / gpu.hbm_bandwidth, "your KV": per_seq,
+             "neighbours' KV": (batch - 1) * per_seq}
+    return terms
+
+
+def memory_ceiling(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, block_size: int = 16,
+                   kv_budget: float | None = None) -> int:
+    """§10.3: sequences of `seq_tokens` the paged pool holds at once (186 for the lecture)."""
+    budget = ledger.kv_budget_bytes(model, gpu) if kv_budget is None else kv_budget
+    if budget <= 0:
+        return 0
+    return ledger.paged_concurrency(budget, seq_tokens, block_size, model.kv_bytes_per_token)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One configuration of §10.6's table; times in seconds, rates in tokens/s."""
+
+    name: str
+    batch: int
+    tpot_s: float
+    tpot_slo_s: float
+    printed_batch: str = ""
+    printed_throughput: str = ""
+
+    @property
+    def throughput_tok_s(self) -> float:
+        return ledger.throughput_tok_s(self.batch, self.tpot_s) if self.batch else 0.0
+
+    @property
+    def meets_slo(self) -> bool:
+        return self.tpot_s <= self.tpot_slo_s
+
+    @property
+    def goodput_tok_s(self) -> float:
+        return ledger.goodput_tok_s(self.batch, self.tpot_s, self.tpot_slo_s) if self.batch else 0.0
+
+
+def three_columns(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seq_tokens: int = 640,
+                  s_max: int = 4096, block_size: int = 16, tpot_slo_s: float = 0.020,
+                  kv_budget: float | None = None) -> list[Column]:
+    """§10.6's table from the ledger: naive (reserve-to-max), paged at the memory ceiling, paged at
+    the largest B whose TPOT clears the SLO (never above the ceiling).  Every sequence is
+    `seq_tokens` long; the step is memory-bound (the ledger's TPOT)."""
+    budget = ledger.kv_budget_bytes(model, gpu) if kv_budget is None else kv_budget
+    if budget <= 0:
+        raise ValueError(f"the weights ({model.weight_bytes / GB:.2f} GB) leave no KV budget on {gpu.name}")
+    kv = model.kv_bytes_per_token
+    naive = ledger.naive_concurrency(budget, s_max, kv) if seq_tokens <= s_max else 0
+    ceiling = ledger.paged_concurrency(budget, seq_tokens, block_size, kv)
+    slo_b = min(ceiling, ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth))
+    lecture = (model, gpu, seq_tokens, s_max, block_size, tpot_slo_s) == (LECTURE_7B, LECTURE_GPU, 640, 4096, 16, 0.020)
+    printed = [("29", "'a third of the throughput'"), ("199", "8,470 tok/s"), ("164", "—")] if lecture else [("", "")] * 3
+    cols = []
+    for name, b, (pb, pt) in zip(("naive (reserve-to-max)", "paged, memory ceiling", "paged, SLO-limited B"),
+                                 (naive, ceiling, slo_b), printed):
+        tpot = ledger.tpot_s(model, b, seq_tokens, gpu.hbm_bandwidth) if b else math.inf
+        cols.append(Column(name, b, tpot, tpot_slo_s, pb, pt))
+    return cols

@@ -29,6 +29,7 @@ from labsupport.block_allocator import BlockAllocator
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
 from labsupport.course.checkoff import check, revealed
 from labsupport.fig2 import fig2_breakdown, simulate_breakdown
+from labsupport.fragmentation import fill_reserve_to_max, naive_measurement, run_until_fragmented
 from labsupport.kvcache import ContiguousKVCache
 from labsupport.memory_stats import OutOfBlocks, ReservationExceeded
 from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
@@ -339,8 +340,8 @@ check("2.6", util_32k)
 # %%
 if revealed("2.6"):
     for s_max in (S_MAX, S_MAX_LONG):
-        a = viz_memory.fill_reserve_to_max(BUDGET, s_max, PROMPT + OUTPUT, KV)
-        m = viz_memory.naive_measurement(a, BUDGET)
+        a = fill_reserve_to_max(BUDGET, s_max, PROMPT + OUTPUT, KV)
+        m = naive_measurement(a, BUDGET)
         print(f"S_max = {s_max:>6,}: {m['concurrency']:>2} slots of {fmt_gb(m['slot_bytes'])}, utilization "
               f"{fmt_pct(m['utilization'])} (one slot's occupancy {fmt_pct((PROMPT + OUTPUT) / s_max)})")
     viz.errata_note("S_max = 32K")
@@ -356,7 +357,7 @@ if revealed("2.6"):
 # One slot is larger than the whole budget. The real allocator agrees — it cannot admit anyone:
 
 # %%
-mha_128k = viz_memory.fill_reserve_to_max(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, KV)
+mha_128k = fill_reserve_to_max(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, KV)
 print(f"MHA at S_max = 131,072: {mha_128k.num_seqs} requests admitted")
 viz_memory.slot_stack_figure(mha_128k, BUDGET).show()
 
@@ -382,8 +383,8 @@ check("2.7", util_128k_gqa)
 
 # %%
 if revealed("2.7"):
-    gqa_naive = viz_memory.fill_reserve_to_max(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, KV_GQA)
-    m = viz_memory.naive_measurement(gqa_naive, BUDGET)
+    gqa_naive = fill_reserve_to_max(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, KV_GQA)
+    m = naive_measurement(gqa_naive, BUDGET)
     print(f"GQA-8, S_max = 131,072: slot {fmt_gb(m['slot_bytes'])}, {m['concurrency']} slots, "
           f"utilization {fmt_pct(m['utilization'], 3)} (lecture: 0.39%)")
 
@@ -503,7 +504,7 @@ if revealed("2.9", "2.10"):
 # first **medium (4,096-token) request refused while more than enough memory is free in total**:
 
 # %%
-run = viz_memory.run_until_fragmented(int(BUDGET // KV), MIX, kv_bytes_per_token=KV, seed=0, stop_sizes=[4096])
+run = run_until_fragmented(int(BUDGET // KV), MIX, kv_bytes_per_token=KV, seed=0, stop_sizes=[4096])
 run.allocator.check_invariants()
 ref = run.refusal
 print(f"after {run.arrivals} arrivals, {run.retirements} retirements and {run.earlier_refusals} earlier refusals "

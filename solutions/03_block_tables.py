@@ -27,6 +27,7 @@ import torch
 
 from labsupport import ledger, viz, workloads
 from labsupport.block_allocator import BlockAllocator
+from labsupport.block_size import fitting_batch, measure_workloads
 from IPython.display import Markdown, display
 
 from labsupport.course.checkoff import check, revealed
@@ -532,11 +533,11 @@ viz.errata_note("Tail waste at B = 199")
 # the real allocator, over real workloads: 2,000 requests drawn at random (seed 0) from each of the
 # **Azure LLM Inference 2023** conversation and code traces (Patel et al., ISCA 2024) and the
 # **Mooncake FAST'25** conversation trace (Qin et al., FAST 2025), and 4,000 lengths from Exercise 3's
-# lognormal. For each workload and block size (`viz_memory.measure_block_size`):
+# lognormal. For each workload and block size (`measure_block_size`):
 #
 # * **tail waste** — each sequence's final length allocated in a `BlockAllocator`, its table read
 #   back; its share of the budget at **the batch that fits that workload**: the budget over the KV of
-#   a sequence of the workload's mean final length (`viz_memory.fitting_batch`), not the chat
+#   a sequence of the workload's mean final length (`fitting_batch`), not the chat
 #   workload's 199;
 # * **table entries** at the median and the 95th-percentile length;
 # * **contiguous run** — the pool replayed as an engine serves the workload (admit, decode one token
@@ -555,7 +556,7 @@ measured_workloads = {name: sample(w, 2000) for name, w in traces.items()}
 measured_workloads["lognormal (Ex. 3)"] = workloads.lognormal_workload(4000, seed=0).as_pairs()
 for name, w in traces.items():
     print(f"{name}: {'SYNTHETIC stand-in' if w.synthetic else 'real trace'}, {len(w):,} requests")
-fits = {name: viz_memory.fitting_batch([p + o for p, o in pairs], KV, BUDGET)
+fits = {name: fitting_batch([p + o for p, o in pairs], KV, BUDGET)
         for name, pairs in measured_workloads.items()}
 for name, pairs in measured_workloads.items():
     mean = sum(p + o for p, o in pairs) / len(pairs)
@@ -563,7 +564,7 @@ for name, pairs in measured_workloads.items():
 BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
 
 # %% tags=["nbval-ignore-output"]
-measured = viz_memory.measure_workloads(measured_workloads, BLOCK_SIZES, KV, BUDGET, batch=fits)
+measured = measure_workloads(measured_workloads, BLOCK_SIZES, KV, BUDGET, batch=fits)
 
 # %% tags=["needs-traces"]
 print(f"{'workload':>18} {'b':>4} | {'mean tail':>9} | {'B':>4} | {'waste at B':>10} | {'median → entries':>17} | "

@@ -41,6 +41,7 @@ import triton.language as tl
 
 from labsupport import kernels as K
 from labsupport import viz
+from labsupport.addresses import HISTORIES, address_map
 from labsupport.bench import kernel as kernel_bench
 from IPython.display import Markdown, display
 
@@ -159,8 +160,8 @@ viz_kernel.address_panel()
 # Count the runs the panel draws, at 16-token blocks:
 
 # %%
-for history in viz_kernel.HISTORIES:
-    amap = viz_kernel.address_map([300, 220, 130], 16, history)
+for history in HISTORIES:
+    amap = address_map([300, 220, 130], 16, history)
     counts = [f"{-(-int(amap.seq_lens[i]) // 16)} blocks in {len(amap.runs(i))} runs" for i in range(3)]
     print(f"{history:>15}: " + "; ".join(counts))
 

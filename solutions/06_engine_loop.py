@@ -28,6 +28,8 @@ from labsupport import ledger, viz
 from labsupport.costmodel import CostModel
 from labsupport.course.checkoff import check, revealed, unlocked
 from labsupport.engine import Engine
+from labsupport.engine_runs import run_requests, stream_engine
+from labsupport.machine import measure_copy_bandwidth, measure_prefill_rate
 from labsupport.model import load_tiny_model
 from labsupport.replay import watermark_sweep
 from labsupport.sampling import SamplingParams
@@ -121,7 +123,7 @@ def show_step(rec):
                   f"{rec.blocks_in_use} blocks in use<table>{rows}</table></div>")
 
 engine = Engine(model, num_blocks=48, block_size=8, max_num_seqs=4)
-log = viz_engine.stream_engine(engine, schedule, on_step=show_step)
+log = stream_engine(engine, schedule, on_step=show_step)
 print(viz_engine.stream_text(log, tok.decode))
 
 # %% [markdown]
@@ -371,12 +373,12 @@ requests = [dict(prompt_ids=tok.encode(LECTURE_TEXT[190 * i:190 * i + n], errors
 enough = sum(-(-(n + 31) // 16) for n in lengths)
 wall = {}
 t = time.perf_counter()
-reference = viz_engine.run_requests(requests, num_blocks=enough, model=model, cost_model=pricing)
+reference = run_requests(requests, num_blocks=enough, model=model, cost_model=pricing)
 wall["no pressure"] = time.perf_counter() - t
 pressured = {}
 for mode in ("swap", "recompute", "auto"):
     t = time.perf_counter()
-    pressured[mode] = viz_engine.run_requests(requests, num_blocks=64, model=model, cost_model=pricing, preemption=mode)
+    pressured[mode] = run_requests(requests, num_blocks=64, model=model, cost_model=pricing, preemption=mode)
     wall[mode] = time.perf_counter() - t
 for row in viz_engine.stall_rows(pressured, reference):
     print(f"{row['label']:>9}: {row['swap']} swapped, {row['recompute']} recomputed; {row['swapped_bytes']:,} B over the "
@@ -406,8 +408,8 @@ lecture_burst = [dict(prompt_len=4096, max_new_tokens=256, arrival_time=0.0) for
 rows = []
 for link in (64 * GB, 32 * GB):
     cm = CostModel(LECTURE_7B, H100, link_bandwidth=link)
-    roomy = viz_engine.run_requests(lecture_burst, num_blocks=40 * 272, cost_model=cm)
-    runs = {f"{mode}, {link / GB:.0f} GB/s": viz_engine.run_requests(lecture_burst, num_blocks=pool, cost_model=cm,
+    roomy = run_requests(lecture_burst, num_blocks=40 * 272, cost_model=cm)
+    runs = {f"{mode}, {link / GB:.0f} GB/s": run_requests(lecture_burst, num_blocks=pool, cost_model=cm,
                                                                     preemption=mode)
             for mode in ("swap", "recompute", "auto")}
     for row in viz_engine.stall_rows(runs, roomy):
@@ -419,9 +421,9 @@ print(f"recompute − swap on 64 GB/s: {1e3 * (rec64 - swap64):.1f} ms for 2 pre
       f"{1e3 * (rec64 - swap64) / 2:.1f} ms each (the derivation: 129.4 − 67.1 = 62.3 ms, at 4,096 tokens)")
 viz_engine.stall_figure(rows, "ms", title="Extra time the burst took because memory ran out").show()
 cm64 = CostModel(LECTURE_7B, H100)
-timeline = {"room for all 40": viz_engine.run_requests(lecture_burst, num_blocks=40 * 272, cost_model=cm64),
-            "7,452 blocks, swap": viz_engine.run_requests(lecture_burst, num_blocks=pool, cost_model=cm64, preemption="swap"),
-            "7,452 blocks, recompute": viz_engine.run_requests(lecture_burst, num_blocks=pool, cost_model=cm64,
+timeline = {"room for all 40": run_requests(lecture_burst, num_blocks=40 * 272, cost_model=cm64),
+            "7,452 blocks, swap": run_requests(lecture_burst, num_blocks=pool, cost_model=cm64, preemption="swap"),
+            "7,452 blocks, recompute": run_requests(lecture_burst, num_blocks=pool, cost_model=cm64,
                                                                preemption="recompute")}
 viz_engine.blocks_figure(timeline, pool, title="Blocks in use: the burst on the H100's pool (64 GB/s link)").show()
 
@@ -466,7 +468,7 @@ for t0 in (0.0, 1e-6, 5e-6, 20e-6):
 for b in (16, 256):
     cm_copies = CostModel(LECTURE_7B, H100, block_transfer_s=5e-6)
     pool_b = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, H100), b, LECTURE_7B.kv_bytes_per_token)
-    res = viz_engine.run_requests(lecture_burst, num_blocks=pool_b, block_size=b, cost_model=cm_copies,
+    res = run_requests(lecture_burst, num_blocks=pool_b, block_size=b, cost_model=cm_copies,
                                   preemption="auto")
     print(f"b = {b:>3}: auto chose swap {res.counters.preemptions['swap']} times and recompute "
           f"{res.counters.preemptions['recompute']} times; the burst took {res.clock_s:.3f} s")
@@ -614,12 +616,12 @@ viz_engine.swap_recompute_panel(seq_tokens=4096, link_gbs=32)
 # every machine and from run to run.
 
 # %% tags=["nbval-ignore-output"]
-bandwidths = viz_engine.measure_copy_bandwidth()
+bandwidths = measure_copy_bandwidth()
 for bw in bandwidths:
     print(f"{bw.label}: {bw.bytes_per_s / GB:.2f} GB/s ({bw.nbytes / 2**20:.0f} MiB, median of {len(bw.seconds)})")
 # on a GPU machine, time the prefill where a real engine would run it: on the device
 device_model = load_tiny_model(device="cuda")[0] if torch.cuda.is_available() else model
-prefill = viz_engine.measure_prefill_rate(device_model, lengths=(64, 128, 256, 512))
+prefill = measure_prefill_rate(device_model, lengths=(64, 128, 256, 512))
 print(f"prefill timed on {device_model.device}")
 for n, s, f, w in zip(prefill.lengths, prefill.seconds, prefill.flop_rates, prefill.breakeven()):
     print(f"prefill of {n:>3} tokens: {1e3 * s:7.2f} ms = {f / 1e9:6.2f} GFLOP/s achieved; your W*({n}) = "

@@ -28,7 +28,8 @@ from labsupport.costmodel import CostModel
 from labsupport.course.checkoff import check, passed, revealed, unlocked
 from labsupport.engine import Engine
 from labsupport.memory_stats import OutOfBlocks
-from labsupport.replay import ReplayConfig, replay
+from labsupport.replay import ReplayConfig, chat_with_probe, replay, steady_batch_tpot
+from labsupport.slo import memory_ceiling, three_columns
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.units import fmt_bytes, fmt_gb
 from labsupport.viz import slo as viz_slo
@@ -143,11 +144,11 @@ check("7.1", tpot)
 
 # %% [markdown]
 # The engine agrees. Below, B sequences that each hold 640 tokens decode one step together on the
-# cost-model clock (`viz_slo.steady_batch_tpot`: a 639-token prompt, then one pure decode step), and
+# cost-model clock (`steady_batch_tpot`: a 639-token prompt, then one pure decode step), and
 # we read each request's TPOT off its timeline:
 
 # %%
-measured = viz_slo.steady_batch_tpot([1, 29, 100, 186], seq_tokens=SEQ)
+measured = steady_batch_tpot([1, 29, 100, 186], seq_tokens=SEQ)
 for b, t in measured.items():
     yours = f", your formula {1e3 * tpot(MHA, H100, b, SEQ):6.3f} ms" if passed("7.1") else ""
     print(f"B = {b:3d}: engine {1e3 * t:6.3f} ms{yours}")
@@ -208,7 +209,7 @@ viz_slo.tpot_panel(batch=186, seq_tokens=SEQ, tpot_slo_ms=20, measured=measured)
 # meets the SLO together or misses it together.
 
 # %%
-columns = viz_slo.three_columns(MHA, H100, SEQ, s_max=4096, block_size=16, tpot_slo_s=0.020)
+columns = three_columns(MHA, H100, SEQ, s_max=4096, block_size=16, tpot_slo_s=0.020)
 HTML(viz_slo.goodput_table_html(columns))
 
 # %% [markdown]
@@ -238,7 +239,7 @@ viz.errata_note("Paged concurrency", "Largest B meeting", "Naive column's throug
 
 # %%
 for model in (MHA, LECTURE_7B_GQA8):
-    ceiling = viz_slo.memory_ceiling(model, H100, SEQ)
+    ceiling = memory_ceiling(model, H100, SEQ)
     slo_b = min(ceiling, ledger.max_batch_for_tpot(model, SEQ, 0.020, H100.hbm_bandwidth))
     print(f"{model.name:>16}: memory ceiling {ceiling:4d}, largest B under 20 ms {slo_b:4d}")
 
@@ -306,7 +307,7 @@ replays.append(whole)
 # end — the reserve-to-max column's total is in seconds, not milliseconds):
 
 # %% tags=["needs-traces"]
-viz_slo.FigureView(viz_slo.ttft_bars_figure([viz_slo.mean_split(rp) for rp in replays], normalize=True,
+viz_slo.FigureView(viz_slo.ttft_bars_figure([rp.mean_split() for rp in replays], normalize=True,
                                             title="Mean TTFT split, Azure conversation (10 min, 2× rate)"),
                    "mean TTFT split per configuration")
 
@@ -385,7 +386,7 @@ check("7.3", goodput)
 
 # %%
 for rate in (30, 40, 50, 62):
-    run = viz_slo.chat_with_probe(rate).result
+    run = chat_with_probe(rate).result
     report = run.slo(0.5, 0.020)
     yours = f"; your function {goodput(list(run.requests.values()), 0.5, 0.020):7,.0f}" if passed("7.3") else ""
     print(f"{rate:3d} req/s: throughput {report.throughput_tok_s:7,.0f} tok/s, goodput {report.goodput_tok_s:7,.0f} "
@@ -434,7 +435,7 @@ check("7.4", ttft_tail)
 # %%
 if unlocked("7.4"):
     for rate in (50, 55, 62):
-        run = viz_slo.chat_with_probe(rate).result
+        run = chat_with_probe(rate).result
         tail = ttft_tail(list(run.requests.values()), 0.5)
         report = run.slo(0.5, 0.020)
         verdict = "meets" if tail["mean_s"] <= 0.5 else "misses"

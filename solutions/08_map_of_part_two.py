@@ -24,7 +24,9 @@ from IPython.display import HTML
 
 from labsupport import ledger, workloads
 from labsupport.course.checkoff import check, passed, revealed, unlocked
-from labsupport.replay import ReplayConfig, replay, tlb_replay
+from labsupport.part_two import (attention_intensity, interference_spike, length_prediction_cost, map_rows, tlb_bytes,
+                                  trace_numbers)
+from labsupport.replay import ReplayConfig, chat_requests, replay, tlb_replay, utilization_sweep
 from labsupport.sharing import measure_fanout, measure_fork_cost
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.viz import board as viz_board
@@ -46,8 +48,8 @@ for w in (azure, azure_code, mooncake):
 # column links the lab where you first computed it.
 
 # %% tags=["needs-traces"]
-numbers = viz_board.trace_numbers(azure, mooncake)
-rows = viz_board.map_rows(numbers)
+numbers = trace_numbers(azure, mooncake)
+rows = map_rows(numbers)
 HTML(viz_board.map_table_html(rows, columns=("still broken after today", "its value here", "computed in")))
 
 # %% [markdown]
@@ -61,7 +63,7 @@ HTML(viz_board.map_table_html(rows, columns=("still broken after today", "its va
 
 # %%
 for m in (MHA, LECTURE_7B_GQA8):
-    print(f"{m.name:>16}: {viz_board.attention_intensity(m):.0f} FLOP per KV byte; "
+    print(f"{m.name:>16}: {attention_intensity(m):.0f} FLOP per KV byte; "
           f"the H100's ridge is {H100.peak_flops / H100.hbm_bandwidth:.0f} FLOP/byte")
 
 # %% [markdown]
@@ -87,7 +89,7 @@ print(f"{rb['batches']} batches of {rb['batch']}: effective B mean {rb['mean_eff
 
 # %%
 for label, sp in (("overlapped (the engine's default)", numbers["spike"]),
-                  ("added (§2.16's model)", viz_board.interference_spike(overlap=False))):
+                  ("added (§2.16's model)", interference_spike(overlap=False))):
     print(f"{label:>34}: a neighbour's usual gap {1e3 * sp['usual_gap_s']:6.2f} ms, the gap with the prefill "
           f"in it {1e3 * sp['spike_gap_s']:6.2f} ms = {sp['engine_ratio']:.2f}x")
 print(f"{'the lecture, by hand':>34}: {numbers['spike']['lecture_additive_ratio']:.2f}x")
@@ -252,7 +254,7 @@ if unlocked("8.3", "8.4", "8.5"):
     pool = num_gpu_blocks(MHA, H100, 0.9)
     b_knob = max_num_seqs_for(MHA, H100, 0.9, 640, 0.020)
     t_knob = max_num_batched_tokens_for(MHA, H100, 0.020)
-    chat = viz_slo.chat_requests(50, num_requests=1000)
+    chat = chat_requests(50, num_requests=1000)
     settings = [("defaults (256 seqs, no token budget)", 256, None), (f"max_num_seqs={b_knob}", b_knob, None),
                 (f"max_num_seqs={b_knob}, max_num_batched_tokens={t_knob}", b_knob, t_knob)]
     for label, seqs, tokens in settings:
@@ -342,7 +344,7 @@ print(f"watermark policy, 3x rate: preemptions {overload.counters['preemptions']
       f"{overload.counters['finished']:,} requests served")
 
 # %% [markdown]
-# Now price a predictor on the whole Azure trace's real lengths (`viz_board.length_prediction_cost`):
+# Now price a predictor on the whole Azure trace's real lengths (`length_prediction_cost`):
 # each request reserves its prompt plus a predicted output, `margin` × the true output × a lognormal
 # error of spread `sigma`. **Under**-predicted, it outgrows its reservation and must be preempted (its
 # prompt and tokens so far recomputed); **over**-predicted, the unfilled reservation sits idle all its
@@ -351,7 +353,7 @@ print(f"watermark policy, 3x rate: preemptions {overload.counters['preemptions']
 # %% tags=["needs-traces"]
 print(f"{'sigma':>5} {'margin':>6} | {'preempted':>9} | {'recomputed / prompt tokens':>26} | idle share of reserved KV")
 for sigma, margin in ((0.0, 1.0), (0.25, 1.0), (0.5, 1.0), (0.5, 2.0), (0.5, 3.0), (1.0, 1.0), (1.0, 3.0)):
-    cost = viz_board.length_prediction_cost(azure, sigma, margin)
+    cost = length_prediction_cost(azure, sigma, margin)
     print(f"{sigma:5.2f} {margin:6.1f} | {100 * cost['preempted_share']:8.1f}% | "
           f"{100 * cost['recompute_share']:25.1f}% | {100 * cost['idle_share']:.1f}%")
 
@@ -369,7 +371,7 @@ for sigma, margin in ((0.0, 1.0), (0.25, 1.0), (0.5, 1.0), (0.5, 2.0), (0.5, 3.0
 # and what a "page fault" — bringing one sequence's blocks in from host memory mid-step — would stall.
 
 # %%
-tlb = viz_board.tlb_bytes()
+tlb = tlb_bytes()
 print(f"per decode step at B = 186: block tables {tlb['table_bytes']:,} B (int32, re-read per layer) against "
       f"{tlb['kv_bytes'] / GB:.2f} GB of KV: a ratio of {tlb['ratio']:.1e}, one part in {1 / tlb['ratio']:,.0f}")
 print(f"one 640-token sequence swapped in over 64 GB/s: {1e3 * tlb['swap_in_one_way_s']:.2f} ms, against a "
@@ -416,7 +418,7 @@ for e in sizes_tlb:
 
 # %%
 rates = [5, 10, 20, 25, 30, 40, 60]
-sweep = viz_slo.utilization_sweep(rates)
+sweep = utilization_sweep(rates)
 viz_slo.FigureView(viz_slo.utilization_figure(rates, sweep), "utilization and throughput against offered load")
 
 # %%
@@ -436,7 +438,7 @@ for label, runs in sweep.items():
 # its throughput under any allocator; the claim is interesting only where slots could have been the
 # limit.) The sweep above measured where the chat workload's slots fill; your requests live on the card
 # for a different number of steps, so read its measurement, do not copy its rate.
-# `viz_slo.chat_requests(rate, num_requests, prompt=..., output=...)` builds Poisson arrivals of fixed
+# `chat_requests(rate, num_requests, prompt=..., output=...)` builds Poisson arrivals of fixed
 # lengths if you want it.
 
 # %%
@@ -444,7 +446,7 @@ def utilization_workload():
     """A workload whose KV utilization jumps under paging while its throughput does not."""
     ### BEGIN SOLUTION 8.7: return a list of (arrival_s, prompt_tokens, output_tokens) tuples
     # the sweep: chat (128 output tokens) fills 28 slots at 20/s; 512 output tokens live 4x the steps
-    return viz_slo.chat_requests(20 * 128 / 512 * 1.25, num_requests=300, prompt=256, output=512)
+    return chat_requests(20 * 128 / 512 * 1.25, num_requests=300, prompt=256, output=512)
     ### END SOLUTION
 
 

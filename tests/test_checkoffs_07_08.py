@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
+from labsupport import replay as R
 from labsupport.course.checkoff import check
-from labsupport.viz import slo as viz_slo
 
 GB = 1e9
 # §10.7's second column, row by row, as the lecture prints it.
@@ -162,8 +162,8 @@ def test_lab08_right_answers_pass(capsys):
     check("8.4", max_num_seqs)
     check("8.5", lambda m, g, slo, mfu=0.5: math.floor(slo * mfu * g.peak_flops / (2 * m.num_params)))
     check("8.6", lambda lengths, b: 1 - sum(lengths) / sum(-(-n // b) * b for n in lengths))
-    check("8.7", lambda: viz_slo.chat_requests(6, 300, prompt=256, output=512))  # decode-heavy, 24 slots busy
-    check("8.7", lambda: viz_slo.chat_requests(20 * 128 / 400, 400, prompt=300, output=400, seed=3))  # rate scaled by life
+    check("8.7", lambda: R.chat_requests(6, 300, prompt=256, output=512))  # decode-heavy, 24 slots busy
+    check("8.7", lambda: R.chat_requests(20 * 128 / 400, 400, prompt=300, output=400, seed=3))  # rate scaled by life
     check("8.2", "disaggregation")
     check("8.1", LECTURE_MAP_QUANTITIES)
     check("8.1", [f"  {q.upper()} " for q in LECTURE_MAP_QUANTITIES])  # as printed, case and spaces aside
@@ -180,13 +180,13 @@ def test_lab08_wrong_answers_teach(fails):
     with fails("too low"):  # mean tail b/2 instead of the measured waste
         check("8.6", lambda lengths, b: 0.0)
     with fails("decode-heavy"):  # the sweep's own workload, copied: prefill-heavy
-        check("8.7", lambda: viz_slo.chat_requests(20, 300))
+        check("8.7", lambda: R.chat_requests(20, 300))
     with fails("should barely move"):  # the sweep's rate kept for 4x longer lives: past 29 slots it queues
-        check("8.7", lambda: viz_slo.chat_requests(20, 300, prompt=256, output=512))
+        check("8.7", lambda: R.chat_requests(20, 300, prompt=256, output=512))
     with fails("S_max"):
         check("8.7", lambda: [(0.0, 5000, 10)] * 100)
     with fails("runs only .* sequences of its 29 slots"):  # a lightly loaded card: nothing could move throughput
-        check("8.7", lambda: viz_slo.chat_requests(1, 300, prompt=256, output=512))
+        check("8.7", lambda: R.chat_requests(1, 300, prompt=256, output=512))
     with fails("sequences so short"):  # 20-token sequences: 0.3% of a reserve-to-max slot
         check("8.7", lambda: [(i * 0.5, 10, 10) for i in range(200)])
     with fails("later lecture covers both"):
@@ -222,9 +222,9 @@ def test_lab08_hidden_cases_and_the_open_judge():
         checkoff.verdict(fn, checkoff.prepare(case_rng(cid, b"a grading secret", "nb")))
     [only] = get("8.7").cases(case_rng("8.7"))
     assert only.want is None and only.spec["judge"] == "utilization_workload" and not only.args
-    get("8.7").verdict(lambda: viz_slo.chat_requests(6, 300, prompt=256, output=512), [only])
+    get("8.7").verdict(lambda: R.chat_requests(6, 300, prompt=256, output=512), [only])
     with pytest.raises(Mismatch, match="already uses"):  # 4,000-token sequences nearly fill a 4,096-token slot
-        get("8.7").verdict(lambda: viz_slo.chat_requests(6, 300, prompt=2000, output=2000), [only])
+        get("8.7").verdict(lambda: R.chat_requests(6, 300, prompt=2000, output=2000), [only])
 
 
 # --- 7.1, 7.5, 8.5 posed without their formulas: two derivations pass, each slip is named ----------

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from labsupport import part_two
+from labsupport import replay as R
 from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8
 from labsupport.viz import board as viz_board
-from labsupport import replay as R
 from labsupport.workloads import Request, Workload
 from labsupport.workloads import traces_hidden
 
@@ -24,18 +25,18 @@ TRACES = ROOT.parent / "shared" / "traces"
 
 
 def test_attention_intensity():
-    assert viz_board.attention_intensity(LECTURE_7B) == pytest.approx(4 * 32 * 32 * 128 / 524_288)
-    assert viz_board.attention_intensity(LECTURE_7B) == 1
-    assert viz_board.attention_intensity(LECTURE_7B_GQA8) == 4
+    assert part_two.attention_intensity(LECTURE_7B) == pytest.approx(4 * 32 * 32 * 128 / 524_288)
+    assert part_two.attention_intensity(LECTURE_7B) == 1
+    assert part_two.attention_intensity(LECTURE_7B_GQA8) == 4
 
 
 def test_request_level_batching_by_hand():
     # batches [1, 2] and [3, 4]: 3 tokens over 2 steps, 7 tokens over 4 steps
-    out = viz_board.request_level_batching([1, 2, 3, 4, 99], batch=2)
+    out = part_two.request_level_batching([1, 2, 3, 4, 99], batch=2)
     assert out["batches"] == 2
     assert out["mean_effective_b"] == pytest.approx((3 / 2 + 7 / 4) / 2)
     with pytest.raises(ValueError, match="full batch"):
-        viz_board.request_level_batching([1, 2], batch=3)
+        part_two.request_level_batching([1, 2], batch=3)
 
 
 def _hashed(*lists) -> Workload:
@@ -45,20 +46,20 @@ def _hashed(*lists) -> Workload:
 def test_routing_and_dependence_on_a_toy_trace():
     toy = _hashed((1, 2), (1, 2), (1, 3), (1, 2))
     # one card: B hits 2, C hits 1, D hits 2 of 8 blocks; two cards round-robin: {A, C} -> 1, {B, D} -> 2
-    assert viz_board.routing_hit_rates(toy, (1, 2)) == {1: pytest.approx(5 / 8), 2: pytest.approx(3 / 8)}
+    assert part_two.routing_hit_rates(toy, (1, 2)) == {1: pytest.approx(5 / 8), 2: pytest.approx(3 / 8)}
     # B, C and D each re-send at least half of their two blocks
-    assert viz_board.dependent_requests(toy) == pytest.approx(3 / 4)
+    assert part_two.dependent_requests(toy) == pytest.approx(3 / 4)
 
 
 def test_tlb_bytes_by_hand():
-    t = viz_board.tlb_bytes()
+    t = part_two.tlb_bytes()
     assert t["table_bytes"] == 186 * 40 * 4 * 32
     assert t["kv_bytes"] == 186 * 640 * 524_288
     assert t["swap_in_one_way_s"] == pytest.approx(640 * 524_288 / 64e9)
 
 
 def test_interference_spike_is_bounded_by_the_ledger():
-    sp = viz_board.interference_spike()
+    sp = part_two.interference_spike()
     prefill = (2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / (0.5 * 989e12)
     step_186 = (13.48e9 + 186 * 640 * 524_288) / 3.35e12
     assert sp["prefill_s"] == pytest.approx(prefill)
@@ -77,13 +78,13 @@ FAKE = {"request_batching": {"batch": 186, "batches": 1, "mean_effective_b": 55.
 
 
 def test_map_rows_follow_the_lectures_table():
-    rows = viz_board.map_rows(FAKE)
+    rows = part_two.map_rows(FAKE)
     assert [r.where for r in rows] == [
         "GPU programming Sep 30, kernels Oct 5", "Batching and scheduling I, Oct 7", "Disaggregation, Oct 14",
         "Routing and load balancing, Oct 19", "KV-cache optimization, Oct 28", "Prefix cache, Nov 9",
         "Pruning and quantization, Nov 11", "Speculative decoding, Nov 18", "Agent serving, Nov 18 and Nov 23"]
     for r in rows:
-        assert r.lab in viz_board.LAB_NAMES and f'{viz_board.LAB_NAMES[r.lab]}.ipynb' in r.lab_link
+        assert r.lab in part_two.LAB_NAMES and f'{part_two.LAB_NAMES[r.lab]}.ipynb' in r.lab_link
     assert "524,288 B = 512 KiB" in rows[4].value
     assert "4.02 ms" in rows[6].value  # 13.48e9 / 3.35e12
     assert "20%" in rows[6].value  # 13.48 / (13.48 + 159 x 0.3355) = 20.2%
@@ -143,19 +144,19 @@ def test_length_prediction_cost_by_hand():
     w = Workload("three", reqs, "test", True)
     # held token slots over each request's steps: sum_{k<o} (p + k)
     held = (10 * 4 + 6) + (20 * 2 + 1) + 5 * 1
-    exact = viz_board.length_prediction_cost(w, 0.0)
+    exact = part_two.length_prediction_cost(w, 0.0)
     reserved = 14 * 4 + 22 * 2 + 6 * 1  # (p + o) for o steps each
     assert exact["preempted_share"] == 0 and exact["recompute_share"] == 0
     assert exact["idle_share"] == pytest.approx(1 - held / reserved)
-    half = viz_board.length_prediction_cost(w, 0.0, margin=0.5)  # predicts 2, 1, 1 (never below 1)
+    half = part_two.length_prediction_cost(w, 0.0, margin=0.5)  # predicts 2, 1, 1 (never below 1)
     assert half["preempted_share"] == pytest.approx(2 / 3)  # the first two outgrow their reservation
     assert half["recompute_share"] == pytest.approx(((10 + 2) + (20 + 1)) / (10 + 20 + 5))
     reserved_half = (10 * 4 + 2 * 2 + 4 * 2) + (20 * 2 + 1 * 1 + 2 * 1) + 6 * 1
     assert half["idle_share"] == pytest.approx(1 - held / reserved_half)
-    double = viz_board.length_prediction_cost(w, 0.0, margin=2.0)  # reserves 8, 4, 2 output tokens
+    double = part_two.length_prediction_cost(w, 0.0, margin=2.0)  # reserves 8, 4, 2 output tokens
     assert double["idle_share"] == pytest.approx(1 - held / ((10 + 8) * 4 + (20 + 4) * 2 + (5 + 2) * 1))
     with pytest.raises(ValueError, match="sigma"):
-        viz_board.length_prediction_cost(w, -1.0)
+        part_two.length_prediction_cost(w, -1.0)
 
 
 def test_tlb_replay_counts_lookups_and_new_translations():

@@ -13,14 +13,16 @@ import statistics
 import pytest
 import torch
 
+from labsupport import engine_runs, machine
+from labsupport import replay as R
 from labsupport.costmodel import CostModel
-from labsupport.course import checkoff as C
 from labsupport.course.checkoff import check
 from labsupport.model import ModelConfig, TinyTransformer
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.viz import engine as VE
-from labsupport import replay as R
 from labsupport.workloads import Request
+
+pytestmark = pytest.mark.usefixtures("fresh_results")
 
 H100 = LECTURE_GPU
 KV_4K = 4096 * 524_288
@@ -98,7 +100,7 @@ def _stream_log():
     eng = Engine(cost_model=CostModel(), num_blocks=64, block_size=16, max_num_seqs=2)
     schedule = [(0, dict(prompt_len=20, max_new_tokens=3)), (0, dict(prompt_len=20, max_new_tokens=5)),
                 (3, dict(prompt_len=20, max_new_tokens=2))]
-    return VE.stream_engine(eng, schedule)
+    return engine_runs.stream_engine(eng, schedule)
 
 
 def test_stream_engine_records_each_step():
@@ -140,7 +142,7 @@ def test_stream_engine_with_the_tiny_model_streams_real_tokens():
     model = TinyTransformer(ModelConfig(dim=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, ffn_dim=64))
     seen = []
     eng = Engine(model, num_blocks=16, block_size=4, on_token=seen.append)
-    log = VE.stream_engine(eng, [(0, dict(prompt_ids=[1, 2, 3], max_new_tokens=4)), (1, dict(prompt_ids=[4, 5], max_new_tokens=2))])
+    log = engine_runs.stream_engine(eng, [(0, dict(prompt_ids=[1, 2, 3], max_new_tokens=4)), (1, dict(prompt_ids=[4, 5], max_new_tokens=2))])
     assert eng.on_token == seen.append  # the caller's callback is restored, and it saw every token
     assert len(seen) == 6 and [len(r.emitted) for r in log.steps] == [1, 2, 2, 1]
     tokens = log.tokens()
@@ -187,7 +189,7 @@ def test_watermark_panel_moves_with_its_slider():
 
 def test_engine_preempts_the_newest_arrival_as_the_checkoff_assumes():
     reqs = [dict(prompt_len=64, max_new_tokens=33, arrival_time=t) for t in (0.0, 1e-9)]
-    res = VE.run_requests(reqs, num_blocks=10, cost_model=CostModel(), preemption="swap")
+    res = engine_runs.run_requests(reqs, num_blocks=10, cost_model=CostModel(), preemption="swap")
     assert res.requests[1].preemptions == 1 and res.requests[0].preemptions == 0
 
 
@@ -204,8 +206,8 @@ def test_auto_agrees_with_the_checkoffs_preemption_kinds():
 def test_stall_rows_and_figures():
     reqs = [dict(prompt_len=64, max_new_tokens=33, arrival_time=0.0) for _ in range(2)]
     cm = CostModel()
-    ref = VE.run_requests(reqs, num_blocks=12, cost_model=cm)
-    runs = {m: VE.run_requests(reqs, num_blocks=10, cost_model=cm, preemption=m) for m in ("swap", "recompute")}
+    ref = engine_runs.run_requests(reqs, num_blocks=12, cost_model=cm)
+    runs = {m: engine_runs.run_requests(reqs, num_blocks=10, cost_model=cm, preemption=m) for m in ("swap", "recompute")}
     rows = {r["label"]: r for r in VE.stall_rows(runs, ref)}
     # the victim holds 80 tokens = 5 blocks of 16 x 524,288 B when it is swapped out, and again when back in
     assert rows["swap"]["swapped_bytes"] == 2 * 5 * 16 * 524_288
@@ -226,7 +228,7 @@ def test_stall_rows_and_figures():
 def test_copy_bandwidth_is_labelled_a_stand_in_without_a_device():
     if torch.cuda.is_available():
         pytest.skip("this test checks the CPU stand-in")
-    (bw,) = VE.measure_copy_bandwidth(nbytes=2**20, repeats=3)
+    (bw,) = machine.measure_copy_bandwidth(nbytes=2**20, repeats=3)
     assert not bw.is_link and "stand-in" in bw.label and bw.nbytes == 2**20 and len(bw.seconds) == 3
     assert bw.bytes_per_s == pytest.approx(2**20 / statistics.median(bw.seconds))
 
@@ -235,25 +237,18 @@ def test_prefill_rate_and_personal_breakeven():
     torch.manual_seed(0)
     cfg = ModelConfig(dim=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, ffn_dim=64)
     model = TinyTransformer(cfg)
-    rate = VE.measure_prefill_rate(model, lengths=(8, 16), repeats=1, block_size=4)
+    rate = machine.measure_prefill_rate(model, lengths=(8, 16), repeats=1, block_size=4)
     kv = 2 * 2 * 1 * 16 * 4  # K and V, 2 layers, 1 KV head of 16 floats (4 B)
     assert rate.kv_bytes_per_token == kv
     for n, f in zip(rate.lengths, rate.flops):
         assert f == 2 * cfg.num_params * n + 4 * 2 * 2 * 16 * n * n
     assert rate.breakeven() == tuple(2 * n * kv / s for n, s in zip(rate.lengths, rate.seconds))
-    bw = VE.Bandwidth("test", 10**9, (0.5, 1.0, 2.0), True)  # median 1 s: 1 GB/s
+    bw = machine.Bandwidth("test", 10**9, (0.5, 1.0, 2.0), True)  # median 1 s: 1 GB/s
     fig = VE.personal_breakeven_figure(rate, bw)
     assert list(fig.data[1].y) == [pytest.approx(1e3 * 2 * n * kv / 1e9) for n in (8, 16)]
 
 
 # --- lab 06's checkoffs --------------------------------------------------------------------------------
-
-@pytest.fixture(autouse=True)
-def _fresh_results():
-    C.reset_results()
-    yield
-    C.reset_results()
-
 
 def _breakeven(model, s, peak, mfu=0.5, attention_heads=None):
     kv = s * 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
@@ -353,7 +348,7 @@ def test_stream_figure_names_every_request():
     from labsupport.engine import Engine
 
     eng = Engine(cost_model=CostModel(), num_blocks=64, block_size=16, max_num_seqs=2)
-    log = VE.stream_engine(eng, [(k, dict(prompt_len=16, max_new_tokens=2)) for k in range(6)])
+    log = engine_runs.stream_engine(eng, [(k, dict(prompt_len=16, max_new_tokens=2)) for k in range(6)])
     fig = VE.stream_figure(log, upto=len(log.steps))
     assert list(fig.layout.yaxis.ticktext) == ["r0", "r1", "r2", "r3", "r4", "r5"]
     assert list(fig.layout.yaxis.tickvals) == list(fig.data[0].y)

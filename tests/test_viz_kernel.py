@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import labsupport  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
+from labsupport import addresses
 from labsupport.bench import kernel as KB
 from labsupport.specs import get_gpu, get_model
 from labsupport.viz import kernel as VK
@@ -50,29 +51,29 @@ def test_kernel_excerpt_reads_the_real_kernels():
 # --- contiguous runs and the allocator histories --------------------------------------------------
 
 def test_contiguous_runs_by_hand():
-    assert VK.contiguous_runs([0, 4, 8, 100, 104, 12], 4) == [3, 2, 1]
-    assert VK.contiguous_runs([7], 4) == [1]
-    assert VK.contiguous_runs([], 4) == []
-    assert VK.contiguous_runs([8, 4, 0], 4) == [1, 1, 1]  # backwards is not a run
+    assert addresses.contiguous_runs([0, 4, 8, 100, 104, 12], 4) == [3, 2, 1]
+    assert addresses.contiguous_runs([7], 4) == [1]
+    assert addresses.contiguous_runs([], 4) == []
+    assert addresses.contiguous_runs([8, 4, 0], 4) == [1, 1, 1]  # backwards is not a run
     with pytest.raises(ValueError, match="stride must be positive"):
-        VK.contiguous_runs([0, 1], 0)
+        addresses.contiguous_runs([0, 1], 0)
 
 
 def test_prefill_in_a_fresh_pool_hands_out_blocks_in_order():
-    alloc = VK.allocate_batch([5, 3], block_size=2, history="prefill", pool_tokens=16)
+    alloc = addresses.allocate_batch([5, 3], block_size=2, history="prefill", pool_tokens=16)
     assert alloc.table(0) == [0, 1, 2] and alloc.table(1) == [3, 4]
 
 
 def test_decoding_together_interleaves_blocks():
     # prompts of max(1, n // 4) = 1 token each: A -> [0], B -> [1]; each fills its block with the
     # next token, then they take blocks 2 and 3 in turn on the step after.
-    alloc = VK.allocate_batch([4, 4], block_size=2, history="decode together", pool_tokens=16)
+    alloc = addresses.allocate_batch([4, 4], block_size=2, history="decode together", pool_tokens=16)
     assert alloc.table(0) == [0, 2] and alloc.table(1) == [1, 3]
     assert alloc.seq_lens[0] == 4 and alloc.seq_lens[1] == 4
 
 
 def test_churn_leaves_valid_scattered_tables():
-    alloc = VK.allocate_batch([300, 220, 130], block_size=16, history="after churn", pool_tokens=2048, seed=3)
+    alloc = addresses.allocate_batch([300, 220, 130], block_size=16, history="after churn", pool_tokens=2048, seed=3)
     alloc.check_invariants()
     tables = [alloc.table(i) for i in range(3)]
     assert [len(t) for t in tables] == [19, 14, 9]  # ceil(n / 16)
@@ -83,17 +84,17 @@ def test_churn_leaves_valid_scattered_tables():
 
 def test_allocate_batch_rejects_bad_input():
     with pytest.raises(ValueError, match="history must be one of"):
-        VK.allocate_batch([4], 2, history="sideways")
+        addresses.allocate_batch([4], 2, history="sideways")
     with pytest.raises(ValueError, match="blocks of 16 tokens are needed"):
-        VK.allocate_batch([300, 300], 16, history="prefill", pool_tokens=256)
+        addresses.allocate_batch([300, 300], 16, history="prefill", pool_tokens=256)
     with pytest.raises(ValueError, match="positive token counts"):
-        VK.allocate_batch([4, 0], 2)
+        addresses.allocate_batch([4, 0], 2)
 
 
-@pytest.mark.parametrize("history", VK.HISTORIES)
+@pytest.mark.parametrize("history", addresses.HISTORIES)
 def test_address_map_follows_the_paged_formula(history):
     lens, bs, hkv, d = [37, 20], 8, 2, 16
-    amap = VK.address_map(lens, bs, history, num_kv_heads=hkv, head_dim=d, pool_tokens=256)
+    amap = addresses.address_map(lens, bs, history, num_kv_heads=hkv, head_dim=d, pool_tokens=256)
     stride = hkv * d
     for seq, n in enumerate(lens):
         table = amap.block_tables[seq].tolist()
@@ -118,7 +119,7 @@ def test_address_panel_redraws_on_block_size_and_history():
 
 
 def test_address_readout_counts_table_entries_and_runs():
-    amap = VK.address_map([24, 8], 8, "decode together", num_kv_heads=1, head_dim=16, pool_tokens=128)
+    amap = addresses.address_map([24, 8], 8, "decode together", num_kv_heads=1, head_dim=16, pool_tokens=128)
     text = VK.address_readout(amap)
     assert "sequence A: 24 tokens in 3 blocks" in text and "sequence B: 8 tokens in 1 blocks" in text
     assert f"{len(amap.runs(0))} contiguous runs" in text

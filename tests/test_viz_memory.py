@@ -11,6 +11,7 @@ import math
 import plotly.graph_objects as go
 import pytest
 
+from labsupport import block_size, fragmentation
 from labsupport.block_allocator import BlockAllocator
 from labsupport.contiguous import ContiguousAllocator
 from labsupport.fig2 import Breakdown
@@ -50,11 +51,11 @@ def test_slot_figure_truncates_a_sequence_longer_than_its_slot():
     (512, KV, 232),  # 62.52e9 / 268,435,456 = 232.9
 ])
 def test_fill_reserve_to_max_admits_what_the_hand_arithmetic_says(s_max, kv, slots):
-    alloc = vm.fill_reserve_to_max(BUDGET, s_max, 640, kv)
+    alloc = fragmentation.fill_reserve_to_max(BUDGET, s_max, 640, kv)
     alloc.check_invariants()
     assert alloc.num_seqs == slots
     held = min(640, s_max)
-    m = vm.naive_measurement(alloc, BUDGET)
+    m = fragmentation.naive_measurement(alloc, BUDGET)
     assert m["concurrency"] == slots
     assert m["slot_bytes"] == s_max * kv
     assert m["occupied_bytes"] == slots * held * kv
@@ -62,7 +63,7 @@ def test_fill_reserve_to_max_admits_what_the_hand_arithmetic_says(s_max, kv, slo
 
 
 def test_the_lecture_point_15_56_percent_at_4k():
-    m = vm.naive_measurement(vm.fill_reserve_to_max(BUDGET, 4096, 640, KV), BUDGET)
+    m = fragmentation.naive_measurement(fragmentation.fill_reserve_to_max(BUDGET, 4096, 640, KV), BUDGET)
     # 29 x 640 x 524,288 = 9,730,785,280 B of tokens in 62.52e9 B
     assert m["occupied_bytes"] == 9_730_785_280
     assert m["utilization"] == pytest.approx(0.155643, abs=1e-6)
@@ -71,11 +72,11 @@ def test_the_lecture_point_15_56_percent_at_4k():
 
 def test_fill_reserve_to_max_needs_a_budget():
     with pytest.raises(ValueError, match="no room"):
-        vm.fill_reserve_to_max(-1e9, 4096, 640, KV)
+        fragmentation.fill_reserve_to_max(-1e9, 4096, 640, KV)
 
 
 def test_slot_stack_figure_draws_one_row_per_slot():
-    fig = vm.slot_stack_figure(vm.fill_reserve_to_max(BUDGET, 4096, 640, KV), BUDGET)
+    fig = vm.slot_stack_figure(fragmentation.fill_reserve_to_max(BUDGET, 4096, 640, KV), BUDGET)
     used, empty = fig.data
     assert len(used.y) == 29
     assert all(x == pytest.approx(640 * KV / 1e9) for x in used.x)
@@ -84,14 +85,14 @@ def test_slot_stack_figure_draws_one_row_per_slot():
 
 
 def test_slot_stack_figure_folds_many_slots_into_one_row():
-    fig = vm.slot_stack_figure(vm.fill_reserve_to_max(BUDGET, 512, 640, KV), BUDGET, max_rows=32)
+    fig = vm.slot_stack_figure(fragmentation.fill_reserve_to_max(BUDGET, 512, 640, KV), BUDGET, max_rows=32)
     labels = list(fig.data[0].y)
     assert len(labels) == 32
     assert labels[-1] == f"… {232 - 31} more"
 
 
 def test_slot_stack_figure_with_no_slot_says_so():
-    fig = vm.slot_stack_figure(vm.fill_reserve_to_max(BUDGET, 131_072, 640, KV), BUDGET)
+    fig = vm.slot_stack_figure(fragmentation.fill_reserve_to_max(BUDGET, 131_072, 640, KV), BUDGET)
     assert list(fig.data[0].x) == pytest.approx([131_072 * KV / 1e9, BUDGET / 1e9])
     assert any("zero requests" in a.text for a in fig.layout.annotations)
 
@@ -126,7 +127,7 @@ def test_naive_panel_reports_a_card_the_weights_overflow():
 # --- Exercise 2: per-request S_max ----------------------------------------------------------------
 
 def test_run_until_fragmented_stops_at_a_refusal_with_enough_free_memory():
-    run = vm.run_until_fragmented(119_247, kv_bytes_per_token=KV, seed=0)
+    run = fragmentation.run_until_fragmented(119_247, kv_bytes_per_token=KV, seed=0)
     run.allocator.check_invariants()
     ref = run.refusal
     assert run.found
@@ -137,18 +138,18 @@ def test_run_until_fragmented_stops_at_a_refusal_with_enough_free_memory():
 
 
 def test_run_until_fragmented_can_wait_for_a_medium_request():
-    run = vm.run_until_fragmented(119_247, seed=1, stop_sizes=[4096])
+    run = fragmentation.run_until_fragmented(119_247, seed=1, stop_sizes=[4096])
     assert run.found and run.refusal.requested_tokens == 4096
     assert run.refusal.largest_hole_tokens < 4096 <= run.refusal.free_tokens
 
 
 def test_run_until_fragmented_rejects_bad_input():
     with pytest.raises(ValueError, match="summing to 1"):
-        vm.run_until_fragmented(100_000, mix=((512, 0.5), (4096, 0.4)))
+        fragmentation.run_until_fragmented(100_000, mix=((512, 0.5), (4096, 0.4)))
     with pytest.raises(ValueError, match="exceeds the pool"):
-        vm.run_until_fragmented(1000)
+        fragmentation.run_until_fragmented(1000)
     with pytest.raises(ValueError, match="stop_sizes"):
-        vm.run_until_fragmented(100_000, stop_sizes=[1000])
+        fragmentation.run_until_fragmented(100_000, stop_sizes=[1000])
 
 
 def test_address_space_figure_tiles_the_pool_and_shows_the_refused_request():
@@ -274,35 +275,35 @@ def test_explorer_reports_a_full_pool_and_a_block_size_change():
 
 def test_contiguous_runs_split_at_non_consecutive_blocks():
     # blocks 3, 4, 5 are one run of 12 tokens; 9, 10 a second run of 4 + 3 = 7 tokens
-    assert vm.contiguous_runs({"s": [3, 4, 5, 9, 10]}, {"s": 19}, 4) == [12, 7]
-    assert vm.contiguous_runs({"s": [7], "t": [2, 1]}, {"s": 1, "t": 8}, 4) == [1, 4, 4]
+    assert block_size.contiguous_runs({"s": [3, 4, 5, 9, 10]}, {"s": 19}, 4) == [12, 7]
+    assert block_size.contiguous_runs({"s": [7], "t": [2, 1]}, {"s": 1, "t": 8}, 4) == [1, 4, 4]
 
 
 def test_fitting_batch_counts_whole_sequences_of_the_mean_length():
     # 640-token sequences: 62.52e9 / (640 * 524,288) = 186.3 -> 186 (before any block rounding)
-    assert vm.fitting_batch([640] * 10, KV, BUDGET) == 186
+    assert block_size.fitting_batch([640] * 10, KV, BUDGET) == 186
     # the mean, not the median: nine 100-token sequences and one 9,100-token one average 1,000 tokens,
     # 62.52e9 / (1,000 * 524,288) = 119.2 -> 119
-    assert vm.fitting_batch([100] * 9 + [9100], KV, BUDGET) == 119
+    assert block_size.fitting_batch([100] * 9 + [9100], KV, BUDGET) == 119
     with pytest.raises(ValueError, match="positive"):
-        vm.fitting_batch([], KV, BUDGET)
+        block_size.fitting_batch([], KV, BUDGET)
 
 
 def test_measure_workloads_takes_a_batch_per_workload():
     pairs = {"short": [(60, 4)] * 30, "long": [(600, 40)] * 30}
-    out = vm.measure_workloads(pairs, [16], KV, BUDGET, batch={"short": 1_000, "long": 186}, replay_steps=120,
+    out = block_size.measure_workloads(pairs, [16], KV, BUDGET, batch={"short": 1_000, "long": 186}, replay_steps=120,
                                progress=False)
     # mean tail: 64 tokens fill 4 blocks exactly, 640 fill 40: both 0; the batch rides along unchanged
     assert out["short"][16].batch == 1_000 and out["long"][16].batch == 186
     with pytest.raises(ValueError, match="no batch for long"):
-        vm.measure_workloads(pairs, [16], KV, BUDGET, batch={"short": 5}, progress=False)
+        block_size.measure_workloads(pairs, [16], KV, BUDGET, batch={"short": 5}, progress=False)
     panel = vm.block_size_panel(out, BUDGET, KV)
     assert "at B = 1,000" in panel.text() or "at B = 1000" in panel.text()
 
 
 def test_measure_block_size_on_lengths_uniform_modulo_b():
     lengths = list(range(1, 16 * 50 + 1))  # every remainder mod 16 equally often
-    m = vm.measure_block_size("uniform", lengths, 16, KV, BUDGET, batch=199,
+    m = block_size.measure_block_size("uniform", lengths, 16, KV, BUDGET, batch=199,
                               pairs=[(n - 1, 1) if n > 1 else (1, 1) for n in lengths])
     assert m.mean_tail_tokens == pytest.approx(7.5)  # tails 0..15, averaged
     assert m.max_tail_tokens == 15
@@ -319,10 +320,10 @@ def test_replay_pool_leaves_out_sequences_over_the_window_and_stays_consistent()
         alloc.check_invariants()
         seen.extend(alloc.seq_lens.values())
 
-    vm.replay_pool(pairs, 500, 16, steps=80, observe=observe, max_tokens=32_768)
+    block_size.replay_pool(pairs, 500, 16, steps=80, observe=observe, max_tokens=32_768)
     assert seen and max(seen) <= 350  # the 40,010-token request never ran
     with pytest.raises(ValueError, match="replay_steps"):
-        vm.measure_block_size("x", [10], 4, KV, BUDGET, replay_steps=10, warmup_steps=10)
+        block_size.measure_block_size("x", [10], 4, KV, BUDGET, replay_steps=10, warmup_steps=10)
 
 
 def test_block_size_tradeoff_figure_lines_are_the_hand_formulas():
@@ -337,7 +338,7 @@ def test_block_size_tradeoff_figure_lines_are_the_hand_formulas():
 
 def test_block_size_panel_moves_with_its_slider():
     lengths = list(range(1, 16 * 20 + 1))
-    measured = {"uniform": {b: vm.measure_block_size("uniform", lengths, b, KV, BUDGET, replay_steps=120,
+    measured = {"uniform": {b: block_size.measure_block_size("uniform", lengths, b, KV, BUDGET, replay_steps=120,
                                                       warmup_steps=100) for b in (8, 16)}}
     panel = vm.block_size_panel(measured, BUDGET, KV, block_size=16)
     assert "mean tail 7.5 tokens" in panel.text() and "measured on uniform" in panel.text()

@@ -17,7 +17,7 @@ import pytest
 from plotly.basedatatypes import Undefined  # plotly's mark for "this trace: no change"
 from plotly.utils import PlotlyJSONEncoder
 
-from labsupport import ledger
+from labsupport import fragmentation, ledger
 from labsupport.specs import LECTURE_7B, LECTURE_GPU
 from labsupport.viz import engine, kernel, memory, reopen, roofline, sharing, slo
 from labsupport.viz.board import segment_view
@@ -89,7 +89,7 @@ def assert_shows(panel, fresh, sent: SentState | None = None) -> None:
 
 def _lab02_figure(s_max: int, prompt: int = 512, output: int = 128):
     budget = ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU)
-    alloc = memory.fill_reserve_to_max(budget, s_max, prompt + output, LECTURE_7B.kv_bytes_per_token)
+    alloc = fragmentation.fill_reserve_to_max(budget, s_max, prompt + output, LECTURE_7B.kv_bytes_per_token)
     return memory.slot_stack_figure(alloc, budget)
 
 

@@ -22,6 +22,8 @@ from labsupport.course.checkoff import check
 from labsupport.viz import sharing as V
 from labsupport.workloads import traces_hidden
 
+pytestmark = pytest.mark.usefixtures("fresh_results")
+
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 MOONCAKE = TRACES / "mooncake_fast25_conversation_trace.jsonl"
 KV_7B = 524_288  # 2 x 32 layers x 32 heads x 128 x 2 B
@@ -231,13 +233,6 @@ def test_mooncake_conversation_trace_reproduces_the_published_hit_rate():
 
 
 # --- lab 05's checkoffs: the solution passes, known mistakes fail ---------------------------------------
-
-@pytest.fixture(autouse=True)
-def _fresh_results():
-    C.reset_results()
-    yield
-    C.reset_results()
-
 
 def _cow_append(seq, tables, seq_lens, ref_counts, free_blocks, block_size, copy_always=False):
     table, n = tables[seq], seq_lens[seq]

@@ -13,11 +13,12 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
+from labsupport import replay as R
+from labsupport import slo as S
 from labsupport.costmodel import CostModel
 from labsupport.engine import Engine
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LLAMA3_70B
 from labsupport.viz import slo as viz_slo
-from labsupport import replay as R
 from labsupport.workloads import Request, Workload
 
 W = 6.74e9 * 2
@@ -30,18 +31,18 @@ def hand_tpot(batch: int, seq_bytes: float = SEQ_BYTES) -> float:
 
 
 def test_tpot_terms_split_the_step_into_weights_you_and_neighbours():
-    terms = viz_slo.tpot_terms(LECTURE_7B, LECTURE_GPU, 186, 640)
+    terms = S.tpot_terms(LECTURE_7B, LECTURE_GPU, 186, 640)
     assert terms["weights"] == pytest.approx(W / BW)
     assert terms["your KV"] == pytest.approx(SEQ_BYTES / BW)
     assert terms["neighbours' KV"] == pytest.approx(185 * SEQ_BYTES / BW)
     assert sum(terms.values()) == pytest.approx(hand_tpot(186))
     assert 1e3 * sum(terms.values()) == pytest.approx(22.654, abs=1e-3)
     with pytest.raises(ValueError, match="batch"):
-        viz_slo.tpot_terms(LECTURE_7B, LECTURE_GPU, 0, 640)
+        S.tpot_terms(LECTURE_7B, LECTURE_GPU, 0, 640)
 
 
 def test_three_columns_are_the_lectures_table_exactly():
-    naive, ceiling, slo = viz_slo.three_columns()
+    naive, ceiling, slo = S.three_columns()
     assert (naive.batch, ceiling.batch, slo.batch) == (29, 186, 159)
     assert (naive.printed_batch, ceiling.printed_batch, slo.printed_batch) == ("29", "199", "164")
     for col in (naive, ceiling, slo):
@@ -51,16 +52,16 @@ def test_three_columns_are_the_lectures_table_exactly():
     assert ceiling.goodput_tok_s == 0 and ceiling.throughput_tok_s == pytest.approx(8210.4, abs=0.1)
     assert naive.goodput_tok_s == pytest.approx(4185.6, abs=0.1)
     # at 25 ms the middle column meets the SLO and keeps its throughput; the SLO-limited one rises to it
-    loose = viz_slo.three_columns(tpot_slo_s=0.025)
+    loose = S.three_columns(tpot_slo_s=0.025)
     assert loose[1].goodput_tok_s == loose[1].throughput_tok_s and loose[2].batch == 186
     # GQA-8: memory ceiling 29,812 // 40 = 745, SLO bound floor((0.02 x 3.35e12 - 13.48e9) / (640 x 131,072)) = 638
-    assert [c.batch for c in viz_slo.three_columns(LECTURE_7B_GQA8)] == [116, 745, 638]
+    assert [c.batch for c in S.three_columns(LECTURE_7B_GQA8)] == [116, 745, 638]
     with pytest.raises(ValueError, match="no KV budget"):
-        viz_slo.three_columns(LLAMA3_70B, GPUS["h100"])
+        S.three_columns(LLAMA3_70B, GPUS["h100"])
 
 
 def test_goodput_table_strikes_the_middle_column():
-    cols = viz_slo.three_columns()
+    cols = S.three_columns()
     fig = viz_slo.goodput_table_figure(cols)
     throughput, goodput = fig.data
     assert list(throughput.y) == pytest.approx([c.batch / hand_tpot(c.batch) for c in cols])
@@ -107,15 +108,15 @@ def test_tpot_figure_and_panel_follow_the_slider():
 
 
 def test_steady_batch_on_the_engine_matches_the_closed_form():
-    measured = viz_slo.steady_batch_tpot([1, 29, 186], seq_tokens=640)
+    measured = R.steady_batch_tpot([1, 29, 186], seq_tokens=640)
     for b, t in measured.items():
         assert t == pytest.approx(hand_tpot(b), rel=1e-9)
     with pytest.raises(ValueError, match="do not fit"):
-        viz_slo.steady_batch_tpot([200], seq_tokens=640)  # 200 x 40 blocks > 7,452
+        R.steady_batch_tpot([200], seq_tokens=640)  # 200 x 40 blocks > 7,452
 
 
 def test_ttft_bars_stack_the_three_terms():
-    splits = [viz_slo.TTFTSplit("idle", 0.0, 0.1294, 0.0), viz_slo.TTFTSplit("loaded", 2.0, 0.135, 0.02)]
+    splits = [S.TTFTSplit("idle", 0.0, 0.1294, 0.0), S.TTFTSplit("loaded", 2.0, 0.135, 0.02)]
     fig = viz_slo.ttft_bars_figure(splits)
     assert [t.name for t in fig.data] == ["queueing", "prefill", "scheduling delay"]
     assert list(fig.data[0].x) == pytest.approx([0, 2000]) and list(fig.data[1].x) == pytest.approx([129.4, 135])
@@ -124,14 +125,14 @@ def test_ttft_bars_stack_the_three_terms():
         assert sum(t.x[i] for t in shares.data) == pytest.approx(100)
     assert splits[1].total_s == pytest.approx(2.155)
     with pytest.raises(ValueError, match="scheduling_s"):
-        viz_slo.TTFTSplit("bad", 0.0, 0.1, -1.0)
+        S.TTFTSplit("bad", 0.0, 0.1, -1.0)
     with pytest.raises(ValueError):
         viz_slo.ttft_bars_figure([])
 
 
 def test_probe_run_queueing_takes_over_under_load():
-    light = viz_slo.chat_with_probe(5)
-    heavy = viz_slo.chat_with_probe(80)
+    light = R.chat_with_probe(5)
+    heavy = R.chat_with_probe(80)
     for run in (light, heavy):
         probe = run.result.requests[run.probe_id]
         split = run.splits()[0]
@@ -172,7 +173,7 @@ def test_replay_goodput_agrees_with_the_engines_ledger():
         assert rp.goodput_tok_s(ttft, tpot) == pytest.approx(rep.goodput_tok_s, rel=1e-12)
         assert rp.goodput_frac(ttft, tpot) == pytest.approx(rep.goodput_req_frac, rel=1e-12)
     assert rp.throughput_tok_s == pytest.approx(result.slo(1, 1).throughput_tok_s, rel=1e-12)
-    assert viz_slo.mean_split(rp).total_s == pytest.approx(np.mean([r.ttft_s for r in result.requests.values()]))
+    assert rp.mean_split().total_s == pytest.approx(np.mean([r.ttft_s for r in result.requests.values()]))
     with pytest.raises(ValueError, match="no request"):
         R.replay(trace, R.ReplayConfig("x"), window_s=0.0)
     with pytest.raises(ValueError, match="speedup"):
@@ -206,7 +207,7 @@ def test_utilization_is_what_the_allocator_holds():
     assert naive.throughput_tok_s == exact.throughput_tok_s == paged.throughput_tok_s  # same steps, same clock
     with pytest.raises(ValueError, match="rejected"):
         R.utilization_run([(0.0, 130_000, 10)], 4096)  # 32 slots of 4,096 > the pool's 29
-    assert viz_slo.chat_requests(10, 5)[0][1:] == (512, 128)
+    assert R.chat_requests(10, 5)[0][1:] == (512, 128)
 
 
 def test_figure_view_has_a_deterministic_text():

@@ -1,9 +1,10 @@
-"""Figures, panels and measurements of lab 06: the engine loop, admission and preemption (§10.5, Exercise 4).
+"""Figures and panels of lab 06: the engine loop, admission and preemption (§10.5, Exercise 4).
 
-Every picture is read off the real `Engine` or the ledger's closed forms:
+Every picture is read off the real `Engine` or the ledger's closed forms; the runs and measurements
+live beside the engine (`labsupport.engine_runs`, `labsupport.replay`, `labsupport.machine`):
 
-* the loop streamed: each step's batch re-chosen, tokens appearing per step (`stream_engine`,
-  `stream_figure`, `stream_panel`, `stream_text`);
+* the loop streamed: each step's batch re-chosen, tokens appearing per step (`stream_engine`
+  records it; `stream_figure`, `stream_panel`, `stream_text` draw);
 * overload and the watermark: refusals at admission against preemptions, and blocks in use over
   time, from engine runs on a real trace with the cost-model clock (`labsupport.replay.watermark_sweep`
   measures; `watermark_figure`, `watermark_panel` draw);
@@ -11,8 +12,8 @@ Every picture is read off the real `Engine` or the ledger's closed forms:
   any model, GPU and link (`swap_recompute`, `swap_recompute_figure`, `swap_recompute_panel`,
   `breakeven_figure`);
 * your own machine: host↔device copy bandwidth (a host memcpy, labelled as such, where there is no
-  device) and the tiny model's prefill rate, and your personal break-even (`measure_copy_bandwidth`,
-  `measure_prefill_rate`, `personal_breakeven_figure`);
+  device) and the tiny model's prefill rate (`labsupport.machine`), and your personal break-even
+  (`personal_breakeven_figure`);
 * memory pressure: the same requests under swap, recompute and auto, and the stall each costs
   (`run_requests`, `stall_figure`, `blocks_figure`).
 
@@ -22,9 +23,6 @@ from __future__ import annotations
 
 import html
 import math
-import statistics
-import time
-from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -32,8 +30,10 @@ from plotly.subplots import make_subplots
 
 from labsupport import ledger
 from labsupport.checks import positive_int as _positive_int
+from labsupport.engine_runs import StreamLog
+from labsupport.machine import Bandwidth, PrefillRate
 from labsupport.replay import OverloadRun
-from labsupport.specs import GB, LECTURE_MFU, GPUSpec, MiB, ModelSpec, get_gpu, get_model
+from labsupport.specs import GB, LECTURE_MFU, GPUSpec, ModelSpec, get_gpu, get_model
 from labsupport.units import fmt_int, log_axis_ticks
 from labsupport.viz import FONT_SIZE, PALETTE, Panel, a11y, dropdown, gpu_options, number_slider, selection_slider, styled
 
@@ -57,113 +57,6 @@ LINK_OPTIONS = [(f"{g:g} GB/s", g) for g in (4, 8, 8.3, 16, 25, 32, 33.2, 50, 64
 # =============================================================================================
 # The loop, streamed
 # =============================================================================================
-
-@dataclass
-class StepRecord:
-    """What one iteration of the engine did, as seen from outside it."""
-
-    step: int  # 1-based
-    clock_s: float  # the engine's clock at the end of the step
-    emitted: list[tuple[int, int, int | None, bool]]  # (request, branch, token, finished)
-    blocks_in_use: int
-    waiting: int
-    running: int
-    swapped: int
-    preempted: dict[str, int]  # preemptions this step, by kind
-    arrived: list[int]  # requests added just before this step
-
-
-@dataclass
-class StreamLog:
-    """A whole run, step by step: the streaming view replays it."""
-
-    steps: list[StepRecord]
-    prompts: dict[int, list[int] | None]
-    max_new: dict[int, int]
-    n: dict[int, int]
-    num_blocks: int
-    block_size: int
-    result: object = None  # the EngineResult at the end
-
-    def sequences(self) -> list[tuple[int, int]]:
-        return [(r, b) for r in sorted(self.n) for b in range(self.n[r])]
-
-    def tokens(self, upto: int | None = None) -> dict[tuple[int, int], list[int | None]]:
-        """Tokens each sequence has streamed by the end of step `upto` (all steps by default)."""
-        out: dict[tuple[int, int], list[int | None]] = {s: [] for s in self.sequences()}
-        for rec in self.steps[: len(self.steps) if upto is None else upto]:
-            for rid, branch, tok, _ in rec.emitted:
-                out[(rid, branch)].append(tok)
-        return out
-
-    def phases(self) -> dict[tuple[int, int], list[str]]:
-        """Per sequence, its state in every step: not here, waiting, prefill, decode, preempted, done."""
-        arrival = {rid: k for k, rec in enumerate(self.steps) for rid in rec.arrived}
-        out = {}
-        for seq in self.sequences():
-            rid = seq[0]
-            states, started, finished = [], False, False
-            for k, rec in enumerate(self.steps):
-                mine = [e for e in rec.emitted if (e[0], e[1]) == seq]
-                if finished:
-                    states.append("done")
-                elif mine:
-                    states.append("decode" if started else "prefill")
-                    started = True
-                    finished = mine[0][3]
-                elif k < arrival.get(rid, 0):
-                    states.append("not here")
-                else:
-                    states.append("preempted" if started else "waiting")
-            out[seq] = states
-        return out
-
-
-def stream_engine(engine, schedule: Sequence[tuple[int, dict]], max_steps: int = 100_000,
-                  on_step: Callable[[StepRecord], None] | None = None) -> StreamLog:
-    """Run `engine` step by step; `schedule` holds (step index, add_request keyword arguments) pairs.
-
-    A request scheduled at step k is added just before the k-th step (0-based), at the engine's
-    clock, so it is waiting at that step boundary.  `on_step` sees each StepRecord as it happens
-    (a live view can redraw there).  Returns the log, with the engine's result attached.
-    """
-    pending = sorted(((int(k), i, kw) for i, (k, kw) in enumerate(schedule)), key=lambda x: (x[0], x[1]))
-    prompts, max_new, fan = {}, {}, {}
-    steps: list[StepRecord] = []
-    k = 0
-    while k < max_steps:
-        arrived = []
-        while pending and pending[0][0] <= k:
-            _, _, kw = pending.pop(0)
-            rid = engine.add_request(**kw)
-            prompts[rid] = list(kw["prompt_ids"]) if kw.get("prompt_ids") is not None else None
-            max_new[rid] = kw.get("max_new_tokens", 16)
-            fan[rid] = kw.get("n", 1)
-            arrived.append(rid)
-        out = engine.step()
-        if out is None:
-            if pending:
-                k = pending[0][0]
-                continue
-            break
-        if out.idle:  # the clock jumped to the next arrival: not an iteration of the loop
-            continue
-        if out.tokens is None:
-            raise ValueError("stream_engine shows every token: give the Engine a model, or record_token_times=True")
-        preempted = {"swap": 0, "recompute": 0}
-        for _, _, kind in out.preempted:
-            preempted[kind] += 1
-        rec = StepRecord(
-            step=len(steps) + 1, clock_s=out.end,
-            emitted=[(e.request_id, e.branch, e.token, e.finished) for e in out.tokens],
-            blocks_in_use=engine.allocator.num_used_blocks, waiting=engine.num_waiting,
-            running=engine.num_running, swapped=engine.num_swapped, preempted=preempted, arrived=arrived)
-        steps.append(rec)
-        if on_step is not None:
-            on_step(rec)
-        k += 1
-    res = engine.result()
-    return StreamLog(steps, prompts, max_new, fan, engine.num_blocks, engine.block_size, res)
 
 
 def _char(tok, decode) -> str:
@@ -500,108 +393,6 @@ def breakeven_figure(models: Sequence[ModelSpec], gpu: GPUSpec, link_bandwidth: 
 # Your machine
 # =============================================================================================
 
-@dataclass(frozen=True)
-class Bandwidth:
-    """A measured copy rate.  `is_link` is False for a host memcpy standing in where there is no device."""
-
-    label: str
-    nbytes: int
-    seconds: tuple[float, ...]
-    is_link: bool
-
-    @property
-    def bytes_per_s(self) -> float:
-        return self.nbytes / statistics.median(self.seconds)
-
-
-def measure_copy_bandwidth(nbytes: int = 64 * MiB, repeats: int = 5, device=None) -> list[Bandwidth]:
-    """Host→device and device→host over pinned memory on CUDA; on a machine without one there is no
-    link to measure, so a host-to-host memcpy of the same size stands in (and says so)."""
-    import torch
-
-    nbytes = _positive_int("nbytes", nbytes)
-    repeats = _positive_int("repeats", repeats)
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    n = nbytes // 4
-    if dev.type == "cuda":
-        host = torch.empty(n, dtype=torch.float32, pin_memory=True).fill_(1.0)
-        gpu_buf = torch.empty(n, dtype=torch.float32, device=dev)
-        out = []
-        for label, dst, src in (("host→device (pinned)", gpu_buf, host), ("device→host (pinned)", host, gpu_buf)):
-            dst.copy_(src, non_blocking=True)
-            torch.cuda.synchronize(dev)
-            times = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                dst.copy_(src, non_blocking=True)
-                torch.cuda.synchronize(dev)
-                times.append(time.perf_counter() - t)
-            out.append(Bandwidth(label, n * 4, tuple(times), True))
-        return out
-    src = torch.ones(n, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t)
-    return [Bandwidth("host memcpy (no device: a stand-in, not a link)", n * 4, tuple(times), False)]
-
-
-@dataclass(frozen=True)
-class PrefillRate:
-    """Measured prefill times of a model through a fresh paged cache, one per length (median of repeats)."""
-
-    lengths: tuple[int, ...]
-    seconds: tuple[float, ...]
-    flops: tuple[float, ...]
-    kv_bytes_per_token: int
-
-    @property
-    def flop_rates(self) -> tuple[float, ...]:
-        return tuple(f / s for f, s in zip(self.flops, self.seconds))
-
-    @property
-    def tokens_per_s(self) -> tuple[float, ...]:
-        return tuple(n / s for n, s in zip(self.lengths, self.seconds))
-
-    def breakeven(self) -> tuple[float, ...]:
-        """Personal W*(S): the KV round trip over the measured recompute time, 2 S kv / t(S)."""
-        return tuple(2 * n * self.kv_bytes_per_token / s for n, s in zip(self.lengths, self.seconds))
-
-
-def measure_prefill_rate(model, lengths: Sequence[int] = (64, 128, 256, 512), repeats: int = 3,
-                         block_size: int = 16, seed: int = 0) -> PrefillRate:
-    """Time the model's prefill (what a recompute redoes) at each length; FLOPs from the ledger's formula."""
-    import torch
-
-    from labsupport.kvcache import PagedKVCache
-
-    lengths = tuple(_positive_int("length", n) for n in lengths)
-    repeats = _positive_int("repeats", repeats)
-    c = model.cfg
-    g = torch.Generator().manual_seed(seed)
-    spec = model.spec()
-    secs = []
-    for n in lengths:
-        ids = torch.randint(0, c.vocab_size, (n,), generator=g).tolist()
-        times = []
-        for r in range(repeats + 1):  # the first run warms up
-            cache = PagedKVCache(-(-n // block_size), block_size, c.num_layers, c.num_kv_heads, c.head_dim,
-                                 dtype=model.dtype, device=model.device)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize(model.device)
-            t = time.perf_counter()
-            model.forward_paged(cache, prefills=[(0, ids)])
-            if model.device.type == "cuda":
-                torch.cuda.synchronize(model.device)
-            if r:
-                times.append(time.perf_counter() - t)
-        secs.append(statistics.median(times))
-    return PrefillRate(lengths, tuple(secs), tuple(ledger.prefill_flops(spec, n) for n in lengths),
-                       spec.kv_bytes_per_token)
-
 
 def personal_breakeven_figure(rate: PrefillRate, bandwidth: Bandwidth, title: str | None = None) -> go.Figure:
     """Measured recompute time against the KV round trip at your measured copy rate, per length."""
@@ -622,20 +413,6 @@ def personal_breakeven_figure(rate: PrefillRate, bandwidth: Bandwidth, title: st
 # =============================================================================================
 # Memory pressure: the same requests under swap, recompute and auto
 # =============================================================================================
-
-def run_requests(requests: Sequence[Mapping], *, num_blocks: int, model=None, cost_model=None, block_size: int = 16,
-                 preemption: str = "auto", watermark: float = 0.0, max_num_seqs: int = 256):
-    """A fresh engine, every request added (keyword arguments of `add_request`), run to the end."""
-    from labsupport.engine import Engine
-
-    eng = Engine(model, num_blocks, block_size, cost_model=cost_model, watermark=watermark, preemption=preemption,
-                 max_num_seqs=max_num_seqs)
-    for kw in requests:
-        eng.add_request(**kw)
-    res = eng.run()
-    if res.counters.leaked_blocks:
-        raise RuntimeError(f"{res.counters.leaked_blocks} blocks leaked after the run")
-    return res
 
 
 def stall_rows(results: Mapping[str, object], reference) -> list[dict]:

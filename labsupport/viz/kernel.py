@@ -5,8 +5,8 @@ Three pictures:
 * the **address map**: where in memory a decode kernel reads each token's keys, for a contiguous
   reserve-to-max cache and for a paged pool whose block tables come from the real
   ``BlockAllocator`` (after a prefill, after sequences decode side by side, or after churn); the
-  addresses are computed by the kernels' own ``kv_token_offsets``.  Its runs are the lecture's
-  "kernel's contiguous run".
+  addresses are computed by the kernels' own ``kv_token_offsets`` (measured in
+  ``labsupport.addresses``).  Its runs are the lecture's "kernel's contiguous run".
 * the **bytes of one decode step**: the fused paged kernel against gather-then-attend, with the
   block table's share drawn to scale (§10.3: "the FLOPs and the bytes are identical").
 * the **bandwidth against block size**: GB/s and % of the device's measured copy bandwidth for the
@@ -14,26 +14,21 @@ Three pictures:
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import math
-import random
 import textwrap
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
-import torch
 from plotly.subplots import make_subplots
 
-from labsupport.block_allocator import BlockAllocator
+from labsupport.addresses import HISTORIES, AddressMap, address_map
 from labsupport.checks import positive_int
-from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import GB, GPUSpec, MiB, ModelSpec, get_gpu, get_model
 from labsupport.units import fmt_bytes, fmt_int, fmt_seconds
 from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, in_unit, model_options, selection_slider, styled
 
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
-HISTORIES = ("prefill", "decode together", "after churn")
 
 
 # --- the kernel's source, a few lines at a time ------------------------------------------------
@@ -59,120 +54,6 @@ def kernel_excerpt(fn, start: str, end: str | None = None) -> str:
 
 
 # --- the address map ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class AddressMap:
-    """Where each token's K row (one layer, head 0) lives, for a batch of sequences."""
-
-    block_size: int
-    seq_lens: list[int]
-    block_tables: torch.Tensor  # int32 [B, max_blocks], from the allocator
-    offsets: torch.Tensor       # int64 [B, max_len] element offsets in the K pool, -1 past a sequence's end
-    num_kv_heads: int
-    head_dim: int
-    dtype_bytes: int
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one token's K for all KV heads (one layer): what sits between neighbouring tokens."""
-        return self.num_kv_heads * self.head_dim * self.dtype_bytes
-
-    def runs(self, seq: int) -> list[int]:
-        """Lengths (tokens) of the maximal runs of sequence ``seq`` that are adjacent in memory."""
-        stride = self.num_kv_heads * self.head_dim
-        return contiguous_runs(self.offsets[seq, : self.seq_lens[seq]].tolist(), stride)
-
-
-def contiguous_runs(offsets: list[int], stride: int) -> list[int]:
-    """Split a sequence's token offsets into runs where each token sits ``stride`` after the last."""
-    if stride <= 0:
-        raise ValueError(f"stride must be positive, got {stride}")
-    runs: list[int] = []
-    for i, off in enumerate(offsets):
-        if i and off == offsets[i - 1] + stride:
-            runs[-1] += 1
-        else:
-            runs.append(1)
-    return runs
-
-
-def allocate_batch(seq_lens: list[int], block_size: int, history: str = "after churn", pool_tokens: int = 2048,
-                   seed: int = 0) -> BlockAllocator:
-    """A real ``BlockAllocator`` holding sequences ``0..B-1`` of ``seq_lens`` tokens, reached by one of
-    three histories: ``prefill`` (each sequence allocated whole, in order, in a fresh pool),
-    ``decode together`` (short prompts, then every sequence grows one token per step, as in a
-    decode batch) or ``after churn`` (a pool filled with short requests, two thirds of them freed
-    in random order, then the batch prefilled)."""
-    if history not in HISTORIES:
-        raise ValueError(f"history must be one of {HISTORIES}, got {history!r}")
-    if not seq_lens or min(seq_lens) < 1:
-        raise ValueError(f"seq_lens must be positive token counts, got {seq_lens}")
-    num_blocks = max(1, pool_tokens // block_size)
-    need = sum(-(-n // block_size) for n in seq_lens)
-    if need > num_blocks:
-        raise ValueError(f"{need} blocks of {block_size} tokens are needed but a {pool_tokens}-token pool has "
-                         f"{num_blocks}")
-    alloc = BlockAllocator(num_blocks, block_size)
-    rng = random.Random(seed)
-    if history == "prefill":
-        for i, n in enumerate(seq_lens):
-            alloc.allocate(i, n)
-    elif history == "decode together":
-        prompts = [min(n, max(1, n // 4)) for n in seq_lens]
-        for i, n in enumerate(prompts):
-            alloc.allocate(i, n)
-        for step in range(max(seq_lens) - min(prompts)):
-            for i, n in enumerate(seq_lens):
-                if prompts[i] + step < n:
-                    alloc.append_slot(i)
-    else:
-        old = []
-        while True:
-            try:
-                alloc.allocate(("old", len(old)), rng.randint(1, 3 * block_size))
-            except OutOfBlocks:
-                break
-            old.append(("old", len(old)))
-        rng.shuffle(old)
-        freed = 0
-        for seq in old:
-            if alloc.num_free_blocks >= need and freed >= 2 * len(old) // 3:
-                break
-            alloc.free(seq)
-            freed += 1
-        for i, n in enumerate(seq_lens):
-            alloc.allocate(i, n)
-    return alloc
-
-
-@functools.lru_cache(maxsize=64)
-def _address_map_cached(seq_lens: tuple[int, ...], block_size: int, history: str, num_kv_heads: int, head_dim: int,
-                        dtype_bytes: int, pool_tokens: int, seed: int) -> AddressMap:
-    return _address_map(list(seq_lens), block_size, history, num_kv_heads, head_dim, dtype_bytes, pool_tokens, seed)
-
-
-def address_map(seq_lens: list[int], block_size: int, history: str = "after churn", *, num_kv_heads: int = 8,
-                head_dim: int = 128, dtype_bytes: int = 2, pool_tokens: int = 2048, seed: int = 0) -> AddressMap:
-    """Allocate a batch (``allocate_batch``) and ask the kernels' own address helper where it reads.
-    Results are cached (a panel asks twice per change: figure and readout); treat them as read-only."""
-    return _address_map_cached(tuple(seq_lens), block_size, history, num_kv_heads, head_dim, dtype_bytes,
-                               pool_tokens, seed)
-
-
-def _address_map(seq_lens, block_size, history, num_kv_heads, head_dim, dtype_bytes, pool_tokens, seed) -> AddressMap:
-    from labsupport import kernels
-
-    alloc = allocate_batch(seq_lens, block_size, history, pool_tokens, seed)
-    width = max(len(alloc.table(i)) for i in range(len(seq_lens)))
-    tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
-    for i in range(len(seq_lens)):
-        tables[i, : len(alloc.table(i))] = torch.tensor(alloc.table(i), dtype=torch.int32)
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    stride_slot = num_kv_heads * head_dim
-    offsets = kernels.kv_token_offsets(tables.to(device), lens.to(device), block_size,
-                                       block_size * stride_slot, stride_slot).cpu()
-    return AddressMap(block_size, list(seq_lens), tables, offsets, num_kv_heads, head_dim, dtype_bytes)
 
 
 _SEQ_COLOURS = (PALETTE["compute"], PALETTE["memory"], PALETTE["used"], PALETTE["shared"], PALETTE["link"])

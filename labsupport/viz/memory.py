@@ -5,13 +5,13 @@ Every picture is drawn from a real mechanism's state, never from re-typed number
 * §10.2's board: one S_max slot with the sequence's tokens shaded, then the stack of slots a real
   `ReserveToMaxAllocator` admits on the budget (`slot_figure`, `slot_stack_figure`, `naive_panel`);
 * Exercise 2: a real first-fit `ContiguousAllocator` driven by arrivals and retirements until it
-  refuses a request while more than enough memory is free (`run_until_fragmented`,
-  `address_space_figure`);
+  refuses a request while more than enough memory is free (`labsupport.fragmentation` measures,
+  `address_space_figure` draws);
 * the vLLM paper's Fig. 2 breakdown from `labsupport.fig2.fig2_breakdown` replays (`fig2_figure`);
 * §10.3's board: logical blocks on the left, one physical pool on the right, arrows crossing, read
   off a real `PagedKVCache` (`block_table_figure`, `BlockTableExplorer` with step buttons);
 * the block-size trade-off, from the ledger and measured on the real allocator over real traces
-  (`measure_block_size`, `block_size_tradeoff_figure`, `block_size_panel`).
+  (`labsupport.block_size` measures; `block_size_tradeoff_figure`, `block_size_panel` draw).
 
 Colours keep `viz.PALETTE`'s meanings: green holds real tokens, orange is reserved and never filled,
 vermilion is unusable free memory (external fragmentation), grey is free.
@@ -19,20 +19,18 @@ vermilion is unusable free memory (external fragmentation), grey is free.
 from __future__ import annotations
 
 import html
-import math
-import random
-import statistics
-from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Hashable, Mapping, Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from labsupport import ledger
 from labsupport.block_allocator import BlockAllocator
+from labsupport.block_size import BlockSizeMeasurement
 from labsupport.checks import positive_int as _positive_int
 from labsupport.contiguous import ContiguousAllocator, Refusal, ReserveToMaxAllocator
 from labsupport.fig2 import Breakdown
+from labsupport.fragmentation import fill_reserve_to_max, naive_measurement
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import MiB, get_gpu, get_model
 from labsupport.units import fmt_gb, fmt_pct
@@ -63,8 +61,6 @@ SEQ_COLOURS = ("#0072B2", "#882255", "#56B4E9", "#CC79A7", "#009E73", "#D55E00")
 # SOSP 2023, Fig. 2: share of KV-cache memory holding token states, averaged over their experiment.
 PAPER_FIG2_TOKEN_STATES = {"max": 0.204, "pow2": 0.268, "oracle": 0.382, "paged": 0.963}
 POLICY_LABELS = {"max": "Orca (Max)", "pow2": "Orca (Pow2)", "oracle": "Orca (Oracle)", "paged": "paged (vLLM)"}
-
-EXERCISE2_MIX = ((512, 0.70), (4096, 0.25), (32_768, 0.05))  # declared S_max and its share of requests
 
 
 # =============================================================================================
@@ -99,35 +95,6 @@ def slot_figure(s_max: int = 4096, prompt: int = 512, output: int = 128) -> go.F
                   barmode="overlay", xaxis=dict(title="token positions in the slot", range=[0, s_max]),
                   yaxis=dict(showticklabels=False, range=[-0.5, 0.8]),
                   legend=dict(orientation="h", y=-0.5, x=0))  # below: at 700 px a legend above wrapped onto the bar
-
-
-def fill_reserve_to_max(budget_bytes: float, s_max: int, seq_tokens: int, kv_per_token: int) -> ReserveToMaxAllocator:
-    """A real `ReserveToMaxAllocator` on the budget with every slot it admits holding one sequence.
-
-    Each sequence holds min(seq_tokens, s_max) tokens (a slot cannot grow past itself); admission
-    stops at the allocator's own refusal, so the count of slots is the mechanism's, not a formula's.
-    """
-    if not budget_bytes > 0:
-        raise ValueError(f"the KV budget is {budget_bytes:,.0f} B: the weights leave no room for a KV cache")
-    _positive_int("seq_tokens", seq_tokens)
-    alloc = ReserveToMaxAllocator.from_budget(budget_bytes, kv_per_token, s_max=s_max)
-    held = min(seq_tokens, s_max)
-    i = 0
-    while True:
-        try:
-            alloc.allocate(i, num_tokens=held)
-        except OutOfBlocks:
-            return alloc
-        i += 1
-
-
-def naive_measurement(alloc: ReserveToMaxAllocator, budget_bytes: float) -> dict:
-    """Slot size, concurrency and utilization read off a filled allocator's own stats."""
-    st = alloc.stats()
-    kv = alloc.kv_bytes_per_token
-    return {"slot_bytes": alloc.s_max * kv, "concurrency": alloc.num_seqs,
-            "occupied_bytes": st.occupied_bytes, "reserved_bytes": st.reserved_bytes,
-            "utilization": st.occupied_bytes / budget_bytes, "leftover_bytes": budget_bytes - st.reserved_bytes}
 
 
 def slot_stack_figure(alloc: ReserveToMaxAllocator, budget_bytes: float, max_rows: int = 32,
@@ -227,64 +194,6 @@ def naive_panel(s_max: int = 4096, prompt: int = 512, output: int = 128, model: 
 # =============================================================================================
 # Exercise 2: per-request S_max and external fragmentation
 # =============================================================================================
-
-@dataclass
-class FragmentationRun:
-    """The outcome of `run_until_fragmented`: the allocator at the moment of the refusal."""
-
-    allocator: ContiguousAllocator
-    refusal: Refusal | None
-    arrivals: int
-    retirements: int
-    earlier_refusals: int  # refusals before the reported one (pool full, or a size we were not waiting for)
-    earlier_fragmented: int  # of those, how many were already external fragmentation
-
-    @property
-    def found(self) -> bool:
-        return self.refusal is not None and self.refusal.fragmented
-
-
-def run_until_fragmented(capacity_tokens: int, mix: Sequence[tuple[int, float]] = EXERCISE2_MIX, *,
-                         kv_bytes_per_token: int | None = None, seed: int = 0, retire_fraction: float = 0.3,
-                         stop_sizes: Iterable[int] | None = None, max_arrivals: int = 10_000) -> FragmentationRun:
-    """Drive a real first-fit `ContiguousAllocator` with arrivals drawn from `mix` until it refuses one.
-
-    Requests arrive one at a time and each declares its own S_max.  When one is refused, a random
-    `retire_fraction` of the residents finish and the arrival is tried again.  The run stops at the
-    first refusal whose request is smaller than the free memory in total (external fragmentation,
-    the failure Exercise 2 asks for) — only for requests of `stop_sizes`, when given.
-    """
-    if not 0 < retire_fraction < 1:
-        raise ValueError(f"retire_fraction must be in (0, 1), got {retire_fraction!r}")
-    sizes = [s for s, _ in mix]
-    weights = [p for _, p in mix]
-    if any(s < 1 for s in sizes) or any(p < 0 for p in weights) or not math.isclose(sum(weights), 1.0):
-        raise ValueError(f"mix must pair positive sizes with shares summing to 1, got {list(mix)}")
-    stop = set(sizes if stop_sizes is None else stop_sizes)
-    if not stop <= set(sizes):
-        raise ValueError(f"stop_sizes {sorted(stop)} must be among the mix's sizes {sizes}")
-    alloc = ContiguousAllocator(capacity_tokens, kv_bytes_per_token=kv_bytes_per_token)
-    if max(sizes) > capacity_tokens:
-        raise ValueError(f"the largest declared S_max ({max(sizes):,}) exceeds the pool ({capacity_tokens:,} tokens)")
-    rng = random.Random(seed)
-    retired = refused = fragmented = 0
-    for arrival in range(max_arrivals):
-        size = rng.choices(sizes, weights)[0]
-        while True:
-            try:
-                alloc.allocate(arrival, size)
-            except OutOfBlocks as exc:
-                if exc.refusal is not None and exc.refusal.fragmented and size in stop:
-                    return FragmentationRun(alloc, exc.refusal, arrival + 1, retired, refused, fragmented)
-                refused += 1
-                fragmented += bool(exc.refusal is not None and exc.refusal.fragmented)
-                residents = list(alloc.slots)
-                for sid in rng.sample(residents, max(1, int(retire_fraction * len(residents)))):
-                    alloc.free(sid)
-                    retired += 1
-                continue
-            break
-    return FragmentationRun(alloc, None, max_arrivals, retired, refused, fragmented)
 
 
 # Slot sizes, small to large: light to dark blue, far enough apart in lightness to tell apart in
@@ -657,198 +566,6 @@ def block_table_explorer(num_blocks: int = 12, block_size: int = 4, a_tokens: in
 # =============================================================================================
 # §10.3 step two: the block size, from the ledger and measured
 # =============================================================================================
-
-@dataclass(frozen=True)
-class BlockSizeMeasurement:
-    """One workload at one block size, measured on the real allocator."""
-
-    workload: str
-    block_size: int
-    num_seqs: int
-    mean_tail_tokens: float
-    max_tail_tokens: int
-    mean_tail_bytes: float
-    waste_at_batch_fraction: float  # batch x mean tail bytes / budget (the lecture's column)
-    batch: int
-    median_tokens: int
-    p95_tokens: int
-    entries_at_median: int
-    entries_at_p95: int
-    mean_run_tokens: float  # physically contiguous run in a replayed pool, tokens
-    resident: float  # mean sequences resident in the replayed pool over the snapshots
-    pool_tail_fraction: float  # mean share of that pool lost to tails over the snapshots
-
-
-def _percentile_int(sorted_values: Sequence[int], q: float) -> int:
-    """Nearest-rank percentile (an actual length from the data)."""
-    k = max(0, math.ceil(q * len(sorted_values)) - 1)
-    return int(sorted_values[k])
-
-
-def contiguous_runs(block_tables: Mapping[Hashable, Sequence[int]], seq_lens: Mapping[Hashable, int],
-                    block_size: int) -> list[int]:
-    """Token lengths of physically contiguous runs in the tables (block b then b + 1 continue a run)."""
-    runs = []
-    for s, table in block_tables.items():
-        n = seq_lens[s]
-        run = 0
-        for i, b in enumerate(table):
-            tokens = min(block_size, n - i * block_size)
-            if i and b == table[i - 1] + 1:
-                run += tokens
-            else:
-                if run:
-                    runs.append(run)
-                run = tokens
-        if run:
-            runs.append(run)
-    return runs
-
-
-def replay_pool(pairs: Sequence[tuple[int, int]], num_blocks: int, block_size: int, steps: int = 400,
-                observe: Callable[[BlockAllocator, int], None] | None = None,
-                max_tokens: int | None = None) -> BlockAllocator:
-    """A real `BlockAllocator` after `steps` iterations of serving `pairs` (prompt, output) in order.
-
-    Each iteration admits waiting requests first-come-first-served while their prompt blocks fit,
-    then appends one token to every running sequence (preempting the newest when a block is
-    missing) and retires those that have produced their output: the churn that decides which
-    physical blocks end up neighbours.  Requests longer than the whole pool, or than `max_tokens` (a
-    context window: one giant request at the head of a FCFS queue would otherwise stall the replay
-    into serving one sequence at a time), are skipped.  `observe(allocator, step)` is called after
-    every iteration.
-    """
-    alloc = BlockAllocator(num_blocks, block_size)
-    limit = num_blocks * block_size if max_tokens is None else min(max_tokens, num_blocks * block_size)
-    fits = [(i, p, o) for i, (p, o) in enumerate(pairs) if p + o <= limit]
-    waiting = list(reversed(fits))  # pop() from the end = first come
-    running: list[tuple[int, int, int]] = []
-    generated: dict[int, int] = {}
-    for step in range(steps):
-        while waiting:
-            i, p, o = waiting[-1]
-            if alloc.blocks_needed(p + generated.get(i, 0)) > alloc.num_free_blocks:
-                break
-            waiting.pop()
-            alloc.allocate(i, p + generated.get(i, 0))  # a preempted request recomputes its output so far
-            running.append((i, p, o))
-        k = 0
-        while k < len(running):
-            i, p, o = running[k]
-            try:
-                alloc.append_slot(i)
-            except OutOfBlocks:
-                victim = running.pop()
-                alloc.free(victim[0])
-                waiting.append(victim)
-                continue
-            generated[i] = generated.get(i, 0) + 1
-            if generated[i] >= o:
-                alloc.free(i)
-                running.pop(k)
-            else:
-                k += 1
-        if observe is not None:
-            observe(alloc, step)
-        if not running and not waiting:
-            break
-    return alloc
-
-
-def measure_block_size(name: str, lengths: Sequence[int], block_size: int, kv_per_token: int, budget_bytes: float,
-                       batch: int = 199, pairs: Sequence[tuple[int, int]] | None = None,
-                       replay_steps: int = 400, warmup_steps: int = 100, snapshot_every: int = 20,
-                       replay_max_tokens: int | None = 32_768) -> BlockSizeMeasurement:
-    """§10.3's table columns for one workload and block size, read off real allocators.
-
-    Tail waste and table entries: each sequence's final length is allocated in a `BlockAllocator`
-    and its table read back.  Contiguous run and pool tail share: `replay_pool` on the KV budget's
-    worth of blocks, with the resident sequences' tables inspected every `snapshot_every` steps
-    after `warmup_steps` (the pool's steady state, not its fresh start); the replay leaves out
-    sequences longer than `replay_max_tokens` (a 32K context window by default).
-    """
-    _positive_int("block_size", block_size)
-    lengths = [int(n) for n in lengths]
-    if not lengths or min(lengths) < 1:
-        raise ValueError(f"{name}: lengths must be a non-empty list of positive token counts")
-    if replay_steps <= warmup_steps:
-        raise ValueError(f"replay_steps ({replay_steps}) must exceed warmup_steps ({warmup_steps})")
-    longest = max(lengths)
-    probe = BlockAllocator(-(-longest // block_size), block_size)
-    tails = []
-    for n in lengths:
-        table = probe.allocate(0, n)
-        tails.append(len(table) * block_size - n)
-        probe.free(0)
-    ordered = sorted(lengths)
-    med, p95 = _percentile_int(ordered, 0.5), _percentile_int(ordered, 0.95)
-    entries = {}
-    for key, n in (("median", med), ("p95", p95)):
-        entries[key] = len(probe.allocate(key, n))
-        probe.free(key)
-    mean_tail = statistics.fmean(tails)
-    runs: list[int] = []
-    residents: list[int] = []
-    tail_shares: list[float] = []
-
-    def observe(alloc: BlockAllocator, step: int) -> None:
-        if step >= warmup_steps and (step - warmup_steps) % snapshot_every == 0:
-            runs.extend(contiguous_runs(alloc.block_tables, alloc.seq_lens, block_size))
-            residents.append(len(alloc.block_tables))
-            st = alloc.stats()
-            tail_shares.append(st.internal_tokens / st.capacity_tokens)
-
-    pool_blocks = ledger.num_blocks(budget_bytes, block_size, kv_per_token)
-    replay_pool(pairs if pairs is not None else [(max(1, n - 1), 1) for n in lengths], pool_blocks, block_size,
-                replay_steps, observe, replay_max_tokens)
-    return BlockSizeMeasurement(
-        workload=name, block_size=block_size, num_seqs=len(lengths), mean_tail_tokens=mean_tail,
-        max_tail_tokens=max(tails), mean_tail_bytes=mean_tail * kv_per_token,
-        waste_at_batch_fraction=batch * mean_tail * kv_per_token / budget_bytes, batch=batch,
-        median_tokens=med, p95_tokens=p95, entries_at_median=entries["median"], entries_at_p95=entries["p95"],
-        mean_run_tokens=statistics.fmean(runs) if runs else float("nan"),
-        resident=statistics.fmean(residents) if residents else 0.0,
-        pool_tail_fraction=statistics.fmean(tail_shares) if tail_shares else 0.0)
-
-
-def fitting_batch(lengths: Sequence[int], kv_per_token: int, budget_bytes: float) -> int:
-    """Sequences of this workload the KV budget holds: the budget over the bytes of a sequence of its
-    mean final length, whole sequences (§10.3's 199 is this count for 640-token sequences, before
-    blocks are rounded; a workload with longer sequences holds fewer)."""
-    lengths = [int(n) for n in lengths]
-    if not lengths or min(lengths) < 1:
-        raise ValueError("fitting_batch: lengths must be a non-empty list of positive token counts")
-    return int(budget_bytes * len(lengths) // (sum(lengths) * kv_per_token))
-
-
-def measure_workloads(workloads: Mapping[str, Sequence[tuple[int, int]]], block_sizes: Iterable[int],
-                      kv_per_token: int, budget_bytes: float, batch: int | Mapping[str, int] = 199,
-                      replay_steps: int = 400, progress: bool = True) -> dict[str, dict[int, BlockSizeMeasurement]]:
-    """`measure_block_size` for every (workload, block size); workloads map a name to (prompt, output) pairs.
-
-    `batch` is the B of the waste column: one number for every workload, or one per workload (e.g.
-    `fitting_batch` of each)."""
-    block_sizes = list(block_sizes)
-    batches = dict(batch) if isinstance(batch, Mapping) else {name: batch for name in workloads}
-    missing = [name for name in workloads if name not in batches]
-    if missing:
-        raise ValueError(f"measure_workloads: no batch for {', '.join(missing)}")
-    jobs = [(name, b) for name in workloads for b in block_sizes]
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(jobs), desc="measuring block sizes", leave=False)
-    out: dict[str, dict[int, BlockSizeMeasurement]] = {name: {} for name in workloads}
-    for name, b in jobs:
-        pairs = list(workloads[name])
-        out[name][b] = measure_block_size(name, [p + o for p, o in pairs], b, kv_per_token, budget_bytes,
-                                          batches[name], pairs, replay_steps)
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    return out
 
 
 WORKLOAD_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star")

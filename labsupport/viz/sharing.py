@@ -27,8 +27,7 @@ import plotly.graph_objects as go
 from labsupport import ledger
 from labsupport.block_allocator import BlockAllocator
 from labsupport.checks import as_count as _count
-from labsupport.memory_stats import OutOfBlocks
-from labsupport.sharing import FanoutCount, ForkCost, PoolRun, PrefixReplay, fanout_in_pool, measure_fanout
+from labsupport.sharing import ForkCost, PrefixReplay
 from labsupport.specs import LECTURE_GPU, get_model
 from labsupport.units import fmt_int, log_axis_ticks
 from labsupport.viz import (FONT_SIZE, PALETTE, Panel, bytes_axis_title, dropdown, in_unit, number_slider,

@@ -1,6 +1,7 @@
 """Figures and panels of the SLO ledger (§10.6, lab 07) and the board's 58–68 minute segment.
 
-Four pictures, each from the real engine or the ledger, never from re-typed numbers:
+Four pictures, each from the real engine or the ledger, never from re-typed numbers (the runs live in
+`labsupport.replay`, the arithmetic of TTFT's parts and the three-column table in `labsupport.slo`):
 
 * TTFT as three stacked bars — queueing, prefill, scheduling delay — read off engine runs;
 * TPOT against the batch: the weights, your own KV and your neighbours' KV, stacked ("your
@@ -14,46 +15,22 @@ Times are seconds in the data and milliseconds on the axes (the axis titles say 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 
 from labsupport import ledger
-from labsupport.replay import Replay, UtilizationRun, lecture_pool, utilization_run
-from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec, ModelSpec, get_gpu, get_model
+from labsupport.replay import ProbeRun, Replay, UtilizationRun, chat_with_probe
+from labsupport.slo import TTFT_PARTS, Column, TTFTSplit, memory_ceiling, three_columns, tpot_terms
+from labsupport.specs import GB, GPUSpec, ModelSpec, get_gpu, get_model
 from labsupport.viz import reopen
 from labsupport.viz import (FONT_SIZE, PALETTE, Panel, a11y, dropdown, fit_width, gpu_options, live_figure,
                             model_options, number_slider, styled)
 
-TTFT_PARTS = ("queueing", "prefill", "scheduling delay")
 TTFT_COLOURS = {"queueing": PALETTE["memory"], "prefill": PALETTE["compute"], "scheduling delay": PALETTE["neutral"]}
 
 
 # --- TTFT: three stacked bars (§10.6) -------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TTFTSplit:
-    """One bar: a label and the three terms of a TTFT, in seconds."""
-
-    label: str
-    queueing_s: float
-    prefill_s: float
-    scheduling_s: float
-
-    def __post_init__(self):
-        for name in ("queueing_s", "prefill_s", "scheduling_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"TTFTSplit {self.label!r}: {name} must be a finite number >= 0, got {v!r}")
-
-    @property
-    def total_s(self) -> float:
-        return ledger.ttft_s(self.queueing_s, self.prefill_s, self.scheduling_s)
-
-    @property
-    def parts(self) -> dict[str, float]:
-        return dict(zip(TTFT_PARTS, (self.queueing_s, self.prefill_s, self.scheduling_s)))
 
 
 def _fmt_ms(seconds: float) -> str:
@@ -93,24 +70,6 @@ def ttft_bars_figure(splits: Sequence[TTFTSplit], title: str = "TTFT = queueing 
 
 
 # --- TPOT: a property of the batch (§10.6) ----------------------------------------------------------
-
-def tpot_terms(model: ModelSpec, gpu: GPUSpec, batch: int, seq_tokens: int) -> dict[str, float]:
-    """One memory-bound decode step split into who moves the bytes: weights, you, your neighbours (s)."""
-    if not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a whole number >= 1, got {batch!r}")
-    per_seq = seq_tokens * model.kv_bytes_per_token / gpu.hbm_bandwidth
-    terms = {"weights": model.weight_bytes / gpu.hbm_bandwidth, "your KV": per_seq,
-             "neighbours' KV": (batch - 1) * per_seq}
-    return terms
-
-
-def memory_ceiling(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, block_size: int = 16,
-                   kv_budget: float | None = None) -> int:
-    """§10.3: sequences of `seq_tokens` the paged pool holds at once (186 for the lecture)."""
-    budget = ledger.kv_budget_bytes(model, gpu) if kv_budget is None else kv_budget
-    if budget <= 0:
-        return 0
-    return ledger.paged_concurrency(budget, seq_tokens, block_size, model.kv_bytes_per_token)
 
 
 def tpot_vs_batch_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch: int, tpot_slo_s: float = 0.020,
@@ -204,52 +163,6 @@ def tpot_panel(batch: int = 186, seq_tokens: int = 640, tpot_slo_ms: float = 20.
 
 
 # --- goodput vs throughput: the three-column table (§10.6) -----------------------------------------
-
-@dataclass(frozen=True)
-class Column:
-    """One configuration of §10.6's table; times in seconds, rates in tokens/s."""
-
-    name: str
-    batch: int
-    tpot_s: float
-    tpot_slo_s: float
-    printed_batch: str = ""
-    printed_throughput: str = ""
-
-    @property
-    def throughput_tok_s(self) -> float:
-        return ledger.throughput_tok_s(self.batch, self.tpot_s) if self.batch else 0.0
-
-    @property
-    def meets_slo(self) -> bool:
-        return self.tpot_s <= self.tpot_slo_s
-
-    @property
-    def goodput_tok_s(self) -> float:
-        return ledger.goodput_tok_s(self.batch, self.tpot_s, self.tpot_slo_s) if self.batch else 0.0
-
-
-def three_columns(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seq_tokens: int = 640,
-                  s_max: int = 4096, block_size: int = 16, tpot_slo_s: float = 0.020,
-                  kv_budget: float | None = None) -> list[Column]:
-    """§10.6's table from the ledger: naive (reserve-to-max), paged at the memory ceiling, paged at
-    the largest B whose TPOT clears the SLO (never above the ceiling).  Every sequence is
-    `seq_tokens` long; the step is memory-bound (the ledger's TPOT)."""
-    budget = ledger.kv_budget_bytes(model, gpu) if kv_budget is None else kv_budget
-    if budget <= 0:
-        raise ValueError(f"the weights ({model.weight_bytes / GB:.2f} GB) leave no KV budget on {gpu.name}")
-    kv = model.kv_bytes_per_token
-    naive = ledger.naive_concurrency(budget, s_max, kv) if seq_tokens <= s_max else 0
-    ceiling = ledger.paged_concurrency(budget, seq_tokens, block_size, kv)
-    slo_b = min(ceiling, ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth))
-    lecture = (model, gpu, seq_tokens, s_max, block_size, tpot_slo_s) == (LECTURE_7B, LECTURE_GPU, 640, 4096, 16, 0.020)
-    printed = [("29", "'a third of the throughput'"), ("199", "8,470 tok/s"), ("164", "—")] if lecture else [("", "")] * 3
-    cols = []
-    for name, b, (pb, pt) in zip(("naive (reserve-to-max)", "paged, memory ceiling", "paged, SLO-limited B"),
-                                 (naive, ceiling, slo_b), printed):
-        tpot = ledger.tpot_s(model, b, seq_tokens, gpu.hbm_bandwidth) if b else math.inf
-        cols.append(Column(name, b, tpot, tpot_slo_s, pb, pt))
-    return cols
 
 
 def _ticks_from_zero(top: float, count: int = 5) -> list[float]:
@@ -355,80 +268,6 @@ def goodput_table_panel(tpot_slo_ms: float = 20.0, seq_tokens: int = 640, model:
 
 # --- engine runs behind the pictures (cost-model clock: deterministic, H100 scale on a laptop) -------
 
-def _engine(model: ModelSpec, gpu: GPUSpec, block_size: int = 16, **kw):
-    from labsupport.costmodel import CostModel
-    from labsupport.engine import Engine
-
-    return Engine(cost_model=CostModel(model, gpu), num_blocks=lecture_pool(model, gpu, block_size),
-                  block_size=block_size, **kw)
-
-
-def steady_batch_tpot(batches: Sequence[int], seq_tokens: int = 640, model: ModelSpec = LECTURE_7B,
-                      gpu: GPUSpec = LECTURE_GPU, block_size: int = 16) -> dict[int, float]:
-    """TPOT measured on the engine for a steady batch: B sequences that each hold `seq_tokens`
-    tokens when they decode (prompt seq_tokens - 1, two output tokens: the second token's step is
-    a pure decode step of B sequences).  Watermark 0 so that a full pool is admitted at once."""
-    out = {}
-    for b in batches:
-        engine = _engine(model, gpu, block_size, watermark=0.0, max_num_seqs=max(b, 1))
-        for _ in range(b):
-            engine.add_request(prompt_len=seq_tokens - 1, max_new_tokens=2, arrival_time=0.0)
-        result = engine.run()
-        reqs = list(result.requests.values())
-        rejected = [r for r in reqs if not r.finished]
-        if rejected:
-            raise ValueError(f"B = {b} sequences of {seq_tokens} tokens do not fit the pool: {rejected[0].reason}")
-        if len({r.admitted_time for r in reqs}) > 1:  # some had to wait: the batch was never B
-            raise ValueError(f"B = {b} sequences of {seq_tokens} tokens do not fit the pool at once "
-                             f"({engine.num_blocks:,} blocks of {block_size})")
-        out[b] = max(r.tpot_s for r in reqs)
-    return out
-
-
-@dataclass
-class ProbeRun:
-    """A chat workload (512-token prompts, 128-token outputs, Poisson arrivals) plus one probe request."""
-
-    rate_per_s: float
-    probe_prompt: int
-    result: object  # EngineResult
-    probe_id: int
-
-    def splits(self) -> list[TTFTSplit]:
-        """The probe's TTFT split, and those of the median- and p99-TTFT chat requests."""
-        reqs = self.result.requests
-        probe = reqs[self.probe_id]
-        chat = sorted((r for rid, r in reqs.items() if rid != self.probe_id and r.finished),
-                      key=lambda r: (r.ttft_s, r.request_id))
-        rows = [(f"your {self.probe_prompt:,}-token prompt", probe)]
-        if chat:
-            rows += [("median chat request", chat[(len(chat) - 1) // 2]),
-                     ("p99 chat request", chat[min(len(chat) - 1, math.ceil(0.99 * len(chat)) - 1)])]
-        return [TTFTSplit(label, r.queueing_s, r.prefill_s, r.scheduling_delay_s) for label, r in rows]
-
-
-def chat_with_probe(rate_per_s: float, probe_prompt: int = 4096, duration_s: float = 10.0, probe_at_s: float = 8.0,
-                    model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seed: int = 0) -> ProbeRun:
-    """§10.6's TTFT on a loaded card: the lecture's chat workload arrives at `rate_per_s` for
-    `duration_s`; your request (a `probe_prompt`-token prompt, 128 output tokens) arrives at
-    `probe_at_s`.  Engine with the cost-model clock, b = 16, the lecture's pool."""
-    import numpy as np
-
-    if not rate_per_s > 0:
-        raise ValueError(f"rate_per_s must be positive, got {rate_per_s!r}")
-    if not 0 <= probe_at_s:
-        raise ValueError(f"probe_at_s must be >= 0, got {probe_at_s!r}")
-    engine = _engine(model, gpu)
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1 / rate_per_s, size=int(rate_per_s * duration_s * 2) + 10))
-    for t in arrivals[arrivals <= duration_s]:
-        engine.add_request(prompt_len=512, max_new_tokens=128, arrival_time=float(t))
-    probe = engine.add_request(prompt_len=probe_prompt, max_new_tokens=128, arrival_time=probe_at_s)
-    result = engine.run()
-    if not result.requests[probe].finished:
-        raise ValueError(f"your {probe_prompt:,}-token request can never fit: {result.requests[probe].reason}")
-    return ProbeRun(rate_per_s, probe_prompt, result, probe)
-
 
 def ttft_readout(run: ProbeRun) -> str:
     lines = []
@@ -463,12 +302,6 @@ def ttft_panel(rate_per_s: float = 62.0, probe_prompt: int = 4096) -> Panel:
 
 
 # --- trace replays and goodput against the SLO ---------------------------------------------------------
-
-def mean_split(replay: Replay, label: str | None = None) -> TTFTSplit:
-    """The mean TTFT of a replay's finished requests as one bar of three parts."""
-    c = replay.counters
-    return TTFTSplit(label or replay.label, c["queueing_mean_s"], c["prefill_mean_s"], c["scheduling_mean_s"])
-
 
 def goodput_curve(replay: Replay, ttft_slo_s: float, tpot_slos_s: Sequence[float]) -> list[float]:
     return [replay.goodput_tok_s(ttft_slo_s, p) for p in tpot_slos_s]
@@ -563,26 +396,6 @@ class FigureView:
 
 
 # --- discussion seed 4 (lab 08): utilization is not throughput -------------------------------------------
-
-def chat_requests(rate_per_s: float, num_requests: int = 300, prompt: int = 512, output: int = 128,
-                  seed: int = 0) -> list[tuple[float, int, int]]:
-    """The lecture's chat workload (`workloads.chat_workload`, Poisson arrivals) as (arrival_s, prompt, output)."""
-    from labsupport.workloads import chat_workload
-
-    if not rate_per_s > 0:
-        raise ValueError(f"rate_per_s must be positive, got {rate_per_s!r}")
-    return [(r.arrival_s, r.prompt_tokens, r.output_tokens)
-            for r in chat_workload(num_requests, prompt, output, rate_per_s=rate_per_s, seed=seed)]
-
-
-def utilization_sweep(rates: Sequence[float], num_requests: int = 300) -> dict[str, list[UtilizationRun]]:
-    """Seed 4's construction over a range of arrival rates: reserve-to-max (29 slots) against paging."""
-    out: dict[str, list[UtilizationRun]] = {"reserve-to-max (S_max 4,096)": [], "paged (b = 16)": []}
-    for rate in rates:
-        reqs = chat_requests(rate, num_requests)
-        out["reserve-to-max (S_max 4,096)"].append(utilization_run(reqs, 4096, f"{rate:g}/s"))
-        out["paged (b = 16)"].append(utilization_run(reqs, 16, f"{rate:g}/s"))
-    return out
 
 
 def utilization_figure(rates: Sequence[float], sweep: Mapping[str, Sequence[UtilizationRun]],

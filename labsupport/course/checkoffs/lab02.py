@@ -120,7 +120,8 @@ value(
     hint="Utilization counts bytes that hold real tokens — what each live sequence has stored so far, not the slot it "
          "reserved — over the whole KV budget. The allocator knows its live slots (`alloc.slots`, a dict of `Slot`s "
          "with `.length` and `.size`) and its bytes per token (`alloc.kv_bytes_per_token`).",
-    forbid=("labsupport.contiguous.ContiguousAllocator.stats", "labsupport.viz.memory.naive_measurement"),
+    forbid=("labsupport.contiguous.ContiguousAllocator.stats", "labsupport.fragmentation.naive_measurement",
+            "labsupport.viz.memory.naive_measurement"),
     derive="add up the tokens the live slots hold (`slot.length`) and convert them to bytes yourself",
     name="utilization",
 )

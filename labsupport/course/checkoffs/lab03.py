@@ -161,7 +161,7 @@ value(
               (BUDGET // ((SEQ + G.BLOCK // 2) * KV_MHA), "That gives every sequence the lecture's mean b/2 = 8-token "
                "tail. 640 fills 40 blocks exactly: no tail at end of life, so count whole blocks.")],
     forbid=("labsupport.ledger.paged_concurrency", "labsupport.ledger.num_blocks",
-            "labsupport.viz.slo.memory_ceiling"),
+            "labsupport.slo.memory_ceiling", "labsupport.viz.slo.memory_ceiling"),
     derive="count the whole blocks in the budget and divide by the blocks one sequence holds",
 )
 

@@ -10,7 +10,7 @@ from labsupport.course.harness import engine_requests
 from labsupport.course.registry import case, choice, function
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
-_POOL = ("labsupport.ledger.paged_concurrency", "labsupport.viz.slo.memory_ceiling")
+_POOL = ("labsupport.ledger.paged_concurrency", "labsupport.slo.memory_ceiling", "labsupport.viz.slo.memory_ceiling")
 
 
 _TPOT_CASES = [(LECTURE_7B, "h100", 186, 640), (LECTURE_7B, "h100", 1, 640), (LECTURE_7B, "h100", 29, 640),
@@ -60,7 +60,8 @@ _MAX_BATCH_CASES = [(LECTURE_7B, "h100", 640, 0.020, 16), (LECTURE_7B, "h100", 6
          "floor(KV budget / block bytes) blocks and each sequence needs ceil(S / block_size) of them. Latency: "
          "write TPOT(B) from 7.1, set it equal to the SLO and solve for B, rounding the way a count of whole "
          "sequences must be rounded. When the weights alone take longer than the SLO, no batch meets it.",
-    forbid=("labsupport.ledger.max_batch_for_tpot", *_POOL, "labsupport.viz.slo.three_columns"),
+    forbid=("labsupport.ledger.max_batch_for_tpot", *_POOL, "labsupport.slo.three_columns",
+            "labsupport.viz.slo.three_columns"),
     derive="take the smaller of the pool's whole-block ceiling and TPOT(B) = SLO solved for a whole B",
     name="max_batch",
 )

@@ -74,7 +74,7 @@ def _num_gpu_blocks(rng):
          "its memory-bound step must clear the SLO (lab 07's TPOT(B) solved for B). The smaller of the two "
          "binds.",
     forbid=(*_BLOCKS, "labsupport.ledger.paged_concurrency", "labsupport.ledger.max_batch_for_tpot",
-            "labsupport.viz.slo.memory_ceiling"),
+            "labsupport.slo.memory_ceiling", "labsupport.viz.slo.memory_ceiling"),
     derive="take the smaller of the pool's ceiling (8.1's blocks) and lab 07's TPOT(B) = SLO solved for a whole B",
     name="max_num_seqs_for",
 )
@@ -142,7 +142,8 @@ def _allocator_waste(lengths, block_size) -> float:
          "Over the whole set of sequences, the waste fraction is the unfilled slots divided by all the slots "
          "the blocks hold. Lengths that are exact multiples of the block size waste nothing.",
     forbid=("labsupport.ledger.tail_waste_tokens", "labsupport.ledger.blocks_for",
-            "labsupport.block_allocator.BlockAllocator", "labsupport.viz.memory.measure_block_size"),
+            "labsupport.block_allocator.BlockAllocator", "labsupport.block_size.measure_block_size",
+            "labsupport.viz.memory.measure_block_size"),
     derive="count each length's whole blocks, and divide the unfilled slots by all the slots",
     name="tail_waste_fraction",
 )

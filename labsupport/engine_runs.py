@@ -1,0 +1,134 @@
+"""Lab 06's runs of the real engine (§10.5): the loop streamed step by step, and a batch of requests run to the end.
+
+`stream_engine` is a loop over `Engine.step`'s `StepOutput`s, kept as a log a figure can replay one step at a
+time; `run_requests` runs the same requests on a fresh engine (any preemption mode) and checks nothing leaked.
+`labsupport.viz.engine` draws them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+
+
+@dataclass
+class StepRecord:
+    """What one iteration of the engine did, as seen from outside it."""
+
+    step: int  # 1-based
+    clock_s: float  # the engine's clock at the end of the step
+    emitted: list[tuple[int, int, int | None, bool]]  # (request, branch, token, finished)
+    blocks_in_use: int
+    waiting: int
+    running: int
+    swapped: int
+    preempted: dict[str, int]  # preemptions this step, by kind
+    arrived: list[int]  # requests added just before this step
+
+
+@dataclass
+class StreamLog:
+    """A whole run, step by step: the streaming view replays it."""
+
+    steps: list[StepRecord]
+    prompts: dict[int, list[int] | None]
+    max_new: dict[int, int]
+    n: dict[int, int]
+    num_blocks: int
+    block_size: int
+    result: object = None  # the EngineResult at the end
+
+    def sequences(self) -> list[tuple[int, int]]:
+        return [(r, b) for r in sorted(self.n) for b in range(self.n[r])]
+
+    def tokens(self, upto: int | None = None) -> dict[tuple[int, int], list[int | None]]:
+        """Tokens each sequence has streamed by the end of step `upto` (all steps by default)."""
+        out: dict[tuple[int, int], list[int | None]] = {s: [] for s in self.sequences()}
+        for rec in self.steps[: len(self.steps) if upto is None else upto]:
+            for rid, branch, tok, _ in rec.emitted:
+                out[(rid, branch)].append(tok)
+        return out
+
+    def phases(self) -> dict[tuple[int, int], list[str]]:
+        """Per sequence, its state in every step: not here, waiting, prefill, decode, preempted, done."""
+        arrival = {rid: k for k, rec in enumerate(self.steps) for rid in rec.arrived}
+        out = {}
+        for seq in self.sequences():
+            rid = seq[0]
+            states, started, finished = [], False, False
+            for k, rec in enumerate(self.steps):
+                mine = [e for e in rec.emitted if (e[0], e[1]) == seq]
+                if finished:
+                    states.append("done")
+                elif mine:
+                    states.append("decode" if started else "prefill")
+                    started = True
+                    finished = mine[0][3]
+                elif k < arrival.get(rid, 0):
+                    states.append("not here")
+                else:
+                    states.append("preempted" if started else "waiting")
+            out[seq] = states
+        return out
+
+
+def stream_engine(engine, schedule: Sequence[tuple[int, dict]], max_steps: int = 100_000,
+                  on_step: Callable[[StepRecord], None] | None = None) -> StreamLog:
+    """Run `engine` step by step; `schedule` holds (step index, add_request keyword arguments) pairs.
+
+    A request scheduled at step k is added just before the k-th step (0-based), at the engine's
+    clock, so it is waiting at that step boundary.  `on_step` sees each StepRecord as it happens
+    (a live view can redraw there).  Returns the log, with the engine's result attached.
+    """
+    pending = sorted(((int(k), i, kw) for i, (k, kw) in enumerate(schedule)), key=lambda x: (x[0], x[1]))
+    prompts, max_new, fan = {}, {}, {}
+    steps: list[StepRecord] = []
+    k = 0
+    while k < max_steps:
+        arrived = []
+        while pending and pending[0][0] <= k:
+            _, _, kw = pending.pop(0)
+            rid = engine.add_request(**kw)
+            prompts[rid] = list(kw["prompt_ids"]) if kw.get("prompt_ids") is not None else None
+            max_new[rid] = kw.get("max_new_tokens", 16)
+            fan[rid] = kw.get("n", 1)
+            arrived.append(rid)
+        out = engine.step()
+        if out is None:
+            if pending:
+                k = pending[0][0]
+                continue
+            break
+        if out.idle:  # the clock jumped to the next arrival: not an iteration of the loop
+            continue
+        if out.tokens is None:
+            raise ValueError("stream_engine shows every token: give the Engine a model, or record_token_times=True")
+        preempted = {"swap": 0, "recompute": 0}
+        for _, _, kind in out.preempted:
+            preempted[kind] += 1
+        rec = StepRecord(
+            step=len(steps) + 1, clock_s=out.end,
+            emitted=[(e.request_id, e.branch, e.token, e.finished) for e in out.tokens],
+            blocks_in_use=engine.allocator.num_used_blocks, waiting=engine.num_waiting,
+            running=engine.num_running, swapped=engine.num_swapped, preempted=preempted, arrived=arrived)
+        steps.append(rec)
+        if on_step is not None:
+            on_step(rec)
+        k += 1
+    res = engine.result()
+    return StreamLog(steps, prompts, max_new, fan, engine.num_blocks, engine.block_size, res)
+
+
+def run_requests(requests: Sequence[Mapping], *, num_blocks: int, model=None, cost_model=None, block_size: int = 16,
+                 preemption: str = "auto", watermark: float = 0.0, max_num_seqs: int = 256):
+    """A fresh engine, every request added (keyword arguments of `add_request`), run to the end."""
+    from labsupport.engine import Engine
+
+    eng = Engine(model, num_blocks, block_size, cost_model=cost_model, watermark=watermark, preemption=preemption,
+                 max_num_seqs=max_num_seqs)
+    for kw in requests:
+        eng.add_request(**kw)
+    res = eng.run()
+    if res.counters.leaked_blocks:
+        raise RuntimeError(f"{res.counters.leaked_blocks} blocks leaked after the run")
+    return res
