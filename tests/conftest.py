@@ -9,6 +9,27 @@ import pytest
 
 
 @pytest.fixture
+def fresh_results():
+    """No checkoff result of another test is seen, and none of this one's is left behind."""
+    from labsupport.course import checkoff
+
+    checkoff.reset_results()
+    yield
+    checkoff.reset_results()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one torch thread avoids oversubscribing a shared CPU."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def fails():
     """`with fails("too low"): check(...)`: the block must print one ❌ line (check() never raises for
     an answer) whose text matches the pattern; the context's value collects everything it printed."""

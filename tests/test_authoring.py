@@ -7,7 +7,6 @@ repository's lab 03 and must give a record check() passes and fails as the guide
 """
 from __future__ import annotations
 
-import random
 import re
 import shutil
 import textwrap

@@ -28,12 +28,7 @@ from labsupport.course.data import contains_unfinished
 from labsupport.course.judge import Mismatch
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_GPU
 
-
-@pytest.fixture(autouse=True)
-def _fresh_results():
-    C.reset_results()
-    yield
-    C.reset_results()
+pytestmark = pytest.mark.usefixtures("fresh_results")
 
 
 def _printed(checkoff_id, answer) -> str:

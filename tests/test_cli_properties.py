@@ -222,6 +222,7 @@ def check_the_rule(argv: list[str], main=labsupport_main) -> None:
         json.loads(out, parse_constant=_refuse_constant)
 
 
+@pytest.mark.slow  # hypothesis drives every command many times
 @pytest.mark.parametrize("command", COMMANDS, ids=[c.name for c in COMMANDS])
 def test_any_input_exits_0_or_2_with_one_line_and_strict_json(command):
     @settings(max_examples=command.examples, deadline=None, database=None,

@@ -19,12 +19,7 @@ from labsupport.slo import slo_report
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 H100 = CostModel(LECTURE_7B, LECTURE_GPU)

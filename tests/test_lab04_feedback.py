@@ -28,12 +28,7 @@ from labsupport.course.registry import GIVENS, case_rng, namespace
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _fresh_results():
-    C.reset_results()
-    yield
-    C.reset_results()
+pytestmark = pytest.mark.usefixtures("fresh_results")
 
 
 def _problem(cid: str, answer) -> str:

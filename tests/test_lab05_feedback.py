@@ -22,14 +22,9 @@ from labsupport.course.checkoffs import get
 from labsupport.course.judge import Mismatch, close
 from labsupport.course.registry import GIVENS, case_rng, namespace
 
+pytestmark = pytest.mark.usefixtures("fresh_results")
+
 LECTURE = dict(N_BRANCHES=8, BLOCK=16, PROMPT_TOKENS=100, WRITERS=5)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_results():
-    C.reset_results()
-    yield
-    C.reset_results()
 
 
 def closed_form(g):

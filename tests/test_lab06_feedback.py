@@ -16,15 +16,10 @@ from labsupport.course.judge import Mismatch
 from labsupport.course.registry import GIVENS, case_rng, namespace
 from labsupport.specs import ModelSpec
 
+pytestmark = pytest.mark.usefixtures("fresh_results")
+
 LECTURE = dict(LAYERS=32, HEADS=32, GQA_KV_HEADS=8, HEAD_DIM=128, DTYPE_BYTES=2, PARAMS=6.74e9,
                PEAK_FLOPS=989e12, MFU=0.5, LINK_BW=64e9, SLOW_LINK_BW=32e9, LONG_SEQ=16_384)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_results():
-    C.reset_results()
-    yield
-    C.reset_results()
 
 
 def written_out(g, attention=4):

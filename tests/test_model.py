@@ -22,13 +22,7 @@ from labsupport.model import (
 from labsupport.workloads import REPO_ROOT
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # these tensors are tiny: one thread avoids oversubscribing a shared CPU
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # Random weights at the default init (std 0.02) give near-uniform logits and a model that repeats

@@ -10,12 +10,7 @@ from labsupport.course import checkoff as C
 from labsupport.course import record
 from labsupport.course.scoreboard import scoreboard
 
-
-@pytest.fixture(autouse=True)
-def _fresh_results():
-    C.reset_results()
-    yield
-    C.reset_results()
+pytestmark = pytest.mark.usefixtures("fresh_results")
 
 
 def _quietly(checkoff_id, answer) -> None:

@@ -140,6 +140,7 @@ def test_unknown_command_and_usage():
     assert out.returncode == 0 and "ledger" in out.stdout
 
 
+@pytest.mark.slow  # a subprocess that imports everything
 def test_doctor_reports_cpu_mode():
     out = _run("doctor")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -149,6 +150,7 @@ def test_doctor_reports_cpu_mode():
         assert "interpreter" in out.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_triton_interpret_is_set_before_triton_import():
     code = ("import os, sys; import labsupport; import torch; "
             "assert torch.cuda.is_available() or os.environ.get('TRITON_INTERPRET') == '1'; print('ok')")

@@ -33,6 +33,7 @@ def _azure_rows(limit=None):
     return rows[:limit] if limit else rows
 
 
+@pytest.mark.slow  # the whole trace: 19,366 requests
 @needs_azure
 def test_full_azure_conv_replay_accounts_for_every_request(capsys):
     d = run_json(capsys, "--trace", "azure-conv")  # lecture H100: lecture-7b, 62.52 GB, b = 16
@@ -53,6 +54,7 @@ def test_full_azure_conv_replay_accounts_for_every_request(capsys):
     assert 0 <= d["goodput_req_frac"] <= 1
 
 
+@pytest.mark.slow  # the whole trace: 19,366 requests
 @needs_azure
 def test_azure_conv_replay_figures_are_unchanged():
     """The lecture's configuration on the whole Azure conversation trace: the figures §10.6's lab quotes.
