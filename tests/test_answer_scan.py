@@ -290,3 +290,19 @@ def test_every_coincidence_names_an_answer_and_says_why():
 def test_every_function_checkoff_is_classified():
     ids = {c.id for lab in range(9) for c in load_lab(lab) if c.kind == "function"}
     assert ids == set(LECTURE_RESULT) | NO_LECTURE_NUMBER, (ids ^ (set(LECTURE_RESULT) | NO_LECTURE_NUMBER))
+
+
+def test_the_readme_says_what_each_lab_does_not_what_it_finds():
+    """The README is read before any lab: no checkoff's accepted answer on the lecture's givens is in it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    labs = sorted({int(p.name[:2]) for p in STUDENTS})
+    problems = [leak for lab in labs for cid, want, rel, abs_ in _answers(lab)
+                for leak in _leaks([("README.md", readme)], cid, want, rel, abs_)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_readme_scan_finds_a_result_written_into_it():
+    """The scan above can fail: 2.2's answer, as the old README's lab table printed it, is found."""
+    (cid, want, rel, abs_), = [a for a in _answers(2) if a[0] == "2.2"][:1]
+    assert _leaks([("README.md", f"utilization ({100 * want:.2f}% at the end of a sequence's life)")],
+                  cid, want, rel, abs_)
