@@ -42,7 +42,8 @@ NOBODY = 65534
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("bundle") / "autograder.zip"
-    proc = subprocess.run([sys.executable, "-m", "labsupport", "autograder", str(out), "--lab", "0", "--timeout", "60"],
+    # Gradescope's default bound per run: 60 s stopped lab 00's first import when two suites shared the 2 cores
+    proc = subprocess.run([sys.executable, "-m", "labsupport", "autograder", str(out), "--lab", "0", "--timeout", "300"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out
@@ -107,7 +108,7 @@ def run_autograder(root: Path, bundle: Path) -> dict:
     env = dict(os.environ, AUTOGRADER_ROOT=str(root), LABSUPPORT_PYTHON=str(python))
     env.pop("PYTHONPATH", None)
     proc = subprocess.run([str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=900)
+                          timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "grade: isolation: container" in proc.stderr, proc.stderr[-3000:]
     return json.loads((root / "results" / "results.json").read_text())
