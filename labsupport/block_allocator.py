@@ -161,7 +161,11 @@ class BlockAllocator:
         r = self._ref[b] - 1
         self._ref[b] = r
         if not r:
-            self._free.append(b)
+            self._return_free(b)
+
+    def _return_free(self, b: int) -> None:
+        """Where a block nobody holds goes: to the back of the free list (a subclass may keep it findable)."""
+        self._free.append(b)
 
     # -- sequence operations ---------------------------------------------------------------------
     def allocate(self, seq_id: Hashable, num_tokens: int, token_ids: Sequence[int] | None = None) -> list[int]:

@@ -75,14 +75,11 @@ class PrefixCachingAllocator(BlockAllocator):
         self._ref[b] = 1
         return b
 
-    def _release_block(self, b: int) -> None:
-        r = self._ref[b] - 1
-        self._ref[b] = r
-        if not r:
-            if self._block_hash[b] is None:
-                self._free.append(b)
-            else:  # keep its content findable until the pool needs the block
-                self._cached_free[b] = None
+    def _return_free(self, b: int) -> None:
+        if self._block_hash[b] is None:
+            self._free.append(b)
+        else:  # keep its content findable until the pool needs the block
+            self._cached_free[b] = None
 
     # -- sequence operations ---------------------------------------------------------------------
     def allocate(self, seq_id: Hashable, num_tokens: int, token_ids: Sequence[int] | None = None) -> list[int]:

@@ -378,9 +378,9 @@ def watermark_sweep(requests, watermarks, progress: bool = False, **kwargs) -> l
 
 # --- engine runs behind lab 07's pictures (§10.6) and lab 08's seed 4 --------------------------------------
 
-def _engine(model: ModelSpec, gpu: GPUSpec, block_size: int = 16, **kw) -> Engine:
-    return Engine(cost_model=CostModel(model, gpu), num_blocks=lecture_pool(model, gpu, block_size),
-                  block_size=block_size, **kw)
+def _engine(model: ModelSpec, gpu: GPUSpec, config: ReplayConfig = ReplayConfig()) -> Engine:
+    """`engine_for` on `model` and `gpu`, every token's time recorded (the TTFT and TPOT pictures read them)."""
+    return engine_for(config, CostModel(model, gpu), record_token_times=True)
 
 
 def steady_batch_tpot(batches: Sequence[int], seq_tokens: int = 640, model: ModelSpec = LECTURE_7B,
@@ -390,7 +390,7 @@ def steady_batch_tpot(batches: Sequence[int], seq_tokens: int = 640, model: Mode
     a pure decode step of B sequences).  Watermark 0 so that a full pool is admitted at once."""
     out = {}
     for b in batches:
-        engine = _engine(model, gpu, block_size, watermark=0.0, max_num_seqs=max(b, 1))
+        engine = _engine(model, gpu, ReplayConfig(block_size=block_size, max_num_seqs=max(b, 1), watermark=0.0))
         for _ in range(b):
             engine.add_request(prompt_len=seq_tokens - 1, max_new_tokens=2, arrival_time=0.0)
         result = engine.run()
