@@ -22,6 +22,7 @@ COMMANDS = {
     "bench": ("labsupport.bench", "benchmarks: allocator, kernel, gpu, engine, notebooks"),
     "release": ("labsupport.course.release", "write the student release: package, notebooks, no answers"),
     "autograder": ("labsupport.course.autograder", "build the Gradescope autograder bundle (a .zip)"),
+    "expect": ("labsupport.course.expect", "copy a finished notebook with its pass lines stored, for pytest --nbval-lax"),
 }
 
 

@@ -67,3 +67,27 @@ def pytest_report_header(config):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if "traces are present" not in (line := _traces_line()):
         terminalreporter.write_line(line)
+
+
+_RUN_ALL: dict = {}
+
+
+@pytest.fixture(scope="session")
+def run_all():
+    """`run_all(path)`: a student copy executed top to bottom in a fresh kernel, as Run All does (stopping at the
+    first error), with every exercise unfinished; each copy runs once a session, whichever test asks first."""
+    import time
+
+    from labsupport.course import build
+
+    def execute(path):
+        if path not in _RUN_ALL:
+            import nbformat
+
+            start = time.perf_counter()
+            nb = nbformat.read(path, as_version=4)
+            _RUN_ALL[path] = build.execute(nb, path.parent, progress=False, allow_errors=False, label=path.name)
+            print(f"{path.name}: Run All reached its last cell in {time.perf_counter() - start:.1f} s")
+        return _RUN_ALL[path]
+
+    return execute

@@ -7,8 +7,8 @@
   does, with every exercise unfinished: it must reach the last cell, every checkoff cell must print
   exactly one ``⬜ Checkoff N.M not attempted — <its prompt>`` line per checkoff, and the closing
   scoreboard must show every checkoff of the lab not attempted.  Every checkoff must also have an
-  exercise and a checkoff cell whose stored output is its pass line (what ``pytest --nbval-lax``
-  compares).
+  exercise and one checkoff cell; the copy stores no output (nothing looks passed before it runs), and
+  ``python -m labsupport expect`` writes the pass lines back for ``pytest --nbval-lax`` (GRADING.md).
 
 Without the real traces (none of $LABSUPPORT_DATA, data/ and ../shared/traces/ holds them, or
 $LABSUPPORT_HIDE_TRACES is set) the labs run on labelled synthetic stand-ins: strict nbval then
@@ -23,7 +23,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -91,7 +90,7 @@ def test_trace_cells_are_tagged_in_the_sources_and_kept_in_both_copies():
 
 
 @pytest.mark.parametrize("path", notebooks(STUDENTS))
-def test_student_notebook_runs_all_to_its_last_cell(path):
+def test_student_notebook_runs_all_to_its_last_cell(path, run_all):
     nb = nbformat.read(path, as_version=4)
     lab = int(path.name[:2])
     prompts: dict[str, set[str]] = {}
@@ -113,12 +112,8 @@ def test_student_notebook_runs_all_to_its_last_cell(path):
         cells = [c for c in nb.cells if c.cell_type == "code" and checkoff_id in B.CHECK_RE.findall(c.source)]
         assert len(cells) == 1, f"{path.name}: checkoff {checkoff_id} has {len(cells)} checkoff cells"
         assert "nbval-check-output" in cells[0].metadata.get("tags", [])
-        assert PASS_LINE.format(id=checkoff_id) + "\n" in cells[0].outputs[0].text
 
-    start = time.perf_counter()
-    executed = B.execute(nb, path.parent, progress=False, allow_errors=False, label=path.name)  # stops at an error
-    print(f"{path.name}: Run All reached cell {len(executed.cells)} of {len(executed.cells)} "
-          f"in {time.perf_counter() - start:.1f} s")
+    executed = run_all(path)  # stops at an error
     code = [c for c in executed.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code), "a code cell never ran"
     shown = []
@@ -145,29 +140,60 @@ def test_student_notebook_runs_all_to_its_last_cell(path):
         assert text.count("⬜") == len(checkoffs) and f"grade notebooks/{path.name}" in text
 
 
-def test_nbval_lax_on_a_student_copy(tmp_path):
-    """`pytest --nbval-lax notebooks/00_setup.ipynb` fails while exercises are open and passes once solved."""
+def test_no_committed_student_notebook_shows_a_pass_line():
+    """Opened before Run All, a student copy shows nothing that looks like a pass: no stored output at all."""
+    for path in STUDENTS:
+        nb = nbformat.read(path, as_version=4)
+        shown = [c.get("id") for c in nb.cells if c.cell_type == "code" and (c.outputs or c.execution_count)]
+        pass_lines = re.findall(PASS_LINE.format(id=r"\d+\.\d+"), path.read_text(encoding="utf-8"))
+        assert not shown and not pass_lines, (path.name, shown, pass_lines)
+
+
+def test_nbval_lax_grades_a_finished_copy_through_expect(tmp_path):
+    """As GRADING.md says: `python -m labsupport expect` copies a finished notebook with its pass lines stored, and
+    `pytest --nbval-lax` on that copy passes once solved and fails while the exercises are open."""
     student = nbformat.read(ROOT / "notebooks" / "00_setup.ipynb", as_version=4)
     solution = {c.id: c for c in nbformat.read(ROOT / "solutions" / "00_setup.ipynb", as_version=4).cells}
-    open_path = tmp_path / "open" / "00_setup.ipynb"
-    solved_path = tmp_path / "solved" / "00_setup.ipynb"
-    open_path.parent.mkdir()
-    solved_path.parent.mkdir()
-    nbformat.write(student, open_path)
+    (tmp_path / "open").mkdir()
+    (tmp_path / "solved").mkdir()
+    nbformat.write(student, tmp_path / "open" / "00_setup.ipynb")
     for cell in student.cells:  # the student's answers: the instructor's code, cell by cell
         cell.source = solution[cell.id].source
-    nbformat.write(student, solved_path)
+    nbformat.write(student, tmp_path / "solved" / "00_setup.ipynb")
 
-    def nbval_lax(path):
-        return subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", "-q", str(path)],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    def nbval_lax(which):
+        copy = tmp_path / "graded" / which / "00_setup.ipynb"
+        made = subprocess.run([sys.executable, "-m", "labsupport", "expect", str(tmp_path / which / "00_setup.ipynb"),
+                               str(copy)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert made.returncode == 0 and f"pytest --nbval-lax {copy}" in made.stdout, made.stderr
+        return subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", "-q",
+                               str(copy)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
 
-    solved = nbval_lax(solved_path)
+    solved = nbval_lax("solved")
     assert solved.returncode == 0, solved.stdout[-4000:]
-    opened = nbval_lax(open_path)
+    opened = nbval_lax("open")
     assert opened.returncode == 1, opened.stdout[-4000:]
     assert "2 failed" in opened.stdout  # the two checkoff cells of lab 00: their line differs from the pass line
     assert "⬜ Checkoff 0.1 not attempted — set kv_bytes to KV_KIB KiB in bytes" in opened.stdout
+
+
+def test_expect_refuses_bad_input_in_one_line(tmp_path):
+    """A missing file, a file that is not a notebook, a notebook without checkoffs and writing over the input:
+    one line on stderr, exit code 2, nothing written."""
+    junk = tmp_path / "junk.ipynb"
+    junk.write_text("{not json", encoding="utf-8")
+    bare = tmp_path / "bare.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]), bare)
+    lab = ROOT / "notebooks" / "00_setup.ipynb"
+    for args, says in (([str(tmp_path / "none.ipynb"), str(tmp_path / "o1.ipynb")], "cannot read it"),
+                       ([str(junk), str(tmp_path / "o2.ipynb")], "not a Jupyter notebook"),
+                       ([str(bare), str(tmp_path / "o3.ipynb")], "has no checkoff cells"),
+                       ([str(lab), str(lab)], "is the notebook itself")):
+        proc = subprocess.run([sys.executable, "-m", "labsupport", "expect", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert not Path(args[1]).exists() or Path(args[1]) == lab
+    assert nbformat.read(lab, as_version=4).cells[0].get("outputs", []) == []
 
 
 def test_a_failed_checkoff_shows_the_students_frames_and_never_labsupports(tmp_path):

@@ -4,7 +4,8 @@
       -> solutions/NN_topic.ipynb   executed, outputs kept: the instructor's copy, checked by nbval
       -> notebooks/NN_topic.ipynb   the student's copy: solutions cut out, outputs cleared
 
-A checkoff has one ``check("N.M", ...)`` cell, printing only its pass line (kept in the student copy for nbval),
+A checkoff has one ``check("N.M", ...)`` cell, printing only its pass line (the student copy stores no output, so
+nothing looks passed before it runs; ``python -m labsupport expect`` writes the lines back for ``pytest --nbval-lax``),
 and at least one region ``### BEGIN SOLUTION N.M: prompt`` ... ``### END SOLUTION`` (cut_solutions).  Code after
 an exercise never needs the student's answer: it recomputes it, or waits behind ``if unlocked("N.M"):``.  A cell
 tagged ``solution-only`` stays out of the student copy; ``needs-traces`` ones built without the real traces run on
@@ -302,9 +303,6 @@ def parse(lab: Lab) -> Parsed:
         meta = {"tags": tags} if tags else {}
         sol_cells.append(new_cell(body, metadata=meta, id=cid))
         stu = new_cell(student_body, metadata=copy.deepcopy(meta), id=cid)
-        if ids:
-            stu.outputs = [nbformat.v4.new_output("stream", name="stdout", text=_pass_lines(ids))]
-            stu.execution_count = 1 + sum(c.cell_type == "code" for c in stu_cells)  # nbval refuses outputs without one
         if TAG_SOLUTION_ONLY not in tags:
             stu_cells.append(stu)
     for cells in (sol_cells, stu_cells):
