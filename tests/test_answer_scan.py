@@ -158,16 +158,24 @@ def _answers(lab: int):
             [v for v in (want.values() if isinstance(want, dict) else want) if isinstance(v, (int, float))] \
             if isinstance(want, (dict, list, tuple)) else []
         for v in leaves:
-            if isinstance(v, bool) or not math.isfinite(v) or (float(v).is_integer() and abs(v) <= SMALL) or v == 0:
-                continue
-            if abs_ >= 0.5 and not float(v).is_integer():
-                # a window of a whole unit or so (2.10: the ratio, its floor or its round) also holds neighbours
-                # nobody would write for this answer (40 blocks a sequence near 39.48): scan for its readings
-                for reading, tol in {(float(v), max(rel, 1e-9)), (float(math.floor(v)), 1e-9),
-                                     (float(round(v)), 1e-9)}:
-                    yield c.id, reading, tol, 0.0
-                continue
-            yield c.id, float(v), max(rel, 1e-9), abs_
+            for reading in _readings(v, rel, abs_):
+                yield (c.id, *reading)
+
+
+def _readings(v, rel: float, abs_: float):
+    """(number, rel_tol, abs_tol) a text may give answer `v` away as; none for a small count, zero or a flag."""
+    if isinstance(v, bool) or not math.isfinite(v) or (float(v).is_integer() and abs(v) <= SMALL) or v == 0:
+        return
+    if abs_ >= 0.5 and not float(v).is_integer():
+        # a window of a whole unit or so (2.10: the ratio, its floor or its round) also holds neighbours
+        # nobody would write for this answer (40 blocks a sequence near 39.48): scan for its readings
+        for reading, tol in {(float(v), max(rel, 1e-9)), (float(math.floor(v)), 1e-9), (float(round(v)), 1e-9)}:
+            yield reading, tol, 0.0
+        return
+    yield float(v), max(rel, 1e-9), abs_
+    if 0 < v < 1:
+        # a share gives its complement away: "84.05% of the budget never filled" is 15.95% used
+        yield 1.0 - float(v), 1e-9, max(rel * float(v), abs_)
 
 
 def _leaks(texts: list[tuple[str, str]], cid: str, want: float, rel: float, abs_: float,
@@ -218,6 +226,40 @@ def test_no_answer_appears_before_its_question(path):
         known = tuple((o, x) for o, x, _, _ in _answers(lab) if o in passed_here)  # this lab's, already passed
         problems += _leaks(earlier, cid, want, rel, abs_) + _leaks(before, cid, want, rel, abs_, known)
     assert not problems, "\n".join(problems)
+
+
+def _seen_after_run_all(executed) -> list[tuple[str, str]]:
+    """(cell id, what a person reads in it) for every cell of an executed student copy: markdown, code and every
+    output (text, HTML, Markdown, chart titles, labels and annotations); the givens cell holds inputs, not answers."""
+    return [(cell.get("id"), cell.source + "\n" + (_output_text(cell) if cell.cell_type == "code" else ""))
+            for cell in executed.cells if "givens" not in cell.metadata.get("tags", [])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", STUDENTS, ids=lambda p: p.stem)
+def test_a_fresh_run_all_shows_no_answer_outside_a_reveal(path, run_all):
+    """Issue 27's scan: the student copy after a fresh Run All, every cell of it (not only those above the
+    question: a student scrolls), and every earlier lab's: no checkoff's accepted answer on the lecture's givens
+    (nor a share's complement) is on screen.  With every exercise unfinished, a cell behind `if revealed(...)`
+    shows only its wait line, so whatever this finds is outside a reveal."""
+    lab = int(path.name[:2])
+    shown = [(f"{other.stem} after Run All, cell {cell}", text) for other in STUDENTS if int(other.name[:2]) <= lab
+             for cell, text in _seen_after_run_all(run_all(other))]
+    asked = _asked_before(lab)
+    problems = [leak for cid, want, rel, abs_ in _answers(lab)
+                if not any(math.isclose(want, x, rel_tol=rel, abs_tol=abs_) for _, x in asked)
+                for leak in _leaks(shown, cid, want, rel, abs_)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_scan_finds_a_complement():
+    """A share's complement is scanned for, in the share's own window: 15.95% used (within 0.1%) is given away by
+    "84.05% never filled", not by "84.1%" (0.05 points off, more than 0.1% of 15.95%)."""
+    (share, *_), (complement, rel, abs_) = _readings(0.1595, 1e-3, 0.0)
+    assert share == 0.1595 and math.isclose(complement, 0.8405) and math.isclose(abs_, 0.1595e-3)
+    assert _leaks([("a cell", "84.05% of the budget is never filled")], "2.x", complement, rel, abs_)
+    assert not _leaks([("a cell", "84.1% of the budget is never filled")], "2.x", complement, rel, abs_)
+    assert len(list(_readings(40.0, 1e-3, 0.0))) == 1  # a count has no complement
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "solutions").glob("0[0-9]_*.ipynb")), ids=lambda p: p.stem)

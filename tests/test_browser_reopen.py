@@ -20,6 +20,7 @@ import re
 import time
 import urllib.request
 
+import nbformat
 import pytest
 
 from labsupport.viz import reopen
@@ -38,6 +39,7 @@ from test_browser import (  # noqa: F401  (the fixtures: one JupyterLab, one Chr
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
 LAB = "02_naive_allocator.ipynb"
+HAND_IN_BYTES = 1_500_000  # issue 27: a hand-in saved after Run All is at most 1.5 MB
 
 # Each note, whether it is on screen, and the outputs it stands for (the ones after it, as many as
 # its class says): on screen or not, and whether each holds a drawn chart.
@@ -143,6 +145,10 @@ def test_a_saved_notebook_reopens_with_its_last_figures(jupyterlab, browser, nam
             if reopen.NOTE_CLASS in saved and "232 slots" in saved:
                 break
         assert "232 slots" in saved, "the saved notebook does not hold the copy at S_max = 512"
+        # a hand-in: what JupyterLab wrote, static copies included, must stay small enough to upload and to grade
+        size = len(nbformat.writes(nbformat.from_dict(_contents(base, path))).encode())
+        print(f"{name} saved after Run All and a slider move: {size:,} B")
+        assert size <= HAND_IN_BYTES, f"{name} saved after Run All is {size:,} B, over {HAND_IN_BYTES:,} B"
     finally:
         page.close()
         _shut_down_kernel(base, name)
