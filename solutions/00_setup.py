@@ -182,13 +182,15 @@ if revealed("0.2"):
 $$\text{KV bytes per token} \;=\; 2 \times L \times n_{kv} \times d_{head} \times b$$"""))
 
 # %% [markdown]
-# `labsupport` has the same quantity on every model preset, which is what the later labs use:
+# `labsupport` has the same quantity on every model preset, which is what the later labs use (the
+# cell shows it once 0.1 and 0.2 pass: the lecture's preset is their answer):
 
 # %%
-for model in (LECTURE_7B, LECTURE_7B_GQA8):
-    per_token = model.kv_bytes_per_token
-    print(f"{model.name:>16}: {per_token:,} B per token = {per_token / 2**10:,.0f} KiB; "
-          f"a 4,096-token sequence holds {fmt_gb(4096 * per_token)}")
+if revealed("0.1", "0.2"):
+    for model in (LECTURE_7B, LECTURE_7B_GQA8):
+        per_token = model.kv_bytes_per_token
+        print(f"{model.name:>16}: {per_token:,} B per token = {per_token / 2**10:,.0f} KiB; "
+              f"a 4,096-token sequence holds {fmt_gb(4096 * per_token)}")
 
 # %% [markdown]
 # ## 4. Do sliders and charts work here?
