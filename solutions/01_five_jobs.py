@@ -73,7 +73,7 @@ print(f"GPU:   {H100.name}, {fmt_gb(H100.hbm_bytes, 0)} HBM at {H100.hbm_bandwid
 # (the step before which a request arrives, its prompt tokens, its max new tokens)
 REQUESTS = [(0, 512, 24), (0, 380, 40), (1, 600, 12), (3, 512, 30), (4, 90, 48), (6, 1_000, 20),
             (9, 256, 36), (10, 512, 16), (14, 700, 28), (15, 128, 40), (20, 512, 24), (24, 2_048, 8)]
-trace, run_result = job_run(CostModel(LECTURE_7B, H100), REQUESTS, num_blocks=600)
+trace, _ = job_run(CostModel(LECTURE_7B, H100), REQUESTS, num_blocks=600)
 print(f"{len(trace['steps'])} steps, {len(trace['requests'])} requests; the first three steps:")
 for step in trace["steps"][:3]:
     print({k: v if k != "tokens" else v[:4] + (["..."] if len(v) > 4 else []) for k, v in step.items()})

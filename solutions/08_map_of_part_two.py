@@ -45,15 +45,17 @@ for w in (azure, azure_code, mooncake):
 # %% [markdown]
 # ## 1. The table of what paging did not fix
 #
-# §10.7's table, with a column the lecture could not print: **the quantity's value**, recomputed below
+# §10.7's table has a column the lecture could not print: **each quantity's value**, recomputed here
 # from the real traces (Azure LLM Inference 2023, Patel et al., ISCA 2024; Mooncake FAST'25, Qin et
-# al., FAST 2025), the engine (cost-model clock, the lecture's 7B on an H100) and the ledger. The last
-# column links the lab where you first computed it.
+# al., FAST 2025), the engine (cost-model clock, the lecture's 7B on an H100) and the ledger. Below
+# are the nine values alone, in an order of their own (not the lecture's), each with the lab where
+# you first met it. Exercise 8.1 asks which quantity each one measures.
 
 # %% tags=["needs-traces"]
 numbers = trace_numbers(azure, mooncake)
-rows = map_rows(numbers)
-HTML(viz_board.map_table_html(rows, columns=("still broken after today", "its value here", "computed in")))
+rows = map_rows(numbers)  # in the lecture's order
+VALUES_ORDER = (4, 0, 6, 2, 8, 1, 5, 3, 7)  # the order the values are shown in (lecture row numbers, from 0)
+HTML(viz_board.map_table_html([rows[i] for i in VALUES_ORDER], columns=("its value here", "computed in")))
 
 # %% [markdown]
 # How each value was computed — read these before arguing with the table.
@@ -116,21 +118,22 @@ for k, rate in numbers["routing"].items():
 # ### Exercise 8.1 — the quantity behind each row
 #
 # Objective 8 asks you to map what paging left broken onto the quantity that tracks it. The lecture's
-# second column holds nine quantities, listed below in alphabetical order. Set `row_quantities` to a
-# list of nine of them, copied as printed: the quantity of row 1 of the table at the top of this
-# section, then row 2, and so on. Its values column, and the notes above on how each value was
-# computed, are your evidence: each value *is* one of the quantities, measured.
+# second column holds nine quantities, listed below in alphabetical order. Each value in the table at
+# the top of this section *is* one of them, measured. Set `row_quantities` to a list of nine of them,
+# copied as printed: the quantity the table's first value measures, then the second's, and so on. The
+# notes above on how each value was computed are your evidence; the lecture's table pairs each
+# quantity with what it leaves broken, not with these numbers.
 
 # %%
 for q in sorted(r.quantity for r in rows):
     print(f"  {q}")
 
 # %%
-### BEGIN SOLUTION 8.1: set row_quantities to the nine quantities, in the table's row order
-row_quantities = ["achieved bandwidth on an indirect access", "effective B over time", "§2.16's 6.7× TPOT spike",
-                  "which card a request lands on", "KV bytes per token", "the 92% re-send of Lecture 5",
-                  "bytes per weight and per cached value", "tokens per pass over the weights",
-                  "the dependence between requests"]
+### BEGIN SOLUTION 8.1: set row_quantities to the nine quantities, in the order of the values table
+row_quantities = ["KV bytes per token", "achieved bandwidth on an indirect access",
+                  "bytes per weight and per cached value", "§2.16's 6.7× TPOT spike",
+                  "the dependence between requests", "effective B over time", "the 92% re-send of Lecture 5",
+                  "which card a request lands on", "tokens per pass over the weights"]
 ### END SOLUTION
 check("8.1", row_quantities)
 
@@ -212,7 +215,8 @@ is placed by moving the prefill off the decode step, which is what disaggregatio
 prefill (section 2) do; the other rows need a trace or a new engine (the notes above)."""))
 
 # %% [markdown]
-# The whole table — with the quantity and the date of Part II that attacks each row once 8.1 passes:
+# The whole table in the lecture's order — with the quantity and the date of Part II that attacks each
+# row once 8.1 passes:
 
 # %% tags=["needs-traces"]
 shown = ["still broken after today", "the quantity", "its value here", "where it goes", "computed in"]

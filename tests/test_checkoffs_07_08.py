@@ -18,6 +18,8 @@ LECTURE_MAP_QUANTITIES = ["achieved bandwidth on an indirect access", "effective
                           "§2.16's 6.7× TPOT spike", "which card a request lands on", "KV bytes per token",
                           "the 92% re-send of Lecture 5", "bytes per weight and per cached value",
                           "tokens per pass over the weights", "the dependence between requests"]
+# Lab 08 shows the nine measured values in its own order (lecture rows 5, 1, 7, 3, 9, 2, 6, 4, 8): 8.1's answer.
+VALUES_QUANTITIES = [LECTURE_MAP_QUANTITIES[i] for i in (4, 0, 6, 2, 8, 1, 5, 3, 7)]
 
 
 def kv(m):
@@ -165,8 +167,8 @@ def test_lab08_right_answers_pass(capsys):
     check("8.7", lambda: R.chat_requests(6, 300, prompt=256, output=512))  # decode-heavy, 24 slots busy
     check("8.7", lambda: R.chat_requests(20 * 128 / 400, 400, prompt=300, output=400, seed=3))  # rate scaled by life
     check("8.2", LARGEST_MOVES)
-    check("8.1", LECTURE_MAP_QUANTITIES)
-    check("8.1", [f"  {q.upper()} " for q in LECTURE_MAP_QUANTITIES])  # as printed, case and spaces aside
+    check("8.1", VALUES_QUANTITIES)
+    check("8.1", [f"  {q.upper()} " for q in VALUES_QUANTITIES])  # as printed, case and spaces aside
     assert capsys.readouterr().out.count("passed") == 9
 
 
@@ -193,14 +195,16 @@ def test_lab08_wrong_answers_teach(fails):
         check("8.2", dict(LARGEST_MOVES, **{"bytes per weight and per cached value": "TPOT"}))
     with fails("none of these three changes the FLOP"):
         check("8.2", dict(LARGEST_MOVES, **{"achieved bandwidth on an indirect access": "longest gap"}))
-    swapped = list(LECTURE_MAP_QUANTITIES)
+    with fails("not right"):  # the lecture's table copied in its own order
+        check("8.1", LECTURE_MAP_QUANTITIES)
+    swapped = list(VALUES_QUANTITIES)
     swapped[1], swapped[2] = swapped[2], swapped[1]
     with fails(r"2 of the 9 are not right \(2, 3\)"):  # rows 2 and 3 matched to each other's quantity
         check("8.1", swapped)
     with fails("row 9: 'the block size' is not one of the options listed above the exercise"):
-        check("8.1", LECTURE_MAP_QUANTITIES[:8] + ["the block size"])
+        check("8.1", VALUES_QUANTITIES[:8] + ["the block size"])
     with fails("a list of 9, one per row in its order"):
-        check("8.1", LECTURE_MAP_QUANTITIES[:8])
+        check("8.1", VALUES_QUANTITIES[:8])
 
 
 def test_lab08_hidden_cases_and_the_open_judge():

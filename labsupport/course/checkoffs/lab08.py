@@ -28,11 +28,15 @@ LECTURE_MAP = (
     ("The engine sees finished strings, not the agent's structure", "the dependence between requests"),
 )
 QUANTITIES = tuple(sorted(q for _, q in LECTURE_MAP))  # what the lab offers, in no telling order
+# The order lab 08 shows the nine measured values in (lecture rows, from 0): not the lecture's, so that 8.1 is a
+# reading of what each number measures, not a copy of §10.7's table.  The lab source keeps the same tuple.
+VALUES_ORDER = (4, 0, 6, 2, 8, 1, 5, 3, 7)
 
 value(
-    "8.1", "§10.7: the quantity each of the nine rows tracks",
-    expected=lambda: [q for _, q in LECTURE_MAP], judge_name="matching", options=QUANTITIES, noun="row",
-    fixed="a reading of §10.7's table: nine names matched to nine names, no quantity to vary",
+    "8.1", "§10.7: the quantity each of the nine measured values is",
+    expected=lambda: [LECTURE_MAP[i][1] for i in VALUES_ORDER], judge_name="matching", options=QUANTITIES,
+    noun="row",
+    fixed="a reading of nine measured values against §10.7's nine quantities: no given to vary",
     hint="Each row names something paging left broken; its quantity is the number you would measure to see "
          "it get better. Ask what each failure costs, and in which unit: bytes, a bandwidth, a batch, a "
          "latency ratio, a share of tokens, a count per pass, or which machine.",
