@@ -622,8 +622,7 @@ for slower in (1.20, 1.26):
 # program reads *one KV head*, so even the contiguous kernel reads one $D \times 2 = 256$-byte row per
 # token (two full 128-byte cache lines at $D = 128$ in bf16) with the other heads' rows in between.
 # Paging does not make those pieces smaller; it only makes the *next* row's address depend on a table
-# entry. What remains is latency — the table load must complete before the K load can start — which
-# a kernel hides by keeping many tiles in flight. FlashInfer treats the
+# entry that must be loaded first. FlashInfer treats the
 # paged cache as a block-sparse matrix with any block size, down to one token ("vector-sparse"), and
 # its README reports that its vector-sparse attention reaches about 90% of the bandwidth of its dense
 # kernels at the same problem size (FlashInfer, github.com/flashinfer-ai/flashinfer; Ye et al.,
@@ -642,7 +641,11 @@ check("4.5", kernel_fixes)
 
 # %%
 if revealed("4.5"):
-    display(Markdown("""| trade-off of the block size | whose cost is it? | a good kernel? |
+    display(Markdown("""What paging left the kernel is latency: the table load must complete before the K load can
+start, and a kernel hides it by keeping many tiles in flight — which is why a vector-sparse kernel can
+read one-token pages near its dense bandwidth.
+
+| trade-off of the block size | whose cost is it? | a good kernel? |
 |---|---|---|
 | tail waste | memory the allocator holds | survives |
 | table reads | work the kernel does while reading | hidden |
