@@ -132,3 +132,45 @@ def run_requests(requests: Sequence[Mapping], *, num_blocks: int, model=None, co
     if res.counters.leaked_blocks:
         raise RuntimeError(f"{res.counters.leaked_blocks} blocks leaked after the run")
     return res
+
+
+def job_run(cost_model, requests: Sequence[tuple[int, int, int]], *, num_blocks: int, block_size: int = 16,
+            max_num_seqs: int = 256):
+    """Lab 01's engine trace: a fresh engine on the cost-model clock, run step by step, kept as plain data.
+
+    requests: (step, prompt_tokens, max_new_tokens) triples; each request is added just before that step
+    (0-based), so the run is the same whatever the clock says.  Returns (trace, the EngineResult).  The
+    trace holds the run's constants (num_params, kv_bytes_per_token, block_size, num_blocks), each request's
+    lengths (a list: a request's id is its index), and one record per iteration of §10.5's loop: its start and end (s), the requests it admitted
+    (their prefill ran in it), the tokens it streamed as [request, index] (index 0: the first output token;
+    every token of a step is streamed at its end), the requests it finished, and the blocks held after it.
+    """
+    from labsupport.engine import Engine
+
+    engine = Engine(cost_model=cost_model, num_blocks=num_blocks, block_size=block_size, watermark=0.0,
+                    max_num_seqs=max_num_seqs, record_token_times=True)
+    pending = sorted((int(k), i, int(p), int(m)) for i, (k, p, m) in enumerate(requests))
+    lengths, steps, k = [], [], 0
+    while True:
+        while pending and pending[0][0] <= k:
+            _, _, prompt, new = pending.pop(0)
+            engine.add_request(prompt_len=prompt, max_new_tokens=new)  # its id: its place in the list
+            lengths.append({"prompt_tokens": prompt, "max_new_tokens": new})
+        out = engine.step()
+        if out is None:
+            if not pending:
+                break
+            k = pending[0][0]
+            continue
+        if out.idle:
+            continue
+        if out.preempted:
+            raise ValueError("job_run keeps runs without preemption: give the pool more blocks")
+        steps.append({"start_s": out.start, "end_s": out.end, "admitted": list(out.admitted),
+                      "tokens": [[e.request_id, e.index] for e in out.tokens], "finished": list(out.finished),
+                      "blocks_in_use": engine.allocator.num_used_blocks})
+        k += 1
+    model = cost_model.model
+    trace = {"num_params": int(model.num_params), "kv_bytes_per_token": int(model.kv_bytes_per_token),
+             "block_size": block_size, "num_blocks": num_blocks, "requests": lengths, "steps": steps}
+    return trace, engine.result()

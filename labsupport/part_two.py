@@ -42,7 +42,8 @@ def request_level_batching(output_lengths: Sequence[int], batch: int = 186) -> d
             "median_effective_b": float(np.median(effective)), "mean_output": float(out.mean())}
 
 
-def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool = True) -> dict:
+def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool = True, model=LECTURE_7B,
+                       gpu=LECTURE_GPU) -> dict:
     """§2.16 on the engine: `neighbours` chat sequences decode (512-token prompts), one `prompt`-token
     request arrives mid-run; a neighbour's longest gap between tokens against its usual gap.
 
@@ -53,8 +54,8 @@ def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool 
     from labsupport.costmodel import CostModel
     from labsupport.engine import Engine
 
-    pool = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU), 16, LECTURE_7B.kv_bytes_per_token)
-    clock = CostModel(overlap=overlap)
+    pool = ledger.num_blocks(ledger.kv_budget_bytes(model, gpu), 16, model.kv_bytes_per_token)
+    clock = CostModel(model, gpu, overlap=overlap)
     engine = Engine(cost_model=clock, num_blocks=pool, block_size=16, watermark=0.0, max_num_seqs=neighbours + 1)
     ids = [engine.add_request(prompt_len=512, max_new_tokens=128, arrival_time=0.0) for _ in range(neighbours)]
     # arrive after the neighbours' own prefill step, in the middle of their decoding
@@ -70,6 +71,34 @@ def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool 
                                        + ledger.tpot_s(LECTURE_7B, 186, 640, LECTURE_GPU.hbm_bandwidth))
                                       / ledger.tpot_s(LECTURE_7B, 186, 640, LECTURE_GPU.hbm_bandwidth),
             "prefill_s": prefill, "decode_step_s": decode}
+
+
+# What §10.7's rows change, measured (lab 08, Exercise 8.2): the lecture's operating point, read off the mechanisms.
+OUTPUTS = ("memory batch", "TPOT", "longest gap", "prefill")
+
+
+def outputs(model=LECTURE_7B, gpu=LECTURE_GPU, seq_tokens: int = 640, batch: int = 186, prompt: int = 4096) -> dict:
+    """Four outputs of today's arithmetic on `model` and `gpu`, each read off a mechanism.
+
+    "memory batch": `seq_tokens`-token sequences a BlockAllocator over the card's KV budget (16-token blocks)
+    holds; "TPOT": the engine's cost-model step for `batch` such sequences decoding; "longest gap": the worst
+    wait between two tokens of one of `batch` decoding neighbours when a `prompt`-token prefill joins them (an
+    engine run); "prefill": the engine's step for that prompt alone.  Seconds for the three times.
+    """
+    from labsupport.block_allocator import BlockAllocator
+    from labsupport.costmodel import CostModel
+
+    pool = BlockAllocator(ledger.num_blocks(max(0.0, ledger.kv_budget_bytes(model, gpu)), 16,
+                                            model.kv_bytes_per_token), 16)
+    held = 0
+    while pool.can_allocate(pool.blocks_needed(seq_tokens)):
+        pool.allocate(held, seq_tokens)
+        held += 1
+    clock = CostModel(model, gpu)
+    return {"memory batch": held,
+            "TPOT": clock.step(decode_seqs=batch, decode_context_tokens=batch * seq_tokens).total_s,
+            "longest gap": interference_spike(batch, prompt, model=model, gpu=gpu)["spike_gap_s"],
+            "prefill": clock.step(prefill_lens=[prompt]).total_s}
 
 
 def routing_hit_rates(workload, replicas: Sequence[int] = (1, 2, 4, 8)) -> dict[int, float]:

@@ -182,13 +182,15 @@ if revealed("0.2"):
 $$\text{KV bytes per token} \;=\; 2 \times L \times n_{kv} \times d_{head} \times b$$"""))
 
 # %% [markdown]
-# `labsupport` has the same quantity on every model preset, which is what the later labs use:
+# `labsupport` has the same quantity on every model preset, which is what the later labs use (the
+# cell shows it once 0.1 and 0.2 pass: the lecture's preset is their answer):
 
 # %%
-for model in (LECTURE_7B, LECTURE_7B_GQA8):
-    per_token = model.kv_bytes_per_token
-    print(f"{model.name:>16}: {per_token:,} B per token = {per_token / 2**10:,.0f} KiB; "
-          f"a 4,096-token sequence holds {fmt_gb(4096 * per_token)}")
+if revealed("0.1", "0.2"):
+    for model in (LECTURE_7B, LECTURE_7B_GQA8):
+        per_token = model.kv_bytes_per_token
+        print(f"{model.name:>16}: {per_token:,} B per token = {per_token / 2**10:,.0f} KiB; "
+              f"a 4,096-token sequence holds {fmt_gb(4096 * per_token)}")
 
 # %% [markdown]
 # ## 4. Do sliders and charts work here?
@@ -199,12 +201,14 @@ for model in (LECTURE_7B, LECTURE_7B_GQA8):
 # *"Error displaying widget"* instead, run the cell again; if that does not help, restart JupyterLab
 # from the repository's environment (`make lab`).
 #
+# The panel appears once Exercise 0.2 has passed (its readout spells out the count 0.2 asks for).
 # The slider is the number of KV heads. Grouped-query attention (GQA) lets several query heads share
 # one KV head; the cache shrinks by the group size, which is why the lecture keeps returning to a
 # "GQA-8" variant of its model.
 
 # %%
-roofline.kv_heads_panel()
+if revealed("0.2"):  # its readout writes out 0.2's count: it shows once yours passes
+    display(roofline.kv_heads_panel())
 
 # %% [markdown]
 # ## Self-check

@@ -2,26 +2,29 @@
 # # Lab 01 — Five jobs, and 29 against 295 (§10.1)
 #
 # Lecture 2 left one collision on the board: an H100's decode arithmetic **wants a batch of 295**,
-# and its KV cache **permits 29**. Part II is about that gap. Before anyone blames the hardware, this
-# lab has you derive both numbers from what the hardware does (each formula appears once your code
-# passes), and then lets you
-# move the GPU, the model and the maximum sequence length to see which of the two walls moves.
+# and its KV cache **permits 29**. Part II is about that gap. First you take a real run of this
+# course's serving engine apart, step by step, and charge what it did to the five jobs of §10.1.
+# Then you derive both numbers from what the hardware does (each formula appears once your code
+# passes), and move the GPU, the model and the maximum sequence length to see which of the two walls moves.
 #
 # **Learning objectives served** (the lecture's numbering)
 #
 # * **Objective 1** — list the five jobs a serving engine performs on every request, and name the
-#   resource each one contends for.
+#   resource each one contends for: here you measure each job's resource on a run of the real engine
+#   (1.5), name it (1.1), and predict and measure what a smaller KV cache moves (1.4).
 # * The ground for **objective 2** — the reserve-to-maximum allocator's memory arithmetic, which lab 02
 #   turns into wasted memory, lost concurrency and lost throughput.
 #
-# Timing in the lecture: minutes 0–6. Here: about 20 minutes.
+# Timing in the lecture: minutes 0–6. Here: about 40 minutes.
 
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
 from labsupport import ledger, viz
 from IPython.display import Markdown, display
 
-from labsupport.course.checkoff import check, revealed
+from labsupport.costmodel import CostModel
+from labsupport.course.checkoff import check, revealed, unlocked
+from labsupport.engine_runs import job_run
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LECTURE_RESERVED_BYTES
 from labsupport.units import fmt_bytes, fmt_gb
 from labsupport.viz import roofline
@@ -48,17 +51,109 @@ print(f"GPU:   {H100.name}, {fmt_gb(H100.hbm_bytes, 0)} HBM at {H100.hbm_bandwid
 # | **Stream** | returning each token as it is produced |
 #
 # Read §10.1 again with one question per row: *what does this job hand out, and what runs out first
-# if it hands out too much?*
+# if it hands out too much?* Then find out on a real run.
 #
+# ### 1b. One run of the engine, step by step
+#
+# `labsupport.engine.Engine` is this course's serving engine (lab 06 builds its loop with you): here it
+# runs without a model, on the cost-model clock — each step's time priced from the lecture's 7B on the
+# lecture's H100 — over a pool of 600 blocks of 16 tokens. Twelve chat requests arrive while it runs.
+# `job_run` records the run as plain data, `trace`:
+#
+# * `trace["num_params"]`, `trace["kv_bytes_per_token"]`, `trace["block_size"]`: the run's constants;
+# * `trace["requests"][r]`: request `r`'s `prompt_tokens` and `max_new_tokens` (it emits exactly that
+#   many tokens);
+# * `trace["steps"]`: one record per iteration of the engine's loop, in order, with `start_s` and
+#   `end_s` (the step's start and end, seconds), `admitted` (the requests whose prefill ran in this
+#   step), `tokens` (every token the step streamed, as `[request, index]`, index 0 being the request's
+#   first output token; all of a step's tokens leave at its end), `finished` (the requests whose last
+#   token this step streamed) and `blocks_in_use` (the pool's blocks held after the step).
+
+# %%
+# (the step before which a request arrives, its prompt tokens, its max new tokens)
+REQUESTS = [(0, 512, 24), (0, 380, 40), (1, 600, 12), (3, 512, 30), (4, 90, 48), (6, 1_000, 20),
+            (9, 256, 36), (10, 512, 16), (14, 700, 28), (15, 128, 40), (20, 512, 24), (24, 2_048, 8)]
+trace, _ = job_run(CostModel(LECTURE_7B, H100), REQUESTS, num_blocks=600)
+print(f"{len(trace['steps'])} steps, {len(trace['requests'])} requests; the first three steps:")
+for step in trace["steps"][:3]:
+    print({k: v if k != "tokens" else v[:4] + (["..."] if len(v) > 4 else []) for k, v in step.items()})
+
+# %% [markdown]
+# ### Exercise 1.5 — charge the run to the five jobs
+#
+# Write `job_ledger(trace)`: a dict from each of the five verbs (lower case) to what that job handed
+# out over this run, read from the step records alone:
+#
+# * `"admit"`: admitting a request is a promise of KV space for everything it will hold, from the step
+#   that admits it until the step that finishes it. The most bytes the engine had promised at once,
+#   counted after each step.
+# * `"allocate"`: the most bytes of the pool's blocks that were held at once after a step.
+# * `"batch"`: places in a forward pass — a sequence has a place in a step when it gets a token out
+#   of it. The mean number of places per step.
+# * `"run"`: the arithmetic of the weights, in FLOP: each token pushed through the model costs one
+#   multiply and one add per parameter. Count every token a step pushes through, not only those it
+#   emits. (Leave attention's arithmetic out.)
+# * `"stream"`: the longest a user waited between two consecutive tokens of their request, in seconds.
+#
+# The checkoff runs your function on other runs (other models, block sizes, arrivals) and compares it
+# with what the engine itself counted.
+
+# %%
+def job_ledger(trace):
+    """Each of the five jobs' resource, measured on one engine run's step records."""
+    ### BEGIN SOLUTION 1.5: return {"admit": ..., "allocate": ..., "batch": ..., "run": ..., "stream": ...} read from trace["steps"]
+    kv, n = trace["kv_bytes_per_token"], trace["num_params"]
+    lengths, steps = trace["requests"], trace["steps"]
+    live, promised, last_token, longest, pushed = set(), 0, {}, 0.0, 0
+    for step in steps:
+        live = (live | set(step["admitted"])) - set(step["finished"])
+        promised = max(promised, sum((lengths[r]["prompt_tokens"] + lengths[r]["max_new_tokens"]) * kv
+                                     for r in live))
+        for r, index in step["tokens"]:
+            pushed += lengths[r]["prompt_tokens"] if index == 0 else 1  # a prefill pushes the whole prompt
+            if index > 0:
+                longest = max(longest, step["end_s"] - last_token[r])
+            last_token[r] = step["end_s"]
+    return {"admit": promised,
+            "allocate": max(step["blocks_in_use"] for step in steps) * trace["block_size"] * kv,
+            "batch": sum(len(step["tokens"]) for step in steps) / len(steps),
+            "run": 2 * n * pushed,
+            "stream": longest}
+    ### END SOLUTION
+
+
+check("1.5", job_ledger)
+
+# %%
+if revealed("1.5"):
+    ledger_mha = job_ledger(trace)
+    display(Markdown(f"""
+| job | on this run | unit |
+|---|---|---|
+| Admit | {fmt_bytes(ledger_mha["admit"])} promised at the peak | bytes of KV |
+| Allocate | {fmt_bytes(ledger_mha["allocate"])} held at the peak | bytes of KV |
+| Batch | {ledger_mha["batch"]:.2f} sequences per forward pass | places |
+| Run | {ledger_mha["run"] / 1e12:,.1f} TFLOP | arithmetic |
+| Stream | {1e3 * ledger_mha["stream"]:.1f} ms, the longest wait between two tokens | time a user waits |
+
+Two of the five are bytes of the same pool: what admission promised and what allocation actually handed
+out. Under paging the second trails the first, because a block is handed out only when a sequence
+grows into it; a reserve-to-max engine would hold the whole promise from the first step. And the
+longest wait is not an ordinary decode step: look at which step it is."""))
+    worst = max(range(1, len(trace["steps"])), key=lambda k: trace["steps"][k]["end_s"] - trace["steps"][k]["start_s"])
+    step = trace["steps"][worst]
+    print(f"the longest step, {1e3 * (step['end_s'] - step['start_s']):.1f} ms, admitted {step['admitted']} "
+          f"({sum(trace['requests'][r]['prompt_tokens'] for r in step['admitted']):,} prompt tokens)")
+
+# %% [markdown]
 # ### Exercise 1.1 — the resource each job contends for
 #
-# Objective 1, in code: set `job_resources` to a dict from each of the five verbs (lower case) to the
+# Objective 1 in words: set `job_resources` to a dict from each of the five verbs (lower case) to the
 # one resource that job hands out, chosen from `"memory"` (bytes that stay spoken for as long as
 # their holder lives), `"arithmetic"` (work the chip does per second while code executes on it),
 # `"places"` (a fixed number of seats that is dealt out afresh each time round) and `"latency"`
-# (time someone outside the machine spends waiting). A resource may serve more than one job. The
-# table's right column says what each job decides, not what it spends: §10.1 gives each job a
-# paragraph, and the resource is in it, sometimes by name.
+# (time someone outside the machine spends waiting). A resource may serve more than one job. Your
+# ledger above measured each one in its own unit; §10.1 gives each job a paragraph.
 
 # %%
 ### BEGIN SOLUTION 1.1: set job_resources to {"admit": ..., "allocate": ..., "batch": ..., "run": ..., "stream": ...}, each value one of the four resources
@@ -84,6 +179,36 @@ if revealed("1.1"):
 
 Memory twice, arithmetic once. *"It is a memory-management problem wearing a scheduler's clothes."*
 The rest of this lab computes the two numbers that make that sentence true."""))
+
+# %% [markdown]
+# ### Exercise 1.4 — what a smaller KV cache moves
+#
+# The GQA-8 version of the lecture's 7B (`LECTURE_7B_GQA8`) has the same weights and the same 32
+# query heads, but 8 KV heads instead of 32. Replay the same twelve requests, arriving before the same
+# steps, on it, with the same pool of 600 blocks. **Predict first** — write your guess down — then
+# measure with your `job_ledger`: set `gqa_moves` to the set of ledger entries (of `"admit"`,
+# `"allocate"`, `"batch"`, `"run"`, `"stream"`) that change by more than 0.1%.
+
+# %%
+trace_gqa, _ = job_run(CostModel(LECTURE_7B_GQA8, H100), REQUESTS, num_blocks=600)
+
+# %%
+### BEGIN SOLUTION 1.4: set gqa_moves to the set of ledger entries that change on GQA-8 (measure them with your job_ledger)
+mha, gqa = job_ledger(trace), job_ledger(trace_gqa)
+gqa_moves = {job for job in mha if abs(gqa[job] - mha[job]) > 1e-3 * abs(mha[job])}
+### END SOLUTION
+check("1.4", gqa_moves)
+
+# %%
+if revealed("1.4"):
+    display(Markdown("""Only the two memory jobs move, each by 4×: every other number is the same, the longest wait
+included. The pool holds the same 600 blocks and the arrivals come at the same steps, so every step
+seats the same sequences and pushes the same tokens through the same weights. A decode step does get
+faster (it reads a quarter of the KV), but the longest wait is a step that carries a prefill, and a
+prefill is arithmetic: 2 FLOP per weight per prompt token, which GQA does not touch. The user's worst
+wait is set by someone else's prompt — §2.16's spike, and the Oct 14 lecture's subject.
+(Had the pool been the card's whole KV budget instead of 600 blocks, GQA-8 would hold four times the
+blocks, and the batch would have moved too: that is section 4's GQA bar.)"""))
 
 # %% [markdown]
 # ## 2. What the arithmetic wants: the ridge-point batch, 295
@@ -244,26 +369,12 @@ roofline.batch_gap_panel()
 # ## 5. The job that cannot be undone
 #
 # Admission in an LLM engine is a bet on an unknown length: the engine knows the prompt but not how
-# many tokens the model will emit.
-#
-# ### Exercise 1.4 — the lecture's "ask the room"
-#
-# *Which of the five jobs can the engine get wrong in a way it cannot recover from?* Answer with one
-# verb, in lower case.
-
-# %%
-### BEGIN SOLUTION 1.4: set unrecoverable to the one job ("admit", "allocate", "batch", "run" or "stream") the engine cannot take back
-unrecoverable = "admit"
-### END SOLUTION
-check("1.4", unrecoverable)
-
-# %%
-if revealed("1.4"):
-    display(Markdown("""**Admit** — because the promise has already been made. A bad batch costs one step (it
-is re-chosen every iteration), a bad allocation can be freed, a slow kernel costs latency once. An
-admitted request that turns out to be long has been promised KV space the card may not have, and the
-engine's only moves then are to refuse others, preempt someone, or crash. That is §10.5, forty minutes
-early."""))
+# many tokens the model will emit. The lecture asks the room which of the five jobs the engine can get
+# wrong in a way it cannot recover from, and answers: **admit** — the promise has already been made.
+# A bad batch costs one step (it is re-chosen every iteration), a bad allocation can be freed, a slow
+# kernel costs latency once. Your ledger shows the promise and the blocks side by side: when the
+# resident sequences grow into what was promised and the pool runs dry, the engine's only moves are to
+# refuse others, preempt someone, or crash. That is §10.5, and lab 06.
 
 # %% [markdown]
 # ## 6. Two walls, one of them made of software
@@ -298,4 +409,4 @@ early."""))
 #
 # </details>
 #
-# Next: **Lab 02 — the naive allocator, and where 86% of the cache goes.**
+# Next: **Lab 02 — the naive allocator, and where the cache goes.**

@@ -84,13 +84,11 @@ else:
 #
 # $$\text{addr}_{\text{contig}}(b, t) \;=\; (b \cdot S_{max} + t)\cdot H_{kv} D .$$
 #
-# In a paged pool shaped $[N_{blocks}, b_{blk}, H_{kv}, D]$ it goes through the block table $T$:
-#
-# $$\text{addr}_{\text{paged}}(b, t) \;=\; T\!\left[b,\ \left\lfloor t / b_{blk}\right\rfloor\right]\cdot b_{blk} H_{kv} D
-# \;+\; (t \bmod b_{blk})\cdot H_{kv} D .$$
-#
-# Same FLOPs, same bytes — §2.15's 1 FLOP/byte for MHA attention still holds — but the address
-# now depends on a value the kernel must **load first**: an *indirect* access.
+# In a paged pool shaped $[N_{blocks}, b_{blk}, H_{kv}, D]$ a sequence's tokens sit, $b_{blk}$ at a
+# time, in whichever physical blocks its block table $T$ names, in the order the table lists them.
+# Same FLOPs, same bytes — §2.15's 1 FLOP/byte for MHA attention still holds — but where token $t$
+# is now depends on a value the kernel must **load first**: an *indirect* access. Writing that
+# address down is what the kernel must now do, and it is your job in section 4.
 #
 # Here is that formula on the real paged cache (`labsupport.kvcache.PagedKVCache`, the cache every
 # later lab uses). Two sequences, A and B, prefill short prompts and then decode side by side, one
@@ -117,23 +115,18 @@ for seq in ("A", "B"):
     print(f"sequence {seq}: {cache.allocator.seq_lens[seq]:>2} tokens, block table {cache.block_table(seq)}")
 
 # %% [markdown]
-# A's blocks are not neighbours: while A filled its second block, B was taking blocks too. Follow
-# one token through the formula by hand and read the pool at that address:
+# A's blocks are not neighbours: while A filled its second block, B was taking blocks too. The pool
+# every token's keys live in, and its element strides:
 
 # %%
 pool = cache.k_cache[0]  # [num_blocks, block_size, Hkv, D]
-stride_block, stride_slot = pool.stride(0), pool.stride(1)  # elements: b_blk*Hkv*D and Hkv*D
-t = 9
-logical_block = t // BLOCK
-physical_block = cache.block_table("A")[logical_block]
-slot = t % BLOCK
-offset = physical_block * stride_block + slot * stride_slot
-print(f"token {t} of A: logical block {t} // {BLOCK} = {logical_block} -> physical block {physical_block}, "
-      f"slot {t} % {BLOCK} = {slot}")
-print(f"element offset = {physical_block} × {stride_block} + {slot} × {stride_slot} = {offset}")
-keys_by_hand = pool.reshape(-1)[offset: offset + stride_slot].view(2, 32)
-keys_gathered = cache.gather("A")[0][0, t]  # the cache's own gather: [Hkv, D] of token t, layer 0
-print("the keys at that address are token 9's keys:", torch.equal(keys_by_hand, keys_gathered))
+stride_block, stride_slot = pool.stride(0), pool.stride(1)  # elements between neighbouring blocks, and slots
+print(f"K pool of layer 0: shape {tuple(pool.shape)} = [num_blocks, block_size, Hkv, D]; element strides "
+      f"{stride_block} per block, {stride_slot} per slot")
+
+# %% [markdown]
+# Where in that pool are token 9 of A's keys? Work it out on paper from A's table before section 4
+# asks for it in code; the cell after Exercise 4.1 follows token 9 by hand once your function passes.
 
 # %% [markdown]
 # ### The kernel's contiguous run
@@ -191,8 +184,8 @@ print(viz_kernel.kernel_excerpt(K._paged_gather_kernel, "def _paged_gather_kerne
 #
 # * `token = tile * TILE + tl.arange(0, TILE)` — this program's token positions, a vector;
 # * `valid = token < seq_len` — lanes past the end of the sequence do nothing;
-# * `kv_token_offset(...)` — **the address line**: table entry, physical block, slot, offset
-#   (section 3 prints it);
+# * `kv_token_offset(...)` — **the address line**: where token `token`'s row is (you write it in
+#   section 4);
 # * one masked `tl.load` of a `[TILE, D]` tile of rows — each row is one token's `D` contiguous
 #   values — and one `tl.store` into the contiguous buffer.
 #
@@ -254,16 +247,16 @@ print(viz_kernel.kernel_excerpt(K._decode_attention_kernel, "if USE_DOT:", "m_i 
 print(viz_kernel.kernel_excerpt(K._decode_attention_kernel, "out = acc / l_i", "tl.store(out_ptr"))
 
 # %% [markdown]
-# And the address line itself, `kv_token_offset`, which both kernels call:
+# The address line itself, `kv_token_offset`, which both kernels call, is yours to write in section 4
+# (its source prints here once Exercise 4.2 passes). One thing to keep in mind when you do: a block of
+# 16 tokens × 8 KV heads × 128 is $2^{14}$ elements, so a pool of 131,072 blocks (4.3 GB of bf16 keys)
+# fills a signed 32-bit offset exactly: its last element sits at $2^{31} - 1$.
 
 # %%
-print(inspect.getsource(K.kv_token_offset.fn))
+if revealed("4.2"):
+    print(inspect.getsource(K.kv_token_offset.fn))
 
 # %% [markdown]
-# The `.to(tl.int64)` is not decoration. A block of 16 tokens × 8 KV heads × 128 is $2^{14}$ elements,
-# so a pool of 131,072 blocks (4.3 GB of bf16 keys) fills a signed 32-bit offset exactly: its last
-# element sits at $2^{31} - 1$. One block more and, in 32-bit arithmetic, the product wraps negative
-# and the kernel reads someone else's memory.
 #
 # Run the kernel on the cache of section 1 and compare with the plain-torch reference
 # (`paged_decode_attention_reference`: gather with torch indexing, softmax in fp32):
@@ -288,8 +281,9 @@ print("Triton kernel matches the torch reference (|Δ| ≤ 1e-5):", torch.allclo
 # * `stride_block`, `stride_slot`: the pool's element strides, $b_{blk} H_{kv} D$ and $H_{kv} D$;
 # * return int64 `[B, T]`.
 #
-# Four steps, as in the formula of section 1. `torch.gather(table, 1, index)` reads one table entry
-# per position. The checkoff runs your function on random block tables, block sizes 1 to 256, and a
+Derive the address from the pool's shape and the table: which entry of the table
+# holds token $t$'s block, which slot of that block holds it, and how many elements precede it.
+# `torch.gather(table, 1, index)` reads one table entry per position. The checkoff runs your function on random block tables, block sizes 1 to 256, and a
 # pool whose block ids are close to $2^{31}$.
 
 # %%
@@ -304,6 +298,28 @@ def kv_offsets(block_tables, positions, block_size, stride_block, stride_slot):
 
 
 check("4.1", kv_offsets)
+
+# %%
+if revealed("4.1"):
+    display(Markdown(r"""Through the block table $T$, in a pool shaped $[N_{blocks}, b_{blk}, H_{kv}, D]$:
+
+$$\text{addr}_{\text{paged}}(b, t) \;=\; T\!\left[b,\ \left\lfloor t / b_{blk}\right\rfloor\right]\cdot b_{blk} H_{kv} D
+\;+\; (t \bmod b_{blk})\cdot H_{kv} D ,$$
+
+four steps: the logical block, the physical block read from the table (the load that must come first),
+the slot, the offset — in 64-bit arithmetic, because a block id times the block stride outgrows int32
+on a large pool. Token 9 of A, by hand:"""))
+    t = 9
+    logical_block = t // BLOCK
+    physical_block = cache.block_table("A")[logical_block]
+    slot = t % BLOCK
+    offset = physical_block * stride_block + slot * stride_slot
+    print(f"token {t} of A: logical block {t} // {BLOCK} = {logical_block} -> physical block {physical_block}, "
+          f"slot {t} % {BLOCK} = {slot}")
+    print(f"element offset = {physical_block} × {stride_block} + {slot} × {stride_slot} = {offset}")
+    keys_by_hand = pool.reshape(-1)[offset: offset + stride_slot].view(2, 32)
+    keys_gathered = cache.gather("A")[0][0, t]  # the cache's own gather: [Hkv, D] of token t, layer 0
+    print("the keys at that address are token 9's keys:", torch.equal(keys_by_hand, keys_gathered))
 
 # %% [markdown]
 # Your function is now a gather. Read every token of A and B out of the flat pool at your offsets
@@ -417,10 +433,11 @@ def attention_step_bytes(batch, seq_len, num_q_heads, num_kv_heads, head_dim, dt
 
 check("4.3", attention_step_bytes)
 
-# %% [markdown]
-# Once it passes: every cached key and value of every sequence is read once
-# ($2\,B\,S\,H_{kv}\,D$ elements — the cache holds the KV heads, not the query heads), the new
-# token's query is read and its output written ($2\,B\,H_q\,D$), each element `dtype_bytes` bytes.
+# %%
+if revealed("4.3"):
+    display(Markdown(r"""Every cached key and value of every sequence is read once ($2\,B\,S\,H_{kv}\,D$
+elements — the cache holds the KV heads, not the query heads), the new token's query is read and its
+output written ($2\,B\,H_q\,D$), each element `dtype_bytes` bytes."""))
 
 # %% [markdown]
 # The benchmark (`labsupport.bench.kernel`) divides exactly this count by the measured time to get
@@ -437,9 +454,9 @@ if unlocked("4.3"):
 # ### Exercise 4.4 — what gather-then-attend moves
 #
 # The naive way to reuse a contiguous attention kernel on a paged cache: gather K and V into
-# contiguous buffers (section 2's kernel), then attend. At the headline point (B = 64, S = 8,192,
-# Hq = 32, Hkv = 8, D = 128, bf16, one layer), how many bytes cross HBM? Set `gta_bytes`; you may
-# use `attention_step_bytes` and plain arithmetic.
+# contiguous buffers (section 2's kernel), then attend. At the headline point — the givens `BATCH`,
+# `SEQ_LEN`, `Q_HEADS`, `KV_HEADS`, `HEAD_DIM`, `DTYPE_BYTES`, one layer — how many bytes cross HBM?
+# Set `gta_bytes`; you may use `attention_step_bytes` and plain arithmetic.
 
 # %%
 ### BEGIN SOLUTION 4.4: set gta_bytes to the HBM bytes of gather-then-attend at the headline point, one layer
@@ -465,13 +482,15 @@ viz_kernel.step_bytes_panel()
 # %%
 viz.errata_note("Block-table overhead")
 
+# %%
+if revealed("4.4"):
+    display(Markdown("""So even at *identical* bandwidth, gather-then-attend takes about three times as long as a
+fused kernel that reads through the table itself: **a naive gather can lose enough bandwidth to eat the
+win**. The fused kernel's whole job is to make the indirect read cost (almost) nothing extra. That
+"three times" is a byte count (your 4.4), not a measurement: the benchmark below times it, and only a
+GPU run's timings can confirm or refute it."""))
+
 # %% [markdown]
-# So even at *identical* bandwidth, gather-then-attend takes about three times as long as a fused
-# kernel that reads through the table itself: **a naive gather can lose enough bandwidth to eat the
-# win**. The fused kernel's whole job is to make the indirect read cost (almost) nothing extra.
-# That "three times" is a byte count (your 4.4), not a measurement: the benchmark below times
-# it, and only a GPU run's timings can confirm or refute it.
-#
 # ### The benchmark: bandwidth against block size
 #
 # The cell below runs `kernel_bench`'s own measurement functions — the ones behind
@@ -603,8 +622,7 @@ for slower in (1.20, 1.26):
 # program reads *one KV head*, so even the contiguous kernel reads one $D \times 2 = 256$-byte row per
 # token (two full 128-byte cache lines at $D = 128$ in bf16) with the other heads' rows in between.
 # Paging does not make those pieces smaller; it only makes the *next* row's address depend on a table
-# entry. What remains is latency — the table load must complete before the K load can start — which
-# a kernel hides by keeping many tiles in flight. FlashInfer treats the
+# entry that must be loaded first. FlashInfer treats the
 # paged cache as a block-sparse matrix with any block size, down to one token ("vector-sparse"), and
 # its README reports that its vector-sparse attention reaches about 90% of the bandwidth of its dense
 # kernels at the same problem size (FlashInfer, github.com/flashinfer-ai/flashinfer; Ye et al.,
@@ -623,7 +641,11 @@ check("4.5", kernel_fixes)
 
 # %%
 if revealed("4.5"):
-    display(Markdown("""| trade-off of the block size | whose cost is it? | a good kernel? |
+    display(Markdown("""What paging left the kernel is latency: the table load must complete before the K load can
+start, and a kernel hides it by keeping many tiles in flight — which is why a vector-sparse kernel can
+read one-token pages near its dense bandwidth.
+
+| trade-off of the block size | whose cost is it? | a good kernel? |
 |---|---|---|
 | tail waste | memory the allocator holds | survives |
 | table reads | work the kernel does while reading | hidden |
@@ -652,28 +674,29 @@ page), and why the lecture says FlashInfer "exists"."""))
 # 1. Paging changed the attention kernel. Did it change the number of bytes decode attention moves?
 # 2. A colleague's paged kernel computes `physical_block * stride_block` in int32. On which pools
 #    does it break, and how?
-# 3. Why is gather-then-attend about 3× slower than a fused kernel even if both run at the same
-#    bandwidth?
+# 3. Why is gather-then-attend slower than a fused kernel even if both run at the same bandwidth, and
+#    by about how much?
 # 4. Block size 1 makes tail waste zero. What did the lecture say about it, and what would a
 #    FlashInfer-class kernel change about that verdict?
 #
-# <details><summary>Answers</summary>
-#
-# 1. No. The same K and V bytes are read once either way (plus q and out); the block table adds
-#    4 bytes per block per sequence, at most about 0.1% of the step (block size 1, GQA-8). What changed is the *pattern*:
-#    each run of tokens is found through a table entry the kernel must load first.
-# 2. On large pools: once a block id times `stride_block` exceeds $2^{31} - 1$ elements (e.g. beyond
-#    131,072 blocks of 16 tokens × 8 KV heads × 128), the product wraps negative and the kernel
-#    reads the wrong memory — a wrong answer or an illegal-address fault, never a clean error.
-# 3. It moves the K/V bytes three times: read from the pool, write to the buffer, read the buffer
-#    (checkoff 4.4), against once for the fused kernel.
-# 4. The lecture's table calls a 1-token run "pathological" and notes the 4,096-entry table. With a
-#    kernel that reads scattered rows at near-contiguous bandwidth (FlashInfer reports ~90% for its
-#    vector-sparse kernels), the run length stops mattering and the table's bytes were never large;
-#    the choice of block size then rests on tail waste (smaller is better) and fork copies (smaller
-#    is better) — and on the CPU-side cost of building and shipping longer tables every step
-#    ("table building" in 4.5: the one table cost no kernel removes).
-#
-# </details>
-#
+# The answers show once 4.4 and 4.5 pass (answers 3 and 4 are theirs):
+
+# %%
+if revealed("4.4", "4.5"):
+    display(Markdown(r"""1. No. The same K and V bytes are read once either way (plus q and out); the block table adds
+   4 bytes per block per sequence, at most about 0.1% of the step (block size 1, GQA-8). What changed is the *pattern*:
+   each run of tokens is found through a table entry the kernel must load first.
+2. On large pools: once a block id times `stride_block` exceeds $2^{31} - 1$ elements (e.g. beyond
+   131,072 blocks of 16 tokens × 8 KV heads × 128), the product wraps negative and the kernel
+   reads the wrong memory — a wrong answer or an illegal-address fault, never a clean error.
+3. It moves the K/V bytes three times: read from the pool, write to the buffer, read the buffer
+   (checkoff 4.4), against once for the fused kernel.
+4. The lecture's table calls a 1-token run "pathological" and notes the 4,096-entry table. With a
+   kernel that reads scattered rows at near-contiguous bandwidth (FlashInfer reports ~90% for its
+   vector-sparse kernels), the run length stops mattering and the table's bytes were never large;
+   the choice of block size then rests on tail waste (smaller is better) and fork copies (smaller
+   is better) — and on the CPU-side cost of building and shipping longer tables every step
+   ("table building" in 4.5: the one table cost no kernel removes)."""))
+
+# %% [markdown]
 # Next: §10.4 — blocks can be shared: copy-on-write and the 5.7× fan-out.

@@ -25,7 +25,8 @@ import labsupport  # first: on a CPU-only machine this routes Triton kernels thr
 import torch
 
 from labsupport import ledger, viz
-from labsupport.course.checkoff import check, unlocked
+from labsupport.course.checkoff import check, revealed, unlocked
+from IPython.display import Markdown, display
 from labsupport.engine import Engine
 from labsupport.kvcache import PagedKVCache
 from labsupport.model import load_tiny_model
@@ -180,26 +181,8 @@ print(f"{len({tuple(o) for o in outputs})} distinct continuations of {N_BRANCHES
       f"{len(fanout_prompt) // BLOCK} full blocks are stored once")
 
 # %% [markdown]
-# How many blocks did that take? The engine records the blocks in use after every step. A branch
-# caches its prompt plus every output token but the last (the last one is emitted, never attended
-# to), so each branch holds $P + O - 1$ tokens at its peak. Compare the engine's peak with both ways
-# of counting on the allocator (`labsupport.sharing.measure_fanout` replays the fan-out on two real
-# allocators, forked and unshared) and with the ledger's block formula:
-
-# %%
-P, O = len(fanout_prompt), NEW_TOKENS - 1
-measured = measure_fanout(N_BRANCHES, P, O, BLOCK)
-closed = ledger.fanout_blocks(N_BRANCHES, P, O, BLOCK)
-block_bytes = BLOCK * model.spec().kv_bytes_per_token
-print(f"prompt {P} tokens, {O} cached output tokens per branch, block size {BLOCK}")
-print(f"engine peak blocks:           {result.counters.peak_blocks}")
-print(f"allocator, forked:            {measured.shared_blocks} blocks ({measured.cow_copies} copy-on-write copies)")
-print(f"allocator, unshared:          {measured.unshared_blocks} blocks")
-print(f"ledger.fanout_blocks:         {closed[1]} shared, {closed[0]} unshared")
-print(f"at the tiny model's size:     {measured.shared_blocks * block_bytes / MiB:.2f} MiB shared vs "
-      f"{measured.unshared_blocks * block_bytes / MiB:.2f} MiB unshared — {measured.factor:.3f}× "
-      f"(blocks of {BLOCK} tokens × {model.spec().kv_bytes_per_token:,} B = {block_bytes:,} B)")
-assert result.counters.peak_blocks == measured.shared_blocks == closed[1]
+# How many blocks did that take? The engine recorded the blocks in use after every step; Exercise 5.2
+# below has you count them yourself, and then compares your count with the engine's.
 
 # %% [markdown]
 # ## 3. The sharing factor
@@ -266,6 +249,27 @@ def fanout_blocks(n, prompt, output, block_size):
 check("5.2", fanout_blocks)
 
 # %% [markdown]
+# Your count against the engine's. A branch caches its prompt plus every output token but the last (the
+# last one is emitted, never attended to), so each branch of section 2 holds $P + O - 1$ tokens at its
+# peak. `labsupport.sharing.measure_fanout` replays the same fan-out on two real allocators, forked and
+# unshared:
+
+# %%
+if unlocked("5.2"):
+    P, O = len(fanout_prompt), NEW_TOKENS - 1
+    measured = measure_fanout(N_BRANCHES, P, O, BLOCK)
+    yours = fanout_blocks(N_BRANCHES, P, O, BLOCK)
+    block_bytes = BLOCK * model.spec().kv_bytes_per_token
+    print(f"prompt {P} tokens, {O} cached output tokens per branch, block size {BLOCK}")
+    print(f"engine peak blocks:           {result.counters.peak_blocks}")
+    print(f"allocator, forked:            {measured.shared_blocks} blocks ({measured.cow_copies} copy-on-write copies)")
+    print(f"allocator, unshared:          {measured.unshared_blocks} blocks")
+    print(f"your fanout_blocks:           {yours[1]} shared, {yours[0]} unshared")
+    print(f"at the tiny model's size:     {measured.shared_blocks * block_bytes / MiB:.2f} MiB shared vs "
+          f"{measured.unshared_blocks * block_bytes / MiB:.2f} MiB unshared — {measured.factor:.3f}× "
+          f"(blocks of {BLOCK} tokens × {model.spec().kv_bytes_per_token:,} B = {block_bytes:,} B)")
+
+# %% [markdown]
 # Now move the sliders. Before you do, predict: which control moves the factor most? What happens as
 # n grows without bound (the factor tends to $(P+O)/O$)? Why does GQA-8 not change the factor, only
 # whether the unshared bar fits?
@@ -305,11 +309,18 @@ check("5.3", {"refcounts": refcounts, "copies": copies})
 # ## 4. Block size × fork cost
 #
 # §10.3 said block size trades tail waste against the kernel's contiguous run. Sharing adds a third
-# term: **copy-on-write duplicates a whole block on a single divergent token**. When n branches each
-# write their first token into a shared, partly filled tail, the first n − 1 writers each copy it;
-# the last finds refcount 1 and writes in place. Averaged over prompt lengths (every tail fill equally
-# likely), one divergence copies $(n-1)\,(b-1)/b$ blocks of $b$ tokens, of which on average
-# $(b-1)/2$ slots hold prompt tokens — the rest is the empty end of the block, copied anyway.
+# term: **copy-on-write duplicates a whole block on a single divergent token** — and how many such
+# copies one divergence of n branches makes is what you counted in Exercise 5.3.
+
+# %%
+if revealed("5.3"):
+    display(Markdown(r"""When n branches each write their first token into a shared, partly filled tail, the first
+n − 1 writers each copy it; the last finds refcount 1 and writes in place. Averaged over prompt lengths
+(every tail fill equally likely, a full tail copying nothing), one divergence copies $(n-1)\,(b-1)/b$
+blocks of $b$ tokens, of which on average $(b-1)/2$ slots hold prompt tokens — the rest is the empty end
+of the block, copied anyway."""))
+
+# %% [markdown]
 #
 # The allocator's copy-on-write events, counted at each block size (n = 8, prompts of 4,096 … 4,096 + b − 1
 # tokens), priced at the lecture's 512 KiB per token:
@@ -323,18 +334,15 @@ for c in costs:
 viz_sharing.fork_cost_figure(costs, kv, "MB", title="Fork cost grows with the block (lecture's 7B, n = 8)").show()
 
 # %% [markdown]
-# Exercise 3 of the lecture says $b = 256$ "makes a fan-out of 8 copy 8 × 64 MB = 512 MB". That is a
-# count of bytes *copied*, under two conventions the lecture does not state, and it holds under them:
-# eight branches forked off a prompt sequence that stays alive all copy (lab 03 shows both ways), and
-# each copy moves the filled part of the block, on average 128 tokens × 512 KiB = 64 MiB (written
-# MB): 8 × 64 MiB = 512 MiB. The engine's convention differs on both counts, and the table above
-# follows it: the prompt's sequence is branch 0 and writes in place last (the vLLM paper's §4.4), so
-# **7** copies happen; and a copy-on-write *allocates* a whole block, 256 × 512 KiB = 134.2 MB,
-# whatever part of it is filled — 7 × 134.2 MB = 939.5 MB when the tail is partly filled, of which
-# $(b-1)/2 = 127.5$ tokens on average are prompt tokens (467.9 MB).
+# Exercise 3 of the lecture prices $b = 256$ at "8 × 64 MB = 512 MB" per fan-out of 8; the table above
+# counts differently, and once 5.3 passes the next cell says how (the whole story: LEDGER.md, *Fork cost*).
 
 # %%
-viz.errata_note("Fork cost")
+if revealed("5.3"):
+    display(Markdown("""The lecture counts 8 copies of the *filled half* of a block (128 tokens × 512 KiB = 64 MiB,
+written MB); the engine makes the 7 copies you counted in 5.3 and allocates *whole* blocks, 256 × 512 KiB =
+134.2 MB each: 939.5 MB when the tail is partly filled."""))
+    viz.errata_note("Fork cost")
 
 # %% [markdown]
 # On this machine, with the tiny model's real tensors, the copy is a real `index_copy_` per layer.
@@ -432,9 +440,14 @@ print(f"prefill not redone: {saved_tokens:,} tokens ≈ {saved_flops / 1e18:.2f}
 viz_sharing.prefix_sharing_figure(replay, title="Mooncake conversation trace: blocks a prefix index serves").show()
 
 # %% [markdown]
-# The trace's documentation (`../shared/traces/SOURCES.md`) states that with an unbounded cache
-# **36.6%** of requested blocks hit an already-seen prefix; the allocator's index reproduces it.
-#
+# With an unbounded cache, **36.6%** of the conversation trace's requested blocks hit an already-seen
+# prefix: the course's reference figure for this trace, which the allocator's index reproduces. The
+# trace's citation, as `labsupport` records it (the README's *Data and citations* lists it too):
+
+# %% tags=["needs-traces"]
+print(trace.citation)
+
+# %% [markdown]
 # An unbounded index is the best case. A 512-token block of the lecture's 7B is 512 × 512 KiB =
 # 268 MB of KV, so one H100's whole 62.52 GB budget holds only 232 of them — and it is also where the
 # running sequences live. The allocator keeps freed indexed blocks until the pool needs them (least
@@ -504,19 +517,20 @@ if unlocked("5.4"):
 # 4. Raising the block size from 16 to 256 barely changes the 5.67× — so what does it cost a fan-out?
 # 5. Does prefix sharing across requests change any request's output tokens? Why not?
 #
-# <details><summary>Answers</summary>
-#
-# 1. None. A fork copies the block table (256 entries) and bumps 256 reference counts; K/V is copied
-#    later, one block at a time, only when a branch writes into a block others still name.
-# 2. Seven copies; the eighth branch finds refcount 1 and writes in place, so the original ends with
-#    refcount 1 (held by that last branch).
-# 3. Only the prompt is shared; each branch's 256 output tokens are its own. 34,816 / 6,144 = 5.67,
-#    tending to (P + O)/O = 17 as n grows.
-# 4. Each divergence copies whole blocks: up to (n − 1) × 256 × 512 KiB ≈ 940 MB instead of ≈ 59 MB at
-#    b = 16, and the tail waste of every sequence grows too.
-# 5. No: a block is shared only when its content — the same tokens after the same prefix — is
-#    identical, so its K and V are identical; the outputs are bit-for-bit the same (section 5).
-#
-# </details>
-#
+# The answers show once 5.2 and 5.3 pass (answer 2 is 5.3's count):
+
+# %%
+if revealed("5.2", "5.3"):
+    display(Markdown("""1. None. A fork copies the block table (256 entries) and bumps 256 reference counts; K/V is copied
+   later, one block at a time, only when a branch writes into a block others still name.
+2. Seven copies; the eighth branch finds refcount 1 and writes in place, so the original ends with
+   refcount 1 (held by that last branch).
+3. Only the prompt is shared; each branch's 256 output tokens are its own. 34,816 / 6,144 = 5.67,
+   tending to (P + O)/O = 17 as n grows.
+4. Each divergence copies whole blocks: up to (n − 1) × 256 × 512 KiB ≈ 940 MB instead of ≈ 59 MB at
+   b = 16, and the tail waste of every sequence grows too.
+5. No: a block is shared only when its content — the same tokens after the same prefix — is
+   identical, so its K and V are identical; the outputs are bit-for-bit the same (section 5)."""))
+
+# %% [markdown]
 # Next: **Lab 06 — the engine loop, admission, and the two ways to break a promise.**

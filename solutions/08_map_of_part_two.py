@@ -11,21 +11,24 @@
 # **Learning objective served** (the lecture's numbering)
 #
 # * **Objective 8** — place each remaining Part II topic against the specific quantity in today's
-#   arithmetic that it attacks.
+#   arithmetic that it attacks: read off the table (8.1), then done by changing the quantity on the
+#   model or the card (8.8) and measuring which output moves (8.2); the vLLM knobs (8.3–8.6) and a
+#   workload of your own (8.7) tie it to the engine.
 #
 # Timing in the lecture: minutes 68–75 (the table itself is reading-only). Here: about 45 minutes.
 
 # %% tags=["needs-traces"]
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
 import math
+from dataclasses import replace
 
 import numpy as np
-from IPython.display import HTML
+from IPython.display import HTML, Markdown, display
 
 from labsupport import ledger, workloads
-from labsupport.course.checkoff import check, passed, revealed, unlocked
-from labsupport.part_two import (attention_intensity, interference_spike, length_prediction_cost, map_rows, tlb_bytes,
-                                  trace_numbers)
+from labsupport.course.checkoff import check, revealed, unlocked
+from labsupport.part_two import (attention_intensity, interference_spike, length_prediction_cost, map_rows, outputs,
+                                  tlb_bytes, trace_numbers)
 from labsupport.replay import ReplayConfig, chat_requests, replay, tlb_replay, utilization_sweep
 from labsupport.sharing import measure_fanout, measure_fork_cost
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
@@ -42,15 +45,17 @@ for w in (azure, azure_code, mooncake):
 # %% [markdown]
 # ## 1. The table of what paging did not fix
 #
-# §10.7's table, with a column the lecture could not print: **the quantity's value**, recomputed below
+# §10.7's table has a column the lecture could not print: **each quantity's value**, recomputed here
 # from the real traces (Azure LLM Inference 2023, Patel et al., ISCA 2024; Mooncake FAST'25, Qin et
-# al., FAST 2025), the engine (cost-model clock, the lecture's 7B on an H100) and the ledger. The last
-# column links the lab where you first computed it.
+# al., FAST 2025), the engine (cost-model clock, the lecture's 7B on an H100) and the ledger. Below
+# are the nine values alone, in an order of their own (not the lecture's), each with the lab where
+# you first met it. Exercise 8.1 asks which quantity each one measures.
 
 # %% tags=["needs-traces"]
 numbers = trace_numbers(azure, mooncake)
-rows = map_rows(numbers)
-HTML(viz_board.map_table_html(rows, columns=("still broken after today", "its value here", "computed in")))
+rows = map_rows(numbers)  # in the lecture's order
+VALUES_ORDER = (4, 0, 6, 2, 8, 1, 5, 3, 7)  # the order the values are shown in (lecture row numbers, from 0)
+HTML(viz_board.map_table_html([rows[i] for i in VALUES_ORDER], columns=("its value here", "computed in")))
 
 # %% [markdown]
 # How each value was computed — read these before arguing with the table.
@@ -113,46 +118,110 @@ for k, rate in numbers["routing"].items():
 # ### Exercise 8.1 — the quantity behind each row
 #
 # Objective 8 asks you to map what paging left broken onto the quantity that tracks it. The lecture's
-# second column holds nine quantities, listed below in alphabetical order. Set `row_quantities` to a
-# list of nine of them, copied as printed: the quantity of row 1 of the table at the top of this
-# section, then row 2, and so on. Its values column, and the notes above on how each value was
-# computed, are your evidence: each value *is* one of the quantities, measured.
+# second column holds nine quantities, listed below in alphabetical order. Each value in the table at
+# the top of this section *is* one of them, measured. Set `row_quantities` to a list of nine of them,
+# copied as printed: the quantity the table's first value measures, then the second's, and so on. The
+# notes above on how each value was computed are your evidence; the lecture's table pairs each
+# quantity with what it leaves broken, not with these numbers.
 
 # %%
 for q in sorted(r.quantity for r in rows):
     print(f"  {q}")
 
 # %%
-### BEGIN SOLUTION 8.1: set row_quantities to the nine quantities, in the table's row order
-row_quantities = ["achieved bandwidth on an indirect access", "effective B over time", "§2.16's 6.7× TPOT spike",
-                  "which card a request lands on", "KV bytes per token", "the 92% re-send of Lecture 5",
-                  "bytes per weight and per cached value", "tokens per pass over the weights",
-                  "the dependence between requests"]
+### BEGIN SOLUTION 8.1: set row_quantities to the nine quantities, in the order of the values table
+row_quantities = ["KV bytes per token", "achieved bandwidth on an indirect access",
+                  "bytes per weight and per cached value", "§2.16's 6.7× TPOT spike",
+                  "the dependence between requests", "effective B over time", "the 92% re-send of Lecture 5",
+                  "which card a request lands on", "tokens per pass over the weights"]
 ### END SOLUTION
 check("8.1", row_quantities)
 
 # %% [markdown]
-# ### Exercise 8.2 — the date for the spike
+# ### 1b. Place a row by changing its quantity
 #
-# Which Part II topic attacks §2.16's 6.7× TPOT spike? One of `"kernels"`, `"batching"`,
-# `"disaggregation"`, `"routing"`, `"kv compression"`, `"prefix cache"`, `"quantization"`,
-# `"speculative decoding"`, `"agent serving"`.
+# A row of the map is placed when you can change its quantity and say which output of today's
+# arithmetic moves. Three of the nine quantities are fields of the model or the card: **KV bytes per
+# token** (`model.num_kv_heads`: GQA shares each KV head among several query heads), **bytes per weight
+# and per cached value** (`model.dtype_bytes`) and **achieved bandwidth on an indirect access**
+# (`gpu.hbm_bandwidth`: what a gather kernel reaches). `part_two.outputs(model, gpu)` reads four outputs
+# off the mechanisms for the lecture's chat workload:
+#
+# * `"memory batch"`: 640-token sequences a `BlockAllocator` over the card's KV budget holds
+#   (16-token blocks, a 4 GB reserve);
+# * `"TPOT"`: the engine's cost-model step for 186 of them decoding (seconds);
+# * `"longest gap"`: a neighbour's longest wait between two tokens when a 4,096-token prompt joins the
+#   186 (an engine run, seconds);
+# * `"prefill"`: that prompt's prefill step alone (seconds).
 
 # %%
-### BEGIN SOLUTION 8.2: set spike_topic to the Part II topic that attacks the 6.7x TPOT spike
-spike_topic = "disaggregation"
-### END SOLUTION
-check("8.2", spike_topic)
+baseline = outputs(MHA, H100)
+print({k: round(v, 5) for k, v in baseline.items()}, "(the lecture's 7B on the H100)")
 
 # %% [markdown]
-# The whole table — with the quantity once 8.1 passes, and the date of Part II that attacks each
-# row once 8.2 passes too:
+# ### Exercise 8.8 — change the quantity a row attacks
+#
+# Write `attacked(model, gpu, quantity, factor)`: the model and the card, returned as a pair
+# `(model, gpu)`, with `quantity` (one of the three above, spelled as in the table) made `factor` times
+# better — and nothing else changed: the same weights, the same query heads, the same names.
+
+# %%
+def attacked(model, gpu, quantity, factor):
+    """(model, gpu) with one of §10.7's quantities made `factor` times better, all else as it was."""
+    ### BEGIN SOLUTION 8.8: return (model, gpu) with `quantity` made `factor` times better and nothing else changed
+    if quantity == "KV bytes per token":
+        return replace(model, num_kv_heads=model.num_kv_heads // factor), gpu
+    if quantity == "bytes per weight and per cached value":
+        return replace(model, dtype_bytes=model.dtype_bytes // factor), gpu
+    return model, replace(gpu, hbm_bandwidth=gpu.hbm_bandwidth * factor)
+    ### END SOLUTION
+
+
+check("8.8", attacked)
+
+# %% [markdown]
+# ### Exercise 8.2 — which output each change moves
+#
+# The lecture places each row by the quantity it attacks; it does not say what that buys. Predict first,
+# then measure: for each of the three quantities, double it (`factor=2`) on the lecture's 7B and H100
+# with your `attacked`, read `outputs` again, and set `largest_move` to a dict from the quantity to the
+# output that moved by the largest factor, whichever way (`"memory batch"`, `"TPOT"`, `"longest gap"`
+# or `"prefill"`).
+
+# %%
+QUANTITIES_ON_THE_SPECS = ("KV bytes per token", "bytes per weight and per cached value",
+                           "achieved bandwidth on an indirect access")
+
+# %%
+### BEGIN SOLUTION 8.2: set largest_move to {quantity: the output that moves by the largest factor} for the three quantities
+largest_move = {}
+for quantity in QUANTITIES_ON_THE_SPECS:
+    after = outputs(*attacked(MHA, H100, quantity, 2))
+    largest_move[quantity] = max(after, key=lambda k: max(after[k] / baseline[k], baseline[k] / after[k]))
+### END SOLUTION
+check("8.2", largest_move)
+
+# %%
+if revealed("8.2"):
+    for quantity in QUANTITIES_ON_THE_SPECS:
+        after = outputs(*attacked(MHA, H100, quantity, 2))
+        print(f"{quantity:>42}: " + ", ".join(f"{k} {max(after[k] / baseline[k], baseline[k] / after[k]):.3f}x"
+                                               for k in baseline))
+    display(Markdown("""Halving the bytes of every number moves the memory batch *more* than 2×: the pool holds
+twice the tokens per byte, and the halved weights give back 6.74 GB to the pool as well. TPOT moves at most
+2× (the weights and the KV are all the bytes a decode step reads). And no change to bytes moves the longest
+gap or the prefill: a step that carries a 4,096-token prompt is arithmetic. That row — §2.16's spike —
+is placed by moving the prefill off the decode step, which is what disaggregation (Oct 14) and chunked
+prefill (section 2) do; the other rows need a trace or a new engine (the notes above)."""))
+
+# %% [markdown]
+# The whole table in the lecture's order — with the quantity and the date of Part II that attacks each
+# row once 8.1 passes:
 
 # %% tags=["needs-traces"]
 shown = ["still broken after today", "the quantity", "its value here", "where it goes", "computed in"]
 if not revealed("8.1"):
     shown.remove("the quantity")
-if not passed("8.2"):
     shown.remove("where it goes")
 HTML(viz_board.map_table_html(rows, columns=shown))
 
@@ -237,10 +306,11 @@ def max_num_batched_tokens_for(model, gpu, tpot_slo_s, mfu=0.5):
 
 check("8.5", max_num_batched_tokens_for)
 
-# %% [markdown]
-# Once it passes: each token costs the step about $2N$ FLOP for the weights, a decode token and a prompt
-# token alike, so a step of $T$ tokens takes $2NT / (\text{mfu} \cdot F_{peak})$ and the cap is
-# $\lfloor \text{SLO} \cdot \text{mfu} \cdot F_{peak} / 2N \rfloor$.
+# %%
+if revealed("8.5"):
+    display(Markdown(r"""Each token costs the step about $2N$ FLOP for the weights, a decode token and a prompt
+token alike, so a step of $T$ tokens takes $2NT / (\text{mfu} \cdot F_{peak})$ and the cap is
+$\lfloor \text{SLO} \cdot \text{mfu} \cdot F_{peak} / 2N \rfloor$."""))
 
 # %% [markdown]
 # Now set the knobs on the real engine and watch the ledger. The card runs at
@@ -456,13 +526,17 @@ check("8.7", utilization_workload)
 # On the sweep's chat workload the two utilizations measure **14.0% and 98.7%**, both averaged over the
 # run: the timing plan's "14%", and a match for §10.3's printed 98.7%, which the lecture itself derives
 # as 100% minus its 1.3% internal fragmentation (lab 03) — while the throughputs agree to the token until
-# 25 requests/s. Yours hold the same pattern at a different rate: concurrency is arrival rate × how long
-# a request lives on the card, and a decode-heavy request lives about as many steps as it emits tokens,
-# so four times the output fills the same 29 slots at about a quarter of the rate. What the construction tells you
-# about when to deploy paging: utilization converts into throughput
-# only when the naive engine was **turning requests away for lack of slots** — when memory, not
-# arrivals and not the SLO, is the binding constraint. On an under-loaded card the win is invisible;
-# the paper leads with utilization because that is the quantity paging changes everywhere.
+# 25 requests/s.
+
+# %%
+if revealed("8.7"):
+    display(Markdown("""Yours hold the same pattern at a different rate: concurrency is arrival rate × how long
+a request lives on the card, and a decode-heavy request lives about as many steps as it emits tokens,
+so four times the output fills the same 29 slots at about a quarter of the rate. What the construction
+tells you about when to deploy paging: utilization converts into throughput only when the naive engine
+was **turning requests away for lack of slots** — when memory, not arrivals and not the SLO, is the
+binding constraint. On an under-loaded card the win is invisible; the paper leads with utilization
+because that is the quantity paging changes everywhere."""))
 #
 # ### Seed 5 — the fan-out you will actually run
 #
@@ -510,17 +584,18 @@ print(f"at k = 6: prefill {6 * ledger.prefill_flops(gqa, C) / ledger.prefill_flo
 # 4. Your workload's utilization jumps from 15% to 99% under paging and throughput does not move. Was
 #    paging useless?
 #
-# <details><summary>Answers</summary>
-#
-# 1. The prefill-in-decode TPOT spike; re-sent identical prefixes (92%); tokens per pass over the weights
-#    (one); bytes per weight and per cached value.
-# 2. 0.05 × 80 GB = 4 GB more: 477 more blocks (6,499 → 6,976), 12 more sequences (162 → 174 at b = 16) —
-#    and `max_num_seqs` stays at 159, because the SLO binds first.
-# 3. The late tokens came from steps that carried prefills, not from large batches; a token budget bounds
-#    each step's compute, the batch cap does not.
-# 4. No: the card was not memory-bound at that load. The same change raises throughput as soon as
-#    arrivals need more than 29 slots — and it made long context affordable.
-#
-# </details>
-#
+# The answers show once the checkoffs they lean on (8.1's map, 8.4's batch) pass:
+
+# %%
+if revealed("8.1", "8.4"):
+    display(Markdown("""1. The prefill-in-decode TPOT spike; re-sent identical prefixes (92%); tokens per pass over the
+   weights (one); bytes per weight and per cached value.
+2. 0.05 × 80 GB = 4 GB more: 477 more blocks (6,499 → 6,976), 12 more sequences (162 → 174 at b = 16) —
+   and `max_num_seqs` does not change, because the SLO binds first.
+3. The late tokens came from steps that carried prefills, not from large batches; a token budget bounds
+   each step's compute, the batch cap does not.
+4. No: the card was not memory-bound at that load. The same change raises throughput as soon as
+   arrivals need more than 29 slots — and it made long context affordable."""))
+
+# %% [markdown]
 # This is the last lab of Lecture 10. Instructors: `99_board` runs the lecture's 75 minutes on a projector.

@@ -314,12 +314,12 @@ def test_resource_map_checkoff(capsys):
 
 
 def test_choice_checkoffs(capsys):
-    check("1.4", "ADMIT ")
+    check("1.4", {"ADMIT ", "allocate"})  # measured on the engine: GQA-8 moves only the two memory jobs
     check("2.11", {"External Fragmentation "})
     check("2.11", ["external fragmentation"])
     assert capsys.readouterr().out.count("passed") == 3
-    assert "re-chosen" in str(_fail("1.4", "batch"))
-    assert "not one of" in str(_fail("1.4", "schedule"))
+    assert "arithmetic" in str(_fail("1.4", {"admit", "allocate", "stream"}))
+    assert "not one of" in str(_fail("1.4", {"schedule"}))
     assert "set of options" in str(_fail("2.11", "external fragmentation"))
     text = str(_fail("2.11", {"external fragmentation", "internal fragmentation"}))
     assert "1 of your choices does not belong" in text and "partly empty" in text
@@ -344,7 +344,7 @@ def test_a_choice_of_several_options_in_the_registry():
 
 def test_labs_register_their_checkoffs_in_order():
     assert [c.id for c in graders_of(0)] == ["0.1", "0.2"]
-    assert [c.id for c in graders_of(1)] == ["1.1", "1.2", "1.3", "1.4"]
+    assert [c.id for c in graders_of(1)] == ["1.1", "1.2", "1.3", "1.4", "1.5"]
     assert graders_of(89) == [] and C.load_lab(89) == []  # a lab with neither graders nor a record
     for lab in (0, 1):
         assert [e["id"] for e in C.load_lab(lab)] == [c.id for c in graders_of(lab)]  # the record lists the same
@@ -366,11 +366,11 @@ def test_the_record_holds_the_lecture_expectation_sealed():
 
 
 def test_unknown_and_malformed_ids():
-    with pytest.raises(KeyError, match="lab 1 has: 1.1, 1.2, 1.3, 1.4"):
+    with pytest.raises(KeyError, match="lab 1 has: 1.1, 1.2, 1.3, 1.4, 1.5"):
         check("1.9", 1)
     with pytest.raises(ValueError, match="lab.number"):
         check("one", 1)
-    with pytest.raises(KeyError, match="lab 1 registers: 1.1, 1.2, 1.3, 1.4"):
+    with pytest.raises(KeyError, match="lab 1 registers: 1.1, 1.2, 1.3, 1.4, 1.5"):
         grader("1.9")
     with pytest.raises(ValueError, match="lab.number"):
         grader("1")

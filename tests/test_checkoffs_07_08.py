@@ -18,6 +18,8 @@ LECTURE_MAP_QUANTITIES = ["achieved bandwidth on an indirect access", "effective
                           "§2.16's 6.7× TPOT spike", "which card a request lands on", "KV bytes per token",
                           "the 92% re-send of Lecture 5", "bytes per weight and per cached value",
                           "tokens per pass over the weights", "the dependence between requests"]
+# Lab 08 shows the nine measured values in its own order (lecture rows 5, 1, 7, 3, 9, 2, 6, 4, 8): 8.1's answer.
+VALUES_QUANTITIES = [LECTURE_MAP_QUANTITIES[i] for i in (4, 0, 6, 2, 8, 1, 5, 3, 7)]
 
 
 def kv(m):
@@ -164,9 +166,9 @@ def test_lab08_right_answers_pass(capsys):
     check("8.6", lambda lengths, b: 1 - sum(lengths) / sum(-(-n // b) * b for n in lengths))
     check("8.7", lambda: R.chat_requests(6, 300, prompt=256, output=512))  # decode-heavy, 24 slots busy
     check("8.7", lambda: R.chat_requests(20 * 128 / 400, 400, prompt=300, output=400, seed=3))  # rate scaled by life
-    check("8.2", "disaggregation")
-    check("8.1", LECTURE_MAP_QUANTITIES)
-    check("8.1", [f"  {q.upper()} " for q in LECTURE_MAP_QUANTITIES])  # as printed, case and spaces aside
+    check("8.2", LARGEST_MOVES)
+    check("8.1", VALUES_QUANTITIES)
+    check("8.1", [f"  {q.upper()} " for q in VALUES_QUANTITIES])  # as printed, case and spaces aside
     assert capsys.readouterr().out.count("passed") == 9
 
 
@@ -189,16 +191,20 @@ def test_lab08_wrong_answers_teach(fails):
         check("8.7", lambda: R.chat_requests(1, 300, prompt=256, output=512))
     with fails("sequences so short"):  # 20-token sequences: 0.3% of a reserve-to-max slot
         check("8.7", lambda: [(i * 0.5, 10, 10) for i in range(200)])
-    with fails("later lecture covers both"):
-        check("8.2", "batching")
-    swapped = list(LECTURE_MAP_QUANTITIES)
+    with fails("bytes the smaller weights gave back"):  # the guess: halving every byte halves TPOT the most
+        check("8.2", dict(LARGEST_MOVES, **{"bytes per weight and per cached value": "TPOT"}))
+    with fails("none of these three changes the FLOP"):
+        check("8.2", dict(LARGEST_MOVES, **{"achieved bandwidth on an indirect access": "longest gap"}))
+    with fails("not right"):  # the lecture's table copied in its own order
+        check("8.1", LECTURE_MAP_QUANTITIES)
+    swapped = list(VALUES_QUANTITIES)
     swapped[1], swapped[2] = swapped[2], swapped[1]
     with fails(r"2 of the 9 are not right \(2, 3\)"):  # rows 2 and 3 matched to each other's quantity
         check("8.1", swapped)
     with fails("row 9: 'the block size' is not one of the options listed above the exercise"):
-        check("8.1", LECTURE_MAP_QUANTITIES[:8] + ["the block size"])
+        check("8.1", VALUES_QUANTITIES[:8] + ["the block size"])
     with fails("a list of 9, one per row in its order"):
-        check("8.1", LECTURE_MAP_QUANTITIES[:8])
+        check("8.1", VALUES_QUANTITIES[:8])
 
 
 def test_lab08_hidden_cases_and_the_open_judge():
@@ -293,3 +299,75 @@ def test_8_2_is_not_answered_in_lab_07():
 
     lab07 = (Path(__file__).resolve().parents[1] / "solutions" / "07_slo_ledger.py").read_text()
     assert "disaggregation" not in lab07.lower()
+
+
+# --- 8.8 and 8.2: a row placed by changing its quantity (the lab 08 part, added by the map's rewrite) ----------------
+
+# By hand on the lecture's 7B (6.74e9 parameters, 32 layers x 32 heads x 128, 2 B) and H100 (80 GB, 3.35 TB/s), each
+# quantity doubled.  Memory batch = floor(floor(budget / (16 x KV)) / 40) sequences of 640 tokens:
+#   MHA:            62.52 GB / 8,388,608 B = 7,452 blocks -> 186
+#   16 KV heads:    62.52 GB / 4,194,304 B = 14,905 blocks -> 372 (2.00x); TPOT (13.48 + 31.21) / (13.48 + 62.42) GB
+#                   = 0.589 -> 1.70x: the memory batch moves most
+#   1-byte numbers: 69.26 GB / 4,194,304 B = 16,513 blocks -> 412 (2.22x); TPOT (6.74 + 31.21) / (13.48 + 62.42)
+#                   -> 2.00x: the memory batch again, by the weights it gave back
+#   2x bandwidth:   the memory batch stays; TPOT halves (2.00x); the longest gap and the prefill are compute-bound
+#                   (2 x 6.74e9 x 4,096 FLOP at 494.5 TFLOP/s = 111.7 ms against ~23 ms of reads): TPOT
+LARGEST_MOVES = {"KV bytes per token": "memory batch", "bytes per weight and per cached value": "memory batch",
+                 "achieved bandwidth on an indirect access": "TPOT"}
+
+
+def test_lab08_largest_moves_by_hand():
+    from dataclasses import replace
+
+    from labsupport.course.checkoffs import get
+    from labsupport.part_two import outputs
+    from labsupport.specs import LECTURE_7B, LECTURE_GPU
+
+    assert get("8.2").expect() == {k.lower(): v for k, v in LARGEST_MOVES.items()}
+    assert outputs()["memory batch"] == 186
+    assert outputs(replace(LECTURE_7B, num_kv_heads=16))["memory batch"] == 372
+    assert outputs(replace(LECTURE_7B, dtype_bytes=1))["memory batch"] == 412
+
+
+def _attacked_by_replace(model, gpu, quantity, factor):
+    from dataclasses import replace
+
+    if quantity == "KV bytes per token":
+        return replace(model, num_kv_heads=model.num_kv_heads // factor), gpu
+    if quantity == "bytes per weight and per cached value":
+        return replace(model, dtype_bytes=model.dtype_bytes // factor), gpu
+    return model, replace(gpu, hbm_bandwidth=gpu.hbm_bandwidth * factor)
+
+
+def _attacked_by_fields(model, gpu, quantity, factor):
+    """A second derivation: rebuild the specs from their fields."""
+    from labsupport.specs import GPUSpec, ModelSpec
+
+    m, g = dict(vars(model)), dict(vars(gpu))
+    if quantity == "KV bytes per token":
+        m["num_kv_heads"] = m["num_kv_heads"] // factor
+    elif quantity == "bytes per weight and per cached value":
+        m["dtype_bytes"] = m["dtype_bytes"] // factor
+    else:
+        g["hbm_bandwidth"] = g["hbm_bandwidth"] * factor
+    return ModelSpec(**m), GPUSpec(**g)
+
+
+def test_lab08_attacked_two_derivations_and_slips(fails):
+    from dataclasses import replace
+
+    from labsupport.course.checkoffs import get
+    from labsupport.course.registry import case_rng
+
+    c = get("8.8")
+    for derive in (_attacked_by_replace, _attacked_by_fields):
+        for rng in (case_rng("8.8"), case_rng("8.8", b"hidden-1"), case_rng("8.8", b"hidden-2")):
+            c.verdict(derive, c.cases(rng))
+    with fails("the quantity did not change"):
+        check("8.8", lambda m, g, q, f: (m, g))
+    with fails("GQA keeps every query head"):
+        check("8.8", lambda m, g, q, f: _attacked_by_replace(m, g, q, f) if q != "KV bytes per token"
+              else (replace(m, num_heads=m.num_heads // f, num_kv_heads=m.num_kv_heads // f), g))
+    with fails("more bytes per second"):
+        check("8.8", lambda m, g, q, f: _attacked_by_replace(m, g, q, f) if q.startswith("bytes") or q.startswith("KV")
+              else (m, replace(g, hbm_bandwidth=g.hbm_bandwidth / f)))

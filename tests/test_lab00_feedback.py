@@ -83,3 +83,18 @@ def test_0_2_prompt_does_not_list_the_factors():
     prompt = source[source.index("### Exercise 0.2"):source.index("check(\"0.2\"")]
     for spelled in ("keys\n# and the values", "and so is\n# its value", "every layer**", "K and V"):
         assert spelled not in prompt, spelled
+
+
+@pytest.mark.parametrize("dropped, derive", [
+    ("KiB as 2**10 bytes (read as 10**3)", lambda g: g["KV_KIB"] * 1000),
+    ("KiB, not MiB", lambda g: g["KV_KIB"] * 2**20),
+    ("bytes, not bits", lambda g: g["KV_KIB"] * 2**10 * 8),
+    ("the given itself (the lecture's 512 typed in)", lambda g: 512 * 2**10),
+])
+def test_0_1_each_named_step_fails_on_every_hidden_set(dropped, derive):
+    """0.1 names one step (KV_KIB KiB in bytes); every way of dropping it fails on hidden givens."""
+    checkoff = get("0.1")
+    for secret in (b"grade-1", b"grade-2", b"grade-3"):
+        for g in GIVENS[0].draw(case_rng("givens", secret, "lab00"), 2):
+            with pytest.raises(Mismatch):
+                checkoff.verdict(derive(g), checkoff.expect(namespace(g)))

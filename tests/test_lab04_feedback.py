@@ -109,6 +109,35 @@ def test_4_4_no_listed_mistake_is_right_on_any_givens():
         assert spec["mistakes"] and not any(close(w, spec["want"]) for w, _ in spec["mistakes"])
 
 
+# Item 4: each step 4.4's prompt names, dropped from a derivation on the givens' names, fails on hidden givens.
+def _gta(n, crossings=3, q_and_out=True, cache_heads=None, q_out_crossings=1, layers=1):
+    heads = n.KV_HEADS if cache_heads is None else cache_heads
+    kv_bytes = kv(n.BATCH, n.SEQ_LEN, heads, n.HEAD_DIM, n.DTYPE_BYTES)
+    return layers * (crossings * kv_bytes + q_out_crossings * q_and_out * q_out(n.BATCH, n.Q_HEADS, n.HEAD_DIM,
+                                                                                    n.DTYPE_BYTES))
+
+
+GTA_DROPS = {
+    "the gather's write to the buffer": lambda n: _gta(n, crossings=2),
+    "the attention kernel's read of the buffer (the fused count)": lambda n: _gta(n, crossings=1),
+    "the query read and the output write": lambda n: _gta(n, q_and_out=False),
+    "the query and output once, not through the gather": lambda n: _gta(n, q_out_crossings=3),
+    "the cache holding KV heads, not query heads": lambda n: _gta(n, cache_heads=n.Q_HEADS),
+    "one layer": lambda n: _gta(n, layers=32),
+    "bytes per element": lambda n: _gta(n) // n.DTYPE_BYTES,
+}
+
+
+@pytest.mark.parametrize("dropped", GTA_DROPS)
+def test_4_4_each_named_step_fails_on_every_hidden_set(dropped):
+    c = get("4.4")
+    derive = GTA_DROPS[dropped]
+    for secret in (b"grade-1", b"grade-2", b"grade-3"):
+        for g in GIVENS[4].draw(case_rng("givens", secret, "lab04"), 2):
+            with pytest.raises(Mismatch):
+                c.verdict(derive(namespace(g)), c.expect(namespace(g)))
+
+
 # --- 4.1 -------------------------------------------------------------------------------------------
 
 def kv_offsets(block_tables, positions, block_size, stride_block, stride_slot):

@@ -321,3 +321,64 @@ def test_5_4_public_cases_do_not_depend_on_the_traces(monkeypatch):
     assert public() == with_traces
     long = get("5.4").prepare(case_rng("5.4"))[3]
     assert len(long.args[0].real) == 2000 and 0 < long.want < sum(map(len, long.args[0].real))
+
+
+# --- item 4: each step 5.3's prompt names changes the answer on hidden givens --------------------------------
+
+def _always_a_tail(g):
+    """Drops "a written token goes into the slot after the branch's last token": treats the last prompt block as
+    a shared tail to copy even when the prompt fills it."""
+    full, n, w = -(-g["PROMPT_TOKENS"] // g["BLOCK"]) - 1, g["N_BRANCHES"], g["WRITERS"]
+    return {"refcounts": [n] * full + [n - w] * (n > w) + [1] * w, "copies": n - 1}
+
+
+def _full_blocks_copied_too(g):
+    """Drops "full blocks are never written again": every prompt block is copied by every writer."""
+    right, blocks = closed_form(g), -(-g["PROMPT_TOKENS"] // g["BLOCK"])
+    n, w = g["N_BRANCHES"], g["WRITERS"]
+    return {"refcounts": [n - w] * blocks + [1] * (w * blocks), "copies": right["copies"] * blocks}
+
+
+def _last_writer_copies_too(g):
+    """Drops "a branch may write into a block only if no other branch still names it" for the last branch."""
+    right = closed_form(g)
+    return dict(right, copies=g["N_BRANCHES"] if g["PROMPT_TOKENS"] % g["BLOCK"] else 0)
+
+
+def _copies_of_the_writers_only(g):
+    """Drops "once all N_BRANCHES branches have written": counts the first WRITERS' copies."""
+    right = closed_form(g)
+    return dict(right, copies=g["WRITERS"] if g["PROMPT_TOKENS"] % g["BLOCK"] else 0)
+
+
+def _original_tail_forgotten(g):
+    """Drops "every block in use": leaves out the original tail, still named by the branches yet to write."""
+    right = closed_form(g)
+    n, w = g["N_BRANCHES"], g["WRITERS"]
+    refs = list(right["refcounts"])
+    if g["PROMPT_TOKENS"] % g["BLOCK"]:
+        refs.remove(n - w)
+    return dict(right, refcounts=refs)
+
+
+@pytest.mark.parametrize("sloppy", [_always_a_tail, _full_blocks_copied_too, _last_writer_copies_too,
+                                    _copies_of_the_writers_only, _original_tail_forgotten])
+def test_5_3_each_named_step_fails_on_hidden_givens(sloppy):
+    """Each derivation that drops one named step fails `verdict` on some hidden set of a few grading secrets'
+    draws (two sets a grade), and each is a different answer from the right one somewhere."""
+    c = get("5.3")
+    failed = 0
+    for secret in (b"grade-1", b"grade-2", b"grade-3"):
+        for g in GIVENS[5].draw(case_rng("givens", secret, "lab05"), 2):
+            try:
+                c.verdict(sloppy(g), c.expect(namespace(g)))
+            except Mismatch:
+                failed += 1
+    assert failed, sloppy.__name__
+
+
+def test_5_3_hidden_sets_end_the_prompt_both_ways():
+    """Half the hidden sets end the prompt on a block boundary: a derivation that always copies is caught."""
+    sets = GIVENS[5].draw(case_rng("givens", b"lab05 shapes", "x"), 12)
+    assert any(g["PROMPT_TOKENS"] % g["BLOCK"] == 0 for g in sets)
+    assert any(g["PROMPT_TOKENS"] % g["BLOCK"] for g in sets)

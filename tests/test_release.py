@@ -214,7 +214,7 @@ check("0.1", ...)
 check("1.2", lambda m, g: math.floor(g.peak_flops / g.hbm_bandwidth * m.dtype_bytes / 2))
 check("1.2", ridge)
 check("1.1", {"admit": "memory", "allocate": "memory", "batch": "places", "run": "arithmetic", "stream": "latency"})
-check("1.4", "batch")
+check("1.4", {"batch"})
 check("2.11", {"external fragmentation"})
 for answer in (lambda l, h, d, b: l * h * d * b, lambda l, h, d, b: 524288, lambda l, h, d, b: 1 / 0):
     check("0.2", answer)
@@ -239,7 +239,7 @@ def test_check_in_the_release_prints_what_it_prints_in_the_repository(release, t
     assert lines[2].startswith("⬜ Checkoff 0.1 not attempted — ")
     assert lines[3] == "✅ Checkoff 1.2 passed"
     assert lines[4].startswith("❌ Checkoff 1.2: your code for 1.2 calls labsupport.ledger.ridge_batch")
-    assert lines[5] == "✅ Checkoff 1.1 passed" and lines[6].startswith("❌ Checkoff 1.4: you chose 'batch'.")
+    assert lines[5] == "✅ Checkoff 1.1 passed" and lines[6].startswith("❌ Checkoff 1.4: you chose ['batch']")
     assert lines[7] == "✅ Checkoff 2.11 passed"
     fails = [line for line in lines[8:] if line.startswith("❌ Checkoff 0.2:")]
     assert len(fails) == 3 and "too low" in fails[0] and "raised ZeroDivisionError" in fails[2]

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from labsupport.course.checkoffs._hidden import kv_blocks, random_pair
+from labsupport.course.checkoffs._hidden import kv_blocks, kv_per_token, random_pair
 from labsupport.course.registry import case, choice, function, value
+from labsupport.costmodel import CostModel
+from labsupport.engine_runs import job_run
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 JOBS = ("admit", "allocate", "batch", "run", "stream")
@@ -81,13 +83,105 @@ def _memory_batch(rng):
                    what=f"memory_batch({model.name}, {gpu.name}, s_max={s_max})")
 
 
+# --- 1.5: the five jobs, attributed from a run of the real engine (objective 1, built) ----------------------
+
+# The lab's own run: a dozen chat requests arriving by step on the lecture's 7B and H100 (the lab source builds the
+# same list; the graders keep their own copy).  (step it arrives before, prompt tokens, max new tokens)
+LAB_REQUESTS = ((0, 512, 24), (0, 380, 40), (1, 600, 12), (3, 512, 30), (4, 90, 48), (6, 1_000, 20),
+                (9, 256, 36), (10, 512, 16), (14, 700, 28), (15, 128, 40), (20, 512, 24), (24, 2_048, 8))
+LAB_POOL = 600  # blocks of 16 tokens: room for everyone, so nobody is preempted
+LEDGER_KEYS = ("admit", "allocate", "batch", "run", "stream")
+
+
+def _ledger_of(result, model, block_size: int) -> dict:
+    """The five numbers, read off the engine's own result and counters (not off the step records the student reads)."""
+    kv, c = kv_per_token(model), result.counters
+    reqs = [r for r in result.requests.values() if r.finished]
+    promised = max(sum((r.prompt_len + r.max_new_tokens) * kv for r in reqs
+                       if r.first_token_time <= end < r.finish_time) for end in c.block_times)
+    gaps = [b - a for r in reqs for a, b in zip(r.token_times[0], r.token_times[0][1:])]
+    return {"admit": promised, "allocate": c.peak_blocks * block_size * kv,
+            "batch": sum(r.total_output_tokens for r in reqs) / c.steps,
+            "run": 2 * model.num_params * (c.prefill_tokens + c.decode_tokens),
+            "stream": max(gaps, default=0.0)}
+
+
+def _ledger_slips(result, model, block_size: int, trace: dict) -> dict:
+    """Per key, the answers of the known slips, worked out the same way (from the result), with their remarks."""
+    kv, c = kv_per_token(model), result.counters
+    reqs = [r for r in result.requests.values() if r.finished]
+    prompt_only = max(sum(r.prompt_len * kv for r in reqs if r.first_token_time <= end < r.finish_time)
+                      for end in c.block_times)
+    gaps = [b - a for r in reqs for a, b in zip(r.token_times[0], r.token_times[0][1:])]
+    return {
+        "admit": [(prompt_only, "That is the prompts' KV; admission promises each request room for everything "
+                                "it will ever hold, its outputs included.")],
+        "allocate": [(c.peak_blocks * block_size, "That is tokens' worth of blocks; the memory is in bytes.")],
+        "batch": [(c.decode_tokens / c.steps, "A sequence whose prefill runs in the step has a place in that "
+                                              "forward pass too.")],
+        "run": [(model.num_params * (c.prefill_tokens + c.decode_tokens), "A weight costs a multiply and an add "
+                                                                          "per token: two FLOP."),
+                (2 * model.num_params * c.decode_tokens, "The prefills are arithmetic too: every prompt token "
+                                                         "goes through every weight once."),
+                (2 * model.num_params * sum(r.total_output_tokens for r in reqs), "The first output token comes "
+                 "out of the prefill, which pushed the whole prompt through the weights, not one token.")],
+        "stream": [(sum(gaps) / len(gaps) if gaps else 0.0, "That is the mean gap; what a user feels is the "
+                                                            "longest wait between two of their tokens.")],
+    }
+
+
+def job_case(model, requests, num_blocks: int, block_size: int = 16, what: str = ""):
+    """One case of 1.5: the engine run on `model` (cost-model clock, the lecture's H100) as the student's input."""
+    trace, result = job_run(CostModel(model), requests, num_blocks=num_blocks, block_size=block_size)
+    slips = _ledger_slips(result, model, block_size, trace)
+    keys = {k: {"rel_tol": 1e-6, "mistakes": slips[k]} for k in LEDGER_KEYS}
+    return case(trace, want=_ledger_of(result, model, block_size), keys=keys, rel_tol=1e-6,
+                what=what or f"job_ledger(<{model.name}, {len(requests)} requests, {block_size}-token blocks>)")
+
+
+def _random_requests(rng) -> list[tuple[int, int, int]]:
+    return [(rng.randint(0, 12), rng.randint(1, 900), rng.randint(1, 20)) for _ in range(rng.randint(3, 7))]
+
+
+@function(
+    "1.5", "The five jobs, attributed from an engine trace",
+    hint="Read each job off what the steps record: admission is a promise that lasts from the step that admits a "
+         "request to the step that finishes it, for everything the request will ever hold; allocation is what the "
+         "pool actually holds after a step; a place in a forward pass is a sequence that gets a token out of it; "
+         "the arithmetic is every token pushed through the weights, prompt tokens included; and a user waits "
+         "from one of their tokens to the next. Peaks are maxima over the steps; the batch is a mean over them.",
+    derive="walk the step records yourself: the engine's counters and results are what the checkoff compares with",
+    name="job_ledger",
+)
+def _job_ledger(rng):
+    yield job_case(LECTURE_7B, LAB_REQUESTS[:6], 200, what="job_ledger(<the lab's first six requests>)")
+    yield job_case(LECTURE_7B_GQA8, [(0, 30, 5), (0, 17, 1), (2, 100, 7), (3, 1, 3)], 40, block_size=8)
+    yield job_case(LLAMA3_8B, [(0, 700, 6), (5, 16, 9), (5, 33, 2)], 120, block_size=32)
+    for _ in range(2):
+        model = rng.choice((LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, _FP8))
+        yield job_case(model, _random_requests(rng), 1_000, block_size=rng.choice((8, 16, 32)))
+
+
+# --- 1.4: a question the lecture does not answer, answered by the trace --------------------------------------------
+
+def _ledger_changes() -> frozenset:
+    """Which of the five numbers move when the lab's run is replayed on GQA-8 with the same pool: measured here."""
+    mha = _ledger_of(job_run(CostModel(LECTURE_7B), LAB_REQUESTS, num_blocks=LAB_POOL)[1], LECTURE_7B, 16)
+    gqa = _ledger_of(job_run(CostModel(LECTURE_7B_GQA8), LAB_REQUESTS, num_blocks=LAB_POOL)[1], LECTURE_7B_GQA8, 16)
+    return frozenset(k for k in LEDGER_KEYS if abs(gqa[k] - mha[k]) > 1e-3 * abs(mha[k]))
+
+
+GQA_MOVES = _ledger_changes()
+
 choice(
-    "1.4", "The job the engine cannot take back",
-    answer="admit", options=JOBS,
-    hint="Ask of each job: if the engine gets it wrong at this step, can the next iteration quietly fix it? "
-         "Which decision is a promise made to a request before anyone knows how long it will run?",
-    mistakes={"allocate": "A bad allocation can be undone: free the blocks, or preempt and reallocate later.",
-              "batch": "The batch is re-chosen every iteration (Oct 7): a bad choice costs one step.",
-              "run": "A slow step costs latency once; the next step is a fresh start.",
-              "stream": "Streaming only forwards tokens already produced."},
+    "1.4", "What GQA-8 moves in the five jobs' ledger",
+    answer=GQA_MOVES, options=LEDGER_KEYS,
+    hint="GQA-8 keeps every weight and every query head and shrinks only the KV each token leaves behind. Ask of "
+         "each job's number: is it counted in KV bytes, in places, in weight arithmetic, or in time — and if in "
+         "time, which of a step's two costs sets its longest step, the bytes it reads or the arithmetic it does?",
+    mistakes={"batch": "The pool has the same number of blocks and the arrivals come at the same steps: every "
+                       "forward pass seats the same sequences.",
+              "run": "The weights and the query heads are unchanged, so each token costs the same FLOP.",
+              "stream": "The longest wait is a step that carries a prefill: it is set by arithmetic, which GQA "
+                        "leaves alone."},
 )

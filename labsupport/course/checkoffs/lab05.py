@@ -128,7 +128,10 @@ def _fanout(rng):
 
 def _hidden_divergence(rng: random.Random) -> dict:
     n, bs = rng.choice((3, 4, 5, 6, 7, 9, 10, 12)), rng.choice((4, 8, 32))
-    prompt = rng.choice([p for p in range(20, 300) if p % bs and p != 100])  # a partly filled tail
+    # half the sets end the prompt mid-block (a shared tail to copy), half on a block boundary (nothing to
+    # copy: each first token starts a fresh block), so that each step the prompt names changes some answer
+    whole = rng.random() < 0.5
+    prompt = rng.choice([p for p in range(2 * bs, 300) if (p % bs == 0) == whole and p != 100])
     writers = rng.choice([w for w in range(2, n) if w != 5])
     return dict(N_BRANCHES=n, BLOCK=bs, PROMPT_TOKENS=prompt, WRITERS=writers)
 
@@ -171,6 +174,12 @@ def _divergence_keys(g) -> dict:
                   (n * (full + 1), only_tail), ((n - 1) * (full + 1), only_tail),
                   (0, "A branch's first token lands in the shared, partly filled tail, so writing it needs a private "
                       "copy.")]
+    else:  # the prompt fills its last block: every first token starts a fresh block of its own
+        refs = [(sorted([n] * (full - 1) + [n - writers] + [1] * writers),
+                 "The prompt's last block is full: a branch's next token goes into a fresh block, and the full "
+                 "block stays shared by everyone.")]
+        copies = [(n - 1, "The prompt's last block is full, so nobody writes into a shared block: each first token "
+                          "starts a fresh block and nothing is copied.")]
     return {"refcounts": {"judge": "refcounts_in_use", "writers": writers,
                           "mistakes": [(w, r) for w, r in refs if w != want["refcounts"]]},
             "copies": {"judge": "copies_after_all_write", "branches": n,

@@ -2,7 +2,9 @@
 question: its judge (labsupport.course.harness's "utilization_workload") runs the engine on the workload."""
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import replace
 
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course.checkoffs._hidden import RESERVE, kv_blocks, random_pair, tpot_batch, weight_bytes
@@ -26,11 +28,15 @@ LECTURE_MAP = (
     ("The engine sees finished strings, not the agent's structure", "the dependence between requests"),
 )
 QUANTITIES = tuple(sorted(q for _, q in LECTURE_MAP))  # what the lab offers, in no telling order
+# The order lab 08 shows the nine measured values in (lecture rows, from 0): not the lecture's, so that 8.1 is a
+# reading of what each number measures, not a copy of §10.7's table.  The lab source keeps the same tuple.
+VALUES_ORDER = (4, 0, 6, 2, 8, 1, 5, 3, 7)
 
 value(
-    "8.1", "§10.7: the quantity each of the nine rows tracks",
-    expected=lambda: [q for _, q in LECTURE_MAP], judge_name="matching", options=QUANTITIES, noun="row",
-    fixed="a reading of §10.7's table: nine names matched to nine names, no quantity to vary",
+    "8.1", "§10.7: the quantity each of the nine measured values is",
+    expected=lambda: [LECTURE_MAP[i][1] for i in VALUES_ORDER], judge_name="matching", options=QUANTITIES,
+    noun="row",
+    fixed="a reading of nine measured values against §10.7's nine quantities: no given to vary",
     hint="Each row names something paging left broken; its quantity is the number you would measure to see "
          "it get better. Ask what each failure costs, and in which unit: bytes, a bandwidth, a batch, a "
          "latency ratio, a share of tokens, a count per pass, or which machine.",
@@ -174,18 +180,95 @@ def _utilization_workload(rng):
     yield case(judge="utilization_workload", what="utilization_workload()")
 
 
-choice(
-    "8.2", "Which Part II topic attacks §2.16's 6.7× TPOT spike?",
-    answer="disaggregation",
-    options=("kernels", "batching", "disaggregation", "routing", "kv compression", "prefix cache",
-             "quantization", "speculative decoding", "agent serving"),
-    hint="The spike is one long prefill sharing a step with hundreds of decodes. Two remedies tame it: bound "
-         "the prefill tokens one step may carry (chunked prefill; section 2 runs it on the engine), or give "
-         "prefill and decode machines of their own. The lecture's map dates both to one lecture: which?",
-    mistakes={"batching": "Iteration-level batching (Oct 7) re-chooses the batch every step, but a 4K prefill that "
-                          "joins a step still stalls everyone in it. What bounds the stall is a cap on the "
-                          "prefill tokens per step, or separate prefill machines, and a later lecture covers both.",
-              "kernels": "A faster kernel shortens the prefill, but it still lands inside the decoders' step.",
-              "prefix cache": "A prefix cache skips prefill for re-sent prefixes only; a fresh 4K prompt still "
-                              "lands in the decode steps."},
+# --- 8.8 and 8.2: place a row by changing its quantity and reading which output moves ----------------------------
+
+# The three rows whose quantity is a field of the model or the card (the others need a trace or a new engine).
+ATTACKED = ("KV bytes per token", "bytes per weight and per cached value", "achieved bandwidth on an indirect access")
+
+
+def _attacked(model, gpu, quantity: str, factor: int):
+    """By hand: GQA shares each KV head among `factor` times more query heads; quantization stores every weight and
+    cached value in 1/factor the bytes; a better gather kernel achieves `factor` times the bandwidth."""
+    if quantity == ATTACKED[0]:
+        return replace(model, num_kv_heads=model.num_kv_heads // factor), gpu
+    if quantity == ATTACKED[1]:
+        return replace(model, dtype_bytes=model.dtype_bytes // factor), gpu
+    return model, replace(gpu, hbm_bandwidth=gpu.hbm_bandwidth * factor)
+
+
+def _fields(pair) -> list:
+    """A (model, gpu) pair as the harness hands it back: each spec's fields under its type's name."""
+    return [{type(spec).__name__: dict(vars(spec))} for spec in pair]
+
+
+@function(
+    "8.8", "Change the quantity a Part II row attacks",
+    hint="Each of the three quantities is one field of the model or of the card. KV bytes per token shrink when "
+         "more query heads share each KV head (the query heads and the weights stay); bytes per weight and per "
+         "cached value are the bytes every number is stored in; achieved bandwidth is what the card's HBM "
+         "delivers. Make it `factor` times better and leave every other field, names included, as it was.",
+    derive="build the changed ModelSpec or GPUSpec yourself (dataclasses.replace keeps the other fields)",
+    name="attacked",
+)
+def _attacked_cases(rng):
+    pairs = [(LECTURE_7B, GPUS["h100"]), (LLAMA3_8B, GPUS["a100-80gb"]), (LLAMA3_70B, GPUS["h200"])]
+    for _ in range(3):
+        model, gpu = random_pair(rng)
+        pairs.append((replace(model, num_kv_heads=model.num_heads, dtype_bytes=rng.choice((2, 4))), gpu))
+    for model, gpu in pairs:
+        for quantity in ATTACKED:
+            for factor in (2, 4) if model.num_kv_heads % 4 == 0 and model.dtype_bytes % 4 == 0 else (2,):
+                if quantity == ATTACKED[0] and model.num_kv_heads % factor:
+                    continue
+                slips = [((model, gpu), "That is the machine as it was: the quantity did not change.")]
+                if quantity == ATTACKED[0]:
+                    slips.append(((replace(model, num_heads=model.num_heads // factor,
+                                           num_kv_heads=model.num_kv_heads // factor), gpu),
+                                  "GQA keeps every query head: only the KV heads are shared."))
+                if quantity == ATTACKED[2]:
+                    slips.append(((model, replace(gpu, hbm_bandwidth=gpu.hbm_bandwidth / factor)),
+                                  "Better means more bytes per second, not fewer."))
+                yield case(harness="spec_fields", data={"args": [model, gpu, quantity, factor]},
+                           want=_fields(_attacked(model, gpu, quantity, factor)), rel_tol=1e-9,
+                           mistakes=[(_fields(pair), remark) for pair, remark in slips],
+                           what=f"attacked({model.name}, {gpu.name}, {quantity!r}, {factor})")
+
+
+@functools.lru_cache(maxsize=1)
+def _measured_moves() -> tuple:
+    return tuple(_largest_moves_uncached().items())
+
+
+def _largest_moves() -> dict:
+    return dict(_measured_moves())
+
+
+def _largest_moves_uncached() -> dict:
+    """Measured here: which of part_two.outputs' four moves by the largest factor when each quantity doubles."""
+    from labsupport.part_two import outputs
+
+    base = outputs()
+    out = {}
+    for quantity in ATTACKED:
+        after = outputs(*_attacked(LECTURE_7B, GPUS["h100"], quantity, 2))
+        out[quantity.lower()] = max(base, key=lambda k: max(after[k] / base[k], base[k] / after[k]))
+    return out
+
+
+OUTPUT_NAMES = ("memory batch", "TPOT", "longest gap", "prefill")
+value(
+    "8.2", "Which output each change moves the most",
+    expected=_largest_moves, judge_name="matching", options=OUTPUT_NAMES, noun="change",
+    remarks={k.lower(): why for k, why in {
+        f"{ATTACKED[1]}=TPOT": "TPOT does halve; the pool gains twice the tokens per byte and also the bytes the "
+                               "smaller weights gave back.",
+        f"{ATTACKED[0]}=TPOT": "The weights are still read whole every step; the KV is only part of the bytes.",
+        f"{ATTACKED[2]}=memory batch": "Bandwidth is bytes per second: the card holds the same bytes.",
+        **{f"{q}=longest gap": "The longest gap is a step that carries a 4,096-token prefill: it is arithmetic, "
+                               "and none of these three changes the FLOP." for q in ATTACKED},
+        **{f"{q}=prefill": "A lone prefill is arithmetic: 2 FLOP per weight per token, at the card's peak."
+           for q in ATTACKED}}.items()},
+    fixed="measured on the lecture's 7B and H100 (section 1b): each quantity doubled once; no given to vary",
+    hint="For each change, compare its four outputs with the lecture's, as factors (whichever way they move), and "
+         "take the largest. Then ask why: is that output set by bytes held, bytes read per step, or FLOP?",
 )
