@@ -29,7 +29,7 @@ import random
 
 import torch
 
-from labsupport import ledger, viz, workloads
+from labsupport import ledger, workloads
 from labsupport.block_allocator import BlockAllocator
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
 from labsupport.course.checkoff import check, revealed, unlocked
@@ -358,7 +358,9 @@ if revealed("2.6"):
         m = naive_measurement(a, BUDGET)
         print(f"S_max = {s_max:>6,}: {m['concurrency']:>2} slots of {fmt_gb(m['slot_bytes'])}, utilization "
               f"{fmt_pct(m['utilization'])} (one slot's occupancy {fmt_pct((PROMPT + OUTPUT) / s_max)})")
-    viz.errata_note("S_max = 32K")
+    display(Markdown("The lecture's 1.9% is one slot's occupancy, its own per-slot reasoning, cut to one decimal; "
+                     "over the budget, which holds whole slots only, it is the utilization above "
+                     "([LEDGER.md](../LEDGER.md), the conventions)."))
 
 # %% [markdown]
 # ## 5. Exercise 1 — the long-context brochure
@@ -429,7 +431,9 @@ check("2.8", brochure_cost)
 if revealed("2.8"):
     print(f"paged, GQA, b = {BLOCK}: {pool.num_blocks:,} blocks of {BLOCK * KV_GQA:,} B; {paged_gqa} sequences "
           f"of {PROMPT + OUTPUT} tokens; {pool.num_free_blocks} blocks left")
-    viz.errata_note("Exercise 1")
+    display(Markdown("The sketch's ≈ 744 divides the printed 62.5 GB by a rounded 0.084 GB; whole blocks give the "
+                     "count above, inside its ≈, and the cost factor it supports holds ([LEDGER.md](../LEDGER.md), "
+                     "the conventions)."))
 
 # %% [markdown]
 # ### The knobs: S_max, the workload, the model, the card

@@ -30,7 +30,7 @@ from statistics import NormalDist
 
 import torch
 
-from labsupport import ledger, viz, workloads
+from labsupport import ledger, workloads
 from labsupport.block_allocator import BlockAllocator
 from labsupport.block_size import fitting_batch, measure_workloads
 from IPython.display import Markdown, display
@@ -372,8 +372,9 @@ if revealed("3.7", "3.8"):
           f"{t.numel() * t.element_size():,} B in all, for {fmt_gb(TABLE_TOKENS * KV)} of KV "
           f"(ratio {t.numel() * t.element_size() / (TABLE_TOKENS * KV):.1e})")
     display(Markdown("One entry per logical block, $\\lceil S / b \\rceil$ of them, each a block id: entries × bytes "
-                     "per entry. A 64-bit id gives the lecture's figure."))
-    viz.errata_note("Block-table overhead")
+                     f"per entry. The lecture's figure takes {8 * PRINTED_TABLE_BYTES // t.numel()}-bit ids (an OS "
+                     "page-table entry's width, torch's default int64); the real cache stores int32 "
+                     "([LEDGER.md](../LEDGER.md), the conventions)."))
 
 # %% [markdown]
 # Either way the table is about a millionth of the KV it describes — small enough to send over a

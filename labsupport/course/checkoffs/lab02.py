@@ -122,10 +122,8 @@ value(
 value(
     "2.2", "Internal fragmentation, as a share of the KV budget",
     expected=lambda g: _internal(g), rel_tol=1e-4,
-    hint="Start from the KV budget (the card's memory less the weights less the reserve, all decimal bytes), count the "
-         "whole S_MAX slots it holds (a fraction of a slot holds no sequence), and add up what those slots reserve "
-         "and never fill once each sequence holds its PROMPT + OUTPUT tokens. Give it over the whole budget, as a "
-         "fraction.",
+    hint="What is on the card besides KV, and what can a fraction of a slot hold? Picture the budget filled with "
+         "slots, every sequence at its last token: which bytes are promised and empty? Give a fraction of the budget.",
     mistakes=[(_internal(G, _GIB_RESERVE), "That reads the 4 GB reserve as 4 GiB (4,294,967,296 B): 28 slots instead "
                "of 29. The reserve, like the card, is decimal GB."),
               (_slots(G, G.S_MAX, KV_MHA, _GIB_RESERVE) * (G.S_MAX - SEQ) * KV_MHA / BUDGET,
@@ -251,8 +249,8 @@ value(
 value(
     "2.6", "Utilization at the long-context S_max",
     expected=lambda g: _util(g, g.S_MAX_LONG, _kv(g)), rel_tol=1e-4,
-    hint="The allocator is the same, with a bigger slot: work out how many whole S_MAX_LONG slots fit in the budget, "
-         "then the bytes their PROMPT + OUTPUT-token sequences hold, over the whole budget. Give a fraction.",
+    hint="The allocator is the same, the slot bigger, the sequences unchanged. How many of them can the budget hold "
+         "now, and what do they hold? Give a fraction of the budget.",
     mistakes=[(SEQ / G.S_MAX_LONG, "That is one slot's occupancy (the lecture's reasoning, 1.95%), which is also what "
                "a fraction of a slot counted gives. Utilization is over the whole budget, and the budget holds a "
                "whole number of slots (round down), with a remainder no slot can use."),
