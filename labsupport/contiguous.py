@@ -44,10 +44,11 @@ class ContiguousAllocator:
     is ever moved, which is what makes the slot kernel-friendly and what fragments the space.
     """
 
-    def __init__(self, capacity_tokens: int, *, kv_bytes_per_token: int | None = None):
+    def __init__(self, capacity_tokens: int, *, kv_bytes_per_token: int | None = None, place=None):
         self.capacity_tokens = _as_count("capacity_tokens", capacity_tokens, 1)
         self.kv_bytes_per_token = (None if kv_bytes_per_token is None
                                    else _as_count("kv_bytes_per_token", kv_bytes_per_token, 1))
+        self.place = place  # placement policy: place(holes, size) -> offset or None; None means first fit (lab 02)
         self.slots: dict[Hashable, Slot] = {}
         self._holes: list[list[int]] = [[0, self.capacity_tokens]]  # [offset, size], sorted by offset
 
@@ -86,7 +87,7 @@ class ContiguousAllocator:
         return sorted(parts, key=lambda p: p[0])
 
     def fits(self, reserve_tokens: int) -> bool:
-        return self._first_fit(_as_count("reserve_tokens", reserve_tokens, 1)) is not None
+        return self._where(_as_count("reserve_tokens", reserve_tokens, 1)) is not None
 
     def refusal_for(self, seq_id: Hashable, reserve_tokens: int) -> Refusal:
         return Refusal(seq_id, reserve_tokens, self.free_tokens, self.largest_hole, self.kv_bytes_per_token)
@@ -96,6 +97,20 @@ class ContiguousAllocator:
             if hole >= size:
                 return i
         return None
+
+    def _where(self, size: int) -> tuple[int, int] | None:
+        """(hole index, offset) where a slot of `size` goes, by first fit or by `self.place`; None: refused."""
+        if self.place is None:
+            i = self._first_fit(size)
+            return None if i is None else (i, self._holes[i][0])
+        offset = self.place(self.holes(), size)
+        if offset is None:
+            return None
+        for i, (start, hole) in enumerate(self._holes):
+            if isinstance(offset, int) and start <= offset and offset + size <= start + hole:
+                return i, offset
+        raise ValueError(f"the placement put a slot of {size:,} tokens at offset {offset!r}, which is not inside "
+                         f"one free hole; the holes are {self.holes()}")
 
     # -- operations ------------------------------------------------------------------------------
     def allocate(self, seq_id: Hashable, s_max: int, num_tokens: int = 0, final_tokens: int | None = None) -> Slot:
@@ -118,17 +133,15 @@ class ContiguousAllocator:
             final_tokens = _as_count("final_tokens", final_tokens, 0)
             if final_tokens < num_tokens:
                 raise ValueError(f"final_tokens={final_tokens} is below num_tokens={num_tokens}")
-        i = self._first_fit(size)
-        if i is None:
+        where = self._where(size)
+        if where is None:
             refusal = self.refusal_for(seq_id, size)
             raise OutOfBlocks(str(refusal), needed=size, free=refusal.free_tokens, refusal=refusal)
+        i, offset = where
         hole = self._holes[i]
-        slot = Slot(hole[0], size, num_tokens, final_tokens)
-        if hole[1] == size:
-            del self._holes[i]
-        else:
-            hole[0] += size
-            hole[1] -= size
+        slot = Slot(offset, size, num_tokens, final_tokens)
+        left, right = offset - hole[0], hole[0] + hole[1] - offset - size  # what the slot leaves either side
+        self._holes[i:i + 1] = [h for h in ([hole[0], left], [offset + size, right]) if h[1]]
         self.slots[seq_id] = slot
         return slot
 
@@ -217,13 +230,13 @@ class ReserveToMaxAllocator(ContiguousAllocator):
     length is internal fragmentation.
     """
 
-    def __init__(self, capacity_tokens: int, s_max: int, *, kv_bytes_per_token: int | None = None):
-        super().__init__(capacity_tokens, kv_bytes_per_token=kv_bytes_per_token)
+    def __init__(self, capacity_tokens: int, s_max: int, *, kv_bytes_per_token: int | None = None, place=None):
+        super().__init__(capacity_tokens, kv_bytes_per_token=kv_bytes_per_token, place=place)
         self.s_max = _as_count("s_max", s_max, 1)
 
     @classmethod
-    def from_budget(cls, budget_bytes: float, kv_bytes_per_token: int, s_max: int = 4096):
-        return super().from_budget(budget_bytes, kv_bytes_per_token, s_max=s_max)
+    def from_budget(cls, budget_bytes: float, kv_bytes_per_token: int, s_max: int = 4096, place=None):
+        return super().from_budget(budget_bytes, kv_bytes_per_token, s_max=s_max, place=place)
 
     @property
     def max_seqs(self) -> int:

@@ -65,13 +65,15 @@ class FragmentationRun:
 
 def run_until_fragmented(capacity_tokens: int, mix: Sequence[tuple[int, float]] = EXERCISE2_MIX, *,
                          kv_bytes_per_token: int | None = None, seed: int = 0, retire_fraction: float = 0.3,
-                         stop_sizes: Iterable[int] | None = None, max_arrivals: int = 10_000) -> FragmentationRun:
+                         stop_sizes: Iterable[int] | None = None, max_arrivals: int = 10_000,
+                         place=None) -> FragmentationRun:
     """Drive a real first-fit `ContiguousAllocator` with arrivals drawn from `mix` until it refuses one.
 
     Requests arrive one at a time and each declares its own S_max.  When one is refused, a random
     `retire_fraction` of the residents finish and the arrival is tried again.  The run stops at the
     first refusal whose request is smaller than the free memory in total (external fragmentation,
-    the failure Exercise 2 asks for) — only for requests of `stop_sizes`, when given.
+    the failure Exercise 2 asks for) — only for requests of `stop_sizes`, when given.  `place` is the
+    allocator's placement policy (lab 02's 2.13; None: its own first fit).
     """
     if not 0 < retire_fraction < 1:
         raise ValueError(f"retire_fraction must be in (0, 1), got {retire_fraction!r}")
@@ -82,7 +84,7 @@ def run_until_fragmented(capacity_tokens: int, mix: Sequence[tuple[int, float]] 
     stop = set(sizes if stop_sizes is None else stop_sizes)
     if not stop <= set(sizes):
         raise ValueError(f"stop_sizes {sorted(stop)} must be among the mix's sizes {sizes}")
-    alloc = ContiguousAllocator(capacity_tokens, kv_bytes_per_token=kv_bytes_per_token)
+    alloc = ContiguousAllocator(capacity_tokens, kv_bytes_per_token=kv_bytes_per_token, place=place)
     if max(sizes) > capacity_tokens:
         raise ValueError(f"the largest declared S_max ({max(sizes):,}) exceeds the pool ({capacity_tokens:,} tokens)")
     rng = random.Random(seed)

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lab 02 — The naive allocator, and where 86% of your cache goes (§10.2, Exercises 1 and 2)
+# # Lab 02 — The naive allocator, and where your cache goes (§10.2, Exercises 1 and 2)
 #
 # Every framework that shipped before 2023 stored a sequence's keys and values as one tensor, sized
 # when the request arrived for the longest sequence it was allowed — $S_{max}$ — because moving a
@@ -16,6 +16,11 @@
 # * **Objective 3** — distinguish internal from external fragmentation in a KV cache, and say which
 #   one paging eliminates and which one it merely bounds.
 #
+# What you build: the allocator's admission — where a new slot goes, or whether it is refused (2.13) —
+# which then places every slot of this lab's allocators: the lecture's workload, whose utilization you
+# measure with your own function (2.3, 2.4), and the per-request $S_{max}$ run, whose external
+# fragmentation your placement produces (2.14).
+#
 # Timing in the lecture: minutes 6–16 (*protected*). Here: about 45 minutes; the scoreboard at the end lists its checkoffs.
 
 # %%
@@ -24,10 +29,10 @@ import random
 
 import torch
 
-from labsupport import ledger, viz, workloads
+from labsupport import ledger, workloads
 from labsupport.block_allocator import BlockAllocator
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
-from labsupport.course.checkoff import check, revealed
+from labsupport.course.checkoff import check, revealed, unlocked
 from labsupport.fig2 import fig2_breakdown, simulate_breakdown
 from labsupport.fragmentation import fill_reserve_to_max, naive_measurement, run_until_fragmented
 from labsupport.kvcache import ContiguousKVCache
@@ -77,12 +82,8 @@ print(f"the chat workload: {PROMPT}-token prompts, {OUTPUT}-token outputs = {PRO
 # budget holds as many whole slots as fit; a fraction of a slot holds no sequence.
 #
 # The board picture is one slot — a long rectangle of token positions — with the positions the
-# chat workload's sequence fills shaded:
-
-# %%
-viz_memory.slot_figure(S_MAX, PROMPT, OUTPUT).show()
-
-# %% [markdown]
+# chat workload's sequence fills shaded. Draw it for yourself first; the lab draws it once 2.1 passes.
+#
 # ### Exercise 2.1 — what one slot never holds
 #
 # A request of the chat workload arrives with `PROMPT` tokens and will generate `OUTPUT` more, in a
@@ -94,6 +95,10 @@ viz_memory.slot_figure(S_MAX, PROMPT, OUTPUT).show()
 unfilled_bytes = (S_MAX - (PROMPT + OUTPUT)) * KV
 ### END SOLUTION
 check("2.1", unfilled_bytes)
+
+# %%
+if revealed("2.1"):
+    viz_memory.slot_figure(S_MAX, PROMPT, OUTPUT).show()
 
 # %% [markdown]
 # ### Exercise 2.2 — internal fragmentation, over the card
@@ -116,24 +121,50 @@ check("2.2", internal_share)
 if revealed("2.1", "2.2"):
     display(Markdown(r"""$$\text{slot} = S_{max} \times \text{KV per token}, \qquad
   B_{naive} = \left\lfloor \frac{\text{KV budget}}{\text{slot}} \right\rfloor, \qquad
-  \text{internal} = \frac{B_{naive} \times (S_{max} - S_{actual}) \times \text{KV per token}}{\text{KV budget}}$$
-
-and the utilization, the share that does hold tokens, is
-$B_{naive} \times S_{actual} \times \text{KV per token} / \text{KV budget}$."""))
+  \text{internal} = \frac{B_{naive} \times (S_{max} - S_{actual}) \times \text{KV per token}}{\text{KV budget}}$$"""))
     print(f"{naive_seqs} slots of {fmt_bytes(S_MAX * KV)}; each leaves {fmt_bytes(unfilled_bytes)} unfilled; "
           f"internal fragmentation {fmt_pct(internal_share)} of the budget")
 
 # %% [markdown]
 # ## 2. Build it, and measure
 #
-# Formulas are claims; the allocator is the thing. `ReserveToMaxAllocator` is the naive allocator
-# of §10.2: one contiguous slot of $S_{max}$ token positions per sequence, in an address space of
-# `BUDGET // KV` positions. We serve the chat workload through it the way an engine would —
-# admit and prefill each request's 512 prompt tokens, then decode 128 steps, one token per sequence
-# per step — until it refuses a request.
+# Formulas are claims; the allocator is the thing. A contiguous allocator keeps one address space
+# of `BUDGET // KV` token positions. Every live sequence owns one run of positions, its slot; the
+# rest is free, in **holes** between slots. Admitting a request is one decision: *where* its slot
+# goes — or that it cannot go anywhere now, and the request is refused. Nothing is ever moved.
+#
+# ### Exercise 2.13 — admission: where a new slot goes
+#
+# Write `place_slot(holes, size)`. `holes` is the free space as a list of `(offset, length)` runs in
+# address order; `size` is the number of positions the request reserves. Return the offset at which
+# its slot starts, placed as the real `ContiguousAllocator` places it (the first hole, in address
+# order, that can take the whole slot; the slot at that hole's start), or `None` to refuse it. The
+# checkoff compares your offsets with the real allocator's on address spaces taken mid-serve, some
+# of them badly fragmented.
 
 # %%
-alloc = ReserveToMaxAllocator.from_budget(BUDGET, KV, s_max=S_MAX)
+def place_slot(holes, size):
+    """The offset of a new slot of `size` positions among the free `holes`, or None to refuse the request."""
+    ### BEGIN SOLUTION 2.13: return the offset where the new slot starts, or None when no hole can take it
+    for offset, length in holes:
+        if length >= size:
+            return offset
+    return None
+    ### END SOLUTION
+
+
+check("2.13", place_slot)
+
+# %% [markdown]
+# From here on, your `place_slot` is the allocator's admission: every allocator below places its
+# slots with it (the allocator's own first fit stands in until 2.13 passes). `ReserveToMaxAllocator`
+# is the naive allocator of §10.2: every request reserves one slot of $S_{max}$ positions. We serve
+# the chat workload through it the way an engine would — admit and prefill each request's prompt
+# tokens, then decode, one token per sequence per step — until it refuses a request.
+
+# %%
+placement = place_slot if unlocked("2.13") else None  # None: the allocator's own first fit
+alloc = ReserveToMaxAllocator.from_budget(BUDGET, KV, s_max=S_MAX, place=placement)
 admitted = 0
 while True:
     try:
@@ -149,8 +180,7 @@ alloc.check_invariants()
 st = alloc.stats()
 print(f"admitted {admitted} sequences; address space {alloc.capacity_tokens:,} token positions "
       f"= {fmt_gb(alloc.capacity_tokens * KV)}")
-print(f"reserved {st.reserved_tokens:,} positions, holding tokens {st.occupied_tokens:,}, "
-      f"reserved and never filled {st.internal_tokens:,}, free {st.free_tokens:,}")
+print(f"reserved {st.reserved_tokens:,} positions, holding tokens {st.occupied_tokens:,}, free {st.free_tokens:,}")
 
 # %% [markdown]
 # The same workload on **real tensors**: `ContiguousKVCache` keeps K and V as
@@ -196,16 +226,14 @@ def utilization(alloc, budget_bytes):
 check("2.3", utilization)
 
 # %% [markdown]
-# The allocator's own statistics give the same measurement. Against the closed form:
+# Your function on the allocator your admission filled, against the allocator's own statistics:
 
 # %%
-measured = alloc.stats().occupied_bytes / BUDGET
-closed = ledger.naive_utilization(BUDGET, S_MAX, PROMPT + OUTPUT, KV)
-print(f"measured on the real allocator: {fmt_pct(measured, 4)}  "
-      f"({fmt_gb(alloc.stats().occupied_bytes, 2)} of {fmt_gb(BUDGET, 2)})")
-print(f"ledger closed form:             {fmt_pct(closed, 4)}")
-print(f"reserved and never filled:      {fmt_pct(alloc.stats().internal_bytes / BUDGET)} of the budget")
-assert abs(measured - closed) < 1e-12
+if unlocked("2.3"):
+    measured = utilization(alloc, BUDGET)
+    print(f"your utilization(): {fmt_pct(measured, 4)}; the allocator's stats(): "
+          f"{fmt_pct(alloc.stats().occupied_bytes / BUDGET, 4)} ({fmt_gb(alloc.stats().occupied_bytes, 2)} of "
+          f"{fmt_gb(BUDGET, 2)})")
 
 # %% [markdown]
 # And the second board drawing: the 29 slots stacked, each with its 640 tokens shaded. Everything
@@ -217,17 +245,18 @@ viz_memory.slot_stack_figure(alloc, BUDGET).show()
 # %% [markdown]
 # ### The same cache, over a sequence's life
 #
-# Those 15.56% are read at the **end** of every sequence's life, when each holds all 640 tokens. A
+# That utilization is read at the **end** of every sequence's life, when each holds all 640 tokens. A
 # busy card never sees that moment for every slot at once: a sequence is prefilled with its prompt
 # and holds one more token after each of its decode steps, and when it finishes the next request
 # takes its slot with a fresh prompt. What does the card hold on average, over a sequence's life?
 #
 # ### Exercise 2.4 — utilization over the life
 #
-# Measure it on a real allocator: fill a fresh `ReserveToMaxAllocator` like the one above with
-# `PROMPT`-token prompts, then run the `OUTPUT` decode steps, reading the utilization (tokens held,
-# over `BUDGET`) while each step runs, before its token is appended. Set `util_over_life` to the mean
-# of those readings, a fraction. (Your `utilization` from 2.3 reads one allocator at one moment.)
+# Measure it on a real allocator: fill a fresh `ReserveToMaxAllocator` like the one above (your
+# admission places its slots) with `PROMPT`-token prompts, then run the `OUTPUT` decode steps, reading
+# the utilization (tokens held, over `BUDGET`) while each step runs, before its token is appended.
+# Set `util_over_life` to the mean of those readings, a fraction. (Your `utilization` from 2.3 reads
+# one allocator at one moment.)
 
 # %%
 ### BEGIN SOLUTION 2.4: set util_over_life to the mean utilization over the 128 decode steps, measured on a real allocator
@@ -241,7 +270,7 @@ def mean_utilization_over(alloc, steps):
     return sum(readings) / len(readings)
 
 
-life = ReserveToMaxAllocator.from_budget(BUDGET, KV, s_max=S_MAX)
+life = ReserveToMaxAllocator.from_budget(BUDGET, KV, s_max=S_MAX, place=placement)
 while life.fits(S_MAX):
     life.allocate(life.num_seqs, num_tokens=PROMPT)
 util_over_life = mean_utilization_over(life, OUTPUT)
@@ -249,30 +278,15 @@ util_over_life = mean_utilization_over(life, OUTPUT)
 check("2.4", util_over_life)
 
 # %% [markdown]
-# The lecture's other two figures, the timing plan's **14%** and §10.2's
-# title, *86% empty*, are this other reading: utilization **averaged over a sequence's life**.
-#
-# The board writes **"9.5 of 62.5"** and then says *15%*; the ledger's note on both readings, once
-# 2.4 passes:
-
-# %%
-if revealed("2.4"):
-    viz.errata_note("S_max = 4K")
-
-# %% [markdown]
-# So two consistent readings of one cache cover the lecture's figures: at the end of life **15.56%
-# used, 84% internal fragmentation** (printed 15.2% and 84%, the lecture's own derivation), and over
-# the life **14.0% used, 86% empty** (printed 14% and 86%, which this reading reproduces). Neither is an
-# error; they answer different questions, and the second is a consistent reading of the cache, not a
-# claim about which one the lecture meant. Lab 03 reads the paged cache both ways, beside the lecture's
-# own derivation of its paged figure (100% minus its internal fragmentation). Lab 08's seed 4 measures
-# both readings on the engine.
+# The two readings side by side, and what the lecture prints for them, once 2.4 passes:
 
 # %%
 if revealed("2.4"):
     print(f"end of life:   {fmt_pct(ledger.naive_utilization(BUDGET, S_MAX, PROMPT + OUTPUT, KV))} of the budget")
     print(f"over the life: {fmt_pct(ledger.naive_utilization_time_avg(BUDGET, S_MAX, PROMPT, OUTPUT, KV))} of the "
           f"budget (ledger), {fmt_pct(util_over_life)} (yours)")
+    display(Markdown("The lecture prints the first with 512 KiB taken as 512,000 B (§10.2's slip); its timing plan's "
+                     "and title's figures are the second ([LEDGER.md](../LEDGER.md), the conventions)."))
 
 # %% [markdown]
 # ## 3. What the waste costs: concurrency and throughput
@@ -344,7 +358,9 @@ if revealed("2.6"):
         m = naive_measurement(a, BUDGET)
         print(f"S_max = {s_max:>6,}: {m['concurrency']:>2} slots of {fmt_gb(m['slot_bytes'])}, utilization "
               f"{fmt_pct(m['utilization'])} (one slot's occupancy {fmt_pct((PROMPT + OUTPUT) / s_max)})")
-    viz.errata_note("S_max = 32K")
+    display(Markdown("The lecture's 1.9% is one slot's occupancy, its own per-slot reasoning, cut to one decimal; "
+                     "over the budget, which holds whole slots only, it is the utilization above "
+                     "([LEDGER.md](../LEDGER.md), the conventions)."))
 
 # %% [markdown]
 # ## 5. Exercise 1 — the long-context brochure
@@ -415,7 +431,9 @@ check("2.8", brochure_cost)
 if revealed("2.8"):
     print(f"paged, GQA, b = {BLOCK}: {pool.num_blocks:,} blocks of {BLOCK * KV_GQA:,} B; {paged_gqa} sequences "
           f"of {PROMPT + OUTPUT} tokens; {pool.num_free_blocks} blocks left")
-    viz.errata_note("Exercise 1")
+    display(Markdown("The sketch's ≈ 744 divides the printed 62.5 GB by a rounded 0.084 GB; whole blocks give the "
+                     "count above, inside its ≈, and the cost factor it supports holds ([LEDGER.md](../LEDGER.md), "
+                     "the conventions)."))
 
 # %% [markdown]
 # ### The knobs: S_max, the workload, the model, the card
@@ -445,7 +463,7 @@ viz_memory.naive_panel(paged=False)  # what a paged pool holds is lab 03's quest
 # ## 6. Internal and external fragmentation
 #
 # **Internal fragmentation** is space reserved inside a sequence's own allocation that the sequence
-# never fills: the 3,456 empty positions of each slot above — 84% of the budget, proportional to
+# never fills: the empty positions of each slot above (2.2 added them up), proportional to
 # $S_{max} - S_{actual}$.
 #
 # **External fragmentation** is free space *between* allocations, too small for the next request.
@@ -475,8 +493,8 @@ print(f"admitted {refilled} new requests into the freed slots; free now {alloc.f
 # budget.
 #
 # Set `mean_slot_bytes` (Exercise 2.9) to what a request reserves on average, in bytes, and
-# `mean_seqs` (Exercise 2.10) to about how many requests the budget then holds at once: the budget over
-# the mean slot, as the ratio itself or rounded down to whole requests (the checkoff accepts either).
+# `mean_seqs` (Exercise 2.10) to about how many requests the budget then holds at once, on average
+# (a whole number of requests, or the unrounded estimate: the checkoff accepts either).
 
 # %%
 MIX = ((S_MAX_SHORT, SHARE_SHORT), (S_MAX, 1 - SHARE_SHORT - SHARE_LONG), (S_MAX_LONG, SHARE_LONG))  # (S_max, share)
@@ -497,22 +515,39 @@ if revealed("2.9", "2.10"):
   \bar B \approx \frac{\text{KV budget}}{\overline{\text{slot}}}$$"""))
 
 # %% [markdown]
-# Better than 29, still far under what paging holds. Now the failure mode paging does not have.
-# A real first-fit `ContiguousAllocator` — variable-size slots in one address space, freed slots
-# merged with free neighbours, nothing ever moved — receives requests drawn from the mix. Whenever
-# it refuses one, a random 30% of residents finish and the request tries again. The run stops at the
-# first **medium (4,096-token) request refused while more than enough memory is free in total**:
+# Compare it with everyone reserving `S_MAX`. Now the failure mode paging does not have. A
+# `ContiguousAllocator` — variable-size slots in one address space, freed slots merged with free
+# neighbours, nothing ever moved, every slot placed by **your** `place_slot` — receives requests
+# drawn from the mix (seed 0). Whenever it refuses one, a random 30% of residents finish and the
+# request tries again. The run stops at the first **medium (`S_MAX`-token) request refused while more
+# than enough memory is free in total**: external fragmentation, produced by your placement.
 
 # %%
-run = run_until_fragmented(int(BUDGET // KV), MIX, kv_bytes_per_token=KV, seed=0, stop_sizes=[4096])
+run = run_until_fragmented(int(BUDGET // KV), MIX, kv_bytes_per_token=KV, seed=0, stop_sizes=[S_MAX],
+                           place=placement)
 run.allocator.check_invariants()
-ref = run.refusal
 print(f"after {run.arrivals} arrivals, {run.retirements} retirements and {run.earlier_refusals} earlier refusals "
-      f"({run.earlier_fragmented} of them already fragmentation), {run.allocator.num_seqs} residents:")
-print(f"  {ref}")
-print(f"  free {fmt_gb(ref.free_tokens * KV)} in {len(run.allocator.holes())} holes; largest "
-      f"{fmt_gb(ref.largest_hole_tokens * KV)}; the request needs {fmt_gb(ref.requested_tokens * KV)} in one piece")
-viz_memory.address_space_figure(run.allocator, ref).show()
+      f"({run.earlier_fragmented} of them already fragmentation), {run.allocator.num_seqs} residents: a "
+      f"{S_MAX:,}-token request refused")
+
+# %% [markdown]
+# ### Exercise 2.14 — what was free when it said no
+#
+# The run's allocator is `run.allocator`, as it stood at the refusal (`holes()`, `layout()`,
+# `slots`). Set `free_at_refusal` to the memory free at that moment, in bytes.
+
+# %%
+### BEGIN SOLUTION 2.14: set free_at_refusal to the bytes free when the medium request was refused
+free_at_refusal = sum(length for _, length in run.allocator.holes()) * KV
+### END SOLUTION
+check("2.14", free_at_refusal)
+
+# %%
+if revealed("2.14"):
+    ref = run.refusal
+    print(f"{ref}\nfree {fmt_gb(ref.free_tokens * KV)} in {len(run.allocator.holes())} holes; largest "
+          f"{fmt_gb(ref.largest_hole_tokens * KV)}; the request needs {fmt_gb(ref.requested_tokens * KV)} in one piece")
+    viz_memory.address_space_figure(run.allocator, ref).show()
 
 # %% [markdown]
 # Worse, a sequence still cannot grow past its own guess: the allocator has no way to extend a slot
@@ -531,23 +566,28 @@ except ReservationExceeded as exc:
 # Variable-size allocation turns a *quantity* problem into a *placement* problem; fixed-size blocks
 # are how every allocator since 1962 refused that trade.
 #
-# ### Exercises 2.11 and 2.12 — what paging does to the waste
+# ### Exercises 2.11 and 2.12 — the same events, in a paged cache
 #
-# Paging cuts the cache into fixed-size blocks of `BLOCK` tokens, gives each sequence a table of them
-# (lab 03), and hands a sequence one more block only when its last one is full. Three wastes have come
-# up in this lab: `"external fragmentation"` (free space between allocations, too small for the next
-# request), `"internal fragmentation"` (space inside an allocation that its owner never fills) and
-# `"reserved for tokens not yet emitted"` (room a sequence will need for the tokens it has yet to
-# generate).
+# Paging cuts the cache into fixed-size blocks of `BLOCK` tokens, keeps the free ones in a pool any
+# sequence may take from, gives each sequence a table of its blocks (lab 03), and hands a sequence one
+# more block only when its last one is full. Four events, each a way a KV cache can fail a sequence or
+# waste memory:
 #
-# **2.11.** Set `eliminated` to the set of those wastes (zero, one or more of the three strings) that
-# paging eliminates outright.
+# * `"refused with enough free in total"` — a request turned away while the free memory adds up to
+#   more than it needs (your run above);
+# * `"stopped at its own reservation"` — a sequence that cannot grow although memory is free
+#   elsewhere (the `ReservationExceeded` above);
+# * `"a partly empty last block"` — positions a sequence holds but has not filled;
+# * `"no room for the next token"` — a running sequence that finds no memory for its next token.
+#
+# **2.11.** Set `still_happens` to the set of those events (zero or more of the four strings) that can
+# still happen in the paged cache. Replay each one in your head with blocks.
 
 # %%
-### BEGIN SOLUTION 2.11: set eliminated to the set of the wastes paging eliminates, e.g. {"..."}
-eliminated = {"external fragmentation"}
+### BEGIN SOLUTION 2.11: set still_happens to the set of the events that can still happen under paging, e.g. {"..."}
+still_happens = {"a partly empty last block", "no room for the next token"}
 ### END SOLUTION
-check("2.11", eliminated)
+check("2.11", still_happens)
 
 # %% [markdown]
 # **2.12.** What paging does not remove it bounds. Set `tail_bytes` to the most KV memory, in bytes,
@@ -630,27 +670,28 @@ for key in ("max", "pow2", "oracle", "paged"):
 # 1. Raise $S_{max}$ from 4,096 to 32,768 with the same workload. Which fragmentation grows, and why
 #    does the number of sequences fall by more than 8×?
 # 2. *"Allocate lazily and realloc when it grows."* Price one realloc of a 4K MHA slot: a copy reads and
-#    writes 2.147 GB at 3,350 GB/s. How many decode steps of the 29-sequence batch is that?
-# 3. Per-request $S_{max}$ raises mean concurrency to about 39. Name two ways it still fails.
+#    writes the whole slot at `HBM_BW`. How many decode steps of the naive batch is that?
+# 3. Per-request $S_{max}$ raises mean concurrency above the reserve-to-max batch. Name two ways it
+#    still fails.
 # 4. Which waste does paging eliminate, which does it bound, and which — the space for tokens not yet
 #    emitted — can no allocator remove?
 #
-# <details><summary>Answers</summary>
-#
-# 1. Internal fragmentation: it is proportional to $S_{max} - S_{actual}$. The slot grows 8×, and the
-#    whole slots that fit fall from 29 to 3 (the floor loses the remainder), so utilization falls from
-#    15.56% to 1.61%.
-# 2. $2 \times 2.147\ \text{GB} / 3{,}350\ \text{GB/s} = 1.28$ ms — about a fifth of a 6.93 ms step,
-#    *per sequence that grows*, while 28 others wait; and it needs a free 2× slot to copy into, which
-#    is exactly what a full card does not have.
-# 3. External fragmentation (a request refused with gigabytes free, as the run above showed), and
-#    sequences still cannot grow past their declared guess (truncate the under-guessers, waste memory
-#    on the over-guessers).
-# 4. Paging eliminates external fragmentation, bounds internal fragmentation to less than one block per
-#    sequence, and does not touch the third waste: a sequence that will emit 128 tokens needs space for
-#    127 it has not emitted yet. Paging makes that space available to whoever needs it *now* — and can
-#    promise it twice, which is §10.5's problem.
-#
-# </details>
-#
+# The answers, once the exercises they lean on have passed:
+
+# %%
+if revealed("2.6", "2.10", "2.11", "2.14"):
+    display(Markdown(f"""1. Internal fragmentation: it is proportional to $S_{{max}} - S_{{actual}}$. The slot grows 8×, and the
+   whole slots that fit fall from {BUDGET // (S_MAX * KV)} to {BUDGET // (S_MAX_LONG * KV)} (the floor loses the remainder).
+2. $2 \\times$ {fmt_gb(S_MAX * KV)} / {HBM_BW / 1e9:,.0f} GB/s = {2e3 * S_MAX * KV / HBM_BW:.2f} ms, a fraction of a step,
+   *per sequence that grows*, while the others wait; and it needs a free slot twice the size to copy
+   into, which is exactly what a full card does not have.
+3. External fragmentation (a request refused with gigabytes free, as your run showed), and sequences
+   still cannot grow past their declared guess (truncate the under-guessers, waste memory on the
+   over-guessers).
+4. Paging eliminates external fragmentation, bounds internal fragmentation to less than one block per
+   sequence, and does not touch the third waste: a sequence that will emit {OUTPUT} tokens needs space
+   for {OUTPUT - 1} it has not emitted yet. Paging makes that space available to whoever needs it *now* —
+   and can promise it twice, which is §10.5's problem."""))
+
+# %% [markdown]
 # Next: **Lab 03 — PagedAttention's block table.**

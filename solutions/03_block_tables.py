@@ -15,6 +15,11 @@
 # * **Objective 4** — draw the block table for a batch of sequences, compute its memory overhead, and
 #   state what the attention kernel must now do that it did not have to do before.
 #
+# What you build: the two functions the mechanism is made of — the slot mapping every read and write
+# goes through (3.1) and the append that grows a table (3.2), run in lockstep with the real
+# allocator — and then you measure with the real allocator (3.5, 3.6) and read the block-size
+# measurements of section 6 (3.11).
+#
 # Timing in the lecture: minutes 16–36 (*never cut*). Here: about 50 minutes; the scoreboard at the end lists its checkoffs.
 
 # %%
@@ -25,7 +30,7 @@ from statistics import NormalDist
 
 import torch
 
-from labsupport import ledger, viz, workloads
+from labsupport import ledger, workloads
 from labsupport.block_allocator import BlockAllocator
 from labsupport.block_size import fitting_batch, measure_workloads
 from IPython.display import Markdown, display
@@ -214,8 +219,10 @@ check("3.3", tail_waste)
 # %% [markdown]
 # ### Exercise 3.4 — the mean tail
 #
-# If lengths are spread evenly modulo $b$, what is the mean tail at $b = 16$, in tokens? Set
-# `mean_tail_16`. (The lecture says "on average about $b/2$".)
+# A sequence's final length is whatever the workload makes it. If final lengths are spread evenly
+# modulo $b$, how many positions does a sequence's last block leave unfilled on average at
+# $b$ = `BLOCK`, in tokens? Set `mean_tail_16`. (Your `tail_waste` from 3.3 may help; so may a
+# small $b$ worked by hand.)
 
 # %%
 ### BEGIN SOLUTION 3.4: set mean_tail_16 to the mean tail waste at b = BLOCK for lengths uniform modulo b
@@ -224,18 +231,21 @@ mean_tail_16 = sum(tail_waste(n, BLOCK) for n in range(BLOCK)) / BLOCK  # each r
 check("3.4", mean_tail_16)
 
 # %% [markdown]
-# Measured on the real allocator: every length from 1 to 1,600 tokens (exactly uniform modulo 16),
-# each allocated and its table read back.
+# Once 3.4 passes, the same mean measured on the real allocator: every length from 1 to 1,600 tokens
+# (exactly uniform modulo 16), each allocated and its table read back.
 
 # %%
-probe = BlockAllocator(200, 16)
-tails = []
-for n in range(1, 1601):
-    tails.append(len(probe.allocate("s", n)) * 16 - n)
-    probe.free("s")
-mean_tail = sum(tails) / len(tails)
-print(f"b = 16: max tail {max(tails)} tokens, mean tail {mean_tail} tokens "
-      f"= {mean_tail * KV:,.0f} B = {mean_tail * KV / 2**20:.2f} MiB per sequence")
+if revealed("3.4"):
+    probe = BlockAllocator(200, 16)
+    tails = []
+    for n in range(1, 1601):
+        tails.append(len(probe.allocate("s", n)) * 16 - n)
+        probe.free("s")
+    mean_tail = sum(tails) / len(tails)
+    print(f"b = 16: max tail {max(tails)} tokens, mean tail {mean_tail} tokens "
+          f"= {mean_tail * KV:,.0f} B = {mean_tail * KV / 2**20:.2f} MiB per sequence")
+    display(Markdown("The tails of the remainders $0, 1, \\dots, b-1$ are $0, b-1, \\dots, 1$: their mean is "
+                     "$(b-1)/2$. The lecture rounds it to $b/2$."))
 
 # %% [markdown]
 # ### Exercise 3.5 — how many sequences fit now
@@ -268,19 +278,18 @@ if revealed("3.5"):
           f"{ledger.naive_concurrency(BUDGET, 4096, KV)} -> {len(pool.block_tables)}")
 
 # %% [markdown]
-# That 99.83% (the count's utilization, printed once 3.5 passes) is read at the **end** of every
-# sequence's life: 640 tokens fill 40 blocks exactly, so no tail is wasted. The lecture derives its
-# paged figure another way: 100% minus its internal fragmentation, a mean tail of $b/2$ tokens in each
-# sequence (lengths spread evenly modulo $b$); the note below 3.6 works it out. Lab 02's second
-# reading can be measured instead: the pool **over** each sequence's life. A sequence is prefilled with 512 tokens and then holds one more after each decode
-# step, 512 … 639 while its 128 steps run, and for most of those steps its last block is partly empty.
+# The count's utilization is read at the **end** of every sequence's life, when each holds its final
+# length. Lab 02's second reading can be measured instead: the pool **over** each sequence's life. A
+# sequence is prefilled with its prompt and then holds one more token after each decode step, and for
+# most of those steps its last block is partly empty.
 #
 # ### Exercise 3.6 — the paged pool, over the life
 #
 # Set `paged_over_life` to the paged pool's utilization averaged over a sequence's life, a fraction of
 # `BUDGET`. Measure it on a real `BlockAllocator`: step one sequence through its life, read how full
-# its blocks are while each step runs (`stats()` counts tokens held and slots reserved), and average.
-# Then remember what the pool itself is: whole blocks, which cover not quite all of `BUDGET`.
+# its blocks are while each step runs, before the step's token is appended (`stats()` counts tokens
+# held and slots reserved), and average. Then remember what the pool itself is made of, and how much
+# of `BUDGET` that covers.
 
 # %%
 ### BEGIN SOLUTION 3.6: set paged_over_life to the pool's utilization averaged over a sequence's life, measured on a BlockAllocator
@@ -304,32 +313,11 @@ check("3.6", paged_over_life)
 
 # %%
 if revealed("3.6"):
-    paged_end = ledger.paged_utilization(BUDGET, PROMPT + OUTPUT, BLOCK, KV)
-    naive_end = ledger.naive_utilization(BUDGET, 4096, PROMPT + OUTPUT, KV)
-    naive_life = ledger.naive_utilization_time_avg(BUDGET, 4096, PROMPT, OUTPUT, KV)
-    print(f"one sequence's blocks, averaged over its {OUTPUT} steps: {fmt_pct(over_life)} filled")
-    print(f"× the {fmt_pct(pool_share, 3)} of the budget the pool's blocks cover = {fmt_pct(paged_over_life)} "
-          f"of the budget (ledger: {fmt_pct(ledger.paged_utilization_time_avg(BUDGET, PROMPT, OUTPUT, BLOCK, KV))})")
-    print(f"end of life: {fmt_pct(paged_end)}; the naive slot over its life: {fmt_pct(naive_life)} of the budget")
-    lecture_b = 199  # the sequences the lecture's sketch packs (3.5's exact count is 186)
-    mean_tail = 1 - lecture_b * (BLOCK // 2) * KV / BUDGET  # 100% minus a b/2-token tail in each of them
-    display(Markdown(f"""The lecture's figures, and the readings that give them:
-
-| reading | reserve-to-max | paged, b = {BLOCK} |
-|---|---|---|
-| end of life ({PROMPT + OUTPUT} tokens held) | {fmt_pct(naive_end)} used, {fmt_pct(1 - naive_end, 0)} internal fragmentation | {fmt_pct(paged_end)} |
-| 100% minus the mean tail, b/2 = {BLOCK // 2} tokens in each of {lecture_b} sequences | — | {fmt_pct(mean_tail)} |
-| over the life ({PROMPT} … {PROMPT + OUTPUT - 1} held), our measurement | {fmt_pct(naive_life)} used, {fmt_pct(1 - naive_life, 0)} empty | {fmt_pct(paged_over_life)} |
-
-The lecture derives its paged figure in the middle row, as 100% less its stated internal fragmentation;
-the over-the-life measurement lands on the same printed figure by a second, consistent reading, which
-is also the one that reproduces the lecture's underived {fmt_pct(naive_life, 0)} and {fmt_pct(1 - naive_life, 0)}. The board's
-"{fmt_pct(0.152)} → {fmt_pct(mean_tail)}" is the lecture's own pair: its end-of-life share, then 100% minus the
-paged tail. Like for like at the end of life the jump is {fmt_pct(naive_end)} → {fmt_pct(paged_end)} (15.2% only with
-512 KiB taken as 512,000 B, the lecture's 0.328 GB slip). With real lengths, whatever their life stage,
-the tails come back — section 6 measures them."""))
-    viz.errata_note("utilization over a sequence's life", "Paged utilization, b = 16")
-    viz.errata_note("Paged concurrency")  # its readings tried include the 98.7% of 3.6, so it waits for 3.6
+    print(f"one sequence's blocks, averaged over its {OUTPUT} steps: {fmt_pct(over_life)} filled; x the "
+          f"{fmt_pct(pool_share, 3)} of the budget whole blocks cover = {fmt_pct(paged_over_life)} of the budget")
+    display(Markdown("The lecture's paged figure is another reading of the same pool: 100% minus its internal "
+                     "fragmentation, a $b/2$ tail in each of 199 sequences ([LEDGER.md](../LEDGER.md), the "
+                     "conventions and the paged concurrency)."))
 
 
 # %% [markdown]
@@ -348,16 +336,15 @@ del paged_cache, contiguous_cache
 # %% [markdown]
 # ## 4. What the block table itself costs
 #
-# To find a token the kernel needs, for every block a sequence holds, the id of the physical block
-# behind it; that list is the sequence's block table, and the real cache hands the kernel all the
-# tables of a batch as one integer tensor. Nothing else about the sequence is stored twice.
+# To find a token, the kernel has nothing but the sequence's block table: the real cache hands it
+# the tables of a batch as one integer tensor. Nothing else about the sequence is stored twice.
 #
 # ### Exercises 3.7 and 3.8 — the 2 KB
 #
-# Set `table_bytes` to the bytes of the block table of a `TABLE_TOKENS`-token sequence at
-# $b$ = `BLOCK`, each entry stored in `ENTRY_BYTES` bytes as the real cache stores it (3.7). The
-# lecture prints `PRINTED_TABLE_BYTES` (its "2 KB") for the same table: set `entry_bytes_for_2kb` to
-# the width of one entry, in bytes, at which the table is that size (3.8).
+# Set `table_bytes` to the memory the block table of a `TABLE_TOKENS`-token sequence takes at
+# $b$ = `BLOCK`, in bytes, with an entry `ENTRY_BYTES` bytes wide (3.7). The lecture prints
+# `PRINTED_TABLE_BYTES` (its "2 KB") for the same table: set `entry_bytes_for_2kb` to the width of one
+# entry, in bytes, at which the table is that size (3.8).
 
 # %%
 ### BEGIN SOLUTION 3.7: set table_bytes to the block table bytes of a TABLE_TOKENS-token sequence at b = BLOCK
@@ -385,8 +372,9 @@ if revealed("3.7", "3.8"):
           f"{t.numel() * t.element_size():,} B in all, for {fmt_gb(TABLE_TOKENS * KV)} of KV "
           f"(ratio {t.numel() * t.element_size() / (TABLE_TOKENS * KV):.1e})")
     display(Markdown("One entry per logical block, $\\lceil S / b \\rceil$ of them, each a block id: entries × bytes "
-                     "per entry. A 64-bit id gives the lecture's figure."))
-    viz.errata_note("Block-table overhead")
+                     f"per entry. The lecture's figure takes {8 * PRINTED_TABLE_BYTES // t.numel()}-bit ids (an OS "
+                     "page-table entry's width, torch's default int64); the real cache stores int32 "
+                     "([LEDGER.md](../LEDGER.md), the conventions)."))
 
 # %% [markdown]
 # Either way the table is about a millionth of the KV it describes — small enough to send over a
@@ -470,8 +458,8 @@ if revealed("3.10") and FIT is not None:
               f"|| {s[0]:>7}, {s[1]:>5}, {s[2]:>3}, {s[3]:>5,}")
     display(Markdown("Mean tail $(b-1)/2$ tokens (lengths spread evenly modulo $b$; the lecture rounds to $b/2$), "
                      "times the bytes per token; the waste is the batch times that over the budget; the entries "
-                     "are $\\lceil L / b \\rceil$."))
-    viz.errata_note("Exercise 3 at b = 8", "Exercise 3's batch")
+                     "are $\\lceil L / b \\rceil$. The sketch's $b = 8$ row breaks its own $b/2$ rule, and its "
+                     "batch of 199 is the chat workload's ([LEDGER.md](../LEDGER.md), errata)."))
 
 # %% [markdown]
 # The sketch's $b = 8$ row does not follow its own rule: the mean tail is "about $b/2$", 4 tokens at
@@ -482,49 +470,38 @@ if revealed("3.10") and FIT is not None:
 # **Common wrong answer: "Block size 1 is optimal, waste is zero."** Its table has one entry per
 # token, and zero tail waste says nothing about what else a block size costs.
 #
-# ### Exercise 3.11 — what you would measure before choosing
-#
-# Set `measure_first` to the set of the two measurements that decide, from: `"kernel_bandwidth"`
-# (achieved attention bandwidth against contiguous run length), `"fork_rate"` (how often sequences
-# fork or branch), `"tail_waste"`, `"table_size"`, `"hbm_size"`.
-
-# %%
-### BEGIN SOLUTION 3.11: set measure_first to the set of the two deciding measurements
-measure_first = {"kernel_bandwidth", "fork_rate"}
-### END SOLUTION
-check("3.11", measure_first)
-
-# %%
-if revealed("3.11"):
-    display(Markdown("""The memory column does not see two costs. One lives in the attention kernel: a small block
-gives it short contiguous runs, and if 16-token runs cost 20% of its bandwidth against 64-token runs,
-the extra memory of $b = 64$ buys that back and then some. The other appears only when sequences share
-blocks: copy-on-write copies a whole block on the first divergent token, so large blocks make every
-fork copy a large block. Lab 04 takes the first measurement: it writes the kernel that reads through
-the block table and measures its bandwidth against the block size. The sections below measure the
-rest on real traces and count the copies of a fork."""))
+# The lecture names the two measurements that decide: the memory column does not see two costs. One
+# lives in the attention kernel: a small block gives it short contiguous runs, and if 16-token runs
+# cost 20% of its bandwidth against 64-token runs, the extra memory of $b = 64$ buys that back and
+# then some. The other appears only when sequences share blocks: copy-on-write copies a whole block on
+# the first divergent token, so large blocks make every fork copy a large block. Lab 04 takes the
+# first measurement (the kernel that reads through the block table, its bandwidth against the block
+# size); section 7 counts the copies of a fork. First, the memory column itself, measured.
 
 # %% [markdown]
 # ## 6. Measured, on real traces
 #
-# The lecture's §10.3 table, regenerated by the ledger for the chat workload (mean tail $(b-1)/2$
-# tokens; waste of 199 sequences as a share of the 62.52 GB budget; table entries of a 4,096-token
-# sequence), beside what the lecture prints:
+# The lecture's §10.3 table, regenerated by the ledger for the chat workload (3.4's mean tail at
+# each $b$; waste of 199 sequences as a share of the 62.52 GB budget; table entries of a 4,096-token
+# sequence), beside what the lecture prints, once 3.4 and 3.10 pass:
 
 # %%
 printed = {1: ("0", "0%", "4,096"), 16: ("8 tokens = 4.0 MB", "1.3%", "256"),
            64: ("32 tokens = 16.0 MB", "4.8%", "64"), 256: ("128 tokens = 64.0 MB", "17.0%", "16")}
-print(f"{'b':>4} | {'mean tail (exact)':>26} | {'waste at B=199':>14} | {'entries at 4K':>13} | "
-      f"{'run':>5} | lecture prints")
-for r in ledger.block_size_table([1, 8, 16, 64, 256], 199, BUDGET, KV):
-    lecture = " / ".join(printed.get(r.block_size, ("—",)))
-    print(f"{r.block_size:>4} | {r.mean_tail_tokens:>5.1f} tokens = {r.mean_tail_bytes / 1e6:>7.2f} MB | "
-          f"{fmt_pct(r.waste_fraction_of_budget):>14} | {r.table_entries:>13,} | {r.contiguous_run_tokens:>5} | {lecture}")
-viz.errata_note("Tail waste at B = 199")
+if revealed("3.4", "3.10"):
+    print(f"{'b':>4} | {'mean tail (exact)':>26} | {'waste at B=199':>14} | {'entries at 4K':>13} | "
+          f"{'run':>5} | lecture prints")
+    for r in ledger.block_size_table([1, 8, 16, 64, 256], 199, BUDGET, KV):
+        lecture = " / ".join(printed.get(r.block_size, ("—",)))
+        print(f"{r.block_size:>4} | {r.mean_tail_tokens:>5.1f} tokens = {r.mean_tail_bytes / 1e6:>7.2f} MB | "
+              f"{fmt_pct(r.waste_fraction_of_budget):>14} | {r.table_entries:>13,} | {r.contiguous_run_tokens:>5} | "
+              f"{lecture}")
+    display(Markdown("The lecture's waste column keeps its $b/2$ tail and reads its MB column (exact MiB) as decimal "
+                     "MB over the budget plus the waste; its 17.0% should read 16.9% ([LEDGER.md](../LEDGER.md), "
+                     "errata)."))
 
 # %% [markdown]
-# (The note's 5.34% / 21.36% keep the lecture's $b/2$ tail; the table above uses the exact mean for
-# lengths uniform modulo $b$, $(b-1)/2$, which gives 5.26% / 21.28%.) Read the last two columns of the
+# Read the last two columns of the
 # $b = 1$ row: a 4,096-entry table for every 4K sequence, and a kernel whose contiguous run is one
 # token — every key a separate indirect load. Zero tail waste is bought with the worst possible access
 # pattern.
@@ -567,47 +544,62 @@ BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
 measured = measure_workloads(measured_workloads, BLOCK_SIZES, KV, BUDGET, batch=fits)
 
 # %% tags=["needs-traces"]
-print(f"{'workload':>18} {'b':>4} | {'mean tail':>9} | {'B':>4} | {'waste at B':>10} | {'median → entries':>17} | "
-      f"{'p95 → entries':>16} | {'mean run':>9} | resident")
-for name, per_b in measured.items():
-    for b, m in per_b.items():
-        print(f"{name:>18} {b:>4} | {m.mean_tail_tokens:>9.2f} | {m.batch:>4} | {fmt_pct(m.waste_at_batch_fraction):>10} | "
-              f"{m.median_tokens:>7,} → {m.entries_at_median:>6,} | {m.p95_tokens:>6,} → {m.entries_at_p95:>6,} | "
-              f"{m.mean_run_tokens:>9,.0f} | {m.resident:>6.1f}")
+if revealed("3.4", "3.10"):
+    print(f"{'workload':>18} {'b':>4} | {'mean tail':>9} | {'B':>4} | {'waste at B':>10} | {'median → entries':>17} | "
+          f"{'p95 → entries':>16} | {'mean run':>9} | resident")
+    for name, per_b in measured.items():
+        for b, m in per_b.items():
+            print(f"{name:>18} {b:>4} | {m.mean_tail_tokens:>9.2f} | {m.batch:>4} | {fmt_pct(m.waste_at_batch_fraction):>10} | "
+                  f"{m.median_tokens:>7,} → {m.entries_at_median:>6,} | {m.p95_tokens:>6,} → {m.entries_at_p95:>6,} | "
+                  f"{m.mean_run_tokens:>9,.0f} | {m.resident:>6.1f}")
 
 # %% [markdown]
-# What the measurement says:
+# ### Exercise 3.11 — what the workload sets, and what the block size sets
 #
-# * **The tail is a property of $b$, not of the workload.** Every trace lands near $(b-1)/2$: real
-#   lengths are spread evenly enough modulo $b$ once they are much longer than a block.
-# * **What the tail costs is a property of the batch.** Each workload's waste is read at the batch its
-#   own lengths fill the budget with: long-sequence workloads (Mooncake, the lognormal) hold a few
-#   dozen sequences or fewer, so even $b = 256$ wastes a few percent; the lecture's 199 belongs to
-#   640-token chat. The lognormal's B here is not section 5's 21: that one divides by the analytic mean
-#   $e^{\mu+\sigma^2/2}$ (5,428 tokens), this one by the mean of the 4,000 lengths drawn, which is
-#   lower because a $\sigma \approx 1.96$ lognormal's mean rests on rare, very long lengths a finite
-#   sample mostly misses.
-# * **Table length is a property of the workload.** Mooncake's conversations (median about 7K tokens,
-#   p95 about 38K) need five to ten times the entries of Azure's at any $b$.
-# * **The contiguous run is a block or two** on the busy Azure pools, however large $b$ is: decoding
-#   many sequences in turns interleaves their blocks, so the kernel can count on runs of $b$ tokens
-#   and little more. Long prefills (Mooncake, the lognormal's tail) take many blocks at once and get
-#   longer runs, until churn shuffles the free list. (The *resident* column is the replay's own batch,
-#   with sequences over 32K left out.)
-#
+# The table (shown once 3.4 and 3.10 pass) has four measured columns: `"mean tail"`,
+# `"waste at the batch"`, `"table entries"` (at the median and the p95 length) and
+# `"contiguous run"`. Set `set_by_workload` to the set of those that, at one fixed $b$, move from
+# one workload to another by much more than sampling noise. The lecture's table has one workload;
+# this one has four.
+
+# %%
+### BEGIN SOLUTION 3.11: set set_by_workload to the set of the measured columns the workload moves at a fixed b
+set_by_workload = {"waste at the batch", "table entries", "contiguous run"}
+### END SOLUTION
+check("3.11", set_by_workload)
+
+# %%
+if revealed("3.11"):
+    display(Markdown("""* **The tail is a property of $b$, not of the workload.** Every trace lands near 3.4's uniform
+  mean: real lengths are spread evenly enough modulo $b$ once they are much longer than a block.
+* **What the tail costs is a property of the batch.** Each workload's waste is read at the batch its own
+  lengths fill the budget with: long-sequence workloads (Mooncake, the lognormal) hold a few dozen
+  sequences or fewer, so even $b = 256$ wastes a few percent; the lecture's 199 belongs to 640-token
+  chat. (The lognormal's B here is not section 5's: that one divides by the analytic mean, this one by
+  the mean of the 4,000 lengths drawn, lower because a lognormal this wide rests its mean on rare, very
+  long lengths a finite sample mostly misses.)
+* **Table length is a property of the workload.** Mooncake's conversations need five to ten times the
+  entries of Azure's at any $b$.
+* **The contiguous run is a block or two** on the busy Azure pools, however large $b$ is: decoding
+  many sequences in turns interleaves their blocks. Long prefills (Mooncake, the lognormal's tail)
+  take many blocks at once and get longer runs, until churn shuffles the free list."""))
+
+# %% [markdown]
 # The trade-off, both sides, ledger lines (at the chat workload's $B = 199$) and measured markers
 # (each at its workload's batch):
 
 # %% tags=["needs-traces"]
-viz_memory.block_size_tradeoff_figure([1, 2, 4, 8, 16, 32, 64, 128, 256], BUDGET, KV, 199,
-                                      measured=measured, highlight=16).show()
+if revealed("3.4", "3.10"):
+    viz_memory.block_size_tradeoff_figure([1, 2, 4, 8, 16, 32, 64, 128, 256], BUDGET, KV, 199,
+                                          measured=measured, highlight=16).show()
 
 # %% [markdown]
 # Pick a block size and a workload; the readout states the ledger row and the measured one, both at
 # the batch that fits the workload you picked.
 
 # %% tags=["needs-traces"]
-viz_memory.block_size_panel(measured, BUDGET, KV, block_size=16)
+if revealed("3.4", "3.10"):
+    display(viz_memory.block_size_panel(measured, BUDGET, KV, block_size=16))
 
 # %% [markdown]
 # ## 7. Forks: what a large block costs when sequences share
@@ -666,7 +658,7 @@ for b in (16, 256):
 #    load. The FLOPs and bytes are unchanged; the cost moved into the kernel's access pattern, and a
 #    naive gather can lose enough bandwidth to eat the win (lab 04).
 # 5. External fragmentation is eliminated — any free block serves any request. Internal
-#    fragmentation is bounded to at most $b - 1$ tokens per sequence, about $(b-1)/2$ on average.
+#    fragmentation is bounded to at most $b - 1$ tokens per sequence, 3.4's mean on average.
 #
 # </details>
 #

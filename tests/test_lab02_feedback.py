@@ -15,6 +15,7 @@ import types
 import pytest
 
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
+from labsupport.fragmentation import run_until_fragmented
 from labsupport.course.checkoffs import get
 from labsupport.course.judge import Mismatch, close
 from labsupport.course.registry import GIVENS, case_rng, namespace
@@ -79,6 +80,8 @@ DERIVATIONS = {
     "2.10": (lambda g: g.budget / DERIVATIONS["2.9"][0](g), lambda g: g.budget / g.kv / (
         g.SHARE_SHORT * g.S_MAX_SHORT + (1 - g.SHARE_SHORT - g.SHARE_LONG) * g.S_MAX + g.SHARE_LONG * g.S_MAX_LONG)),
     "2.12": (lambda g: (g.BLOCK - 1) * g.kv, lambda g: g.BLOCK * g.kv - g.kv),
+    "2.14": (lambda g: _refusal(g).free_tokens * g.kv,
+             lambda g: (g.budget // g.kv - sum(s.size for s in _refused_run(g).allocator.slots.values())) * g.kv),
 }
 
 
@@ -101,6 +104,7 @@ def test_the_lecture_values_by_hand():
     assert lecture["2.7"] == pytest.approx(3 * 640 * 131_072 / 62.52e9, rel=1e-12)  # 0.403%
     assert lecture["2.8"] == pytest.approx(745 / 3)  # 29,811 blocks // 40 = 745 over 3 slots of 17.18 GB
     assert lecture["2.12"] == 15 * 524_288
+    assert lecture["2.14"] == 12_751 * 524_288  # the run of seed 0 at its refusal (test_2_14_the_lecture_run_by_hand)
 
 
 def _problem(cid: str, answer) -> str:
@@ -159,12 +163,16 @@ def test_mean_concurrency_accepts_the_ratio_and_whole_requests_on_every_givens()
     assert any(f >= 0.5 for f in fractions)  # the case a floor used to fail on
 
 
-def test_the_wastes_are_one_question_with_a_set_answer():
-    get("2.11").verdict({"external fragmentation"}, get("2.11").prepare(None))
-    get("2.11").verdict([" External Fragmentation"], get("2.11").prepare(None))
-    assert "bounds that waste" in _problem("2.11", {"external fragmentation", "internal fragmentation"})
-    assert "No allocator removes that" in _problem("2.11", {"external fragmentation", "reserved for tokens not yet emitted"})
-    assert "1 is missing" in _problem("2.11", set())
+def test_the_events_under_paging_are_one_question_with_a_set_answer():
+    """2.11 asks which of four events still happen under paging (the lecture lists wastes, not these events): a
+    partly empty last block and a running sequence short of a block do; a refusal with enough free in total and a
+    sequence stopped at its own reservation do not."""
+    right = {"a partly empty last block", "no room for the next token"}
+    get("2.11").verdict(right, get("2.11").prepare(None))
+    get("2.11").verdict([" A Partly Empty Last Block", "no room for the next token "], get("2.11").prepare(None))
+    assert "wrong size" in _problem("2.11", right | {"refused with enough free in total"})
+    assert "reservation to outgrow" in _problem("2.11", right | {"stopped at its own reservation"})
+    assert "1 is missing" in _problem("2.11", {"a partly empty last block"})
     assert get("2.12").kind == "value"  # the other half is a derivation, not the complementary coin flip
 
 
@@ -264,3 +272,159 @@ def test_2_3_the_lecture_allocator_by_hand():
 def test_2_3_a_plausible_wrong_function_is_told_what_it_is(fn, words):
     problem = _problem_fn(fn)
     assert words in problem and problem.startswith("utilization(<allocator with "), problem
+
+
+# --- item 4: every step a prompt names changes the answer on every hidden set ---------------------------
+
+def _life(g, first):
+    """Mean tokens a slot holds over the OUTPUT readings starting at `first`."""
+    return sum(range(first, first + g.OUTPUT)) / g.OUTPUT
+
+
+def _mix(g):
+    return ((g.S_MAX_SHORT, g.SHARE_SHORT), (g.S_MAX, 1 - g.SHARE_SHORT - g.SHARE_LONG), (g.S_MAX_LONG, g.SHARE_LONG))
+
+
+def _refused_run(g):
+    return run_until_fragmented(g.budget // g.kv, _mix(g), kv_bytes_per_token=g.kv, seed=0, stop_sizes=[g.S_MAX])
+
+
+def _refusal(g):
+    return _refused_run(g).refusal
+
+
+# (checkoff, the step the prompt names, the answer without it), each worked out here from the prompt's words
+DROPPED = [
+    ("2.1", "the output tokens land in the slot", lambda g: (g.S_MAX - g.PROMPT) * g.kv),
+    ("2.1", "bytes per token", lambda g: g.S_MAX - g.seq),
+    ("2.2", "whole slots", lambda g: (g.budget / (g.S_MAX * g.kv)) * (g.S_MAX - g.seq) * g.kv / g.budget),
+    ("2.2", "the weights leave the budget", lambda g: ((g.HBM_BYTES - g.RESERVE_BYTES) // (g.S_MAX * g.kv))
+     * (g.S_MAX - g.seq) * g.kv / (g.HBM_BYTES - g.RESERVE_BYTES)),
+    ("2.2", "the reserve leaves the budget", lambda g: ((g.HBM_BYTES - g.PARAMS * g.DTYPE_BYTES) // (g.S_MAX * g.kv))
+     * (g.S_MAX - g.seq) * g.kv / (g.HBM_BYTES - g.PARAMS * g.DTYPE_BYTES)),
+    ("2.4", "read before the step's token lands", lambda g: g.slots * _life(g, g.PROMPT + 1) * g.kv / g.budget),
+    ("2.4", "the mean over the steps", lambda g: g.slots * g.seq * g.kv / g.budget),
+    ("2.4", "over the budget", lambda g: _life(g, g.PROMPT) / g.S_MAX),
+    ("2.5", "the weights are read", lambda g: g.HBM_BW / (g.seq * g.kv)),
+    ("2.5", "every sequence's KV is read", lambda g: g.slots * g.HBM_BW / (g.PARAMS * g.DTYPE_BYTES)),
+    ("2.5", "whole slots", lambda g: (b := g.budget / (g.S_MAX * g.kv)) / ((g.PARAMS * g.DTYPE_BYTES + b * g.seq * g.kv)
+                                                                           / g.HBM_BW)),
+    ("2.5", "the full PROMPT + OUTPUT tokens", lambda g: g.slots / ((g.PARAMS * g.DTYPE_BYTES
+                                                                     + g.slots * g.PROMPT * g.kv) / g.HBM_BW)),
+    ("2.6", "whole slots over the whole budget", lambda g: g.seq / g.S_MAX_LONG),
+    ("2.6", "the long limit", lambda g: g.slots * g.seq * g.kv / g.budget),
+    ("2.7", "the GQA model's bytes per token", lambda g: (g.budget // (g.S_MAX_BROCHURE * g.kv)) * g.seq * g.kv
+     / g.budget),
+    ("2.7", "whole slots", lambda g: g.seq / g.S_MAX_BROCHURE),
+    ("2.8", "whole blocks per sequence", lambda g: (g.budget // (g.BLOCK * g.kv_gqa) // (g.seq / g.BLOCK))
+     / (g.budget // (g.S_MAX_BROCHURE * g.kv_gqa))),
+    ("2.8", "blocks at all", lambda g: (g.budget // (g.seq * g.kv_gqa)) / (g.budget // (g.S_MAX_BROCHURE * g.kv_gqa))),
+    ("2.8", "whole brochure slots", lambda g: _paged_by_blocks(g) / (g.budget / (g.S_MAX_BROCHURE * g.kv_gqa))),
+    ("2.9", "each size weighted by its share", lambda g: sum(s for s, _ in _mix(g)) / 3 * g.kv),
+    ("2.9", "bytes per token", lambda g: sum(p * s for s, p in _mix(g))),
+    ("2.10", "one pool shared by all sizes", lambda g: sum(p * (g.budget // (s * g.kv)) for s, p in _mix(g))),
+    ("2.10", "each request's own declared S_max", lambda g: g.slots),
+    ("2.12", "at least one position of the last block is filled", lambda g: g.BLOCK * g.kv),
+    ("2.12", "bytes per token", lambda g: g.BLOCK - 1),
+    ("2.14", "everything free, not only the largest hole", lambda g: _refusal(g).largest_hole_tokens * g.kv),
+    ("2.14", "in bytes", lambda g: _refusal(g).free_tokens),
+]
+
+
+@pytest.fixture(scope="module")
+def hidden_sets():
+    get("2.1")
+    return GIVENS[2].draw(case_rng("givens", b"item 4", "lab02"), 6)
+
+
+@pytest.mark.parametrize("cid, step, sloppy", DROPPED, ids=[f"{c}-{s}" for c, s, _ in DROPPED])
+def test_dropping_a_named_step_fails_on_every_hidden_set(cid, step, sloppy, hidden_sets):
+    """Each step a prompt names changes the answer on hidden givens (issue 27, item 4): the derivation without it
+    fails `verdict` on every hidden set (so it fails `grade`, which draws two), by hand from the prompt's words."""
+    checkoff = get(cid)
+    for g in hidden_sets:
+        with pytest.raises(Mismatch):
+            checkoff.verdict(sloppy(_ns(g)), checkoff.expect(namespace(g)))
+
+
+def test_every_value_checkoff_has_a_dropped_step():
+    from labsupport.course.checkoffs import load_lab
+    values = {c.id for c in load_lab(2) if c.kind == "value"}
+    assert values == {cid for cid, _, _ in DROPPED}, values ^ {cid for cid, _, _ in DROPPED}
+
+
+# --- 2.13 and 2.14: the admission the student builds, and the fragmentation it produces -----------------
+
+def _first_fit(holes, size):
+    for offset, length in holes:
+        if length >= size:
+            return offset
+    return None
+
+
+def _first_fit_by_end(holes, size):
+    """The other derivation: the first hole whose end lies at least `size` past its start."""
+    return next((o for o, n in holes if o + n - o >= size), None)
+
+
+def test_2_13_two_placements_pass_on_the_labs_and_on_hidden_cases():
+    checkoff = get("2.13")
+    for rng in (case_rng("2.13"), case_rng("2.13", b"a grading secret", "nb")):
+        cases = checkoff.prepare(rng)
+        assert sum(c.want is None for c in cases) >= 3  # refusals, fragmented ones among them
+        for fn in (_first_fit, _first_fit_by_end):
+            checkoff.verdict(fn, cases)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda holes, size: min(((o, n) for o, n in holes if n >= size), key=lambda h: h[1], default=(None,))[0],
+     "best fit"),
+    (lambda holes, size: next((o + n - size for o, n in holes if n >= size), None), "the hole's start"),
+    (lambda holes, size: _first_fit(holes, size) if _first_fit(holes, size) is not None
+     else holes[0][0] if holes and sum(n for _, n in holes) >= size else None, "refuse (None)"),
+], ids=["best-fit", "end-of-hole", "ignores-fragmentation"])
+def test_2_13_a_plausible_wrong_placement_is_told_what_it_is(fn, words):
+    checkoff = get("2.13")
+    with pytest.raises(Mismatch) as err:
+        checkoff.verdict(fn, checkoff.prepare(case_rng("2.13")))
+    assert words in str(err.value), str(err.value)
+
+
+def test_2_13_placement_drives_the_real_allocator():
+    """The allocators of the lab place with the student's function: a best-fit placement changes the layout, and
+    an offset outside every hole is refused by the allocator, not silently used."""
+    first = ContiguousAllocator(10_000, place=_first_fit)
+    best = ContiguousAllocator(10_000, place=lambda h, s: min(((o, n) for o, n in h if n >= s),
+                                                               key=lambda x: x[1], default=(None,))[0])
+    for a in (first, best):
+        for sid, size in enumerate((3_000, 1_000, 3_000, 1_000)):
+            a.allocate(sid, size)
+        a.free(0)
+        a.free(2)
+        a.allocate("new", 2_000)
+        a.check_invariants()
+    # holes (0, 3,000), (4,000, 3,000), (8,000, 2,000): first fit takes the first, best fit the exact one at the end
+    assert first.slots["new"].offset == 0 and best.slots["new"].offset == 8_000
+    bad = ContiguousAllocator(100, place=lambda h, s: 95)
+    with pytest.raises(ValueError, match="not inside"):
+        bad.allocate("x", 10)
+    mid = ContiguousAllocator(100, place=lambda h, s: 40)  # a slot in the middle of a hole splits it in two
+    mid.allocate("x", 10)
+    assert mid.holes() == [(0, 40), (50, 50)]
+    mid.check_invariants()
+
+
+def test_2_14_the_lecture_run_by_hand():
+    """The lecture's run (seed 0) on 62.52e9 // 524,288 = 119,247 positions: refused at a 4,096-token request with
+    12,751 positions free (6,685,196,288 B), none of its holes 4,096 wide. A placement read off the real allocator
+    and one counted from its layout both pass; on hidden givens too."""
+    checkoff = get("2.14")
+    assert checkoff.expect() == 12_751 * KV == 6_685_196_288
+    for g in _sets():
+        n = _ns(g)
+        run = run_until_fragmented(n.budget // n.kv, _mix(n), kv_bytes_per_token=n.kv, seed=0, stop_sizes=[n.S_MAX],
+                                   place=_first_fit)
+        assert run.found
+        want = checkoff.expect(namespace(g))
+        checkoff.verdict(sum(size for _, size in run.allocator.holes()) * n.kv, want)
+        checkoff.verdict(sum(size for _, size, sid in run.allocator.layout() if sid is None) * n.kv, want)

@@ -60,8 +60,11 @@ def test_3_6_over_the_life_two_ways_and_the_lecture_shortcuts_named():
         fills.append(st.occupied_tokens / st.reserved_tokens)
         life.append_slot("s")
     _passes("3.6", sum(fills) / 128 * BLOCKS * 16 * KV / BUDGET)
-    # 2. closed form, the blocks' own fill only (the pool covers 99.99% of the budget: within tolerance)
-    _passes("3.6", sum(n / (math.ceil(n / 16) * 16) for n in range(512, 640)) / 128)
+    # 2. closed form: each length's fill of its whole blocks, times the whole blocks' share of the budget
+    _passes("3.6", sum(n / (math.ceil(n / 16) * 16) for n in range(512, 640)) / 128 * (BLOCKS * 16 * KV / BUDGET))
+    _fails("3.6", sum(n / (math.ceil(n / 16) * 16) for n in range(512, 640)) / 128, "pool's whole blocks")
+    # (read after each step's token lands, 513 ... 640, is the same here: 512 and 640 both fill whole blocks; the
+    # hidden givens, never whole blocks, tell the two readings apart: test_dropping_a_named_step_fails...)
     _fails("3.6", 640 / 648, "rule of thumb", "b/2 = 8-token")  # 98.77%: the final length plus a b/2 tail
     _fails("3.6", 1 - 199 * 8 * KV / BUDGET, "1.3%")  # 98.67%: 100% less the lecture's internal fragmentation
     _fails("3.6", 186 * 640 * KV / BUDGET, "end of life")  # 99.83%
@@ -128,3 +131,77 @@ def test_every_givens_set_keeps_the_exercises_physical():
         assert (budget // (ns.BLOCK * kv)) // math.ceil((ns.PROMPT + ns.OUTPUT) / ns.BLOCK) >= 4
         assert ns.PRINTED_TABLE_BYTES % math.ceil(ns.TABLE_TOKENS / ns.BLOCK) == 0  # some whole entry width
         assert ns.TAIL_TOKENS > ns.MEDIAN_TOKENS and 0 < ns.TAIL_SHARE < 0.5
+
+
+def test_3_11_the_columns_the_workload_moves():
+    """Section 6's table: at b = 16 the mean tail is 7.51-7.60 tokens on all four workloads (a property of b),
+    while the waste at each batch (0.06%-0.56%), the entries (47-2,362) and the mean run (28-144 tokens) move."""
+    _passes("3.11", {"waste at the batch", "table entries", "contiguous run"})
+    _passes("3.11", ["Table Entries ", "contiguous run", "waste at the batch"])
+    _fails("3.11", {"mean tail", "waste at the batch", "table entries", "contiguous run"}, "does it move")
+    _fails("3.11", {"waste at the batch", "table entries"}, "1 is missing")
+
+
+# --- item 4: every step a prompt names changes the answer on every hidden set ---------------------------
+
+def _g(g):
+    from types import SimpleNamespace
+    n = SimpleNamespace(**g)
+    n.kv = 2 * n.LAYERS * n.KV_HEADS * n.HEAD_DIM * n.DTYPE_BYTES
+    n.budget = n.HBM_BYTES - n.WEIGHT_BYTES * n.PARAMS - n.RESERVE_BYTES
+    n.seq = n.PROMPT + n.OUTPUT
+    n.blocks = n.budget // (n.BLOCK * n.kv)
+    n.share = n.blocks * n.BLOCK * n.kv / n.budget
+    return n
+
+
+def _fill(g, first):
+    return sum(n / (math.ceil(n / g.BLOCK) * g.BLOCK) for n in range(first, first + g.OUTPUT)) / g.OUTPUT
+
+
+# (checkoff, the step its prompt names, the answer without it), by hand from the prompt's words
+DROPPED = [
+    ("3.4", "lengths spread evenly modulo b (remainder 0 leaves no tail)", lambda g: g.BLOCK / 2),
+    ("3.4", "the mean, not the worst case", lambda g: g.BLOCK - 1),
+    ("3.5", "blocks at all (the issue's sloppy derivation)", lambda g: g.budget // (g.seq * g.kv)),
+    ("3.5", "a sequence holds whole blocks", lambda g: g.blocks // (g.seq / g.BLOCK)),
+    ("3.5", "whole sequences", lambda g: g.blocks / math.ceil(g.seq / g.BLOCK)),
+    ("3.6", "the pool's whole blocks' share of the budget", lambda g: _fill(g, g.PROMPT)),
+    ("3.6", "read before the step's token lands", lambda g: _fill(g, g.PROMPT + 1) * g.share),
+    ("3.6", "averaged over the life", lambda g: g.seq / (math.ceil(g.seq / g.BLOCK) * g.BLOCK) * g.share),
+    ("3.7", "whole blocks (ceil)", lambda g: g.TABLE_TOKENS // g.BLOCK * g.ENTRY_BYTES),
+    ("3.7", "bytes per entry", lambda g: math.ceil(g.TABLE_TOKENS / g.BLOCK)),
+    ("3.7", "one entry per block, not per token", lambda g: g.TABLE_TOKENS * g.ENTRY_BYTES),
+    ("3.8", "whole blocks (ceil)", lambda g: g.PRINTED_TABLE_BYTES / (g.TABLE_TOKENS // g.BLOCK)),
+    ("3.8", "one entry per block", lambda g: g.PRINTED_TABLE_BYTES / g.TABLE_TOKENS),
+    ("3.9", "one-sided: all of TAIL_SHARE above TAIL_TOKENS", lambda g: math.log(g.TAIL_TOKENS / g.MEDIAN_TOKENS)
+     / NormalDist().inv_cdf(1 - g.TAIL_SHARE / 2)),
+    ("3.9", "ln L is normal", lambda g: (g.TAIL_TOKENS / g.MEDIAN_TOKENS) / NormalDist().inv_cdf(1 - g.TAIL_SHARE)),
+]
+
+
+@pytest.mark.parametrize("cid, step, sloppy", DROPPED, ids=[f"{c}-{s}" for c, s, _ in DROPPED])
+def test_dropping_a_named_step_fails_on_every_hidden_set(cid, step, sloppy):
+    """Issue 27, item 4: without the step, the answer fails `verdict` on every hidden set drawn (grade draws two)."""
+    from labsupport.course.checkoffs import get
+    from labsupport.course.judge import Mismatch
+    from labsupport.course.registry import case_rng
+
+    checkoff = get(cid)
+    for g in GIVENS[3].draw(case_rng("givens", b"item 4", "lab03"), 6):
+        with pytest.raises(Mismatch):
+            checkoff.verdict(sloppy(_g(g)), checkoff.expect(namespace(g)))
+
+
+def test_the_sloppy_3_5_passes_the_lecture_and_only_hidden_givens_catch_it():
+    """640 tokens fill 40 blocks exactly, so BUDGET // (640 x KV) = 186 is right on the lecture's givens; every
+    hidden set has a sequence that is not a whole number of blocks and catches it (the test above)."""
+    _passes("3.5", BUDGET // (640 * KV))
+    for g in GIVENS[3].draw(__import__("random").Random(3), 10):
+        n = _g(g)
+        assert n.seq % n.BLOCK and 1 - n.share > 1e-3  # not whole blocks; a pool visibly short of the budget
+
+
+def test_every_value_checkoff_has_a_dropped_step():
+    values = {c.id for c in load_lab(3) if c.kind == "value"}
+    assert values == {cid for cid, _, _ in DROPPED}, values ^ {cid for cid, _, _ in DROPPED}

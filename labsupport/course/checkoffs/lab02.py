@@ -10,6 +10,8 @@ import random
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
 from labsupport.course.checkoffs._hidden import givens_kv as _kv
 from labsupport.course.data import live
+from labsupport.fragmentation import run_until_fragmented
+from labsupport.memory_stats import OutOfBlocks
 from labsupport.course.registry import case, choice, function, givens, namespace, value
 
 
@@ -34,8 +36,35 @@ def _hidden(rng: random.Random) -> dict:
         if (n.PROMPT + n.OUTPUT < n.S_MAX and budget > 0
                 and 2 <= budget // (n.S_MAX * kv) <= 300  # a naive batch, and a life the lab steps through quickly
                 and budget // (n.S_MAX_LONG * kv) >= 1 and budget // (n.S_MAX_BROCHURE * kv_gqa) >= 1
-                and budget // (n.BLOCK * kv_gqa) <= 400_000):  # a block pool the lab's allocator fills in a second
+                and budget // (n.BLOCK * kv_gqa) <= 400_000  # a block pool the lab's allocator fills in a second
+                and _every_step_counts(n) and _fragmented_run(n) is not None):
             return g
+
+
+def _every_step_counts(n) -> bool:
+    """Each step a prompt names moves the answer on these givens by more than its checkoff's tolerance (item 4):
+    slots that do not fill the budget exactly, sequences that are not whole blocks, a mean concurrency that the
+    average of three pools misses by more than one request."""
+    kv, budget = _kv(n), _budget(n)
+    frac = lambda x: abs(x - round(x)) > 1e-3 * x  # noqa: E731
+    mix = ((n.S_MAX_SHORT, n.SHARE_SHORT), (n.S_MAX, 1 - n.SHARE_SHORT - n.SHARE_LONG), (n.S_MAX_LONG, n.SHARE_LONG))
+    mean_slot = sum(p * s * kv for s, p in mix)
+    pools = sum(p * (budget // (s * kv)) for s, p in mix)
+    return (frac(budget / (n.S_MAX * kv)) and frac(budget / (n.S_MAX_LONG * kv))
+            and frac(budget / (n.S_MAX_BROCHURE * _kv(n, n.GQA_KV_HEADS))) and (n.PROMPT + n.OUTPUT) % n.BLOCK
+            and abs(budget / mean_slot - pools) > 2)
+
+
+def _fragmented_run(g):
+    """Exercise 2's run on the real first-fit allocator (2.14): the refusal of a medium request with enough free in
+    total, or None when these givens never produce one."""
+    kv = _kv(g)
+    mix = ((g.S_MAX_SHORT, g.SHARE_SHORT), (g.S_MAX, 1 - g.SHARE_SHORT - g.SHARE_LONG), (g.S_MAX_LONG, g.SHARE_LONG))
+    if _budget(g) // kv > 3_000_000:  # a pool the lab's run crosses in a second
+        return None
+    run = run_until_fragmented(int(_budget(g) // kv), mix, kv_bytes_per_token=kv, seed=0, stop_sizes=[g.S_MAX],
+                               max_arrivals=3_000)
+    return run.refusal if run.found else None
 
 
 G = givens(hidden=_hidden)  # the lecture's: solutions/02_naive_allocator.py's givens cell
@@ -93,10 +122,8 @@ value(
 value(
     "2.2", "Internal fragmentation, as a share of the KV budget",
     expected=lambda g: _internal(g), rel_tol=1e-4,
-    hint="Start from the KV budget (the card's memory less the weights less the reserve, all decimal bytes), count the "
-         "whole S_MAX slots it holds (a fraction of a slot holds no sequence), and add up what those slots reserve "
-         "and never fill once each sequence holds its PROMPT + OUTPUT tokens. Give it over the whole budget, as a "
-         "fraction.",
+    hint="What is on the card besides KV, and what can a fraction of a slot hold? Picture the budget filled with "
+         "slots, every sequence at its last token: which bytes are promised and empty? Give a fraction of the budget.",
     mistakes=[(_internal(G, _GIB_RESERVE), "That reads the 4 GB reserve as 4 GiB (4,294,967,296 B): 28 slots instead "
                "of 29. The reserve, like the card, is decimal GB."),
               (_slots(G, G.S_MAX, KV_MHA, _GIB_RESERVE) * (G.S_MAX - SEQ) * KV_MHA / BUDGET,
@@ -178,18 +205,19 @@ def _life_mean(g) -> float:
 value(
     "2.4", "Utilization averaged over a sequence's life",
     expected=lambda g: _slots(g, g.S_MAX, _kv(g)) * _life_mean(g) * _kv(g) / _budget(g),
-    rel_tol=2e-3,  # counting the tokens after each step (513 ... 640) instead is the same reading, 0.17% apart
-    hint="Step the allocator through the OUTPUT decode steps and read the utilization (tokens held over the whole "
-         "budget) at every step, then average the readings. Every slot stays busy: when a sequence "
-         "finishes, the next one takes its slot with a fresh prompt, so at a random moment a slot's "
-         "sequence is anywhere in its life. Give a fraction.",
+    rel_tol=1e-5,  # the reading the prompt names: before each step's token lands (PROMPT ... PROMPT + OUTPUT - 1)
+    hint="A busy card's slot holds a sequence at some random moment of its life: what does the budget hold on "
+         "average over those moments? Step a full allocator through its decode steps and read it while each runs.",
     mistakes=[(_util(G, G.S_MAX, KV_MHA), "That is the end of life, every sequence at PROMPT + OUTPUT tokens: 2.3's "
                "reading. Average over the steps instead."),
               (_life_mean(G) / G.S_MAX, "That is one slot's mean occupancy; utilization is over the whole budget, "
                "which the whole slots do not quite fill."),
               (_slots(G, G.S_MAX, KV_MHA) * G.PROMPT * KV_MHA / BUDGET, "That is the start of life, the prompt alone."),
-              (_slots(_G_GIB, G.S_MAX, KV_MHA) * _life_mean(G) * KV_MHA / _GIB_RESERVE, _GIB_REMARK)],
-    # (on the printed 62.5 GB budget it is 0.03% off: inside the tolerance, so not a mistake here)
+              (_slots(_G_GIB, G.S_MAX, KV_MHA) * _life_mean(G) * KV_MHA / _GIB_RESERVE, _GIB_REMARK),
+              (_slots(G, G.S_MAX, KV_MHA) * (_life_mean(G) + 1) * KV_MHA / BUDGET, "That reads each step after its "
+               "token lands; read it while the step runs, before the new token is appended."),
+              (_slots(G, G.S_MAX, KV_MHA) * _life_mean(G) * KV_MHA / PRINTED_BUDGET, "That is over the lecture's "
+               "printed 62.5 GB; the exact budget is 62.52e9 B.")],
     forbid=("labsupport.ledger.naive_utilization_time_avg",),
     derive="step the allocator's sequences through their decode steps and average the utilization you read",
 )
@@ -221,8 +249,8 @@ value(
 value(
     "2.6", "Utilization at the long-context S_max",
     expected=lambda g: _util(g, g.S_MAX_LONG, _kv(g)), rel_tol=1e-4,
-    hint="The allocator is the same, with a bigger slot: work out how many whole S_MAX_LONG slots fit in the budget, "
-         "then the bytes their PROMPT + OUTPUT-token sequences hold, over the whole budget. Give a fraction.",
+    hint="The allocator is the same, the slot bigger, the sequences unchanged. How many of them can the budget hold "
+         "now, and what do they hold? Give a fraction of the budget.",
     mistakes=[(SEQ / G.S_MAX_LONG, "That is one slot's occupancy (the lecture's reasoning, 1.95%), which is also what "
                "a fraction of a slot counted gives. Utilization is over the whole budget, and the budget holds a "
                "whole number of slots (round down), with a remainder no slot can use."),
@@ -310,18 +338,19 @@ value(
     derive="divide the budget by the mean declared slot (2.9's bytes) yourself",
 )
 
+EVENTS = ("refused with enough free in total", "stopped at its own reservation", "a partly empty last block",
+          "no room for the next token")
+
 choice(
-    "2.11", "The wastes paging eliminates",
-    answer={"external fragmentation"},
-    options=("external fragmentation", "internal fragmentation", "reserved for tokens not yet emitted"),
-    hint="External fragmentation is free space between allocations, too small for the next request; internal is "
-         "reserved space inside an allocation that its owner never fills; and a sequence that will emit more tokens "
-         "needs room for them before they exist. With fixed-size blocks, can a free block ever be the wrong size? "
-         "Can the last block of a sequence be partly empty? Does any allocator know the future?",
-    mistakes={"internal fragmentation": "A sequence's last block can still be partly empty: paging bounds that "
-                                        "waste, it does not remove it (2.12 asks how large it can be).",
-              "reserved for tokens not yet emitted": "No allocator removes that: the tokens will need room when they "
-                                                     "come. Paging only hands the room out as they arrive."},
+    "2.11", "Four failures, in a paged cache",
+    answer={"a partly empty last block", "no room for the next token"},
+    options=EVENTS,
+    hint="Replay each event with a pool of fixed-size blocks, any free block serving any sequence, a sequence taking "
+         "one more only when its last is full. Which events need a free run of a certain shape or a per-sequence "
+         "limit, and which only need the pool to be short of blocks, or a sequence's length not a whole block?",
+    mistakes={"refused with enough free in total": "Is any free block ever the wrong size or in the wrong place "
+                                                   "for a request?",
+              "stopped at its own reservation": "Does a paged sequence have a reservation to outgrow?"},
 )
 
 value(
@@ -337,4 +366,67 @@ value(
     unit=" B",
     forbid=(_SLOT_BYTES, "labsupport.ledger.tail_waste_tokens"),
     derive="multiply the worst-case empty positions of the last block by the KV bytes per token",
+)
+
+
+@function(
+    "2.13", "Admission: where a new slot goes",
+    hint="Walk the free holes in address order. A slot is one contiguous run, so only a hole at least as large as "
+         "the request can take it, whatever the free memory adds up to; the real allocator takes the first such "
+         "hole and puts the slot at its start.",
+    forbid=("labsupport.contiguous.ContiguousAllocator.fits", "labsupport.contiguous.ContiguousAllocator.allocate",
+            "labsupport.contiguous.ContiguousAllocator._first_fit"),
+    derive="walk the holes yourself and return the offset the slot starts at, or None",
+    name="place_slot",
+)
+def _place_slot(rng: random.Random):
+    """Holes of real allocators mid-serve (reserve-to-max, then per-request S_max); the offset the real allocator's
+    first fit picks, or None where no hole holds the request (enough free in total or not)."""
+    configs = [(int(BUDGET // KV_MHA), (G.S_MAX,)), (200_000, (512, 4096, 32_768)),
+               (rng.randint(5_000, 60_000), (rng.randint(10, 300), rng.randint(300, 3_000), rng.randint(3_000, 9_000)))]
+    for capacity, sizes in configs:
+        real = ContiguousAllocator(capacity)
+        for step in range(120):
+            if rng.random() < 0.7 or not real.slots:
+                try:
+                    real.allocate(step, rng.choice(sizes))
+                except OutOfBlocks:
+                    for sid in rng.sample(sorted(real.slots), max(1, len(real.slots) // 3)):
+                        real.free(sid)
+            else:
+                real.free(rng.choice(sorted(real.slots)))
+            if step % 8:
+                continue
+            holes, ask = real.holes(), rng.choice(sizes) if step % 16 else max(sizes)  # the largest: often refused
+            i = real._first_fit(ask)  # the real allocator's own choice
+            want = None if i is None else holes[i][0]
+            fitting = [(o, h) for o, h in holes if h >= ask]
+            mistakes = []
+            if fitting and min(fitting, key=lambda x: x[1])[0] != want:
+                mistakes.append((min(fitting, key=lambda x: x[1])[0], "That is the smallest hole that holds it (best "
+                                 "fit); the allocator takes the first one, in address order."))
+            if fitting and fitting[0][1] > ask:
+                mistakes.append((fitting[0][0] + fitting[0][1] - ask, "That is the end of the hole; the slot starts "
+                                 "at the hole's start."))
+            if want is None and holes:
+                mistakes.append((holes[0][0], "No hole holds it in one piece: refuse (None), however much is free in "
+                                 "total."))
+            yield case([list(h) for h in holes], ask, want=want, mistakes=mistakes,
+                       what=f"place_slot(<{len(holes)} holes, {sum(h for _, h in holes):,} free>, {ask:,})")
+    yield case([], G.S_MAX, want=None, what=f"place_slot([], {G.S_MAX:,})")  # a full address space
+    yield case([[0, G.S_MAX]], G.S_MAX, want=0, what=f"place_slot([[0, {G.S_MAX:,}]], {G.S_MAX:,})")  # an exact fit
+
+
+value(
+    "2.14", "Exercise 2: the memory free at the refusal",
+    expected=lambda g: _fragmented_run(g).free_tokens * _kv(g),
+    hint="The run stops at the first medium request refused while the free memory would hold it. Read the address "
+         "space at that moment: what is free, in bytes, wherever it lies?",
+    mistakes=[(_fragmented_run(G).largest_hole_tokens * KV_MHA, "That is the largest hole alone; the question is "
+               "everything free, all of it in holes too small for the request."),
+              (_fragmented_run(G).free_tokens, "That counts token positions; give their bytes."),
+              (G.S_MAX * KV_MHA, "That is what the request needs, not what is free.")],
+    unit=" B",
+    forbid=("labsupport.viz.memory.address_space_figure",),
+    derive="read what is free at the refusal off the run's allocator, in bytes",
 )

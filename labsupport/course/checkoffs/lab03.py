@@ -27,15 +27,33 @@ def _hidden(rng):
                  DTYPE_BYTES=rng.choice((1, 4)), HBM_BYTES=rng.choice((40, 94, 141)) * 10**9,
                  PARAMS=rng.choice((1_300_000_000, 2_700_000_000, 3_800_000_000)), WEIGHT_BYTES=rng.choice((1, 4)),
                  RESERVE_BYTES=rng.choice((2, 3, 6)) * 10**9, PROMPT=rng.randint(100, 3000),
-                 OUTPUT=rng.randint(20, 1000), BLOCK=rng.choice((8, 32, 64)),
-                 TABLE_TOKENS=rng.choice((2048, 8192, 32_768)), ENTRY_BYTES=rng.choice((2, 8)),
+                 OUTPUT=rng.randint(20, 1000), BLOCK=rng.choice((8, 32, 128)),  # 128, not 64: see below
+                 TABLE_TOKENS=rng.choice((2048, 8192, 32_768)) + rng.randint(1, 7), ENTRY_BYTES=rng.choice((2, 8)),
                  MEDIAN_TOKENS=rng.randint(300, 3000), TAIL_SHARE=rng.choice((0.01, 0.02, 0.1)))
         entries = -(-g["TABLE_TOKENS"] // g["BLOCK"])
         g["PRINTED_TABLE_BYTES"] = entries * rng.choice((2, 4, 16))  # a printed table size some entry width gives
         g["TAIL_TOKENS"] = g["MEDIAN_TOKENS"] * rng.choice((10, 40, 60))
+        # (b = 64 with 8-byte entries gives COURSE_AUTHORING.md's 3.12 the lecture's 8,192 B at 65,536 tokens)
         ns = namespace(g)
-        if _budget(ns) > 0 and _paged_seqs(ns) >= 4 and entries * g["ENTRY_BYTES"] != 1024:
+        if (_budget(ns) > 0 and _paged_seqs(ns) >= 4 and entries * g["ENTRY_BYTES"] != 1024
+                and g["TABLE_TOKENS"] % g["BLOCK"] and _every_step_counts(ns)):
             return g
+
+
+def _pool_share(g) -> float:
+    """The share of the budget the pool's whole blocks cover."""
+    block_bytes = g.BLOCK * _kv(g)
+    return (_budget(g) // block_bytes) * block_bytes / _budget(g)
+
+
+def _every_step_counts(g) -> bool:
+    """Item 4: on these givens the steps 3.5 and 3.6 name each move the answer. A sequence that is not a whole
+    number of blocks (so counting its tokens alone, without blocks, gives another count), and a pool whose whole
+    blocks cover visibly less than the budget (3.6's share, 0.99986 on the lecture's)."""
+    seq, kv = g.PROMPT + g.OUTPUT, _kv(g)
+    blocks, per_seq = _budget(g) // (g.BLOCK * kv), -(-seq // g.BLOCK)
+    return (seq % g.BLOCK != 0 and _budget(g) // (seq * kv) != _paged_seqs(g) and blocks % per_seq
+            and blocks // (seq / g.BLOCK) != _paged_seqs(g) and 1 - _pool_share(g) > 1e-3)
 
 
 G = givens(hidden=_hidden)
@@ -152,8 +170,8 @@ value(
 value(
     "3.5", "Paged concurrency at b = 16",
     expected=_paged_seqs,
-    hint="Count whole blocks twice: the budget holds a whole number of physical blocks of BLOCK tokens, and each "
-         "sequence of PROMPT + OUTPUT tokens needs a whole number of them.",
+    hint="What does a sequence actually hold in a paged pool, and what does the pool hand out? A sequence whose "
+         "length is not a whole number of blocks still takes its last block whole.",
     mistakes=[(199, "199 is the lecture's printed figure, which its own inputs cannot reproduce (see the errata "
                "note); count the blocks exactly."),
               (190, "62.5 GB / 0.328 GB takes 512 KiB as 512,000 B and ignores whole blocks."),
@@ -166,23 +184,26 @@ value(
 )
 
 
+def _fill_over_life(g, first=None) -> float:
+    """How full one sequence's blocks are, averaged over its decode steps, read while each runs (PROMPT ... PROMPT +
+    OUTPUT - 1 tokens held; `first` = PROMPT + 1 reads each step after its token lands instead)."""
+    first = g.PROMPT if first is None else first
+    return sum(n / (-(-n // g.BLOCK) * g.BLOCK) for n in range(first, first + g.OUTPUT)) / g.OUTPUT
+
+
 def _paged_over_life(g) -> float:
-    # the pool's whole blocks cover a little less than the budget
-    fill = sum(n / (-(-n // g.BLOCK) * g.BLOCK) for n in range(g.PROMPT, g.PROMPT + g.OUTPUT)) / g.OUTPUT
-    block_bytes = g.BLOCK * _kv(g)
-    pool_share = (_budget(g) // block_bytes) * block_bytes / _budget(g)
-    return fill * pool_share
+    return _fill_over_life(g) * _pool_share(g)  # the pool's whole blocks cover a little less than the budget
 
 
 value(
     "3.6", "Paged utilization averaged over a sequence's life",
     expected=_paged_over_life,
-    rel_tol=3e-4,  # the pool's whole-block share (99.99%) may be left out: the blocks' own fill is as fair a reading
-    hint="Step one sequence from its prompt through its decode steps on a BlockAllocator and read, while each step "
-         "runs, the tokens its blocks hold over the slots they reserve; average the readings. That is how full a "
-         "sequence's blocks are over its life; the pool (whole blocks) covers very nearly the whole budget. Give a "
-         "fraction.",
-    mistakes=[(_paged_seqs(G) * SEQ * KV_MHA / BUDGET,
+    rel_tol=1e-6,
+    hint="Two things stand between the budget and the tokens: what the pool is made of, and how full a sequence's "
+         "blocks are at a random moment of its life. Measure the second on a real allocator; work out the first.",
+    mistakes=[(_fill_over_life(G), "That is how full the blocks are; as a share of the budget, count only what the "
+               "pool's whole blocks cover."),
+              (_paged_seqs(G) * SEQ * KV_MHA / BUDGET,
                "That is the end of life, every sequence at its final length in full blocks: 3.5's reading. "
                "Average over the steps instead."),
               (SEQ / (math.ceil(SEQ / G.BLOCK) * G.BLOCK), "That is one sequence's blocks at the end of its life; "
@@ -274,13 +295,10 @@ def _exercise3_row(rng):
 
 
 choice(
-    "3.11", "Exercise 3: the two measurements that decide",
-    answer={"kernel_bandwidth", "fork_rate"},
-    options=("kernel_bandwidth", "fork_rate", "tail_waste", "table_size", "hbm_size"),
-    hint="You have already computed the memory column, and it points at small blocks. Which costs of a small or a "
-         "large block does the memory column not see? One lives in the attention kernel; one appears only when "
-         "sequences share blocks (§10.4).",
-    mistakes={"tail_waste": "The tail waste is the column you just computed; alone, it picks the wrong answer.",
-              "table_size": "Even at the p95 length the int32 table is a few KB, next to GBs of KV.",
-              "hbm_size": "The card's memory scales every block size's waste alike; it does not separate them."},
+    "3.11", "Exercise 3, measured: what the workload sets",
+    answer={"waste at the batch", "table entries", "contiguous run"},
+    options=("mean tail", "waste at the batch", "table entries", "contiguous run"),
+    hint="Hold b fixed and run your eye down one column across the four workloads. Which columns depend only on how "
+         "lengths fall modulo b, and which on how long the sequences are, how many fit, or how the pool was churned?",
+    mistakes={"mean tail": "Compare the mean tail of the four workloads at one b: does it move by more than noise?"},
 )
