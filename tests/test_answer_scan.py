@@ -71,7 +71,7 @@ LECTURE_RESULT = {
 # 1.2 and 1.3 are the lecture's own "295 against 29" (Lecture 2's figures it opens with), and 8.3's is the
 # 7,452-block pool labs 03-07 run on: the exercise is the function (vLLM's knob), not the number.  5.2's lecture case
 # is whole blocks (its tokens ÷ 16, which lab 05's section 3 works out); the exercise is the prompt that ends mid-block.
-NO_LECTURE_NUMBER = {"1.2", "1.3", "5.2", "3.1", "3.2", "3.3", "3.10", "4.1", "4.2", "5.1", "5.4", "6.1", "6.2", "7.3", "7.4",
+NO_LECTURE_NUMBER = {"1.2", "1.3", "5.2", "3.1", "3.2", "3.3", "3.10", "4.1", "4.2", "5.1", "5.4", "6.1", "6.2", "7.3", "7.4", "7.7",
                      "8.3", "8.6", "8.7"}
 
 
