@@ -16,7 +16,7 @@
 # * **Objective 1**, continued — the five jobs become a loop of six verbs.
 # * Groundwork for **objective 7** (lab 07): queueing is what refusing a request costs.
 #
-# Timing in the lecture: minutes 46–58. Here: about 40 minutes.
+# Timing in the lecture: minutes 46–58. Here: about 45 minutes.
 
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
@@ -279,7 +279,7 @@ if unlocked("6.1"):
     for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
         mine = breakeven_bandwidth(mdl, 4096, H100.peak_flops)
         print(f"{mdl.name:>16}, 4K: W* = {mine / GB:.2f} GB/s (ledger {ledger.breakeven_link_bandwidth(mdl, 4096, H100.peak_flops) / GB:.2f})")
-    print("The lecture prints 33.3 and 8.3 GB/s; exact arithmetic agrees to its rounding (LEDGER.md, §10.5).")
+    print("The lecture prints 33.3 GB/s (exact: 33.18): it divides 2 × 2.147 GB by the rounded 129 ms (LEDGER.md, §10.5).")
 
 # %% [markdown]
 # The lecture's three remarks, each checkable here:
