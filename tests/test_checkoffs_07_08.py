@@ -400,3 +400,31 @@ def test_8_2_is_not_answered_in_lab_07():
 
     lab07 = (Path(__file__).resolve().parents[1] / "solutions" / "07_slo_ledger.py").read_text()
     assert "disaggregation" not in lab07.lower()
+
+
+def test_7_2_each_named_step_fails_on_hidden_cases():
+    """Item 4, 7.2: the prompt names the 4 GB reserve, whole blocks (a sequence holds ceil(S / b) of them), the
+    SLO ceiling and the memory ceiling; dropping any one fails the hidden cases of two draws."""
+    import pytest
+
+    from labsupport.course.checkoffs import get
+    from labsupport.course.judge import Mismatch
+    from labsupport.course.registry import case_rng
+
+    def slo_b(m, g, s, slo):
+        return max(0, math.floor((slo * g.hbm_bandwidth - m.num_params * m.dtype_bytes) / (s * kv(m))))
+
+    drops = {
+        "no 4 GB reserve": lambda m, g, s, slo, bs=16: min(blocks(m, g, 1.0, bs, 0) // math.ceil(s / bs), slo_b(m, g, s, slo)),
+        "bytes, not whole blocks": lambda m, g, s, slo, bs=16: min(
+            max(0, math.floor((g.hbm_bytes - m.num_params * m.dtype_bytes - 4e9) / (s * kv(m)))), slo_b(m, g, s, slo)),
+        "no SLO": lambda m, g, s, slo, bs=16: blocks(m, g, 1.0, bs) // math.ceil(s / bs),
+        "no memory": lambda m, g, s, slo, bs=16: slo_b(m, g, s, slo),
+    }
+    c = get("7.2")
+    for secret in (b"lab07 item 4 a", b"lab07 item 4 b"):
+        hidden = c.prepare(case_rng("7.2", secret))
+        c.verdict(max_batch, hidden)
+        for name, wrong in drops.items():
+            with pytest.raises(Mismatch):
+                c.verdict(wrong, hidden)
