@@ -10,7 +10,8 @@ scheduling, Orca), and each of its phases is one method, in the lecture's order:
    request** (ties: the highest branch), the one first-come-first-served ranks last — vLLM's
    policy.  `_preempt` swaps it to host memory or drops it to be recomputed
    (``preemption="swap" | "recompute" | "auto"``; ``auto`` asks the ledger's §10.5 break-even for
-   that sequence's length: 2 x KV bytes / link against prefill FLOPs at mfu x peak);
+   that sequence's length: 2 x KV bytes / link against prefill FLOPs at mfu x peak; or a policy of
+   your own, a function of the victim's cached tokens that returns "swap" or "recompute");
 3. `_swap_in`: if nobody was preempted this step, swapped-out sequences come back first;
 4. `_admit`: if nothing is swapped out, waiting requests are admitted first come first served while
    the free blocks stay at or above the **watermark** (new arrivals only; a preempted sequence is
@@ -280,7 +281,8 @@ class Engine:
     model: a :class:`labsupport.model.TinyTransformer` (real tokens through a PagedKVCache), or None.
     cost_model: a :class:`CostModel` for the cost-model clock (required without a model).
     num_blocks / block_size: the KV pool.  watermark: the fraction of blocks new admissions must
-    leave free.  preemption: "auto", "swap" or "recompute".  on_token: streaming callback.
+    leave free.  preemption: "auto", "swap", "recompute", or a function num_tokens -> "swap" | "recompute"
+    (a policy of your own, asked per victim).  on_token: streaming callback.
     ``auto`` prices the break-even with ``cost_model``, or, without one, with the model's own
     shape on the lecture's H100.
     """
@@ -305,8 +307,9 @@ class Engine:
         if max_num_batched_tokens is not None:
             max_num_batched_tokens = as_count("max_num_batched_tokens", max_num_batched_tokens, 1)
         watermark = as_fraction("watermark", watermark)
-        if not isinstance(preemption, str) or preemption not in PREEMPTION_MODES:
-            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {shown(preemption)}")
+        if not callable(preemption) and (not isinstance(preemption, str) or preemption not in PREEMPTION_MODES):
+            raise ValueError(f"preemption must be one of {PREEMPTION_MODES} or a function of the victim's cached "
+                             f"tokens, got {shown(preemption)}")
         if not isinstance(attention, str) or attention not in ("auto", "triton", "reference"):
             raise ValueError(f"attention must be 'auto', 'triton' or 'reference', got {shown(attention)}")
         if on_token is not None and not callable(on_token):
@@ -523,7 +526,14 @@ class Engine:
         return 1 if self.allocator.ref_count(last) - copies.get(last, 0) > 1 else 0
 
     def preempt_kind(self, num_tokens: int) -> str:
-        """'swap' or 'recompute' for a sequence of num_tokens: the mode, or §10.5's break-even when auto."""
+        """'swap' or 'recompute' for a sequence of num_tokens: the mode, §10.5's break-even when auto, or
+        what the policy function says."""
+        if callable(self.preemption):
+            kind = self.preemption(num_tokens)
+            if kind not in ("swap", "recompute"):
+                raise ValueError(f"the preemption policy returned {shown(kind)} for a {num_tokens}-token sequence; "
+                                 "it must return 'swap' or 'recompute'")
+            return kind
         if self.preemption != "auto":
             return self.preemption
         return self._pricing.preempt_choice(max(1, num_tokens), self.block_size)

@@ -16,7 +16,7 @@
 # * **Objective 1**, continued — the five jobs become a loop of six verbs.
 # * Groundwork for **objective 7** (lab 07): queueing is what refusing a request costs.
 #
-# Timing in the lecture: minutes 46–58. Here: about 40 minutes.
+# Timing in the lecture: minutes 46–58. Here: about 45 minutes.
 
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
@@ -33,7 +33,7 @@ from labsupport.machine import measure_copy_bandwidth, measure_prefill_rate
 from labsupport.model import load_tiny_model
 from labsupport.replay import watermark_sweep
 from labsupport.sampling import SamplingParams
-from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LECTURE_MFU
+from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LECTURE_MFU, ModelSpec
 from labsupport.viz import engine as viz_engine
 from labsupport.workloads import load_azure
 
@@ -184,13 +184,19 @@ print(f"p99 TPOT: {1e3 * none.p99_tpot_s:.1f} ms -> {1e3 * vllm.p99_tpot_s:.1f} 
       f"{1e3 * big.p99_tpot_s:.1f} ms at 20%")
 
 # %% [markdown]
-# A small watermark is nearly free here. It removes most of the preemptions — each one a swap stall
-# that every resident waits through — so the queue drains about as fast as before or faster, and the
-# residents' p99 cadence improves. Refusals barely move, because at eight times the recorded rate
-# almost every request waits for admission whatever the watermark. Only a large watermark costs:
-# memory held back for growth nobody needs yet admits fewer sequences per step, and queueing grows —
-# which is TTFT (lab 07). Move the slider; the right panel shows the pool filling, with the watermark
-# line.
+# A small watermark is nearly free here. It removes most of the preemptions, so the queue drains about
+# as fast as before or faster. Refusals barely move, because at eight times the recorded rate almost
+# every request waits for admission whatever the watermark. Only a large watermark costs: memory held
+# back for growth nobody needs yet admits fewer sequences per step, and queueing grows — which is TTFT
+# (lab 07).
+#
+# **Why the p99 TPOT falls as the watermark rises.** Two reasons, both in the engine's clock. A swap is
+# a copy of the victim's KV over the link made *inside* a decode step, so every resident of that step
+# gets its next token later; fewer preemptions, fewer stretched steps, and the slowest 1% of requests
+# were the ones that sat through them. And a decode step's time grows with the KV it reads (lab 07: a
+# TPOT is a property of the batch), so at 20% the smaller batches the watermark admits make every step
+# shorter — bought with queueing. Move the slider; the right panel shows the pool filling, with the
+# watermark line.
 
 # %% tags=["needs-traces"]
 viz_engine.watermark_panel(sweep, watermark=0.01)
@@ -237,27 +243,25 @@ def breakeven_bandwidth(model, seq_tokens, peak_flops, mfu=LECTURE_MFU):
 check("6.1", breakeven_bandwidth)
 
 # %% [markdown]
-# The pair of stalls, written out: for a sequence of $S$ tokens,
-#
-# $$\text{KV} = S \cdot 2\,L\,n_{kv}\,d_{head}\,b, \qquad
-# t_{swap} = \frac{2 \cdot \text{KV}}{W_{link}}, \qquad
-# t_{recompute} = \frac{2NS + 4\,L\,n_{heads}\,d_{head}\,S^2}{\text{MFU} \cdot F_{peak}},$$
-#
-# and $W^\ast$ is the $W_{link}$ that makes them equal. The lecture's live derivation, for a 4,096-token
-# sequence of the 7B on an H100 (swap wins there, by 1.9×; with the causal count the recompute would
-# be 121 ms):
+# Once 6.1 passes, the cell below writes the pair of stalls out and prices the lecture's live
+# derivation: a 4,096-token sequence of the 7B on an H100.
 
 # %%
 S = 4096
 m = LECTURE_7B
-kv_per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
-kv = S * kv_per_token
-swap_s = 2 * kv / H100.link_bandwidth
-weight_flops = 2 * m.num_params * S
-attention_flops = 4 * m.num_layers * m.num_heads * m.head_dim * S ** 2
-rate = LECTURE_MFU * H100.peak_flops
-recompute_s = (weight_flops + attention_flops) / rate
+kv_per_token = m.kv_bytes_per_token  # lab 00's count
+rate = LECTURE_MFU * H100.peak_flops  # what a prefill achieves
+swap_s = ledger.swap_round_trip_s(S * kv_per_token, H100.link_bandwidth)
 if revealed("6.1"):  # the formula, once your own derivation has passed
+    display(Markdown(r"""For a sequence of $S$ tokens,
+$\text{KV} = S \cdot 2\,L\,n_{kv}\,d_{head}\,b$, $\;t_{swap} = 2\,\text{KV}/W_{link}$,
+$\;t_{recompute} = (2NS + 4\,L\,n_{heads}\,d_{head}\,S^2)/(\text{MFU} \cdot F_{peak})$; setting them equal,
+$W^\ast = 2\,\text{KV}\cdot\text{MFU}\cdot F_{peak}/(2NS + 4\,L\,n_{heads}\,d_{head}\,S^2)$.
+Swap wins at 4K on the H100 by 1.9×; with the causal count the recompute would be 121 ms."""))
+    kv = S * kv_per_token
+    weight_flops = 2 * m.num_params * S
+    attention_flops = 4 * m.num_layers * m.num_heads * m.head_dim * S ** 2
+    recompute_s = (weight_flops + attention_flops) / rate
     print(f"KV        = {S:,} × {kv_per_token:,} B = {kv:,} B = {kv / GB:.3f} GB")
     print(f"swap      = 2 × {kv / GB:.3f} GB ÷ {H100.link_bandwidth / GB:.0f} GB/s = {1e3 * swap_s:.1f} ms")
     print(f"recompute = ({weight_flops / 1e12:.1f} + {attention_flops / 1e12:.1f}) TFLOP ÷ {rate / 1e12:.1f} TFLOP/s "
@@ -275,7 +279,7 @@ if unlocked("6.1"):
     for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
         mine = breakeven_bandwidth(mdl, 4096, H100.peak_flops)
         print(f"{mdl.name:>16}, 4K: W* = {mine / GB:.2f} GB/s (ledger {ledger.breakeven_link_bandwidth(mdl, 4096, H100.peak_flops) / GB:.2f})")
-    viz.errata_note("break-even")
+    print("The lecture prints 33.3 GB/s (exact: 33.18): it divides 2 × 2.147 GB by the rounded 129 ms (LEDGER.md, §10.5).")
 
 # %% [markdown]
 # The lecture's three remarks, each checkable here:
@@ -292,7 +296,7 @@ if unlocked("6.1"):
 #    prefill's FLOPs alone. On a 16 GB/s link (PCIe Gen3 x16, a T4's), a 4K MHA sequence should be
 #    recomputed and the same-length GQA-8 sequence swapped — a pretraining decision rewrote the
 #    engine's preemption policy.
-# 3. *Both are stalls*: 67 ms is nearly three decode steps at the 22.6 ms ambient TPOT.
+# 3. *Both are stalls*: 67 ms is nearly three decode steps of the ambient batch (lab 07 prices a step).
 
 # %%
 for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
@@ -301,7 +305,7 @@ for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
     print(f"{mdl.name:>16} on 16 GB/s: swap {1e3 * sw:6.1f} ms, recompute {1e3 * rc:6.1f} ms → "
           f"{ledger.preempt_choice(mdl, 4096, 16 * GB, H100.peak_flops)}")
 tpot = ledger.tpot_s(LECTURE_7B, 186, 640, H100.hbm_bandwidth)
-print(f"67.1 ms ÷ {1e3 * tpot:.2f} ms per decode step (B = 186, 640-token sequences) = {swap_s / tpot:.1f} steps")
+print(f"the 4K swap lasts {swap_s / tpot:.1f} decode steps of a B = 186 batch of 640-token sequences")
 viz_engine.breakeven_figure([LECTURE_7B, LECTURE_7B_GQA8], H100).show()
 
 # %% [markdown]
@@ -317,14 +321,17 @@ viz_engine.breakeven_figure([LECTURE_7B, LECTURE_7B_GQA8], H100).show()
 # Write `preemption_plan(running, blocks_needed, block_size, model, gpu, link_bandwidth, mfu)`.
 # `running` is a list of `(name, arrival_time, tokens)`; return the victims in eviction order, each as
 # `(name, "swap" or "recompute")`, stopping as soon as their blocks (a sequence of $S$ tokens holds
-# $\lceil S/b \rceil$) cover `blocks_needed`. Your `breakeven_bandwidth` is the tool for the second half.
+# $\lceil S/b \rceil$) cover `blocks_needed`. Two requests can arrive at the same time: then the engine
+# ranks them in the order it received them, which is their order in `running`, so of two equal arrivals
+# the one listed **later** is preempted first. Your `breakeven_bandwidth` is the tool for the second half.
 
 # %%
 def preemption_plan(running, blocks_needed, block_size, model, gpu, link_bandwidth, mfu=LECTURE_MFU):
     """Victims in the order the engine preempts them, each with the cheaper way to do it."""
     ### BEGIN SOLUTION 6.2: return [(name, "swap" or "recompute"), ...] in the order the engine preempts, until blocks_needed are freed
     plan, freed = [], 0
-    for name, arrival, tokens in sorted(running, key=lambda r: r[1], reverse=True):
+    order = sorted(range(len(running)), key=lambda i: (running[i][1], i), reverse=True)  # latest first; ties: later listed
+    for name, arrival, tokens in (running[i] for i in order):
         if freed >= blocks_needed:
             break
         faster = link_bandwidth > breakeven_bandwidth(model, tokens, gpu.peak_flops, mfu)
@@ -433,6 +440,40 @@ viz_engine.blocks_figure(timeline, pool, title="Blocks in use: the burst on the 
 # question (6.3). And the extra time is
 # more than the 67 or 129 ms of the mechanism: a preempted sequence also waits for blocks to come
 # back — which is why the right goal is to preempt *rarely*, not cheaply.
+
+# %% [markdown]
+# ### Your policy in the engine
+#
+# The engine's `preemption=` also takes a policy of your own: a function of the victim's cached tokens
+# that returns `"swap"` or `"recompute"`, asked for every victim as the pool runs dry. Below, your
+# `preemption_plan` decides each victim of a mixed-length burst — 36 requests whose prompts cycle
+# through lengths from 300 to 12,000 tokens, 1,024 output tokens each, arriving 10 ms apart — on the
+# 7,452-block pool over a 32 GB/s link. It runs against the two single answers and against your own
+# choice flipped; the extra time is against the same burst with room for everyone.
+
+# %%
+mixed = [dict(prompt_len=(700, 9000, 2048, 12_000, 300, 5400)[i % 6], max_new_tokens=1024, arrival_time=0.01 * i)
+         for i in range(36)]
+cm32 = CostModel(LECTURE_7B, H100, link_bandwidth=32 * GB)
+if unlocked("6.2"):
+    def your_policy(num_tokens):  # your 6.2, asked about one victim
+        return preemption_plan([("victim", 0.0, num_tokens)], 1, 16, LECTURE_7B, H100, 32 * GB)[0][1]
+
+    def flipped(num_tokens):
+        return "swap" if your_policy(num_tokens) == "recompute" else "recompute"
+
+    room = run_requests(mixed, num_blocks=sum(-(-(r["prompt_len"] + 1024) // 16) for r in mixed), cost_model=cm32)
+    for label, policy in (("always swap", "swap"), ("always recompute", "recompute"), ("your policy", your_policy),
+                          ("yours, flipped", flipped)):
+        res = run_requests(mixed, num_blocks=pool, cost_model=cm32, preemption=policy)
+        print(f"{label:>16}: {res.counters.preemptions['swap']} swapped, {res.counters.preemptions['recompute']} "
+              f"recomputed; {1e3 * (res.clock_s - room.clock_s):6.1f} ms more than with room for all")
+
+# %% [markdown]
+# Which of the four is cheapest, and by how much? A correct plan picks the smaller stall victim by
+# victim, so no single answer can beat it on this burst. Set the margins beside the run's length (the
+# burst takes about 46 s with room for all): §10.5's third remark again — the goal is to preempt
+# *rarely*, which the watermark does, more than to preempt cheaply.
 #
 # ### What the paper found: the block size changes the answer (§7.3)
 #
@@ -552,13 +593,15 @@ exercise4 = {
 check("6.3", exercise4)
 
 # %% [markdown]
-# The ledger's version, term by term (shown once 6.3 passes). Setting $2 S\,\text{kv}/W = (2NS + 4LHdS^2)/F$
-# and dividing by $S$ leaves a linear equation, $S^\ast = (2\,\text{kv}\,F/W - 2N)/(4\,L\,H\,d)$. The
-# lecture's 16K GQA-8 sequence holds $16{,}384 \times 128$ KiB, exactly the bytes of a 4K MHA sequence,
-# so its swap is the same 67 ms, while its prefill's weights term grows 4× and its attention 16×:
+# Once 6.3 passes, the cell below shows the derivation term by term on the lecture's numbers, and the
+# one place where the lecture's printed figure parts from it.
 
 # %%
 if revealed("6.3"):
+    display(Markdown(r"""Setting $2 S\,\text{kv}/W = (2NS + 4LHdS^2)/F$ and dividing by $S$ leaves a linear
+equation, $S^\ast = (2\,\text{kv}\,F/W - 2N)/(4\,L\,H\,d)$. The lecture's 16K GQA-8 sequence holds
+$16{,}384 \times 128$ KiB, exactly the bytes of a 4K MHA sequence, so its swap is the same 67 ms, while its
+prefill's weights term grows 4× and its attention 16×."""))
     kv16 = 16_384 * LECTURE_7B_GQA8.kv_bytes_per_token
     swap16 = ledger.swap_round_trip_s(kv16, H100.link_bandwidth)
     recompute16 = ledger.recompute_s(LECTURE_7B_GQA8, 16_384, H100.peak_flops)
@@ -568,19 +611,8 @@ if revealed("6.3"):
           f"{rate / 1e12:.1f} TFLOP/s = {1e3 * recompute16:.1f} ms; swap wins {recompute16 / swap16:.1f}×; "
           f"W* = {ledger.breakeven_link_bandwidth(LECTURE_7B_GQA8, 16_384, H100.peak_flops) / GB:.2f} GB/s (printed 5.9)")
     print(f"MHA crossover on 32 GB/s: {ledger.crossover_tokens(LECTURE_7B, 32 * GB, H100.peak_flops):,.2f} tokens")
-    erratum = next(e for e in ledger.ERRATA if e.quantity.startswith("Crossover"))
-    print(f"ledger.ERRATA — {erratum.quantity} ({erratum.section}): printed {erratum.printed!r}, exact {erratum.exact}")
-
-# %% [markdown]
-# The lecture's solution sketch writes the right equation and prints "S ≈ 2,600". Its root is
-# 5,195. Which slip lands on 2,600? Vary the attention coefficient: counting only the causal half of
-# the $S^2$ term would *double* the root; it takes twice the attention FLOPs — or halving the exact
-# root — to land on 2,598:
-
-# %%
-for c, why in ((2, "half the attention term (causal half)"), (4, "the lecture's own 4·L·H·d"), (8, "twice the attention term")):
-    root = (2 * kv_per_token * rate / (32 * GB) - 2 * m.num_params) / (c * m.num_layers * m.num_heads * m.head_dim)
-    print(f"{c}·L·H·d ({why}): S* = {root:,.0f}")
+    print("The lecture prints S ≈ 2,600: half the root, what twice the attention term (8·L·H·d·S²) gives "
+          "(LEDGER.md, Exercise 4).")
 
 # %% [markdown]
 # Either way the lesson of the exercise survives, and is sharper with the exact number: on a 32 GB/s
@@ -593,11 +625,13 @@ for c, why in ((2, "half the attention term (causal half)"), (4, "the lecture's 
 
 # %% [markdown]
 # Now explore. The panel draws both stalls against $S$ for the chosen model, GPU and link, marks the
-# crossover, and states the derivation at the chosen $S$. Try: MHA on 32 GB/s at 4K, then 5,195, then
-# 8K; switch to GQA-8 (does a crossover remain?); put the 70B on an A100's 32 GB/s link.
+# crossover, and states the derivation at the chosen $S$ (it opens once 6.3 passes: it marks 6.3's
+# crossover). Try: MHA on 32 GB/s at 4K, then at your crossover, then 8K; switch to GQA-8 (does a
+# crossover remain?); put the 70B on an A100's 32 GB/s link.
 
 # %%
-viz_engine.swap_recompute_panel(seq_tokens=4096, link_gbs=32)
+if revealed("6.3"):
+    display(viz_engine.swap_recompute_panel(seq_tokens=4096, link_gbs=32))
 
 # %% [markdown]
 # ## 6. Your machine
@@ -631,6 +665,10 @@ verdict = "swap" if all(link.bytes_per_s > w for w in prefill.breakeven()) else 
 print(f"with {link.bytes_per_s / GB:.2f} GB/s {'over your link' if link.is_link else '(memcpy stand-in)'} the tiny "
       f"model should {'always swap' if verdict == 'swap' else 'swap some lengths and recompute others'}: "
       f"{link.bytes_per_s / max(prefill.breakeven()):,.0f}× above the largest break-even")
+if unlocked("6.1"):  # your formula on the tiny model, at the FLOP rate this machine achieved (mfu = 1 of it)
+    for n, f, w in zip(prefill.lengths, prefill.flop_rates, prefill.breakeven()):
+        print(f"your breakeven_bandwidth(tiny, {n}, measured rate): {breakeven_bandwidth(device_model.spec(), n, f, 1.0) / 1e6:8.2f} MB/s "
+              f"against the timed {w / 1e6:8.2f} MB/s")
 viz_engine.personal_breakeven_figure(prefill, link).show()
 
 # %% [markdown]
@@ -654,12 +692,17 @@ viz_engine.personal_breakeven_figure(prefill, link).show()
 #    the newcomers queueing time (TTFT).
 # 2. Admission stops while the free blocks would drop below the watermark, so the residents have room
 #    to grow before anyone must be evicted. It costs refusals: requests wait longer to be admitted.
-# 3. 2 × 4,096 × 512 KiB ÷ 64 GB/s = 67.1 ms; (2 × 6.74e9 × 4,096 + 4 × 32 × 32 × 128 × 4,096²) FLOP
-#    ÷ 494.5 TFLOP/s = 129.4 ms. None of it: GQA shrinks the KV (so the swap), not the prefill FLOPs.
-# 4. The KV (numerator) is linear in S, the prefill FLOPs (denominator) quadratic, because of attention.
+# 3. and 4. are in the cell below, once 6.1 passes.
 # 5. No. Preemption loses the cache, never the tokens; the engine's sampling depends only on the
 #    request, the branch and the position, so the resumed sequence continues exactly (section 4).
 #
 # </details>
 #
+# %%
+if revealed("6.1"):
+    display(Markdown(r"""3. 2 × 4,096 × 512 KiB ÷ 64 GB/s = 67.1 ms; (2 × 6.74e9 × 4,096 + 4 × 32 × 32 × 128 × 4,096²) FLOP
+÷ 494.5 TFLOP/s = 129.4 ms. None of it: GQA shrinks the KV (so the swap), not the prefill FLOPs.
+4. The KV (numerator) is linear in S, the prefill FLOPs (denominator) quadratic, because of attention."""))
+
+# %% [markdown]
 # Next: **Lab 07 — sizing, SLOs, and where the time actually goes.**

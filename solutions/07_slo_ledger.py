@@ -9,10 +9,11 @@
 #
 # **Learning objective served** (the lecture's numbering)
 #
-# * **Objective 7** — decompose a TTFT budget into queueing, prefill, and scheduling delay, and
-#   explain why goodput and throughput can move in opposite directions.
+# * **Objective 7** — decompose a TTFT budget into queueing, prefill, and scheduling delay (you read the
+#   three terms off the engine's own step log, 7.7), and explain why goodput and throughput can move in
+#   opposite directions (you count goodput from the engine's request records, 7.3).
 #
-# Timing in the lecture: minutes 58–68. Here: about 45 minutes. Sections follow §10.6: TTFT (1),
+# Timing in the lecture: minutes 58–68. Here: about 55 minutes. Sections follow §10.6: TTFT (1),
 # TPOT (2), goodput and the three-column table (3), a real trace (4), then Exercise 5 (5).
 
 # %%
@@ -21,7 +22,7 @@ import math
 
 from IPython.display import HTML, Markdown, display
 
-from labsupport import ledger, viz, workloads
+from labsupport import ledger, workloads
 from labsupport.block_allocator import BlockAllocator
 from labsupport.contiguous import ReserveToMaxAllocator
 from labsupport.costmodel import CostModel
@@ -54,8 +55,8 @@ print(f"{MHA.name} on {H100.name}: weights {fmt_gb(MHA.weight_bytes, 2)}, KV bud
 # * **Prefill** is the only term Lecture 2 priced: $2NS + 4LHd\,S^2$ FLOPs at 50% of peak, **129 ms**
 #   for a 4,096-token prompt.
 # * **Scheduling delay** is the wait until the running step ends, because the batch is re-chosen only
-#   at step boundaries: at most one step, about **22.6 ms** at the memory ceiling (B = 186) — more if
-#   that step is carrying someone else's prefill.
+#   at step boundaries: at most one step — one decode step of the whole batch (section 2 prices it), more
+#   if that step is carrying someone else's prefill.
 # * **Queueing** is the admission policy's output: how long the request waits for blocks (behind the
 #   watermark of lab 06) and for a slot. On a loaded engine it is usually the largest term.
 #
@@ -71,8 +72,6 @@ print(f"idle card, one 4,096-token prompt: queueing {1e3 * r.queueing_s:.1f} ms 
       f"+ scheduling delay {1e3 * r.scheduling_delay_s:.1f} ms = TTFT {1e3 * r.ttft_s:.2f} ms")
 print(f"ledger: prefill of 4,096 tokens = {ledger.prefill_flops(MHA, 4096) / 1e12:.1f} TFLOP "
       f"/ (0.5 × {H100.peak_flops / 1e12:.0f} TFLOP/s) = {1e3 * prefill_4k:.2f} ms")
-print(f"one decode step at B = 186: {1e3 * ledger.tpot_s(MHA, 186, SEQ, H100.hbm_bandwidth):.2f} ms "
-      f"— the most a request waits for the next boundary while only decodes run")
 
 # %% [markdown]
 # On an idle card the TTFT *is* the prefill. Now load the card. The panel below runs the engine on
@@ -98,20 +97,75 @@ viz_slo.ttft_panel(rate_per_s=62, probe_prompt=4096)
 # depend on your machine, so yours will differ.
 
 # %% tags=["nbval-ignore-output"]
+import torch
+
 from labsupport.model import load_tiny_model
 
+torch.set_num_threads(1)  # as in lab 06: the tiny model's matrices gain nothing from threads that wait on each other
 tiny, tok, trained = load_tiny_model()
+warm = Engine(tiny, num_blocks=64, block_size=16)  # one throwaway request: a process's first forward pass pays
+warm.add_request(tok.encode("warm up ", errors="replace"), max_new_tokens=2)  # one-off start-up costs
+warm.run()
 real = Engine(tiny, num_blocks=64, block_size=16)
 for i, text in enumerate(["The allocator was the easy ", "Goodput counts only ", "Your neighbours set "] * 2):
     real.add_request(tok.encode(text, errors="replace"), max_new_tokens=4, arrival_time=0.0 if i < 3 else 0.001)
-for rid, rr in real.run().requests.items():
+real_steps = []  # the engine's log: one StepOutput per iteration
+while (out := real.step()) is not None:
+    real_steps.append(out)
+for k, st in enumerate(real_steps):
+    print(f"step {k}: {1e3 * st.start:7.1f} -> {1e3 * st.end:7.1f} ms, prefills of {st.admitted or 'nobody'}, "
+          f"{st.num_tokens} tokens")
+real_run = real.result()
+for rid, rr in real_run.requests.items():
     print(f"request {rid}: queueing {1e3 * rr.queueing_s:7.1f} ms + prefill {1e3 * rr.prefill_s:7.1f} ms + "
           f"scheduling delay {1e3 * rr.scheduling_delay_s:7.1f} ms; TPOT {1e3 * rr.tpot_s:6.1f} ms")
 
 # %% [markdown]
 # Requests 3–5 arrived 1 ms after the first step began, so they waited for its end: that wait is their
-# scheduling delay, a whole step of the real model.
+# scheduling delay, a whole step of the real model. Read the step log for the other difference: step 1
+# carries the prefills of 3–5 *and* the first decode of 0–2, and that one step is both 3–5's prefill and
+# the first of 0–2's three token gaps. So 0–2's TPOT includes a step with prefills in it, while 3–5's
+# gaps are all plain decode steps: a prefill landing in decode steps (Lecture 2 §2.16), on your CPU.
+# (These are wall-clock times of a tiny model on a shared machine: they vary from run to run, and a
+# step of a few milliseconds can be stretched by whatever else the machine is doing. The cell runs
+# one thread and a throwaway request first; without them the first step also paid the process's
+# start-up costs, and threads waiting on each other made every step slower and noisier.)
 #
+# ### Exercise 7.7 — TTFT, read off the engine's log
+#
+# The engine above reported each request's three terms. Get them yourself from what the loop did:
+# write `ttft_split(steps, request_id, arrival_time)`, where `steps` is the engine's list of
+# `StepOutput`s in order (each has `start`, `end` in seconds and `admitted`, the ids of the requests
+# whose prefill ran in that step), and return a dict `{"scheduling_delay_s": ..., "queueing_s": ...,
+# "prefill_s": ...}` for a request that finished. Use the definitions at the top of this section; an
+# engine that is idle when a request arrives starts its next step at the arrival. The checkoff reads
+# the logs of engine runs under load on the lecture's H100.
+
+# %%
+def ttft_split(steps, request_id, arrival_time):
+    """The three terms of one request's TTFT, read off the engine's step log."""
+    ### BEGIN SOLUTION 7.7: return {"scheduling_delay_s": ..., "queueing_s": ..., "prefill_s": ...} from the step log
+    boundary = next(st.start for st in steps if st.start >= arrival_time)  # the first boundary after it arrived
+    admit = next(st for st in steps if request_id in st.admitted)  # the step that ran its prefill
+    return {"scheduling_delay_s": boundary - arrival_time, "queueing_s": admit.start - boundary,
+            "prefill_s": admit.end - admit.start}
+    ### END SOLUTION
+
+
+check("7.7", ttft_split)
+
+# %% [markdown]
+# Your function on the tiny model's log above, beside the engine's own record of each request:
+
+# %% tags=["nbval-ignore-output"]
+if unlocked("7.7"):
+    for rid, rr in real_run.requests.items():
+        mine = ttft_split(real_steps, rid, rr.arrival_time)
+        print(f"request {rid}: yours {1e3 * mine['scheduling_delay_s']:6.1f} + {1e3 * mine['queueing_s']:6.1f} + "
+              f"{1e3 * mine['prefill_s']:6.1f} ms; engine {1e3 * rr.scheduling_delay_s:6.1f} + "
+              f"{1e3 * rr.queueing_s:6.1f} + {1e3 * rr.prefill_s:6.1f} ms")
+
+# %% [markdown]
 # ## 2. TPOT is a property of the batch, not of the request
 #
 # Lecture 2 §2.15: a decode step is memory-bound — its time is the bytes it must read from HBM over the
@@ -138,27 +192,19 @@ def tpot(model, gpu, batch, seq_tokens):
 check("7.1", tpot)
 
 # %% [markdown]
-# Once it passes: the step streams every weight once, shared by the whole batch, plus the KV of
-# **every** sequence in it — the rest of your step is your **neighbours'** KV. The lecture evaluates it
-# at its printed B = 199 with 0.328 GB per sequence: 78.8 GB moved, **23.5 ms**.
-
-# %% [markdown]
-# The engine agrees. Below, B sequences that each hold 640 tokens decode one step together on the
-# cost-model clock (`steady_batch_tpot`: a 639-token prompt, then one pure decode step), and
-# we read each request's TPOT off its timeline:
+# Does the engine agree with you? Below, B sequences that each hold 640 tokens decode one step together
+# on the cost-model clock (`steady_batch_tpot`: a 639-token prompt, then one pure decode step), and each
+# request's TPOT is read off its timeline — shown beside your formula once 7.1 passes.
 
 # %%
 measured = steady_batch_tpot([1, 29, 100, 186], seq_tokens=SEQ)
-for b, t in measured.items():
-    yours = f", your formula {1e3 * tpot(MHA, H100, b, SEQ):6.3f} ms" if passed("7.1") else ""
-    print(f"B = {b:3d}: engine {1e3 * t:6.3f} ms{yours}")
-
-# %% [markdown]
-# At the printed B = 199 the exact arithmetic gives 23.96 ms, not 23.5 ms — the lecture's 0.328 GB
-# per sequence takes 512 KiB as 512,000 bytes:
-
-# %%
-viz.errata_note("TPOT at B = 199", "KV per 640-token sequence")
+if revealed("7.1"):
+    display(Markdown("The step streams every weight once, shared by the whole batch, plus the KV of **every** "
+                     "sequence in it — the rest of your step is your **neighbours'** KV."))
+    for b, t in measured.items():
+        print(f"B = {b:3d}: engine {1e3 * t:6.3f} ms, your formula {1e3 * tpot(MHA, H100, b, SEQ):6.3f} ms")
+    print("The lecture prints 23.5 ms at B = 199 (exact: 23.96 ms): its 0.328 GB per sequence reads 512 KiB as "
+          "512,000 B (LEDGER.md, §10.6).")
 
 # %% [markdown]
 # ### Exercise 7.2 — the largest B that meets the SLO
@@ -190,7 +236,8 @@ check("7.2", max_batch)
 # measurements from above. *Your neighbours set your cadence.*
 
 # %%
-viz_slo.tpot_panel(batch=186, seq_tokens=SEQ, tpot_slo_ms=20, measured=measured)
+if revealed("7.1", "7.2"):  # the panel draws TPOT(B) and the largest B under the SLO: it opens once both pass
+    display(viz_slo.tpot_panel(batch=186, seq_tokens=SEQ, tpot_slo_ms=20, measured=measured))
 
 # %% [markdown]
 # ## 3. Goodput is the metric; throughput is not
@@ -202,7 +249,7 @@ viz_slo.tpot_panel(batch=186, seq_tokens=SEQ, tpot_slo_ms=20, measured=measured)
 # |---|---|---|
 # | naive | reserve-to-max, S_max = 4,096 | 29 slots of 2.147 GB |
 # | paged at the memory ceiling | 7,452 blocks ÷ 40 per sequence | 186 (printed 199) |
-# | paged at the SLO-limited B | the largest B with TPOT ≤ 20 ms | 159 (printed 164) |
+# | paged at the SLO-limited B | the largest B with TPOT ≤ 20 ms | your 7.2 |
 #
 # Throughput of a steady batch is $B / \text{TPOT}(B)$; its goodput is the same number if
 # TPOT ≤ SLO and **zero** if not — every request in the step gets the same TPOT, so a steady batch
@@ -210,7 +257,8 @@ viz_slo.tpot_panel(batch=186, seq_tokens=SEQ, tpot_slo_ms=20, measured=measured)
 
 # %%
 columns = three_columns(MHA, H100, SEQ, s_max=4096, block_size=16, tpot_slo_s=0.020)
-HTML(viz_slo.goodput_table_html(columns))
+if revealed("7.2"):  # the table's third column is 7.2's answer
+    display(HTML(viz_slo.goodput_table_html(columns)))
 
 # %% [markdown]
 # *Board: the three-column table, then strike out the middle column's throughput and write
@@ -219,29 +267,28 @@ HTML(viz_slo.goodput_table_html(columns))
 # the only correct first answer is a question: *what is the SLO?* Move it:
 
 # %%
-viz_slo.goodput_table_panel(tpot_slo_ms=20)
+if revealed("7.2"):
+    display(viz_slo.goodput_table_panel(tpot_slo_ms=20))
 
 # %% [markdown]
 # At 25 ms the middle column is the best; at 20 ms it is worthless; below 6.9 ms even the naive
 # column fails. Neither configuration is wrong — *"what is this engine's throughput?"* is the wrong
 # question, because throughput without a latency constraint can always be raised by making the
-# service worse. The lecture's printed column figures and where exact arithmetic parts from them:
+# service worse.
+#
+# Where does the SLO bind, against the memory ceiling — for the MHA model, and for GQA-8, whose
+# sequences are 4× smaller? Once 7.2 passes:
 
 # %%
-viz.errata_note("Paged concurrency", "Largest B meeting", "Naive column's throughput")
-
-
-# %% [markdown]
-# For the lecture's workload the SLO binds at **159**, below the memory ceiling of 186 (printed: 164
-# below 199). *After paging, the SLO usually binds before the memory does* — the clearest sign that the
-# allocator problem is solved, and why the next eight weeks are about scheduling, kernels and bytes.
-# The same is true far more strongly with GQA-8, whose sequences are 4× smaller:
-
-# %%
-for model in (MHA, LECTURE_7B_GQA8):
-    ceiling = memory_ceiling(model, H100, SEQ)
-    slo_b = min(ceiling, ledger.max_batch_for_tpot(model, SEQ, 0.020, H100.hbm_bandwidth))
-    print(f"{model.name:>16}: memory ceiling {ceiling:4d}, largest B under 20 ms {slo_b:4d}")
+if revealed("7.2"):
+    for model in (MHA, LECTURE_7B_GQA8):
+        ceiling = memory_ceiling(model, H100, SEQ)
+        print(f"{model.name:>16}: memory ceiling {ceiling:4d}, largest B under 20 ms {max_batch(model, H100, SEQ, 0.020):4d}")
+    display(Markdown("*After paging, the SLO usually binds before the memory does* — the clearest sign that the "
+                     "allocator problem is solved, and why the next eight weeks are about scheduling, kernels and bytes."))
+    print("The lecture prints 164 (exact: 159): its 0.328 GB per sequence reads 512 KiB as 512,000 B, giving 163.1, "
+          "rounded up (LEDGER.md, §10.6).")
+    print("Its 'a third of the throughput' for the naive column is about half under every reading (LEDGER.md, §10.6).")
 
 # %% [markdown]
 # ## 4. Your workload: the Azure conversation trace, replayed at H100 scale
@@ -357,8 +404,8 @@ for rp in (replays[1], additive):
 #
 # Write `goodput(requests, ttft_slo_s, tpot_slo_s)`: given an engine run's `RequestResult`s, return
 # its goodput in output tokens per second. The run's time span is the one its throughput is measured
-# on: from the **first arrival** of any request in the run to the **last finish** of any finished
-# request. Decide from the definition above which requests count. A `RequestResult` has `status`,
+# on: from the **first arrival** of any request in the run (finished or not) to the **last finish** of
+# any finished request. Decide from the definition above which requests count. A `RequestResult` has `status`,
 # `arrival_time`, `first_token_time`, `finish_time`, `tpot_s` (`None` after a single output token)
 # and `num_output_tokens` (one count per sampled branch).
 
@@ -463,81 +510,98 @@ print(f"{len(session)} steps, prompts {session.requests[0].prompt_tokens:,} -> {
 # %% [markdown]
 # ### Exercise 7.5 — peak KV, sessions per card, prefill cost
 #
-# Write `agent_session_ledger(model, gpu, context_tokens, submitted_tokens, block_size)` returning a
-# dict with
+# Write `agent_session_ledger(model, gpu, prompts, block_size)`, where `prompts` lists the prompt
+# tokens each step of a session submits (the context only grows, so the last is the largest),
+# returning a dict with
 #
-# * `"peak_kv_bytes"` — the KV the session holds at its largest context (lab 00's per-token count, on
+# * `"peak_kv_bytes"` — the KV the session holds at its largest prompt (lab 00's per-token count, on
 #   this model);
 # * `"sessions"` — how many such sessions a **paged** card holds at once. The card's memory first holds
 #   the weights and the lecture's 4 GB (decimal) reserve for activations and workspace; the rest is the
 #   pool of `block_size`-token blocks, and a session runs only with all of its peak context resident
 #   (none at all when the weights leave nothing);
-# * `"prefill_s"` — the time to prefill every submitted token, counting only the weights' arithmetic
-#   (leave attention's out), on a card that achieves half its peak FLOP rate.
+# * `"prefill_s"` — the time to prefill every step's prompt from scratch, on a card that achieves half
+#   its peak FLOP rate. Count a prefill's arithmetic as lab 06 did: the weights' work for every token
+#   and attention's, every query against all the keys of **its own step's** prompt. (The lecture's
+#   sketch drops attention; this exercise does not.)
 
 # %%
-def agent_session_ledger(model, gpu, context_tokens, submitted_tokens, block_size=16):
-    """Exercise 5's three numbers for one agent session."""
+def agent_session_ledger(model, gpu, prompts, block_size=16):
+    """Exercise 5's three numbers for one agent session whose steps submit `prompts` tokens."""
     ### BEGIN SOLUTION 7.5: return {"peak_kv_bytes": ..., "sessions": ..., "prefill_s": ...}
     kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
     budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4 * GB
     blocks = max(0, math.floor(budget / (block_size * kv)))
-    return {"peak_kv_bytes": context_tokens * kv,
-            "sessions": blocks // math.ceil(context_tokens / block_size),
-            "prefill_s": submitted_tokens * 2 * model.num_params / (0.5 * gpu.peak_flops)}
+    context = max(prompts)
+    flops = sum(2 * model.num_params * p + 4 * model.num_layers * model.num_heads * model.head_dim * p * p
+                for p in prompts)
+    return {"peak_kv_bytes": context * kv, "sessions": blocks // math.ceil(context / block_size),
+            "prefill_s": flops / (0.5 * gpu.peak_flops)}
     ### END SOLUTION
 
 
 check("7.5", agent_session_ledger)
 
 # %% [markdown]
-# ### Exercise 7.6 — which of the three did paging improve?
+# ### Exercise 7.6 — what sets paging's gain?
 #
-# Put the same session on two cards of the same model: one that reserves a 16,384-token slot per
-# session up front (reserve-to-max), one that hands out blocks as the context grows (paged). Which of
-# your three numbers comes out different? Answer with one of `"peak_kv_bytes"`, `"sessions"`, `"prefill_s"`.
+# Paging's gain here is the paged card's sessions over those of a card that reserves a 16,384-token
+# slot per session up front (reserve-to-max, S_max = 16,384), same model, same budget. Which one of
+# these changes would raise that gain the most?
+#
+# * `"mha"` — serve the MHA model instead of GQA-8 (4× the KV per token);
+# * `"memory"` — a card with twice the memory;
+# * `"blocks"` — blocks of 256 tokens instead of 16;
+# * `"s_max"` — reserve 8,192-token slots instead of 16,384;
+# * `"steps"` — sessions that end after their 10th step (their prompts stop at 4,700 tokens).
+#
+# You have the allocators of labs 02 and 03 and your 7.5 to try them with.
 
 # %%
-### BEGIN SOLUTION 7.6: set improved to the one number ("peak_kv_bytes", "sessions" or "prefill_s") that paging improved
-improved = "sessions"
+### BEGIN SOLUTION 7.6: set biggest_gain to the change ("mha", "memory", "blocks", "s_max" or "steps") that raises paging's gain the most
+biggest_gain = "steps"
 ### END SOLUTION
-check("7.6", improved)
+check("7.6", biggest_gain)
 
 # %% [markdown]
-# Now count sessions with the real allocators instead of a formula — 7.6's answer, measured. The
-# paged pool of the GQA-8 card takes 7,700-token sessions until it refuses one; a reserve-to-max
-# allocator that must promise each session a 16,384-token slot takes fewer:
+# Now count sessions with the real allocators instead of a formula: a paged pool takes sessions until it
+# refuses one; a reserve-to-max allocator must promise each session a whole slot. Once 7.5 and 7.6 pass,
+# for the lecture's session and for each change of 7.6:
 
 # %%
+def sessions_held(model, hbm_scale=1.0, block_size=16, s_max=16_384, context=7_700):
+    """Sessions of `context` tokens the real allocators hold: (paged, reserve-to-max)."""
+    budget = ledger.kv_budget_bytes(model, H100) + (hbm_scale - 1) * H100.hbm_bytes
+    paged = BlockAllocator(ledger.num_blocks(budget, block_size, model.kv_bytes_per_token), block_size)
+    naive = ReserveToMaxAllocator.from_budget(budget, model.kv_bytes_per_token, s_max=s_max)
+    counts = []
+    for pool in (paged, naive):
+        n = 0
+        while True:
+            try:
+                pool.allocate(n, context)
+            except OutOfBlocks:
+                break
+            n += 1
+        counts.append(n)
+    return tuple(counts)
+
+
 gqa = LECTURE_7B_GQA8
-budget_gqa = ledger.kv_budget_bytes(gqa, H100)
-paged_pool = BlockAllocator(ledger.num_blocks(budget_gqa, 16, gqa.kv_bytes_per_token), 16)
-naive_pool = ReserveToMaxAllocator.from_budget(budget_gqa, gqa.kv_bytes_per_token, s_max=16_384)
-counts = {}
-for name, pool, allocate in (("paged, b = 16", paged_pool, lambda i: paged_pool.allocate(i, 7_700)),
-                             ("reserve-to-max, S_max = 16K", naive_pool, lambda i: naive_pool.allocate(i, 7_700))):
-    n = 0
-    while True:
-        try:
-            allocate(n)
-        except OutOfBlocks:
-            break
-        n += 1
-    counts[name] = n
-if unlocked("7.5"):
-    ex5 = agent_session_ledger(gqa, H100, 7_700, submitted)
-    print(f"peak KV {fmt_bytes(ex5['peak_kv_bytes'])}; prefill {ex5['prefill_s']:.2f} s of exclusive H100 time")
-print(f"sessions: {counts}  -> paging is worth {counts['paged, b = 16'] / counts['reserve-to-max, S_max = 16K']:.2f}x here")
-
-# %%
-viz.errata_note("Exercise 5")
-
-# %%
-if revealed("7.6"):
-    display(Markdown("""Paging improved the second number (2.1× here, less than §10.3's 6.4× because agent contexts really
-are long) and did nothing to the third — and the third is 92% waste, because every step re-prefills
-a context the card already computed. That is the whole argument for the prefix cache (Nov 9): the
-allocator made the cache fit, and the cache is still being recomputed from scratch every step."""))
+if revealed("7.5", "7.6"):
+    ex5 = agent_session_ledger(gqa, H100, [q.prompt_tokens for q in session])
+    print(f"peak KV {fmt_bytes(ex5['peak_kv_bytes'])}; prefill {ex5['prefill_s']:.2f} s of exclusive H100 time "
+          f"(the lecture's weights-only count: {submitted * 2 * gqa.num_params / (0.5 * H100.peak_flops):.2f} s)")
+    for label, kw in (("the lecture's session", {}), ("mha", dict(model=MHA)), ("memory", dict(hbm_scale=2.0)),
+                      ("blocks", dict(block_size=256)), ("s_max", dict(s_max=8_192)), ("steps", dict(context=4_700))):
+        paged, naive = sessions_held(**{"model": gqa, **kw})
+        print(f"{label:>22}: paged {paged:4d}, reserve-to-max {naive:3d} -> gain {paged / naive:.2f}x")
+    display(Markdown("""The gain is nearly S_max over the session's peak context: what a reserved slot holds against what
+a session uses. Bytes per token and the budget scale both counts alike. Paging did nothing to the prefill
+time — and most of it is re-sent prompt, because every step re-prefills a context the card already
+computed. That is the whole argument for the prefix cache (Nov 9)."""))
+    print("The lecture prints 0.985 GB and 63 sessions (exact: 1.009 GB, 61): 128 KiB read as 128,000 B, and "
+          "62.5 / 0.985 = 63 follows from it (LEDGER.md, Exercise 5).")
 
 # %% [markdown]
 # ## Self-check
@@ -546,19 +610,18 @@ allocator made the cache fit, and the cache is still being recomputed from scrat
 #    on a loaded engine?
 # 2. Your request's TPOT doubled and nothing about your request changed. What did?
 # 3. Configuration A has twice B's throughput. Can B have more goodput? Construct the case.
-# 4. The memory ceiling is 186 and the SLO-limited B is 159. Which number should `max_num_seqs` be, and
-#    what does it mean that the second is smaller?
+# 4. The memory ceiling is 186 and the SLO-limited B is your 7.2's answer. Which number should
+#    `max_num_seqs` be, and what does it mean that the second is smaller?
 # 5. On the Azure replay, capping B did not raise goodput at 20 ms. Why not, and what would?
 #
 # <details><summary>Answers</summary>
 #
 # 1. Prefill (129 ms for 4,096 tokens at 50% of peak). Queueing — waiting for blocks and a slot.
-# 2. The batch: more neighbours, or longer ones, in the same step. TPOT is $(W + \sum_i S_i k)/\beta$
-#    over everyone in the step.
+# 2. The batch: more neighbours, or longer ones, in the same step (your 7.1 says by how much).
 # 3. Yes: the three-column table. At a 20 ms SLO the paged-at-ceiling column (8,210 tok/s) has
 #    goodput 0 and the naive column (4,186 tok/s) keeps all of its throughput as goodput.
-# 4. 159 (for that workload and SLO): the SLO binds before memory does — after paging, the allocator
-#    is no longer the constraint.
+# 4. The SLO-limited one (for that workload and SLO): the SLO binds before memory does — after paging,
+#    the allocator is no longer the constraint.
 # 5. The misses came from prefills sharing steps with decodes, not from the batch size. Bounding the
 #    tokens per step (chunked prefill, `max_num_batched_tokens`) or separating prefill from decode
 #    addresses it (lab 08 places both on the map).

@@ -74,8 +74,9 @@ LECTURE_RESULT = {
 # 1.5's ledger is of a run of the engine the lab itself sets up (twelve requests, 600 blocks): the lecture prints none of it.
 # 8.8 returns a changed (model, card) pair, not a number.
 # 2.13's result is an offset in an address space taken mid-serve: where a slot goes, no quantity of the lecture.
+# 7.7's TTFT terms are read off each engine run's own step log.
 NO_LECTURE_NUMBER = {"1.2", "1.3", "1.5", "2.13", "5.2", "3.1", "3.2", "3.3", "3.10", "4.1", "4.2", "5.1", "5.4", "6.1",
-                     "6.2", "7.3", "7.4", "8.3", "8.6", "8.7", "8.8"}
+                     "6.2", "7.3", "7.4", "7.7", "8.3", "8.6", "8.7", "8.8"}
 
 
 # Numbers in a lab that coincide with an answer and are not it (COURSE_AUTHORING.md, rule 6): (checkoff id, the

@@ -57,14 +57,11 @@ def test_lab07_right_answers_pass(capsys):
 
     check("7.3", goodput)
 
-    def session(m, g, ctx, submitted, bs=16):
-        return {"peak_kv_bytes": ctx * kv(m), "sessions": blocks(m, g, 1.0, bs) // math.ceil(ctx / bs),
-                "prefill_s": submitted * 2 * m.num_params / (0.5 * g.peak_flops)}
-
-    check("7.5", session)
-    check("7.6", "sessions")
+    check("7.5", _session)
+    check("7.6", "steps")
     check("7.4", ttft_tail)
-    assert capsys.readouterr().out.count("passed") == 6
+    check("7.7", ttft_split)
+    assert capsys.readouterr().out.count("passed") == 7
 
 
 def test_lab07_wrong_answers_teach(fails):
@@ -76,9 +73,9 @@ def test_lab07_wrong_answers_teach(fails):
     with fails("Hint"):
         check("7.3", lambda reqs, ttft, tp: sum(sum(r.num_output_tokens) for r in reqs))  # a count, not a rate
     with fails("keys"):
-        check("7.5", lambda m, g, c, s, bs=16: (c * kv(m), 0, 0))
-    with fails("bytes per token"):
-        check("7.6", "peak_kv_bytes")
+        check("7.5", lambda m, g, p, bs=16: (max(p) * kv(m), 0, 0))
+    with fails("ratio barely moves"):
+        check("7.6", "mha")
     with fails("nearest-rank"):
         check("7.4", lambda reqs, slo: dict(ttft_tail(reqs, slo), p99_s=float(np.percentile(
             [r.first_token_time - r.arrival_time for r in reqs if r.status == "finished"], 99, method="inverted_cdf"))))
@@ -113,16 +110,18 @@ def test_7_3_and_7_4_take_a_run_by_its_config_and_rebuild_it_in_the_sandbox():
     from labsupport.course.harness import engine_requests
     from labsupport.course.registry import case_rng
 
-    for cid, slos in (("7.3", 2), ("7.4", 1)):
+    for cid, slos, make in (("7.3", 2, "engine_run_requests"), ("7.4", 1, "engine_requests")):
         cases = get(cid).cases(case_rng(cid))
         for c in cases:
             sent = json.loads(json.dumps(c.input()))  # what goes into the sandbox, exactly: nothing else
             assert set(sent) == {"args", "kwargs"} and sent["kwargs"] == {} and len(sent["args"]) == 1 + slos
             recipe = sent["args"][0]
-            assert recipe == {"$": "new", "make": "labsupport.course.harness:engine_requests", "kwargs": {},
+            assert recipe == {"$": "new", "make": f"labsupport.course.harness:{make}", "kwargs": {},
                               "calls": [], "args": recipe["args"]}
             assert len(recipe["args"]) == 4 and all(isinstance(a, (int, float)) for a in recipe["args"])
             assert all(isinstance(a, float) for a in sent["args"][1:])  # the SLOs
+        if cid == "7.3":
+            continue
         first = cases[0].input()["args"][0]
         assert first["args"] == [1, 40.0, 7452, 60]
         rebuilt, here = data.build(first), engine_requests(1, 40.0, 7452, 60)
@@ -250,34 +249,142 @@ def test_7_1_two_derivations_and_named_slips(capsys, fails):
             check("7.1", fn)
 
 
-def _session(m, g, ctx, submitted, bs=16, **slip):
+def _flops(m, p, coef=4, heads=None):
+    """One step's prefill from scratch: 2 N p for the weights, coef·L·H·d·p² for attention (lab 06's count)."""
+    return 2 * m.num_params * p + coef * m.num_layers * (heads or m.num_heads) * m.head_dim * p * p
+
+
+def _session(m, g, prompts, bs=16, **slip):
+    ctx = max(prompts)
     right = {"peak_kv_bytes": ctx * kv(m), "sessions": blocks(m, g, 1.0, bs) // math.ceil(ctx / bs),
-             "prefill_s": submitted * 2 * m.num_params / (0.5 * g.peak_flops)}
-    return dict(right, **{k: f(m, g, ctx, submitted, bs) for k, f in slip.items()})
+             "prefill_s": sum(_flops(m, p) for p in prompts) / (0.5 * g.peak_flops)}
+    return dict(right, **{k: f(m, g, prompts, bs) for k, f in slip.items()})
+
+
+def test_7_5_by_hand():
+    """Lecture 5's session on GQA-8: prompts 2,000 + 300 i (i < 20), 97,000 submitted, 7,700 at the end.
+    Peak KV 7,700 x 131,072 B = 1,009,254,400 B; pool floor((80e9 - 13.48e9 - 4e9) / (16 x 131,072)) = 29,811
+    blocks, 29,811 // 482 = 61 sessions; prefill: 2 x 6.74e9 x 97,000 = 1.30756e15 FLOP for the weights, plus
+    4 x 32 x 32 x 128 = 524,288 x sum p² = 524,288 x (8e7 + 2.28e8 + 2.223e8 = 5.303e8) = 2.7803e14 FLOP for
+    attention: 1.58559e15 / 494.5e12 = 3.2064 s (the lecture's weights-only count: 2.64 s)."""
+    from labsupport.course.checkoffs import get
+    from labsupport.course.registry import case_rng
+
+    first = get("7.5").cases(case_rng("7.5"))[0]
+    assert first.args[2] == [2_000 + 300 * i for i in range(20)] and sum(first.args[2]) == 97_000
+    assert first.want["peak_kv_bytes"] == 1_009_254_400 and first.want["sessions"] == 61
+    assert abs(first.want["prefill_s"] - 3.2064) < 1e-4
 
 
 def test_7_5_two_derivations_and_named_slips(capsys, fails):
     check("7.5", _session)
 
-    def block_by_block(m, g, ctx, submitted, bs=16):  # fill the pool session by session
+    def block_by_block(m, g, prompts, bs=16):  # fill the pool session by session; FLOPs step by step
+        ctx = prompts[-1]
         pool, need = blocks(m, g, 1.0, bs), -(-ctx // bs)
         held = 0
         while pool >= need:
             pool, held = pool - need, held + 1
-        return {"peak_kv_bytes": sum(kv(m) for _ in range(ctx)) if ctx < 100_000 else ctx * kv(m),
-                "sessions": held, "prefill_s": submitted * m.num_params * 2 / g.peak_flops * 2}
+        flops = 0
+        for p in prompts:
+            flops += 2 * m.num_params * p
+            flops += 2 * 2 * m.num_layers * m.num_heads * m.head_dim * p ** 2  # QK^T and PV, 2 FLOP a pair
+        return {"peak_kv_bytes": ctx * kv(m), "sessions": held, "prefill_s": 2 * flops / g.peak_flops}
 
     check("7.5", block_by_block)
     assert capsys.readouterr().out.count("passed") == 2
     for slip, words in (
-            (dict(peak_kv_bytes=lambda m, g, c, s, bs: c * kv(m) * m.num_heads // m.num_kv_heads), "only the KV heads"),
-            (dict(peak_kv_bytes=lambda m, g, c, s, bs: c * kv(m) // 2), "a key and a value"),
-            (dict(sessions=lambda m, g, c, s, bs: blocks(m, g, 1.0, bs, activation_bytes=0) // math.ceil(c / bs)),
+            (dict(peak_kv_bytes=lambda m, g, p, bs: max(p) * kv(m) * m.num_heads // m.num_kv_heads),
+             "only the KV heads"),
+            (dict(peak_kv_bytes=lambda m, g, p, bs: max(p) * kv(m) // 2), "a key and a value"),
+            (dict(sessions=lambda m, g, p, bs: blocks(m, g, 1.0, bs, activation_bytes=0) // math.ceil(max(p) / bs)),
              "4 GB reserve"),
-            (dict(prefill_s=lambda m, g, c, s, bs: s * m.num_params / (0.5 * g.peak_flops)), "half the time"),
-            (dict(prefill_s=lambda m, g, c, s, bs: s * 2 * m.num_params / g.peak_flops), "half the time")):
+            (dict(prefill_s=lambda m, g, p, bs: sum(2 * m.num_params * q for q in p) / (0.5 * g.peak_flops)),
+             "weights' arithmetic alone"),
+            (dict(prefill_s=lambda m, g, p, bs: sum(_flops(m, q, coef=2) for q in p) / (0.5 * g.peak_flops)),
+             "causally"),
+            (dict(prefill_s=lambda m, g, p, bs: sum(_flops(m, q) for q in p) / g.peak_flops), "peak"),
+            (dict(prefill_s=lambda m, g, p, bs: _flops(m, sum(p)) / (0.5 * g.peak_flops)), "squares the submitted")):
         with fails(words):
-            check("7.5", lambda m, g, c, s, bs=16, slip=slip: _session(m, g, c, s, bs, **slip))
+            check("7.5", lambda m, g, p, bs=16, slip=slip: _session(m, g, p, bs, **slip))
+
+
+# --- item 4: each step a prompt names, dropped, fails on hidden cases ---------------------------------
+
+def _goodput(reqs, ttft, tp, start="first arrival", none_tpot="no TPOT to miss", branches="all", status=True):
+    """7.3 by its prompt, each named step replaceable by the slip that drops it."""
+    fin = [r for r in reqs if r.status == "finished" or not status]
+    arrivals = {"first arrival": [r.arrival_time for r in reqs],
+                "first finished request's arrival": [r.arrival_time for r in fin if r.status == "finished"],
+                "arrival of the first to finish": [min((r for r in fin if r.finish_time is not None),
+                                                       key=lambda r: r.finish_time).arrival_time]}[start]
+    good = 0
+    for r in fin:
+        if r.first_token_time is None or r.first_token_time - r.arrival_time > ttft:
+            continue
+        if r.tpot_s is None and none_tpot == "a miss":
+            continue
+        if r.tpot_s is not None and r.tpot_s > tp:
+            continue
+        good += sum(r.num_output_tokens) if branches == "all" else r.num_output_tokens[0]
+    return good / (max(r.finish_time for r in fin if r.finish_time is not None) - min(arrivals))
+
+
+def test_7_3_each_named_step_fails_on_hidden_runs():
+    """Item 4, 7.3: the span from the first arrival (a refused one included), requests with no TPOT, every
+    branch's tokens.  Dropping any one of them fails on two hidden draws (every hidden run opens with a refused
+    request, and holds one-token requests and multi-branch ones).  A missing TPOT taken as 0 is the prompt's own
+    rule (a request with one token has no TPOT to miss), so it passes; the slip is to count it as a miss."""
+    import pytest
+
+    from labsupport.course.checkoffs import get
+    from labsupport.course.judge import Mismatch
+    from labsupport.course.registry import case_rng
+
+    c = get("7.3")
+    for secret in (b"lab07 item 4 a", b"lab07 item 4 b"):
+        hidden = c.prepare(case_rng("7.3", secret))
+        c.verdict(_goodput, hidden)
+        for slip in (dict(start="first finished request's arrival"), dict(start="arrival of the first to finish"),
+                     dict(none_tpot="a miss"), dict(branches="the first")):
+            with pytest.raises(Mismatch):
+                c.verdict(lambda q, a, b, slip=slip: _goodput(q, a, b, **slip), hidden)
+
+
+def ttft_split(steps, rid, arrival):
+    """7.7 by hand: the first step boundary at or after the arrival, then the step whose prefills hold it."""
+    boundary = min(st.start for st in steps if st.start >= arrival)
+    admit = [st for st in steps if rid in st.admitted][0]
+    return {"scheduling_delay_s": boundary - arrival, "queueing_s": admit.start - boundary,
+            "prefill_s": admit.end - admit.start}
+
+
+def test_7_7_each_named_step_fails_on_hidden_runs():
+    """Item 4, 7.7: the wait for the next boundary, the wait for the admitting step, and that step's length;
+    measuring queueing from the arrival (no scheduling delay), or the prefill to the end of the run's next step,
+    fails on hidden runs."""
+    import pytest
+
+    from labsupport.course.checkoffs import get
+    from labsupport.course.judge import Mismatch
+    from labsupport.course.registry import case_rng
+
+    c = get("7.7")
+    hidden = c.prepare(case_rng("7.7", b"lab07 item 4"))
+    c.verdict(ttft_split, hidden)
+
+    def no_boundary(steps, rid, arrival):  # queueing from the arrival itself
+        right = ttft_split(steps, rid, arrival)
+        return dict(right, scheduling_delay_s=0.0, queueing_s=right["queueing_s"] + right["scheduling_delay_s"])
+
+    def step_in_progress(steps, rid, arrival):  # the boundary taken as the start of the step it arrived during
+        right = ttft_split(steps, rid, arrival)
+        during = max((st.start for st in steps if st.start <= arrival), default=arrival)
+        return dict(right, scheduling_delay_s=arrival - during)
+
+    for wrong in (no_boundary, step_in_progress):
+        with pytest.raises(Mismatch):
+            c.verdict(wrong, hidden)
 
 
 def test_8_5_two_derivations_and_named_slips(capsys, fails):
@@ -371,3 +478,31 @@ def test_lab08_attacked_two_derivations_and_slips(fails):
     with fails("more bytes per second"):
         check("8.8", lambda m, g, q, f: _attacked_by_replace(m, g, q, f) if q.startswith("bytes") or q.startswith("KV")
               else (m, replace(g, hbm_bandwidth=g.hbm_bandwidth / f)))
+
+
+def test_7_2_each_named_step_fails_on_hidden_cases():
+    """Item 4, 7.2: the prompt names the 4 GB reserve, whole blocks (a sequence holds ceil(S / b) of them), the
+    SLO ceiling and the memory ceiling; dropping any one fails the hidden cases of two draws."""
+    import pytest
+
+    from labsupport.course.checkoffs import get
+    from labsupport.course.judge import Mismatch
+    from labsupport.course.registry import case_rng
+
+    def slo_b(m, g, s, slo):
+        return max(0, math.floor((slo * g.hbm_bandwidth - m.num_params * m.dtype_bytes) / (s * kv(m))))
+
+    drops = {
+        "no 4 GB reserve": lambda m, g, s, slo, bs=16: min(blocks(m, g, 1.0, bs, 0) // math.ceil(s / bs), slo_b(m, g, s, slo)),
+        "bytes, not whole blocks": lambda m, g, s, slo, bs=16: min(
+            max(0, math.floor((g.hbm_bytes - m.num_params * m.dtype_bytes - 4e9) / (s * kv(m)))), slo_b(m, g, s, slo)),
+        "no SLO": lambda m, g, s, slo, bs=16: blocks(m, g, 1.0, bs) // math.ceil(s / bs),
+        "no memory": lambda m, g, s, slo, bs=16: slo_b(m, g, s, slo),
+    }
+    c = get("7.2")
+    for secret in (b"lab07 item 4 a", b"lab07 item 4 b"):
+        hidden = c.prepare(case_rng("7.2", secret))
+        c.verdict(max_batch, hidden)
+        for name, wrong in drops.items():
+            with pytest.raises(Mismatch):
+                c.verdict(wrong, hidden)

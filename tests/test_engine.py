@@ -630,3 +630,26 @@ def test_goodput_counts_only_requests_meeting_both_slos():
     assert slo_report(res, 0.5, 10).good_requests == 0  # TTFT of 1 s misses a 0.5 s SLO
     with pytest.raises(ValueError, match="ttft_slo_s"):
         slo_report(res, 0, 1)
+
+
+def test_a_policy_function_decides_each_victim_and_a_bad_answer_is_refused():
+    # The pool of the auto test above (6 blocks of 4): r2, 5 tokens cached, is the one victim.  A policy of
+    # one's own is asked with the victim's cached tokens, and its answer is what the engine does.
+    asked = []
+
+    def policy(num_tokens):
+        asked.append(num_tokens)
+        return "recompute" if num_tokens < 100 else "swap"
+
+    eng = cost_engine(6, 4, watermark=0.0, preemption=policy)
+    for p, m in ((8, 4), (5, 2), (5, 2)):
+        eng.add_request(prompt_len=p, max_new_tokens=m)
+    res = eng.run()
+    assert asked == [5] and res.counters.preemptions == {"swap": 0, "recompute": 1}
+    eng = cost_engine(6, 4, watermark=0.0, preemption=lambda n: "evict")
+    for p, m in ((8, 4), (5, 2), (5, 2)):
+        eng.add_request(prompt_len=p, max_new_tokens=m)
+    with pytest.raises(ValueError, match="must return 'swap' or 'recompute'"):
+        eng.run()
+    with pytest.raises(ValueError, match="or a function"):
+        cost_engine(6, 4, preemption="sometimes")

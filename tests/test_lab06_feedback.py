@@ -167,16 +167,21 @@ def test_6_3_names_the_slips_on_hidden_givens_too():
 
 # --- 6.2: the preemption plan, written out by hand (latest arrival first, W* per victim) ---------------------
 
-def _plan(running, need, bs, m, gpu, link, mfu=0.5, latest_first=True, flip=False, one_more=False):
+def _plan(running, need, bs, m, gpu, link, mfu=0.5, latest_first=True, flip=False, one_more=False, stable_ties=False,
+          floor_blocks=False):
     plan, freed = [], 0
-    for name, _, tokens in sorted(running, key=lambda r: r[1], reverse=latest_first):
+    if stable_ties:  # the slip: sorted(..., reverse=True) keeps equal arrivals in their listed order
+        ranked = sorted(running, key=lambda r: r[1], reverse=latest_first)
+    else:  # the engine's rank: (arrival, order received); of equal arrivals the later listed goes first
+        ranked = [r for _, r in sorted(enumerate(running), key=lambda ir: (ir[1][1], ir[0]), reverse=latest_first)]
+    for name, _, tokens in ranked:
         if freed >= need:
             if not one_more:
                 break
             one_more = False
         recompute = _flops61(m, tokens) / (mfu * gpu.peak_flops) < 2 * _kv61(m, tokens) / link
         plan.append((name, "recompute" if recompute != flip else "swap"))
-        freed += -(-tokens // bs)
+        freed += tokens // bs if floor_blocks else -(-tokens // bs)
     return plan
 
 
@@ -198,3 +203,56 @@ def test_6_2_the_plan_passes_and_each_wrong_part_is_named(capsys, fails):
         check("6.2", lambda *a: [(n, "evict") for n, _ in _plan(*a)])
     with fails("list of \\(name, 'swap' or 'recompute'\\) pairs"):
         check("6.2", lambda *a: "recompute")
+
+
+@pytest.mark.parametrize("slip, words", [(dict(stable_ties=True), "order|set"), (dict(floor_blocks=True), "too many|set")])
+def test_6_2_each_named_step_matters_on_the_lab_and_hidden_cases(slip, words, fails):
+    """Item 4: the prompt names the tie rule and whole blocks; dropping either fails the lab's own cases and
+    the hidden ones (equal arrivals are drawn on purpose)."""
+    with fails(words):
+        check("6.2", lambda *a: _plan(*a, **slip))
+    c = get("6.2")
+    for seed in (b"hidden 1", b"hidden 2"):
+        hidden = c.prepare(case_rng("6.2", seed))
+        c.verdict(_plan, hidden)
+        with pytest.raises(Mismatch):
+            c.verdict(lambda *a: _plan(*a, **slip), hidden)
+
+
+_DROPS_6_3 = {  # each step the prompt of 6.3 names, dropped: the answer it gives instead on givens g
+    "KV with GQA_KV_HEADS": lambda g: dict(written_out(g), swap_advantage=written_out(dict(g, GQA_KV_HEADS=g["HEADS"]))[
+        "swap_advantage"]),
+    "FLOPs over all HEADS": lambda g: dict(written_out(g), recompute_ms=written_out(dict(g, HEADS=g["GQA_KV_HEADS"]))[
+        "recompute_ms"]),
+    "both ways over the link": lambda g: dict(written_out(g), breakeven_gbs=written_out(g)["breakeven_gbs"] / 2),
+    "MFU × PEAK_FLOPS": lambda g: dict(written_out(g), recompute_ms=written_out(g)["recompute_ms"] * g["MFU"]),
+    "GB/s as 1e9 B/s": lambda g: dict(written_out(g), breakeven_gbs=written_out(g)["breakeven_gbs"] * 1e9 / 2**30),
+    "the MHA model for the crossover": lambda g: dict(written_out(g), crossover_tokens=written_out(
+        dict(g, HEADS=g["GQA_KV_HEADS"]))["crossover_tokens"]),
+    "SLOW_LINK_BW for the crossover": lambda g: dict(written_out(g), crossover_tokens=written_out(
+        dict(g, SLOW_LINK_BW=g["LINK_BW"]))["crossover_tokens"]),
+    "exact, not rounded": lambda g: dict(written_out(g), crossover_tokens=round(written_out(g)["crossover_tokens"], -2)),
+    "the lecture's attention count": lambda g: written_out(g, attention=2),
+}
+
+
+def _fails(c, answer, g) -> bool:
+    try:
+        c.verdict(answer, c.expect(namespace(g)))
+    except Mismatch:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("step", sorted(_DROPS_6_3))
+def test_6_3_each_named_step_changes_the_answer_on_hidden_givens(step):
+    """Item 4: every step 6.3's prompt names, dropped, fails `grade`, which wants the answer right on the lecture's
+    givens and on two hidden sets: over many draws of two sets, each drop fails on one of the three.  (Every drop
+    but the rounding fails on every hidden set; a crossover rounded to hundreds can land within the 2-token
+    tolerance on a hidden set, never on the lecture's 5,195.19.)"""
+    c = get("6.3")
+    drawn = GIVENS[6].draw(case_rng("givens", b"lab06 drops", step), 24)
+    for g1, g2 in zip(drawn[::2], drawn[1::2]):
+        assert any(_fails(c, _DROPS_6_3[step](g), g) for g in (LECTURE, g1, g2)), step
+    if step != "exact, not rounded":
+        assert all(_fails(c, _DROPS_6_3[step](g), g) for g in drawn), step

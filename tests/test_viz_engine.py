@@ -275,7 +275,8 @@ def test_checkoff_6_1(capsys, fails):
 
 def _plan(running, need, bs, model, gpu, link, mfu=0.5):
     out, freed = [], 0
-    for name, _, tokens in sorted(running, key=lambda r: -r[1]):
+    # latest arrival first; of equal arrivals the later listed (received later by the engine) first
+    for _, (name, _, tokens) in sorted(enumerate(running), key=lambda ir: (-ir[1][1], -ir[0])):
         if freed >= need:
             break
         out.append((name, "swap" if link > _breakeven(model, tokens, gpu.peak_flops, mfu) else "recompute"))

@@ -580,6 +580,37 @@ def engine_requests(seed: int, rate: float, blocks: int, n_req: int) -> list:
     return list(replay(requests, num_blocks=blocks, record_token_times=True).result.requests.values())
 
 
+def engine_run(seed: int, rate: float, blocks: int, n_req: int) -> tuple[list, list]:
+    """A small run of the real engine (cost-model clock, the lecture's 7B on its H100, `blocks` blocks of 16) whose
+    first arrival, at t = 0, never fits and is refused, so it never finishes; then `n_req` random requests at `rate`
+    per second, some ending after one token (no TPOT), some sampling two or three branches.  Returns every step's
+    `StepOutput` and every request's `RequestResult`."""
+    from labsupport.costmodel import CostModel
+    from labsupport.engine import Engine
+
+    rng, t = random.Random(seed), 0.0
+    engine = Engine(cost_model=CostModel(), num_blocks=blocks, block_size=16, record_token_times=True)
+    engine.add_request(prompt_len=200_000, max_new_tokens=10, arrival_time=0.0)  # never fits: refused
+    for _ in range(n_req):
+        t += rng.expovariate(rate)
+        engine.add_request(prompt_len=rng.randint(16, 3000), max_new_tokens=rng.choice([1, 2, 40, 200]),
+                           n=rng.choice([1, 1, 1, 2, 3]), arrival_time=t)
+    steps = []
+    while (out := engine.step()) is not None:
+        steps.append(out)
+    return steps, list(engine.result().requests.values())
+
+
+def engine_run_requests(seed: int, rate: float, blocks: int, n_req: int) -> list:
+    """7.3's input: the RequestResults of `engine_run`."""
+    return engine_run(seed, rate, blocks, n_req)[1]
+
+
+def engine_run_steps(seed: int, rate: float, blocks: int, n_req: int) -> list:
+    """7.7's input: the StepOutputs of `engine_run`, the engine's log of its iterations."""
+    return engine_run(seed, rate, blocks, n_req)[0]
+
+
 # --- lab 08: 8.7 is an open question (any decode-heavy workload with the property passes): no answer here -------
 @judge("utilization_workload")
 def _utilization_workload(got, spec) -> None:

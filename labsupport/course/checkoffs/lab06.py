@@ -74,7 +74,8 @@ def _breakeven_bandwidth(rng):
 
 def _plan(running, blocks_needed, block_size, model, gpu, link, mfu):
     plan, freed = [], 0
-    for name, _, tokens in sorted(running, key=lambda r: r[1], reverse=True):  # latest arrival first
+    # latest arrival first; of equal arrivals the one received later (listed later) goes first, as in the engine
+    for name, _, tokens in [running[i] for i in sorted(range(len(running)), key=lambda i: (running[i][1], i))][::-1]:
         if freed >= blocks_needed:
             break
         swap_s = 2 * _kv_bytes(model, tokens) / link
@@ -90,7 +91,11 @@ _PLAN_CASES = [  # (running, blocks needed, block size, model, gpu, link bytes/s
     (_RUNNING, 1, 16, LECTURE_7B, "h100", 32 * GB), (_RUNNING, 200, 16, LECTURE_7B, "h100", 32 * GB),
     (_RUNNING, 900, 16, LECTURE_7B, "h100", 32 * GB), (_RUNNING, 800, 16, LECTURE_7B, "h100", 64 * GB),
     (_RUNNING, 800, 16, LECTURE_7B_GQA8, "h100", 8 * GB), (_RUNNING, 3000, 16, LECTURE_7B, "a100-80gb", 10 * GB),
-    (list(reversed(_RUNNING)), 129, 64, LECTURE_7B, "h100", 32 * GB), (_RUNNING, 2, 256, LLAMA3_70B, "h100", 12 * GB)]
+    (list(reversed(_RUNNING)), 129, 64, LECTURE_7B, "h100", 32 * GB), (_RUNNING, 2, 256, LLAMA3_70B, "h100", 12 * GB),
+    # f, e and d free 128 + 750 + ceil(300 / 16) = 897 blocks: whole blocks stop there, floor(300 / 16) takes c too
+    (_RUNNING, 897, 16, LECTURE_7B, "h100", 32 * GB),
+    # equal arrivals: the later listed goes first (a stable sort, reversed, would take the earlier one)
+    ([("p", 0.0, 3000), ("q", 1.0, 9000), ("r", 1.0, 700), ("s", 1.0, 6000)], 100, 16, LECTURE_7B, "h100", 32 * GB)]
 
 
 @function(
@@ -99,7 +104,8 @@ _PLAN_CASES = [  # (running, blocks needed, block size, model, gpu, link bytes/s
          "arrived last, then the one before it, until the victims' blocks cover what is needed (a sequence holds "
          "ceil(tokens / block_size) blocks). How: for each victim separately, compare the round trip of its KV over "
          "the link with redoing its prefill at mfu × peak — the answer depends on its length, which is why one "
-         "global policy is wrong for a mixed-length batch.",
+         "global policy is wrong for a mixed-length batch. Equal arrival times: the engine ranks them in the order it "
+         "received them, so the one listed later in `running` goes first.",
     forbid=("labsupport.ledger.preempt_choice", *_RECOMPUTE),
     derive="sort by arrival, latest first, and compare each victim's swap round trip with its recompute yourself",
     name="preemption_plan",
@@ -108,7 +114,7 @@ def _preemption_plan(rng):
     cases = [(running, need, bs, model, GPUS[gpu], link) for running, need, bs, model, gpu, link in _PLAN_CASES]
     for _ in range(4):
         model, gpu = random_pair(rng, fits=True)
-        arrivals = rng.sample(range(60_000), rng.randint(2, 9))  # distinct: the order is never a tie
+        arrivals = [rng.choice((0, 250, 500, 750, 1000)) for _ in range(rng.randint(3, 9))]  # ties, on purpose
         running = [(f"r{i}", t / 1000, rng.randint(1, 40_000)) for i, t in enumerate(arrivals)]
         bs = rng.choice((1, 8, 16, 32, 128))
         total = sum(-(-t // bs) for _, _, t in running)
@@ -142,7 +148,8 @@ def _hidden_exercise4(rng) -> dict:
                  MFU=rng.choice((0.3, 0.4, 0.6)), LINK_BW=rng.choice((16e9, 25e9, 50e9, 128e9)),
                  SLOW_LINK_BW=rng.choice((8e9, 12e9, 16e9, 24e9)), LONG_SEQ=rng.choice((8192, 12_000, 24_576, 32_768)))
         mha, _ = _models(namespace(g))
-        if 100 < _crossover(mha, g["SLOW_LINK_BW"], g["MFU"] * g["PEAK_FLOPS"]) < 10**6:
+        # the slow link is slower (else a crossover taken on LINK_BW would pass), and the crossover is a length
+        if g["SLOW_LINK_BW"] < g["LINK_BW"] and 100 < _crossover(mha, g["SLOW_LINK_BW"], g["MFU"] * g["PEAK_FLOPS"]) < 10**6:
             return g
 
 

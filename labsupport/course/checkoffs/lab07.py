@@ -6,7 +6,7 @@ import math
 
 from labsupport.course.checkoffs._hidden import kv_blocks, kv_per_token, random_pair, tpot_batch, weight_bytes
 from labsupport.course.data import live
-from labsupport.course.harness import engine_requests
+from labsupport.course.harness import engine_requests, engine_run, engine_run_requests, engine_run_steps
 from labsupport.course.registry import case, choice, function
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
@@ -85,26 +85,35 @@ def _run_configs(rng):
             (rng.getrandbits(32), rng.choice((10.0, 80.0, 300.0)), rng.choice((300, 900, 7452)), rng.randint(20, 70))]
 
 
+def _run_configs_7_3(rng):
+    """(seed, rate, blocks, n_req) of `engine_run`s: three fixed, one nobody has seen."""
+    return [(11, 40.0, 7452, 50), (12, 300.0, 400, 60), (14, 80.0, 900, 40),
+            (rng.getrandbits(32), rng.choice((20.0, 80.0, 300.0)), rng.choice((400, 900, 7452)), rng.randint(25, 60))]
+
+
 @function(
     "7.3", "Goodput of a run",
     hint="Goodput counts only what met its SLO. Walk the finished requests; keep one only if its TTFT "
          "(first_token_time - arrival_time) is within the TTFT SLO and its TPOT (tpot_s; None means it produced "
          "a single token, so it has no TPOT to miss) is within the TPOT SLO. Add up the output tokens of the "
-         "requests you kept and divide by the run's duration — from the first arrival to the last finish — "
-         "the same duration throughput uses. Rejected requests earn nothing.",
+         "requests you kept, every branch's, and divide by the run's duration — from the first arrival of any "
+         "request (a refused one included: the run began when it arrived) to the last finish — the same "
+         "duration throughput uses. Rejected requests earn nothing.",
     forbid=("labsupport.slo.slo_report", "labsupport.replay.Replay.goodput_tok_s"),
     derive="walk the finished requests, keep those within both SLOs, and divide their tokens by the run's span",
     name="goodput",
 )
 def _goodput(rng):
-    for i, config in enumerate(_run_configs(rng)):
-        requests = engine_requests(*config)
+    # every run opens with a request that is refused (the first arrival never finishes, so the span starts before
+    # any finished request arrived), and holds requests with one output token (no TPOT) and with several branches
+    for i, config in enumerate(_run_configs_7_3(rng)):
+        requests = engine_run_requests(*config)
         span = max(r.finish_time for r in requests if r.status == "finished") - min(r.arrival_time for r in requests)
         for ttft, tpot in [(0.5, 0.020), (2.0, 0.050), (0.2, 0.012), (100.0, 1.0),
                            (rng.uniform(0.05, 5), rng.uniform(0.005, 0.1))]:
             good = [r for r in requests if r.status == "finished" and r.first_token_time - r.arrival_time <= ttft
                     and (r.tpot_s is None or r.tpot_s <= tpot)]
-            yield case(live(engine_requests, *config), ttft, tpot, want=sum(r.total_output_tokens for r in good) / span,
+            yield case(live(engine_run_requests, *config), ttft, tpot, want=sum(r.total_output_tokens for r in good) / span,
                        rel_tol=1e-9,
                        what=f"goodput(run {i + 1}'s requests, ttft_slo_s={ttft:.6g}, tpot_slo_s={tpot:.6g})")
 
@@ -150,32 +159,66 @@ def _ttft_tail(rng):
                        what=f"ttft_tail(run {i + 1}'s requests, ttft_slo_s={slo:.6g})")
 
 
+_SESSION = [2_000 + 300 * i for i in range(20)]  # Lecture 5's agent: 97,000 submitted, 7,700 at the last step
+
+
+def _prefill_flops(model, prompts, attention_coef: int = 4, heads: int | None = None) -> float:
+    # every step's prompt from scratch: 2 N p for the weights, c·L·H·d·p² for attention over its own prompt
+    return sum(2 * model.num_params * p + attention_coef * model.num_layers * (heads or model.num_heads)
+               * model.head_dim * p * p for p in prompts)
+
+
+def _random_session(rng) -> list[int]:
+    steps, first, growth = rng.randint(1, 40), rng.randint(50, 20_000), rng.randint(0, 2_000)
+    return [first + growth * i for i in range(steps)]
+
+
 @function(
     "7.5", "Exercise 5: the agent session's peak KV, sessions per card and prefill cost",
-    hint="Three separate quantities. Peak KV: the context the session grows to, times the KV bytes per token "
-         "(GQA shrinks that). Sessions per card: the paged pool's blocks divided by the blocks one session's "
-         "peak context needs (whole blocks, whole sessions; none when the weights leave no KV budget). "
-         "Prefill: every submitted prompt token costs 2 × N FLOP for the weights (the exercise drops the attention "
-         "term); divide by the rate actually achieved, the mfu share of peak.",
-    forbid=("labsupport.ledger.exercise5", *_POOL),
-    derive="compute the peak context's bytes, the whole sessions the pool holds, and the weights' prefill FLOPs",
+    hint="Three separate quantities. Peak KV: the largest context the session holds, times the KV bytes per "
+         "token (GQA shrinks that). Sessions per card: the paged pool's blocks divided by the blocks one session's "
+         "peak context needs (whole blocks, whole sessions; none when the weights leave no KV budget). Prefill: "
+         "each step prefills its own prompt from scratch — the weights' 2 FLOP per parameter per token, and "
+         "attention's QK^T and PV, every query head against all the keys of that step's prompt; divide by the rate "
+         "actually achieved, half of peak.",
+    forbid=("labsupport.ledger.exercise5", "labsupport.ledger.prefill_flops", "labsupport.ledger.recompute_s",
+            *_POOL),
+    derive="compute the peak context's bytes, the whole sessions the pool holds, and every step's prefill FLOPs",
     name="agent_session_ledger",
 )
 def _exercise5(rng):
-    cases = [(model, GPUS[name], ctx, submitted, bs) for model, name, ctx, submitted, bs in (
-        (LECTURE_7B_GQA8, "h100", 7_700, 97_000, 16), (LECTURE_7B, "h100", 7_700, 97_000, 16),
-        (LECTURE_7B_GQA8, "h100", 12_000, 150_000, 32), (LLAMA3_8B, "h200", 30_000, 400_000, 16),
-        (LLAMA3_70B, "h200", 7_700, 97_000, 16))]
-    cases += [(*random_pair(rng), rng.randint(100, 60_000), rng.randint(1000, 2_000_000), rng.choice((1, 16, 64)))
-              for _ in range(4)]
-    for model, gpu, ctx, submitted, bs in cases:
+    cases = [(model, GPUS[name], prompts, bs) for model, name, prompts, bs in (
+        (LECTURE_7B_GQA8, "h100", _SESSION, 16), (LECTURE_7B, "h100", _SESSION, 16),
+        (LECTURE_7B_GQA8, "h100", [3_000 + 450 * i for i in range(20)], 32), (LLAMA3_8B, "h200", [30_000], 16),
+        (LLAMA3_70B, "h200", _SESSION[:10], 16))]
+    cases += [(*random_pair(rng), _random_session(rng), rng.choice((1, 16, 64))) for _ in range(4)]
+    for model, gpu, prompts, bs in cases:
+        ctx, rate = max(prompts), 0.5 * gpu.peak_flops
         kv, heads = kv_per_token(model), model.num_heads / model.num_kv_heads
         want = {"peak_kv_bytes": ctx * kv, "sessions": kv_blocks(model, gpu, bs) // math.ceil(ctx / bs),
-                "prefill_s": submitted * 2 * model.num_params / (0.5 * gpu.peak_flops)}
-        peak = [[ctx * kv / 2, "That keeps one tensor; every layer caches a key and a value."]]
+                "prefill_s": _prefill_flops(model, prompts) / rate}
+        peak = [[ctx * kv / 2, "That keeps one tensor; every layer caches a key and a value."],
+                [sum(prompts) * kv, "That is every submitted token's KV; the session holds its context once, at "
+                                    "most its largest prompt."]]
         if heads != 1:
             peak.insert(0, [ctx * kv * heads, "That keeps K and V for every query head; the cache holds only the KV "
                                               "heads."])
+        prefill = [[2 * model.num_params * sum(prompts) / rate,
+                    "That is the weights' arithmetic alone, as the lecture's sketch counts it; this exercise adds "
+                    "attention's, over each step's own prompt."],
+                   [_prefill_flops(model, prompts, attention_coef=2) / rate,
+                    "That counts attention causally (2·L·H·d·p²); count it as lab 06 did, every query against all "
+                    "the keys of its prompt (4·L·H·d·p²)."],
+                   [_prefill_flops(model, prompts) / gpu.peak_flops, "That runs at the card's peak; it achieves "
+                                                                     "half of it."]]
+        if len(prompts) > 1:
+            prefill.append([(2 * model.num_params * sum(prompts) + 4 * model.num_layers * model.num_heads
+                             * model.head_dim * sum(prompts) ** 2) / rate,
+                            "That squares the submitted total; each step's attention runs over its own prompt."])
+        if heads != 1:
+            prefill.append([_prefill_flops(model, prompts, heads=model.num_kv_heads) / rate,
+                            "That counts attention over the KV heads; every query head attends (GQA shares K and V, "
+                            "not the arithmetic)."])
         keys = {"peak_kv_bytes": {"rel_tol": 1e-6, "mistakes": peak},
                 "sessions": {"rel_tol": 1e-6, "mistakes": [
                     [kv_blocks(model, gpu, bs, 0) // math.ceil(ctx / bs),
@@ -183,25 +226,59 @@ def _exercise5(rng):
                     [kv_blocks(model, gpu, ctx),
                      "That divides the bytes by the session's bytes; a paged session holds whole blocks, so its last "
                      "block is held in full."]]},
-                "prefill_s": {"rel_tol": 1e-6, "mistakes": [
-                    [want["prefill_s"] / 2, "That is half the time: it counts one FLOP per parameter per token (a "
-                                            "multiply and an add are two), or it runs at the card's peak (this card "
-                                            "achieves half of it)."],
-                    [want["prefill_s"] * 2, "That is twice the time: a token costs two FLOP per parameter, a multiply "
-                                            "and an add, not four."]]}}
-        yield case(model, gpu, ctx, submitted, bs, want=want, rel_tol=1e-6, keys=keys,
-                   what=f"agent_session_ledger({model.name}, {gpu.name}, context_tokens={ctx:,}, "
-                        f"submitted_tokens={submitted:,}, block_size={bs})")
+                "prefill_s": {"rel_tol": 1e-6, "mistakes": prefill}}
+        yield case(model, gpu, list(prompts), bs, want=want, rel_tol=1e-6, keys=keys,
+                   what=f"agent_session_ledger({model.name}, {gpu.name}, prompts=<{len(prompts)} steps, "
+                        f"{prompts[0]:,} to {ctx:,} tokens>, block_size={bs})")
 
 
 choice(
-    "7.6", "Exercise 5: which of the three numbers did paging improve?",
-    answer="sessions", options=("peak_kv_bytes", "sessions", "prefill_s"),
-    hint="Ask of each number: does it depend on how the allocator lays out memory, or only on the model and "
-         "the tokens? Paging changes what is reserved but never used; it changes neither the bytes a token "
-         "needs nor the arithmetic a prefill does.",
-    mistakes={"peak_kv_bytes": "The session's tokens need the same bytes under any allocator: paging removes "
-                               "reserved-and-unused bytes, not bytes per token (that is Oct 28's lecture).",
-              "prefill_s": "Prefill is arithmetic over the submitted tokens; the allocator never touches it. "
-                           "The 92% of it that is re-sent prompt is Nov 9's problem."},
+    "7.6", "Exercise 5: which change raises paging's gain in sessions per card the most?",
+    answer="steps", options=("mha", "memory", "blocks", "s_max", "steps"),
+    hint="Write both session counts as a budget divided by what one session holds: a reserve-to-max slot holds "
+         "S_max tokens whatever the session does, a paged session its peak context in whole blocks. Their ratio "
+         "is then nearly one quantity over another; ask which change moves that ratio, not the two counts.",
+    mistakes={"mha": "MHA makes every token 4× bigger in both allocators: both counts fall about 4×, and their "
+                     "ratio barely moves.",
+              "memory": "Twice the budget holds about twice as many sessions in both allocators: the ratio barely "
+                        "moves.",
+              "blocks": "A larger block wastes a little more of each session's last block: the gain falls, "
+                        "slightly.",
+              "s_max": "A smaller S_max shrinks the reserved slot toward the session's real context: the gain falls "
+                       "toward 1."},
 )
+
+
+def _split_cases(rng):
+    """(config, [request ids]) of `engine_run`s: three fixed, one nobody has seen; each run's requests chosen to
+    include one that arrived at an idle engine, one that queued the longest, and one whose arrival fell inside
+    a step."""
+    configs = [(12, 300.0, 400, 60), (13, 5.0, 7452, 25), (14, 80.0, 900, 40),
+               (rng.getrandbits(32), rng.choice((20.0, 80.0, 300.0)), rng.choice((400, 900, 7452)), rng.randint(25, 60))]
+    for config in configs:
+        finished = [r for r in engine_run(*config)[1] if r.status == "finished"]
+        chosen = {finished[0].request_id, max(finished, key=lambda r: r.queueing_s).request_id,
+                  max(finished, key=lambda r: r.scheduling_delay_s).request_id,
+                  min(finished, key=lambda r: r.scheduling_delay_s).request_id,
+                  *(r.request_id for r in rng.sample(finished, 3))}
+        yield config, {r.request_id: r for r in finished if r.request_id in chosen}
+
+
+@function(
+    "7.7", "TTFT decomposed, read off the engine's step log",
+    hint="Walk the steps in order. A request that arrives waits for the next step to begin (the batch is chosen "
+         "only at a step boundary): that wait is its scheduling delay. From that boundary it waits, step after "
+         "step, until a step admits it (its id is in that step's `admitted`): that is queueing. The step that "
+         "admits it runs its prefill and emits its first token when it ends: that step's length is the prefill.",
+    name="ttft_split",
+)
+def _ttft_split(rng):
+    for i, (config, chosen) in enumerate(_split_cases(rng)):
+        for rid, r in sorted(chosen.items()):
+            want = {"scheduling_delay_s": r.scheduled_time - r.arrival_time,
+                    "queueing_s": r.admitted_time - r.scheduled_time,
+                    "prefill_s": r.first_token_time - r.admitted_time}
+            keys = {k: {"rel_tol": 1e-9, "abs_tol": 1e-12} for k in want}
+            yield case(live(engine_run_steps, *config), rid, r.arrival_time, want=want, rel_tol=1e-9, abs_tol=1e-12,
+                       keys=keys, what=f"ttft_split(run {i + 1}'s steps, request_id={rid}, "
+                                       f"arrival_time={r.arrival_time:.6g})")
