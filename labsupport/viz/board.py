@@ -660,6 +660,7 @@ class SegmentView:
         self.data = data if data is not None else load_board_data()
         self.step = 0
         self.picture_box = widgets.VBox()
+        self.figure = None
         self.ask = widgets.HTML(ask_html(self.segment))
         self.results = widgets.HTML()
         self.notes = widgets.HTML(notes_html(self.segment))
@@ -683,13 +684,13 @@ class SegmentView:
         from labsupport.viz import fit_width, live_figure
 
         shown = self.picture()
-        old = self.picture_box.children
         if isinstance(shown, str):
             self.picture_box.children = [widgets.HTML(shown)]
-        else:
-            self.picture_box.children = [live_figure(shown), fit_width()]
-        for w in old:  # closed, so that no view of a replaced chart is left listening to the page's resizes
-            w.close()
+        else:  # a new chart for each step: plotly.js cannot patch a chart into another kind (subplots, tables)
+            old, self.figure = self.picture_box.children, live_figure(shown)
+            self.picture_box.children = [self.figure, fit_width()]
+            for w in old:
+                w.close()
         self.results.value = results_html(self.segment, self.step)
 
     def reveal(self, step: int | None = None) -> int:
