@@ -5,3 +5,6 @@ import labsupport  # first: on a CPU-only machine this routes Triton kernels thr
 from labsupport.viz import board as viz_board
 
 viz_board.Board()
+
+# %% [markdown]
+# *Lecture 10: the KV cache as virtual memory — PagedAttention and the serving engine.*
