@@ -400,7 +400,7 @@ def naive_figure(step: int = 0) -> go.Figure:
     if step >= 3:
         notes.append(f"32K: {100 * r['slot_32k']:.2f}% of a slot (lecture: 1.9%)")
     if notes:
-        _note(fig, 0.0, 1.02, "  ·  ".join(notes[-2:]), yanchor="bottom", xanchor="left")
+        _note(fig, 0.0, 1.02, notes[-1], yanchor="bottom", xanchor="left")  # the latest: one line fits 700 px
     title = f"A 4,096-token slot, 640 tokens in it; {naive} slots in the {budget:.2f} GB budget"
     return _board(fig, title, height=PICTURE_HEIGHT + 40 + (40 if step >= 3 else 0), barmode="overlay",
                   xaxis=dict(title="GB (10⁹ B) of the KV budget", range=[0, budget * 1.02]),
@@ -566,19 +566,19 @@ def slo_figure(step: int = 0, splits: Sequence[TTFTSplit] = ()) -> go.Figure:
     for k, (batch, tpot) in enumerate(r["columns"]):
         was = printed.get(batch, ("", "", ""))
         head = f"<b>B = {batch}</b>" + (f' <span style="color:#B34700">({FLAG}: {was[0]})</span>' if was[0] else "")
-        _note(fig, xs[k], 0.36, head, xanchor="left", yanchor="top")
+        _note(fig, xs[k], 0.42, head, xanchor="left", yanchor="top")
         if step >= 1:
-            _note(fig, xs[k], 0.24, f"TPOT {1e3 * tpot:.2f} ms", xanchor="left", yanchor="top")
+            _note(fig, xs[k], 0.30, f"TPOT {1e3 * tpot:.2f} ms", xanchor="left", yanchor="top")
             thr = f"{batch / tpot:,.0f} tok/s"
-            _note(fig, xs[k], 0.12, thr, xanchor="left", yanchor="top")
+            _note(fig, xs[k], 0.18, thr, xanchor="left", yanchor="top")
             if was[2]:
-                _note(fig, xs[k], 0.0, f"({FLAG}: {was[2]})", xanchor="left", yanchor="top", colour="#B34700")
+                _note(fig, xs[k], 0.06, f"({FLAG}: {was[2]})", xanchor="left", yanchor="top", colour="#B34700")
     if step >= 2:
-        fig.add_shape(type="line", xref="paper", yref="paper", x0=0.33, x1=0.62, y0=0.07, y1=0.07,
+        fig.add_shape(type="line", xref="paper", yref="paper", x0=0.33, x1=0.62, y0=0.125, y1=0.125,
                       line=dict(color=PALETTE["limit"], width=4))
-        _note(fig, 0.5, -0.12, "<b>goodput 0</b> at a 20 ms TPOT SLO", colour=PALETTE["limit"], yanchor="top")
-    return _board(fig, "TTFT on a loaded card (62 chat requests/s), and three operating points", barmode="stack",
-                  height=PICTURE_HEIGHT + 120, xaxis=dict(title="TTFT (ms)"), yaxis=dict(domain=[0.5, 1.0]),
+        _note(fig, 0.5, -0.06, "<b>goodput 0</b> at a 20 ms TPOT SLO", colour=PALETTE["limit"], yanchor="top")
+    return _board(fig, "TTFT (ms) on a loaded card, 62 chat requests/s; three operating points", barmode="stack",
+                  height=PICTURE_HEIGHT + 120, yaxis=dict(domain=[0.66, 1.0]),
                   legend=dict(orientation="h", y=1.0, x=0.0, yanchor="bottom"),
                   margin=dict(l=130, r=20, t=110, b=60 + (40 if step >= 2 else 0)))
 
