@@ -568,15 +568,15 @@ def slo_figure(step: int = 0, splits: Sequence[TTFTSplit] = ()) -> go.Figure:
         head = f"<b>B = {batch}</b>" + (f'<br><span style="color:#B34700">({FLAG}: {was[0]})</span>' if was[0] else "")
         _note(fig, xs[k], 0.48, head, xanchor="left", yanchor="top")
         if step >= 1:
-            _note(fig, xs[k], 0.26, f"TPOT {1e3 * tpot:.2f} ms", xanchor="left", yanchor="top")
+            _note(fig, xs[k], 0.22, f"TPOT {1e3 * tpot:.2f} ms", xanchor="left", yanchor="top")
             thr = f"{batch / tpot:,.0f} tok/s"
-            _note(fig, xs[k], 0.15, thr, xanchor="left", yanchor="top")
+            _note(fig, xs[k], 0.11, thr, xanchor="left", yanchor="top")
             if was[2]:
-                _note(fig, xs[k], 0.04, f"({FLAG}: {was[2]})", xanchor="left", yanchor="top", colour="#B34700")
+                _note(fig, xs[k], 0.0, f"({FLAG}: {was[2]})", xanchor="left", yanchor="top", colour="#B34700")
     if step >= 2:
-        fig.add_shape(type="line", xref="paper", yref="paper", x0=0.33, x1=0.62, y0=0.095, y1=0.095,
+        fig.add_shape(type="line", xref="paper", yref="paper", x0=0.33, x1=0.6, y0=0.062, y1=0.062,
                       line=dict(color=PALETTE["limit"], width=4))
-        _note(fig, 0.5, -0.08, "<b>goodput 0</b> at a 20 ms TPOT SLO", colour=PALETTE["limit"], yanchor="top")
+        _note(fig, 0.5, -0.11, "<b>goodput 0</b> at a 20 ms TPOT SLO", colour=PALETTE["limit"], yanchor="top")
     return _board(fig, "TTFT (ms) on a loaded card, 62 chat requests/s; three operating points", barmode="stack",
                   height=PICTURE_HEIGHT + 140, yaxis=dict(domain=[0.7, 1.0]),
                   legend=dict(orientation="h", y=1.0, x=0.0, yanchor="bottom"),
