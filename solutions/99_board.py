@@ -7,4 +7,4 @@ from labsupport.viz import board as viz_board
 viz_board.Board()
 
 # %% [markdown]
-# *Lecture 10: the KV cache as virtual memory — PagedAttention and the serving engine.*
+# ## Lecture 10: the KV cache as virtual memory

@@ -488,7 +488,7 @@ def sharing_figure(step: int = 0) -> go.Figure:
                                  marker_color=colour, text=[f"{v:.2f} GB" for v in values], textposition="outside",
                                  hoverinfo="skip"))
         return _board(fig, "KV of 8 completions off a 4,096-token prompt (GB = 10⁹ B)", barmode="group",
-                      yaxis=dict(visible=False, range=[0, 23]), legend=dict(orientation="h", y=-0.25, x=0),
+                      yaxis=dict(visible=False, range=[0, 27]), legend=dict(orientation="h", y=-0.25, x=0),
                       margin=dict(l=20, r=20, t=70, b=90))
     alloc = BlockAllocator(16, 4)
     alloc.allocate("prompt", 10)
@@ -535,15 +535,15 @@ def engine_loop_figure(step: int = 0) -> go.Figure:
                            text="")
         _note(fig, x, y, f"<b>{verb}</b>", bgcolor="white")
     # the watermark: a column of the card's blocks, the free ones kept above a line admission respects
-    fig.add_shape(type="rect", xref="paper", yref="paper", x0=0.8, x1=0.9, y0=0.05, y1=0.95,
+    fig.add_shape(type="rect", xref="paper", yref="paper", x0=0.68, x1=0.76, y0=0.05, y1=0.95,
                   line=dict(color="#444444"), fillcolor=PALETTE["used"])
-    fig.add_shape(type="rect", xref="paper", yref="paper", x0=0.8, x1=0.9, y0=0.8, y1=0.95,
+    fig.add_shape(type="rect", xref="paper", yref="paper", x0=0.68, x1=0.76, y0=0.8, y1=0.95,
                   line=dict(color="#444444"), fillcolor="white")
-    fig.add_shape(type="line", xref="paper", yref="paper", x0=0.76, x1=0.94, y0=0.8, y1=0.8,
+    fig.add_shape(type="line", xref="paper", yref="paper", x0=0.65, x1=0.79, y0=0.8, y1=0.8,
                   line=dict(color=PALETTE["memory"], width=4, dash="dash"))
-    _note(fig, 0.85, 0.99, "blocks", yanchor="bottom")
-    _note(fig, 0.95, 0.8, "watermark", xanchor="left", colour=PALETTE["memory"])
-    _note(fig, 0.95, 0.4, f"{r['paged_concurrency']} sequences<br>({FLAG}: 199)", xanchor="left")
+    _note(fig, 0.72, 0.99, "blocks", yanchor="bottom")
+    _note(fig, 0.8, 0.8, "watermark", xanchor="left", colour=PALETTE["memory"])
+    _note(fig, 0.8, 0.4, f"{r['paged_concurrency']} sequences<br>({FLAG}: 199)", xanchor="left")
     fig.update_xaxes(visible=False, range=[0, 1])
     fig.update_yaxes(visible=False, range=[0, 1])
     return _board(fig, "The engine loop, every iteration; a watermark of free blocks", height=PICTURE_HEIGHT + 40,
