@@ -4,8 +4,8 @@
 #   make test  - the same install, then the whole test suite (unit tests, notebooks, a real browser)
 #   make test-fast - the same install, then the tests not marked slow or browser (a contributor's loop)
 # and two for instructors:
-#   make board   - JupyterLab on the board (notebooks/99_board.ipynb); its executed copy is solutions/99_board.ipynb
-#   make present - the board with no code on screen (Voila), live; NB=notebooks/06_engine_loop.ipynb for a lab
+#   make board   - JupyterLab on a fresh copy of the board (build/board/, ignored by git), file browser closed
+#   make present - the board with no code on screen (Voila), one segment at a time; NB=notebooks/06_engine_loop.ipynb for a lab
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -37,16 +37,24 @@ $(STAMP): $(PY) pyproject.toml
 # ServerApp.default_url; tests/test_browser_present.py starts JupyterLab with these very flags
 # (`make -s print-LAB_FLAGS`) and checks where the browser lands.
 LAB_FLAGS := --notebook-dir=. --LabApp.default_url=/lab/tree/notebooks
-BOARD_FLAGS := --notebook-dir=. --LabApp.default_url=/lab/tree/notebooks/99_board.ipynb
+# The board opens a fresh copy under build/ (ignored by git: running and saving it leaves the tree clean)
+# in JupyterLab's single-document view (/doc: no file browser), with the page config of etc/jupyter
+# (no "Jupyter news" toast over the projector).  tests/test_browser_board.py starts it this same way.
+BOARD_COPY := build/board/99_board.ipynb
+BOARD_FLAGS := --notebook-dir=. --LabApp.default_url=/doc/tree/$(BOARD_COPY)
+BOARD_CONFIG := etc/jupyter
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(ROOT_FLAG) $(LAB_FLAGS) $(LAB_ARGS)
 
 board: $(STAMP)
-	$(VENV)/bin/jupyter lab $(ROOT_FLAG) $(BOARD_FLAGS) $(LAB_ARGS)
+	mkdir -p $(dir $(BOARD_COPY)) && cp notebooks/99_board.ipynb $(BOARD_COPY)
+	JUPYTER_CONFIG_PATH="$(CURDIR)/$(BOARD_CONFIG)$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+		$(VENV)/bin/jupyter lab $(ROOT_FLAG) $(BOARD_FLAGS) $(LAB_ARGS)
 
 # Present mode: the board (or NB=notebooks/06_engine_loop.ipynb, any lab) through Voila: every cell
-# runs at load, the page shows the prose and the outputs, never the code; the sliders are live.
+# runs at load, the page shows the prose and the outputs, never the code; the sliders are live.  The
+# board is one segment at a time: → / Page Down reveal the next result, then the next segment; ← goes back.
 # Jupytext's JupyterLab extension is left out: it needs JupyterLab's document manager, which the
 # JupyterLab 4.2 core that Voila bundles does not share (it fails to load there, with an error).
 NB ?= notebooks/99_board.ipynb

@@ -1,18 +1,13 @@
-"""The pages an instructor gets (issue 21): where `make lab` and `make board` land, the board on a
-projector, and present mode, in Debian's Chromium.
+"""The pages an instructor gets (issue 21): where `make lab` lands, and a lab in present mode, in Debian's
+Chromium.  The board (`make board`, `make present`: issue 28) is tests/test_browser_board.py's.
 
-* `make lab` / `make board`: JupyterLab started with the Makefile's own flags (read with
-  `make -s print-LAB_FLAGS`, so the test cannot drift from the Makefile) lands in notebooks/, or on
-  the board with the file browser open.
-* The board, Run All once, at 1024 × 768 (a projector's XGA, file browser open: what `make board`
-  gives), then the same page resized to 1920 × 1080: every chart fills its output area (no fixed
-  700 px), nothing is clipped or needs a horizontal scrollbar, no chart text collides; at 1920 × 1080
-  every piece of chart text is at least 20 px.
-* Present mode (`make present`): the board served without code, every chart drawn, no widget or
-  JavaScript error, every panel's first slider moves its figure.
+* `make lab`: JupyterLab started with the Makefile's own flags (read with `make -s print-LAB_FLAGS`,
+  so the test cannot drift from the Makefile) lands in notebooks/.
+* Present mode (`make present NB=notebooks/06_engine_loop.ipynb`): the lab served without code, every
+  chart drawn, no widget or JavaScript error, every panel's first slider moves its figure.
 
-Helpers and fixtures come from tests/test_browser.py (one Chromium; one JupyterLab for the board).
-Screenshots go to the test's tmp dir, or to $LABSUPPORT_SCREENSHOTS.
+Helpers and fixtures come from tests/test_browser.py (one Chromium).  Screenshots go to the test's tmp
+dir, or to $LABSUPPORT_SCREENSHOTS.
 """
 from __future__ import annotations
 
@@ -28,14 +23,10 @@ from pathlib import Path
 import pytest
 
 from test_browser import (  # noqa: F401  (browser is a fixture)
-    _ALL_CELLS_RAN,
-    _ALL_RENDERED,
     _PANELS,
-    _TEXT_COLLISIONS,
     CHROMIUM,
     ROOT,
     WIDGET_ERRORS,
-    _click_run_all,
     _free_port,
     _move_first_slider,
     browser,
@@ -45,10 +36,8 @@ from test_browser import (  # noqa: F401  (browser is a fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
-BOARD = "notebooks/99_board.ipynb"
 XGA = {"width": 1024, "height": 768}
 FULL_HD = {"width": 1920, "height": 1080}
-MIN_PROJECTOR_TEXT_PX = 20
 
 
 def make_flags(name: str) -> list[str]:
@@ -65,17 +54,14 @@ def _default_url(flags: list[str]) -> str:
 
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
-    """JupyterLab as `make board` starts it (its flags from the Makefile), and the screenshot folder."""
+    """The screenshot folder (and the checks that a browser can run at all)."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium package or set LABSUPPORT_CHROMIUM")
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
     tmp = tmp_path_factory.mktemp("present")
     shots = Path(os.environ.get("LABSUPPORT_SCREENSHOTS") or tmp / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with serve_lab(tmp, tuple(make_flags("BOARD_FLAGS"))) as base:
-        yield base, shots
-    print(f"\npresent/projector pass: {time.perf_counter() - started:.0f} s (screenshots in {shots})")
+    yield None, shots  # `make board` is tests/test_browser_board.py's; each test here starts its own server
 
 
 def _errors_of(page) -> list[str]:
@@ -90,7 +76,6 @@ def _errors_of(page) -> list[str]:
 
 _CURRENT_FOLDER = "() => (document.querySelector('.jp-FileBrowser .jp-BreadCrumbs') || {}).innerText || ''"
 _LISTED = "() => [...document.querySelectorAll('.jp-FileBrowser .jp-DirListing-itemText')].map(e => e.innerText)"
-_CURRENT_TAB = "() => (document.querySelector('.lm-DockPanel .lm-TabBar-tab.lm-mod-current') || {}).innerText || ''"
 
 
 def test_make_lab_lands_in_notebooks(browser, tmp_path):
@@ -108,122 +93,10 @@ def test_make_lab_lands_in_notebooks(browser, tmp_path):
             page.close()
 
 
-@pytest.fixture(scope="module")
-def board(jupyterlab, browser):
-    """The board as `make board` opens it (its landing URL, file browser open) at 1024 × 768, Run All done."""
-    base, shots = jupyterlab
-    page = browser.new_page(viewport=XGA)
-    errors = _errors_of(page)
-    page.goto(f"{base}/", wait_until="domcontentloaded", timeout=90_000)
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    page.wait_for_function("() => document.body.innerText.includes('(ipykernel) | Idle')", timeout=120_000)
-    landed = page.url
-    clicked = _click_run_all(page)
-    page.wait_for_function(_ALL_CELLS_RAN, timeout=300_000, polling=500)
-    page.wait_for_function(_ALL_RENDERED, timeout=180_000)
-    print(f"board: Run All {time.perf_counter() - clicked:.0f} s")
-    yield page, errors, landed, shots
-    page.close()
-
-
-def test_make_board_lands_on_the_board(jupyterlab, board):
-    base, _ = jupyterlab
-    page, _, landed, _ = board
-    assert landed == f"{base}{_default_url(make_flags('BOARD_FLAGS'))}" == f"{base}/lab/tree/{BOARD}", landed
-    assert page.evaluate(_CURRENT_TAB).startswith("99_board.ipynb"), page.evaluate(_CURRENT_TAB)
-    assert page.locator(".jp-FileBrowser").first.is_visible(), "make board leaves the file browser open"
-
-
-# --- the board on a projector -----------------------------------------------------------------------
-
-# Each output area that shows a chart, a panel or a table: its width against its content's, and each
-# chart's width against the area's (a chart that fills it is within a few pixels of it).
-_FIT = """() => [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output')]
-    .filter(a => a.querySelector('.js-plotly-plot, table, .lab-panel'))
-    .map(a => {
-        const area = a.getBoundingClientRect();
-        const name = ((a.querySelector('.js-plotly-plot') || {}).layout || {}).title;
-        return {name: ((name || {}).text || a.innerText || '').slice(0, 50).replace(/\\n/g, ' '),
-                area: area.width, scroll: a.scrollWidth, client: a.clientWidth,
-                charts: [...a.querySelectorAll('.js-plotly-plot .main-svg:first-of-type')]
-                    .map(s => s.getBoundingClientRect()).map(r => ({left: r.left - area.left, right: area.right - r.right,
-                                                                   width: r.width})),
-                tables: [...a.querySelectorAll('table')].map(t => area.right - t.getBoundingClientRect().right)};
-    })"""
-
-# The size on screen of every piece of text a chart draws: its font size times the scale the chart is
-# drawn at (hover labels are not drawn until hovered).
-_CHART_TEXT = """() => [...document.querySelectorAll('.jp-Notebook .js-plotly-plot')].flatMap(p => {
-    const scale = p.getBoundingClientRect().width / p.offsetWidth;
-    return [...p.querySelectorAll('.main-svg text')].filter(t => (t.textContent || '').trim()
-                                                             && t.getBoundingClientRect().width > 0
-                                                             && !t.closest('.hoverlayer'))
-        .map(t => ({chart: (((p.layout || {}).title || {}).text || '').slice(0, 40),
-                    text: t.textContent.slice(0, 30), px: scale * parseFloat(getComputedStyle(t).fontSize)}));
-})"""
-
-
-def _fit_problems(page, size: dict) -> list[str]:
-    problems = []
-    for a in page.evaluate(_FIT):
-        where = f"{size['width']}×{size['height']}: {a['name']!r}"
-        if a["scroll"] > a["client"] + 1:
-            problems.append(f"{where}: needs a scrollbar ({a['scroll']} px of content in {a['client']} px)")
-        for c in a["charts"]:
-            if c["right"] < -1 or c["left"] < -1:
-                problems.append(f"{where}: a {c['width']:.0f} px chart runs out of its {a['area']:.0f} px area")
-            elif a["area"] - c["width"] > 40:
-                problems.append(f"{where}: a {c['width']:.0f} px chart leaves {a['area'] - c['width']:.0f} px "
-                                f"of its {a['area']:.0f} px area empty")
-        problems += [f"{where}: a table runs {-t:.0f} px past its area" for t in a["tables"] if t < -1]
-    problems += [f"{size['width']}×{size['height']}: {p}" for p in page.evaluate(_TEXT_COLLISIONS)]
-    return problems
-
-
-def _resize(page, size: dict) -> None:
-    page.set_viewport_size(size)
-    # JupyterLab lays its panels out for the new window first (a frame or more later): until then every area
-    # and chart still has the old width, and the wait below would hold at once, before a single chart had
-    # followed (seen on CI, under load).  The main dock panel ends a tab bar's width short of the window.
-    page.wait_for_function("""() => { const dock = document.getElementById('jp-main-dock-panel');
-        return !dock || Math.abs(window.innerWidth - dock.getBoundingClientRect().right) < 80; }""", timeout=30_000)
-    # every chart re-lays itself out: each main SVG as wide as its panel (within the fit tolerance)
-    page.wait_for_function("""() => [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output')]
-        .filter(a => a.querySelector('.js-plotly-plot')).every(a => [...a.querySelectorAll('.js-plotly-plot .main-svg:first-of-type')]
-            .every(s => Math.abs(a.getBoundingClientRect().width - s.getBoundingClientRect().width) <= 40))""",
-                           timeout=30_000)
-    page.wait_for_timeout(500)
-
-
-def _screenshots(page, path) -> None:
-    """The window scrolled to the board's first panels (0–6 min) and to the naive allocator's (6–16)."""
-    for k, segment in enumerate(("0–6 min", "6–16 min")):
-        page.locator(".jp-Notebook .jp-OutputArea-output", has_text=segment).first.evaluate(
-            "e => e.scrollIntoView({block: 'start'})")
-        page.wait_for_timeout(300)
-        page.screenshot(path=str(path).replace(".png", f"_{k}.png"))
-
-
-def test_the_board_fits_xga_and_reads_from_the_back_at_full_hd(board):
-    page, errors, _, shots = board
-    _resize(page, XGA)  # the charts of the last segments fit themselves after Run All ends: wait for that
-    problems = _fit_problems(page, XGA)
-    _screenshots(page, shots / "board_1024x768.png")
-    _resize(page, FULL_HD)
-    problems += _fit_problems(page, FULL_HD)
-    small = [t for t in page.evaluate(_CHART_TEXT) if t["px"] < MIN_PROJECTOR_TEXT_PX]
-    problems += [f"1920×1080: {t['chart']!r}: {t['text']!r} is {t['px']:.0f} px" for t in small]
-    _screenshots(page, shots / "board_1920x1080.png")
-    _resize(page, XGA)  # and back: the charts follow the window down as well as up
-    problems += _fit_problems(page, XGA)
-    print("\n".join(problems))
-    assert not problems, "\n".join(problems[:40])
-    assert not errors, "\n".join(errors[:20])
-
-
 # --- present mode -------------------------------------------------------------------------------------
 
-PRESENTED = ["notebooks/99_board.ipynb", "notebooks/06_engine_loop.ipynb"]
+# the board's present mode (one segment at a time, by keyboard) is tests/test_browser_board.py's
+PRESENTED = ["notebooks/06_engine_loop.ipynb"]
 # Voila's page template asks a CDN for Font Awesome; this machine has no network (a room does).
 OFFLINE_ONLY = ("https://cdn.jsdelivr.net/",)
 

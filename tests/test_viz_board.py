@@ -103,19 +103,64 @@ def test_segments_follow_the_timing_plan():
     segs = viz_board.SEGMENTS
     assert [(s.start, s.end) for s in segs] == [(0, 6), (6, 16), (16, 36), (36, 46), (46, 58), (58, 68), (68, 75)]
     assert [s.protected for s in segs] == [False, True, True, False, False, False, False]
-    assert all(s.ask and s.answer and s.board for s in segs)
-    # numbers on the board are the exact ones: 29 x 640 x 524,288 / 62.52e9 = 15.56%, 3 x 640 x ... = 1.61%
+    assert all(s.answer and s.board and s.reveals for s in segs)
+    assert all(s.ask for s in segs[:-1]) and not segs[-1].ask  # the lecture asks nothing in 68–75
+    # numbers in the notes are the exact ones: 29 x 640 x 524,288 / 62.52e9 = 15.56%, 3 x 640 x ... = 1.61%
     assert "15.56%" in segs[1].board and "1.61%" in segs[1].answer
     assert "18.25 GB against 3.22 GB" in segs[3].board  # 34,816 and 6,144 tokens x 524,288 B
     assert "B = 159" in segs[5].answer and "6.41×" in segs[6].board  # 186 / 29
 
 
+# what each reveal derives, in the notes' order (hand arithmetic: tests/test_browser_board.py's docstring)
+REVEALED = {1: ["9.73 of 62.52 GB", "15.56%", "1.95%"], 2: ["one new block", "15.56% → 99.83%", "29 → 186", "gather"],
+            3: ["7 + 1", "18.25 GB against 3.22 GB", "5.67×"], 4: ["67.1 ms", "129.4 ms", "runs out of blocks"],
+            6: ["6.41×"]}
+DIRECTIONS = ("Board:", "Only then", "Let them", "Say:", "Expect confusion", "(exact", "never cut", "Minutes",
+              "do not show the result", "Force them", "Let the silence", "Reading-only")
+
+
+def test_results_wait_for_their_reveal_in_the_notes_order():
+    data = viz_board.load_board_data()
+    for i, results in REVEALED.items():
+        view = viz_board.segment_view(i, data)
+        assert not [r for r in results if r in view.room_text()], f"segment {i} shows a result before its reveal"
+        first_seen = []
+        for step in range(1, view.steps + 1):
+            view.reveal(step)
+            first_seen += [r for r in results if r in view.room_text() and r not in first_seen]
+        assert first_seen == results, (i, first_seen)  # each appears, in the order the notes give them
+
+
+def test_no_instructor_direction_reaches_the_room():
+    """At every step of every segment, what the room sees holds no direction and no sentence of the notes;
+    the notes themselves hold them all (folded)."""
+    data = viz_board.load_board_data()
+    for i, seg in enumerate(viz_board.SEGMENTS):
+        view = viz_board.segment_view(i, data)
+        sentences = [s for t in (seg.board, seg.answer, seg.confusion) for s in t.split(". ") if len(s) >= 30]
+        for step in range(view.steps + 1):
+            view.reveal(step)
+            room = view.room_text()
+            assert not [d for d in DIRECTIONS if d in room], (i, step)
+            assert not [s for s in sentences if s in room], (i, step)
+        notes = viz_board.notes_html(seg)
+        assert notes.startswith('<details class="board-notes">') and "Board:" in notes and "Minutes" in notes
+
+
 def test_board_pictures_are_the_lectures():
     fig = viz_board.five_jobs_figure()
     assert sum(1 for s in fig.layout.shapes if s.type == "circle") == 2  # memory, circled twice
+    assert len(viz_board.engine_loop_figure(0).layout.annotations) >= 6  # the six verbs in a cycle
+    bars = viz_board.engine_loop_figure(2)
+    assert bars.data[0].x[0] == pytest.approx(1e3 * 2 * 4096 * 524_288 / 64e9)
+    assert bars.data[1].x[0] == pytest.approx(1e3 * (2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / (0.5 * 989e12))
+    table = " ".join(a.text for a in viz_board.block_table_figure(5).layout.annotations)
+    assert "4,096" in table and "256" in table and "1 token" in table  # 4,096 / 1 entries; 4,096 / 16 = 256
+    pairs = viz_board.block_table_figure(2)
+    assert [list(t.y) for t in pairs.data][:2] == [[pytest.approx(15.564, abs=1e-3), pytest.approx(99.826, abs=1e-3)],
+                                                 [15.2, 98.7]]  # 186 x 640 / (7,452 x 16) = 99.83% paged
     bars = viz_board.swap_recompute_figure()
     assert bars.data[0].y[0] == pytest.approx(1e3 * 2 * 4096 * 524_288 / 64e9)
-    assert bars.data[1].y[0] == pytest.approx(1e3 * (2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / (0.5 * 989e12))
 
 
 def test_every_segment_builds_from_the_shipped_data():
@@ -123,9 +168,24 @@ def test_every_segment_builds_from_the_shipped_data():
     for i, seg in enumerate(viz_board.SEGMENTS):
         view = viz_board.segment_view(i, data)
         assert view.text().startswith(f"{seg.start}–{seg.end} min")
-        assert view._repr_mimebundle_()["text/plain"] == view.text()
     with pytest.raises(IndexError):
         viz_board.segment_view(7, data)
+
+
+def test_the_board_steps_forward_and_back():
+    board = viz_board.Board(viz_board.load_board_data())
+    steps = [len(s.reveals) for s in viz_board.SEGMENTS]
+    for _ in range(sum(steps) + len(steps) - 1):  # every reveal, then every next segment
+        board.forward()
+    assert (board.keys.index, board.keys.revealed) == (6, steps[6])
+    board.forward()  # past the end: nothing
+    assert (board.keys.index, board.keys.revealed) == (6, steps[6])
+    board.back()
+    assert (board.keys.index, board.keys.revealed) == (6, 0)
+    board.back()  # to 58–68 as it was left: everything revealed
+    assert (board.keys.index, board.keys.revealed) == (5, steps[5])
+    board._on_msg(None, {"action": "previous"}, [])
+    assert board.keys.index == 4 and board.keys.label.startswith("46–58 min")
 
 
 @pytest.mark.slow

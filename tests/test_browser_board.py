@@ -1,0 +1,361 @@
+"""The board on a projector (issue 28), in Debian's Chromium: ask, derive, reveal; one segment, one screen.
+
+JupyterLab is started as `make board` starts it (the Makefile's flags and page config, the board copied
+to the Makefile's BOARD_COPY), Run All is timed, then the board is walked at 1024 × 768 with the file
+browser open and closed and at 1920 × 1080.  For every segment, scrolled to the board's top:
+
+* its picture and its question are on one screen;
+* before the first reveal none of the segment's results is on screen; after the last, every one is;
+* no instructor direction is on screen outside the folded "Instructor notes";
+* every text of the board (HTML, buttons, chart text as drawn) is at least 16 px at 1024 × 768 and
+  20 px at 1920 × 1080.
+
+Present mode (`make present`, Voila) opens on 0–6 with nothing before the board, never shows a "run
+the cell" copy, fits each segment's picture and question at both sizes, and → / ← step through all
+seven segments.  Screenshots of every segment before and after its reveal, at each size, go to the
+test's tmp dir or to $LABSUPPORT_SCREENSHOTS.
+
+The results are derived by hand (the lecture's scenario: 512 KiB a token, a 62.52 GB budget, 29 naive
+slots of 4,096 tokens, blocks of 16 tokens, 7,452 blocks):
+  29 × 640 × 524,288 B = 9.73 GB of 62.52 GB = 15.56%; at S_max = 32K one slot is 640 / 32,768 = 1.95%;
+  paged 7,452 // 40 = 186 sequences, 186 / 29 = 6.41×, (7,452 × 16 − 186 × 640) / (7,452 × 16) left
+  unused: 186 × 640 / (7,452 × 16) = 99.83% used;
+  8 × (4,096 + 256) = 34,816 tokens = 18.25 GB against (4,096 + 8 × 256) = 6,144 tokens = 3.22 GB, 5.67×;
+  swap 2 × 4,096 × 524,288 B / 64e9 B/s = 67.1 ms; recompute (2 × 6.74e9 × 4,096 + 4 × 32 × 32 × 128 ×
+  4,096²) / (0.5 × 989e12) = 129.4 ms;
+  TPOT at B = 186: (13.48e9 + 186 × 640 × 524,288) / 3.35e12 = 22.65 ms, 186 / 22.65 ms = 8,210 tok/s.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_browser import (  # noqa: F401  (browser is a fixture)
+    _ALL_CELLS_RAN,
+    CHROMIUM,
+    ROOT,
+    WIDGET_ERRORS,
+    _click_run_all,
+    _free_port,
+    browser,
+    serving,
+)
+from test_browser_present import FULL_HD, XGA, make_flags
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
+
+# what each segment derives, as it must read on screen (hand arithmetic in the module docstring)
+RESULTS = {
+    "0–6": ["cannot be taken back"],
+    "6–16": ["9.73 of 62.52 GB", "15.56%", "1.95%"],
+    "16–36": ["one new block", "15.56% → 99.83%", "29 → 186", "gather", "4,096"],
+    "36–46": ["7 + 1", "18.25 GB against 3.22 GB", "5.67×", "nothing names the request"],
+    "46–58": ["67.1 ms", "129.4 ms", "runs out of blocks", "refuse new arrivals"],
+    "58–68": ["22.65 ms", "8,210 tok/s", "goodput 0", "Ask for the SLO first"],
+    "68–75": ["6.41×"],
+}
+SEGMENTS = list(RESULTS)
+# words only the instructor's notes use: directions to the instructor, timing, reconciliations
+DIRECTIONS = ("Board:", "Only then", "Let them", "Say:", "Expect confusion", "(exact", "never cut", "protected",
+              "Minutes", "do not show the result", "Force them", "Let the silence", "Reading-only", "Run the cell")
+FLOORS = {1024: 16, 1920: 20}
+# plotly's widget logs this when a chart replaced by the next step's (the board draws each step as a new
+# chart) receives its last state update after its view is gone; the new chart draws (checked below).
+REPLACED_CHART = "Error setting state: Cannot read properties of undefined (reading '_guiEditing')"
+SIZES = [("1024x768-files", XGA, True), ("1024x768", XGA, False), ("1920x1080", FULL_HD, False)]
+
+
+def _instructor_sentences() -> list[str]:
+    """Every sentence of the notes (board directions, answers, confusions) long enough to be recognised."""
+    from labsupport.viz import board as viz_board
+
+    found = []
+    for seg in viz_board.SEGMENTS:
+        for text in (seg.board, seg.answer, seg.confusion):
+            found += [s.strip() for s in re.split(r"(?<=[.:;?])\s+", text) if len(s.strip()) >= 30]
+    return found
+
+
+@pytest.fixture(scope="module")
+def jupyterlab(tmp_path_factory):
+    """JupyterLab as `make board` starts it, on a copy of the repository's notebooks; and the screenshot folder."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium package or set LABSUPPORT_CHROMIUM")
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    tmp = tmp_path_factory.mktemp("board")
+    shots = Path(os.environ.get("LABSUPPORT_SCREENSHOTS") or tmp / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    served = tmp / "root"
+    shutil.copytree(ROOT / "notebooks", served / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    (copy,) = make_flags("BOARD_COPY")
+    (served / copy).parent.mkdir(parents=True)
+    shutil.copy(ROOT / "notebooks" / "99_board.ipynb", served / copy)  # as `make board` does
+    (config,) = make_flags("BOARD_CONFIG")
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp / "config"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+           "JUPYTER_CONFIG_PATH": str(ROOT / config), "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces")}
+    port = _free_port()
+    log = tmp / "jupyterlab.log"
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+             f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.token=",
+             "--ServerApp.password=", "--ServerApp.allow_root=True", "--ServerApp.disable_check_xsrf=True",
+             *make_flags("BOARD_FLAGS")],
+            cwd=served, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    with serving(proc, f"http://127.0.0.1:{port}", "/api/status", log) as base:
+        yield base, shots, copy
+
+
+def test_the_board_copy_is_ignored_by_git():
+    """`make board` runs a copy that git ignores: running and saving it leaves the tree clean."""
+    (copy,) = make_flags("BOARD_COPY")
+    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", copy])
+    assert ignored.returncode == 0, f"{copy} is not ignored by git"
+
+
+# --- measuring the board on screen ---------------------------------------------------------------------
+
+# The board's text on screen: HTML (the folded notes' body excluded: closed, it is not drawn) and chart
+# text as drawn (plotly's SVG text, scaled with its chart).  Each: its text and its size in px.
+_TEXTS = """deck => {
+    const out = [];
+    const walker = document.createTreeWalker(deck, NodeFilter.SHOW_TEXT);
+    for (let node; (node = walker.nextNode());) {
+        const el = node.parentElement, text = node.textContent.trim();
+        if (!text || !el || el.closest('style, .hoverlayer')) continue;
+        const r = el.getBoundingClientRect();
+        if (!r.width || !r.height || !el.checkVisibility()) continue;
+        let px = parseFloat(getComputedStyle(el).fontSize);
+        const plot = el.closest('.js-plotly-plot');
+        if (plot) px *= plot.getBoundingClientRect().width / plot.offsetWidth;
+        out.push({text, px, notes: !!el.closest('details.board-notes')});
+    }
+    return out;
+}"""
+
+# The bottom of the screen the board is read on, and the bottoms of its picture and question.
+_FIT = """deck => {
+    const scroller = deck.closest('.jp-WindowedPanel-outer, .jp-Notebook');
+    const screen = scroller ? Math.min(scroller.getBoundingClientRect().bottom, window.innerHeight) : window.innerHeight;
+    const bottom = sel => Math.max(0, ...[...deck.querySelectorAll(sel)].filter(e => e.checkVisibility())
+        .map(e => e.getBoundingClientRect().bottom));
+    return {screen, picture: bottom('.js-plotly-plot, table.board-map'), ask: bottom('.board-ask'),
+            results: bottom('.board-results'), top: deck.getBoundingClientRect().top};
+}"""
+_LABEL = "() => (document.querySelector('.board-nav .board-title') || {}).textContent || ''"
+_RESULTS = "() => (document.querySelector('.board-results') || {}).innerText || ''"
+_DRAWN = """() => { const d = document.querySelector('.board-deck');
+    return !!d && [...d.querySelectorAll('.js-plotly-plot, table.board-map')].length > 0
+        && [...d.querySelectorAll('.js-plotly-plot')].every(p => !!(p._fullLayout && p.querySelector('.main-svg'))); }"""
+
+
+def _wait_label(page, segment: str) -> None:
+    page.wait_for_function(f"() => ({_LABEL})().startsWith({json.dumps(segment)})", timeout=60_000)
+    page.wait_for_function(_DRAWN, timeout=60_000)
+
+
+def _settle(page) -> None:
+    """The board drawn and its charts fitted to the width (fit_width scales them a frame later)."""
+    page.wait_for_function(_DRAWN, timeout=60_000)
+    page.wait_for_function("""() => [...document.querySelectorAll('.board-deck .js-plotly-plot')].every(p => {
+        const box = p.parentElement.getBoundingClientRect().width;
+        return Math.abs(p.getBoundingClientRect().width - box) <= 2; })""", timeout=30_000)
+    page.wait_for_timeout(300)
+
+
+def _room_text(page, deck) -> str:
+    return " ".join(t["text"] for t in deck.evaluate(_TEXTS) if not t["notes"])
+
+
+def _check_segment(page, deck, size_name: str, width: int, segment: str, reveal, shots: Path) -> list[str]:
+    """One segment: fit, nothing derived before the reveal, everything after, no directions, text sizes."""
+    problems = []
+    where = f"{size_name} {segment}"
+    for phase in ("before", "after"):
+        if phase == "after":
+            reveal()
+        _settle(page)
+        deck.evaluate("d => d.scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(200)
+        fit = deck.evaluate(_FIT)
+        if not fit["picture"] or not fit["ask"] and segment != "68–75":
+            problems.append(f"{where} {phase}: no picture or no question on the board ({fit})")
+        for part in ("picture", "ask"):
+            if fit[part] > fit["screen"] + 1:
+                problems.append(f"{where} {phase}: its {part} ends at {fit[part]:.0f} px, below the screen's "
+                                f"{fit['screen']:.0f} px")
+        room = _room_text(page, deck)
+        shown = [r for r in RESULTS[segment] if r in room]
+        if phase == "before" and shown:
+            problems.append(f"{where}: before the reveal the room already sees {shown}")
+        missing = [r for r in RESULTS[segment] if r not in room]
+        if phase == "after" and missing:
+            problems.append(f"{where}: after the reveal the room does not see {missing}")
+        problems += [f"{where} {phase}: a direction on the room's screen: {d!r}" for d in DIRECTIONS if d in room]
+        problems += [f"{where} {phase}: a note's sentence on the room's screen: {s[:60]!r}"
+                     for s in _instructor_sentences() if s in room]
+        small = sorted({(round(t["px"], 1), t["text"][:30]) for t in deck.evaluate(_TEXTS) if t["px"] < FLOORS[width]})
+        problems += [f"{where} {phase}: {text!r} is {px} px (floor {FLOORS[width]})" for px, text in small[:5]]
+        page.screenshot(path=str(shots / f"board_{size_name}_{segment.replace('–', '-')}_{phase}.png"))
+    return problems
+
+
+def _toggle_file_browser(page, want_open: bool) -> None:
+    browser_panel = page.locator(".jp-FileBrowser").first
+    if browser_panel.is_visible() != want_open:
+        page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id='filebrowser']").click()
+        page.wait_for_function(f"() => !!(document.querySelector('.jp-FileBrowser') || {{}}).checkVisibility"
+                               f" && document.querySelector('.jp-FileBrowser').checkVisibility() === {str(want_open).lower()}",
+                               timeout=10_000)
+
+
+def test_the_board_stages_each_segment(jupyterlab, browser):
+    base, shots, copy = jupyterlab
+    page = browser.new_page(viewport=XGA)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}")
+            if (msg.type == "error" or any(n in msg.text for n in WIDGET_ERRORS)) and REPLACED_CHART not in msg.text
+            else None)
+    problems: list[str] = []
+    try:
+        page.goto(f"{base}/", wait_until="domcontentloaded", timeout=90_000)
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+        page.wait_for_function("() => document.body.innerText.includes('(ipykernel) | Idle')", timeout=120_000)
+        assert page.url.endswith(f"/doc/tree/{copy}"), page.url
+        assert not page.locator(".jp-FileBrowser").first.is_visible(), "make board opens with the file browser"
+        assert not page.locator(".jp-Notification-Toast").count(), "a notification covers the board"
+        clicked = _click_run_all(page)
+        page.wait_for_function(_ALL_CELLS_RAN, timeout=300_000, polling=500)
+        page.wait_for_function(_DRAWN, timeout=120_000)
+        print(f"\nboard: Run All until the first segment is drawn: {time.perf_counter() - clicked:.1f} s")
+        deck = page.locator(".board-deck").first
+        assert "Run the cell" not in page.inner_text(".jp-Notebook"), "a static copy shows beside the live board"
+        for size_name, size, files in SIZES:
+            page.set_viewport_size(size)
+            _toggle_file_browser(page, files)
+            page.locator(".board-nav button").first.focus()  # the keys act in the board that has the focus
+            _rewind(page)
+            for k, segment in enumerate(SEGMENTS):
+                _wait_label(page, segment)
+
+                def reveal_all():
+                    while page.locator(".board-nav button", has_text=re.compile(r"^reveal")).count():
+                        before = _state(page)
+                        page.locator(".board-nav button", has_text=re.compile(r"^reveal")).click()
+                        _wait_both_changed(page, before)
+
+                problems += _check_segment(page, deck, size_name, size["width"], segment, reveal_all, shots)
+                if k < len(SEGMENTS) - 1:
+                    page.locator(".board-nav button", has_text="next segment").click()
+    finally:
+        page.close()
+        print("\n".join(errors[:10]))
+    print("\n".join(problems))
+    assert not problems, "\n".join(problems[:40])
+    assert not errors, "\n".join(errors[:20])
+
+
+def _label(page) -> str:
+    return page.evaluate(_LABEL)
+
+
+_REVEAL_TEXT = "() => [...document.querySelectorAll('.board-nav button')].map(b => b.textContent).join('|')"
+
+
+def _state(page) -> list[str]:
+    return [page.evaluate(_RESULTS), page.evaluate(_REVEAL_TEXT)]
+
+
+def _wait_both_changed(page, before: list[str]) -> None:
+    """A reveal is done when its result line and the reveal button both changed (two messages from the kernel)."""
+    page.wait_for_function(f"() => ({_RESULTS})() !== {json.dumps(before[0])} "
+                           f"&& ({_REVEAL_TEXT})() !== {json.dumps(before[1])}", timeout=60_000)
+
+
+def _rewind(page) -> list[str]:
+    """← until the first segment shows nothing revealed; the segments passed on the way."""
+    seen = [_label(page).split(" ")[0]]
+    for _ in range(60):
+        if _label(page).startswith("0–6") and "reveal 1 of" in page.evaluate(_REVEAL_TEXT):
+            return seen
+        state = _label(page) + page.evaluate(_REVEAL_TEXT)
+        page.keyboard.press("ArrowLeft")
+        page.wait_for_function(f"() => ({_LABEL})() + ({_REVEAL_TEXT})() !== {json.dumps(state)}", timeout=60_000)
+        if _label(page).split(" ")[0] != seen[-1]:
+            seen.append(_label(page).split(" ")[0])
+    raise AssertionError(f"← did not return to 0–6 with nothing revealed: at {_label(page)!r}")
+
+
+# --- present mode ---------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def serve_present(tmp: Path, notebook: str = "notebooks/99_board.ipynb"):
+    """Voila as `make present` starts it (the Makefile's flags), on a loopback port."""
+    served = tmp / "root"
+    shutil.copytree(ROOT / "notebooks", served / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    port = _free_port()
+    log = tmp / "voila.log"
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp / "config"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime")}
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "voila", *make_flags("PRESENT_FLAGS"), notebook, "--no-browser",
+                                 f"--port={port}", "--Voila.ip=127.0.0.1"],
+                                cwd=served, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    with serving(proc, f"http://127.0.0.1:{port}", "/voila/static/voila.js", log) as base:
+        yield base
+
+
+def test_present_mode_steps_through_the_lecture_by_keyboard(jupyterlab, browser, tmp_path):
+    _, shots, _ = jupyterlab
+    problems: list[str] = []
+    with serve_present(tmp_path) as base:
+        page = browser.new_page(viewport=XGA)
+        try:
+            seen_copies = []
+            page.on("console", lambda msg: None)
+            started = time.perf_counter()
+            page.goto(f"{base}/", wait_until="domcontentloaded", timeout=300_000)
+            while not page.evaluate(_DRAWN):  # poll the page as it fills: a "run the cell" copy must never show
+                if "Run the cell" in page.inner_text("body"):
+                    seen_copies.append(time.perf_counter() - started)
+                page.wait_for_timeout(100)
+                assert time.perf_counter() - started < 300, "present mode drew no board within 300 s"
+            first = time.perf_counter() - started
+            print(f"\npresent mode: first screen (0–6 drawn) {first:.1f} s after the request")
+            assert not seen_copies, f"a static 'run the cell' copy showed at {seen_copies[:3]} s"
+            assert _label(page).startswith("0–6"), _label(page)
+            deck = page.locator(".board-deck").first
+            shown = page.inner_text("body").strip()
+            before = shown[:shown.index("← back")] if "← back" in shown else shown
+            assert not before, f"present mode shows {before[:80]!r} before the board"
+            for size_name, size in (("present-1024x768", XGA), ("present-1920x1080", FULL_HD)):
+                page.set_viewport_size(size)
+                rewound = _rewind(page)  # ← takes every result back, segment by segment
+                if size_name.endswith("1920x1080"):
+                    assert rewound == list(reversed(SEGMENTS)), rewound
+                for k, segment in enumerate(SEGMENTS):
+                    _wait_label(page, segment)
+
+                    def reveal_all():
+                        while page.locator(".board-nav button", has_text=re.compile(r"^reveal")).count():
+                            before = _state(page)
+                            page.keyboard.press("ArrowRight")
+                            _wait_both_changed(page, before)
+
+                    problems += _check_segment(page, deck, size_name, size["width"], segment, reveal_all, shots)
+                    if k < len(SEGMENTS) - 1:
+                        page.keyboard.press("PageDown")  # everything revealed: the next segment
+        finally:
+            page.close()
+    print("\n".join(problems))
+    assert not problems, "\n".join(problems[:40])
