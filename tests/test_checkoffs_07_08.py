@@ -428,7 +428,7 @@ def test_lab08_largest_moves_by_hand():
 
     from labsupport.course.checkoffs import get
     from labsupport.part_two import outputs
-    from labsupport.specs import LECTURE_7B, LECTURE_GPU
+    from labsupport.specs import LECTURE_7B
 
     assert get("8.2").expect() == {k.lower(): v for k, v in LARGEST_MOVES.items()}
     assert outputs()["memory batch"] == 186
