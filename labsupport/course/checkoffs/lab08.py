@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course.checkoffs._hidden import RESERVE, kv_blocks, random_pair, tpot_batch, weight_bytes
-from labsupport.course.registry import case, choice, function, value
+from labsupport.course.registry import case, function, value
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 _BLOCKS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes", "labsupport.replay.lecture_pool",
