@@ -286,8 +286,8 @@ if revealed("7.2"):
         print(f"{model.name:>16}: memory ceiling {ceiling:4d}, largest B under 20 ms {max_batch(model, H100, SEQ, 0.020):4d}")
     display(Markdown("*After paging, the SLO usually binds before the memory does* — the clearest sign that the "
                      "allocator problem is solved, and why the next eight weeks are about scheduling, kernels and bytes."))
-    print("The lecture prints 164 (exact: 159): its 0.328 GB per sequence reads 512 KiB as 512,000 B, giving 163.1, "
-          "rounded up (LEDGER.md, §10.6).")
+    print(f"The lecture prints 164 (exact: {max_batch(MHA, H100, SEQ, 0.020)}): its 0.328 GB per sequence reads 512 KiB "
+          "as 512,000 B, giving 163.1, rounded up (LEDGER.md, §10.6).")
     print("Its 'a third of the throughput' for the naive column is about half under every reading (LEDGER.md, §10.6).")
 
 # %% [markdown]
@@ -600,8 +600,8 @@ if revealed("7.5", "7.6"):
 a session uses. Bytes per token and the budget scale both counts alike. Paging did nothing to the prefill
 time — and most of it is re-sent prompt, because every step re-prefills a context the card already
 computed. That is the whole argument for the prefix cache (Nov 9)."""))
-    print("The lecture prints 0.985 GB and 63 sessions (exact: 1.009 GB, 61): 128 KiB read as 128,000 B, and "
-          "62.5 / 0.985 = 63 follows from it (LEDGER.md, Exercise 5).")
+    print(f"The lecture prints 0.985 GB and 63 sessions (exact: {ex5['peak_kv_bytes'] / 1e9:.3f} GB, {ex5['sessions']}): "
+          "128 KiB read as 128,000 B, and 62.5 / 0.985 = 63 follows from it (LEDGER.md, Exercise 5).")
 
 # %% [markdown]
 # ## Self-check
