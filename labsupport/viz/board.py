@@ -454,16 +454,18 @@ def block_table_figure(step: int = 0) -> go.Figure:
 def block_size_table_figure() -> go.Figure:
     """§10.3's block-size table, its last two columns included (table entries at 4K, the kernel's run)."""
     r = _numbers()
-    head = ("b_blk", "mean tail", f"waste at B = {r['paged_concurrency']}", "table entries at 4K", "contiguous run")
+    # two-line headings: at 1024 px with the file browser open, one-line ones ran into each other
+    head = ("b_blk", "mean<br>tail", f"waste at<br>B = {r['paged_concurrency']}", "table entries<br>at 4K",
+            "contiguous<br>run")
     rows = [(f"{row.block_size}", f"{row.mean_tail_tokens:g} tokens", f"{100 * row.waste_fraction_of_budget:.2f}%",
              f"{row.table_entries:,}", f"{row.contiguous_run_tokens} token{'s' if row.contiguous_run_tokens > 1 else ''}")
             for row in r["block_rows"]]
     fig = go.Figure()
-    xs = (0.0, 0.12, 0.33, 0.58, 0.83)
+    xs = (0.0, 0.12, 0.33, 0.56, 0.8)
     for k, (x, h) in enumerate(zip(xs, head)):
         _note(fig, x, 1.0, f"<b>{h}</b>", xanchor="left", yanchor="top")
         for i, row in enumerate(rows):
-            _note(fig, x, 0.8 - 0.2 * i, row[k], xanchor="left", yanchor="top",
+            _note(fig, x, 0.7 - 0.19 * i, row[k], xanchor="left", yanchor="top",
                   colour=PALETTE["memory"] if k >= 3 and row[0] == "1" else "#222222")
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
@@ -578,7 +580,9 @@ def slo_figure(step: int = 0, splits: Sequence[TTFTSplit] = ()) -> go.Figure:
                       line=dict(color=PALETTE["limit"], width=4))
         _note(fig, 0.5, -0.11, "<b>goodput 0</b> at a 20 ms TPOT SLO", colour=PALETTE["limit"], yanchor="top")
     return _board(fig, "TTFT (ms) on a loaded card, 62 chat requests/s; three operating points", barmode="stack",
-                  height=PICTURE_HEIGHT + 140, yaxis=dict(domain=[0.7, 1.0]),
+                  height=PICTURE_HEIGHT + 140,
+                  # every bar named: plotly's automatic ticks dropped "median" when the rows were close
+                  yaxis=dict(domain=[0.7, 1.0], tickmode="array", tickvals=labels, ticktext=labels),
                   legend=dict(orientation="h", y=1.0, x=0.0, yanchor="bottom"),
                   margin=dict(l=130, r=20, t=110, b=60 + (40 if step >= 2 else 0)))
 
