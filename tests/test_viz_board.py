@@ -237,3 +237,21 @@ def test_tlb_replay_counts_lookups_and_new_translations():
 
 # The placeholder scan of every board panel (and of every lab's printed output) is in
 # tests/test_teaching_consistency.py.
+
+
+def test_bench_board_starts_voila_as_make_present_does():
+    """`bench board` times present mode on the Makefile's own Voila flags, and refuses an argument in one line."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from labsupport.bench import board as bench_board
+
+    root = Path(__file__).resolve().parents[1]
+    flags = subprocess.run(["make", "-s", "-C", str(root), "print-PRESENT_FLAGS"], capture_output=True, text=True,
+                           check=True).stdout
+    assert list(bench_board.PRESENT_FLAGS) == shlex.split(flags)
+    proc = subprocess.run([sys.executable, "-m", "labsupport", "bench", "board", "--fast"], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "'--fast'" in proc.stderr, proc.stderr

@@ -5,6 +5,7 @@
     gpu        on a CUDA machine: the kernels' correctness matrix and bandwidth sweep -> data/gpu_results.json
     engine     the Azure conversation trace through the engine's scheduler on one core (§10.5)
     notebooks  each solution notebook's run time
+    board      the board's Run All and present mode's first page, beside INSTRUCTORS.md's promise
     grade      a class of 30 copies of lab 02's solution graded with --jobs 2 (target: 6 minutes)
     viz*       Python time per slider update of each lab's panels
 
@@ -25,6 +26,7 @@ BENCHES = {
     "gpu": "labsupport.bench.kernel:gpu_check",
     "engine": "labsupport.bench.engine:bench",
     "notebooks": "labsupport.bench.notebooks:bench",
+    "board": "labsupport.bench.board:bench",
     "grade": "labsupport.bench.grade:bench",
     "viz": "labsupport.bench.viz:bench_roofline",
     "viz_memory": "labsupport.bench.viz:bench_memory",
