@@ -215,7 +215,7 @@ check("1.2", lambda m, g: math.floor(g.peak_flops / g.hbm_bandwidth * m.dtype_by
 check("1.2", ridge)
 check("1.1", {"admit": "memory", "allocate": "memory", "batch": "places", "run": "arithmetic", "stream": "latency"})
 check("1.4", {"batch"})
-check("2.11", {"external fragmentation"})
+check("2.11", {"a partly empty last block", "no room for the next token"})
 for answer in (lambda l, h, d, b: l * h * d * b, lambda l, h, d, b: 524288, lambda l, h, d, b: 1 / 0):
     check("0.2", answer)
 '''
