@@ -14,10 +14,8 @@ from pathlib import Path
 import nbformat
 
 from labsupport.cli.parser import OneLineParser, UsageError
-from labsupport.course.build import CHECK_RE
+from labsupport.course.build import CHECK_RE, TAG_CHECKOFF
 from labsupport.course.checkoff import PASS_LINE
-
-TAG_CHECKOFF = "checkoff"
 
 
 def expect_passes(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
