@@ -232,10 +232,22 @@ def test_no_answer_appears_before_its_question(path):
     assert not problems, "\n".join(problems)
 
 
+def _on_lecture_data(cell) -> bool:
+    """Whether a cell's outputs are drawn from the lecture's data: a cell tagged needs-traces shows the real traces
+    only where they are here; without them it shows a labelled stand-in, whose numbers can only coincide with an
+    answer (issue 35: a stand-in's mean TTFT of 61 ms is no reading of 7.5's 61)."""
+    from labsupport import workloads
+
+    return "needs-traces" not in cell.metadata.get("tags", []) or \
+        all(workloads.find_trace(name) is not None for name in workloads.TRACES)
+
+
 def _seen_after_run_all(executed) -> list[tuple[str, str]]:
     """(cell id, what a person reads in it) for every cell of an executed student copy: markdown, code and every
-    output (text, HTML, Markdown, chart titles, labels and annotations); the givens cell holds inputs, not answers."""
-    return [(cell.get("id"), cell.source + "\n" + (_output_text(cell) if cell.cell_type == "code" else ""))
+    output (text, HTML, Markdown, chart titles, labels and annotations) drawn from the lecture's data; the givens
+    cell holds inputs, not answers."""
+    return [(cell.get("id"), cell.source + "\n" + (_output_text(cell) if cell.cell_type == "code"
+                                                    and _on_lecture_data(cell) else ""))
             for cell in executed.cells if "givens" not in cell.metadata.get("tags", [])]
 
 

@@ -216,3 +216,15 @@ def test_a_failed_checkoff_shows_the_students_frames_and_never_labsupports(tmp_p
     assert lines[2].strip() == "pool = BlockAllocator(-num_layers, 16)  # a bad pool size: labsupport raises"
     assert lines[3].startswith("   ValueError") and lines[-1] == "the run goes on"
     assert "labsupport/" not in out.text and "site-packages" not in out.text
+
+
+ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]{6,16}\b")
+
+
+@pytest.mark.parametrize("path", SOLUTIONS + STUDENTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_no_stored_output_holds_an_object_address(path):
+    """A stored output is what a rebuild must reproduce and a reader diffs: a default repr's memory address changes
+    every run (the sanitizer would hide it from nbval, not from the diff), so none is stored (issue 35)."""
+    found = [(n, m.group()) for n, cell in enumerate(nbformat.read(path, as_version=4).cells, start=1)
+             for out in cell.get("outputs", []) for m in ADDRESS.finditer(str(out))]
+    assert not found, f"{path.name}: {found[:3]}"

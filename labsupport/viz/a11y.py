@@ -305,6 +305,9 @@ def namer():
         class Namer(anywidget.AnyWidget):
             _esm = _ESM
 
+            def __repr__(self) -> str:  # the default repr holds a memory address, which a stored output must not
+                return "Namer() (hidden: names every chart on the page)"
+
         _namer = Namer(layout=widgets.Layout(display="none"))
     return _namer
 
