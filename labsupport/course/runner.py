@@ -208,7 +208,7 @@ def one_run(sh, job: dict, run: int, cells: list, fork_at: int) -> None:
     start = fork_at
     if job.get("givens_cell") is not None:
         with holding(sh, values):
-            run_cells(sh, cells[:fork_at + 1], fork_at)
+            run_cells(sh, cells[:fork_at + 1], fork_at)  # the givens cell alone
         start += 1
     run_cells(sh, cells, start)
     emit(e="end", run=run)
