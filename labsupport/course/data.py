@@ -5,6 +5,7 @@ object of the student's (never unpickles, never calls a method the student defin
 value into that data; `parse` reads it back, with bounds, as the grader's own built-in types:
 
     None, bools, ints, finite floats, text      as themselves
+    a Fraction or Decimal, a numpy scalar       an int when whole, else a float
     list, tuple                                 a list
     a dict with text keys                       a dict
     nan, inf, -inf                              {"$": "float", "v": "nan"}
@@ -20,6 +21,8 @@ written by `live` (or `plain`, for a frozen dataclass) and rebuilt by `build`.
 from __future__ import annotations
 
 import dataclasses
+import decimal
+import fractions
 import importlib
 import json
 import math
@@ -49,6 +52,20 @@ def _number(x):
     return x
 
 
+def _exact(x: fractions.Fraction | decimal.Decimal) -> int | float:
+    """A Fraction or a Decimal as JSON can carry it: an int when it is whole (exactly), else the nearest float."""
+    try:
+        if isinstance(x, fractions.Fraction) and x.denominator == 1:
+            return x.numerator
+        if isinstance(x, decimal.Decimal) and x.is_finite() and x == x.to_integral_value() and x.adjusted() < 1200:
+            return int(x)  # a whole Decimal past 1200 digits is a float's infinity: int() of 1e999999999 never ends
+        return float(x)
+    except OverflowError:  # a Fraction past a float's range
+        return math.inf if x > 0 else -math.inf
+    except ValueError:  # a signalling NaN
+        return math.nan
+
+
 def _tensor(x) -> dict | None:
     kind = type(x).__module__.split(".")[0]
     if kind == "torch" and type(x).__name__ in ("Tensor", "Parameter"):
@@ -74,6 +91,8 @@ def plain(x, _depth: int = 0, _count: list | None = None):
         return x
     if type(x) is float:
         return _number(x)
+    if isinstance(x, (fractions.Fraction, decimal.Decimal)):
+        return plain(_exact(x), _depth, count)
     if x is Ellipsis:
         return {"$": "unfinished"}
     if type(x) in (list, tuple):

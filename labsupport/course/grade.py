@@ -3,9 +3,9 @@
 check() is feedback; this decides, the way PrairieLearn's Python grader does (GRADING.md):
  1. Before any student code runs: per student and lab, HIDDEN_RUNS sets of hidden givens and the function
     checkoffs' hidden cases (from a secret; ``--seed`` repeats a run), and every expected value on them.
- 2. The notebook runs whole in a sandbox (.sandbox, .runner): on the lecture's givens, then with its givens
-    cell rewritten to each hidden set.  Answers come back as plain data (a function's: what it did on the
-    hidden inputs); no expected value goes in.
+ 2. The notebook runs whole in a sandbox (.sandbox, .runner): on the lecture's givens, then on each hidden
+    set, its givens cell run as written with every given held to the set's value (however the cell binds it).
+    Answers come back as plain data (a function's: what it did on the hidden inputs); no expected value goes in.
  3. Here each answer is judged (.judge) against its run's expected value, after check()'s scan of the
     exercise's cells (.scan): passed (right on every run and case), failed (where, with the hint) or not attempted.
 
@@ -195,14 +195,12 @@ class Grader:
             raise NotebookError(f"lab {lab:02d} has no checkoffs to grade")
         plan = self.plan(lab, grade.student)
         rec = record.read(lab) or {"checkoffs": []}
-        givens_id = rec.get("givens_cell")
-        cell = next((c for c in nb.cells if givens_id and c.id == givens_id), None) or \
-            next((c for c in nb.cells if "givens" in c.tags), None)
+        cell = find_givens_cell(nb, rec.get("givens_cell"), set(plan.runs[0]))
         if cell is None and plan.runs[0]:
-            grade.notes.append("no givens cell was found (tagged 'givens'): the givens were bound before the first "
-                               "cell, so an answer computed from numbers written elsewhere cannot follow them")
+            grade.notes.append("no givens cell was found (no cell binds the lab's givens): they were bound before the "
+                               "first cell, so an answer computed from numbers written elsewhere cannot follow them")
         job = {"cells": [(c.number, c.source) for c in nb.cells], "givens_cell": cell and cell.number,
-               "runs": plan.runs, "givens_sources": [cell and rewrite_givens(cell.source, g) for g in plan.runs],
+               "runs": plan.runs,
                "cases": {cid: [i for i, _ in s] for cid, s in plan.specs.items() if s and isinstance(s[0], tuple)},
                "timeout": self.timeout, "cwd": ""}
         deadline = time.monotonic() + self.timeout * (len(plan.runs) + 1) + 60
@@ -270,26 +268,94 @@ class Grader:
                 "typed or copied in, or a step that does not follow the givens cell's names") from None
 
 
-def rewrite_givens(source: str, values: dict) -> str | None:
-    """The notebook's givens cell with each given's value replaced by `values`' and its other lines kept
-    (a given it does not bind is bound first); None when the cell is not plain Python (then it is replaced)."""
-    if len(source) > 65_536:
-        return None
+def find_givens_cell(nb: Notebook, cell_id: str | None, names: set) -> Cell | None:
+    """The notebook's givens cell: the one with the lab's cell id, else the one tagged 'givens', else the one
+    binding the most of the givens `names` (ties: the first).  A tool that drops or changes ids and tags
+    (Colab, nbformat 4.0, VS Code, Jupytext) loses nothing, and an id or tag on a cell that binds no given
+    gives way to a cell that does (a notebook that was edited so)."""
+    marked = [c for c in nb.cells if cell_id and c.id == cell_id] + [c for c in nb.cells if "givens" in c.tags]
+    found = next((c for c in marked if binds(c.source) & names), None)
+    if found is None and names:  # the whole notebook is read only when no marked cell binds a given
+        counts = {c.number: len(binds(c.source) & names) for c in nb.cells}
+        best = max(nb.cells, key=lambda c: counts[c.number], default=None)  # max keeps the first of equals
+        found = best if best is not None and counts[best.number] else None
+    return found or next(iter(marked), None)
+
+
+MAX_SCANNED = 65_536  # characters of a cell read for what it binds: a givens cell is a few lines
+
+
+def binds(source: str, _depth: int = 0) -> set[str]:
+    """The global names a cell's code binds, read statically after IPython's transformation of its magics:
+    assignments of every kind and unpacking, and the string keys given to globals().update(...) or
+    globals()[...] =; the code of a %time line or a %%time cell too.  Nothing inside a def, lambda or class."""
+    if len(source) > MAX_SCANNED or _depth > 2:
+        return set()
     try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError):
-        return None
-    text, bound = source.encode(), set()
-    starts = [0, *itertools.accumulate(len(line) for line in text.splitlines(keepends=True))]  # ast's offsets: bytes
-    for st in reversed(tree.body):  # from the end, so earlier offsets stay valid
-        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) \
-                and st.targets[0].id in values:
-            v = st.value
-            a, b = starts[v.lineno - 1] + v.col_offset, starts[v.end_lineno - 1] + v.end_col_offset
-            text = text[:a] + repr(values[st.targets[0].id]).encode() + text[b:]
-            bound.add(st.targets[0].id)
-    head = "".join(f"{name} = {value!r}\n" for name, value in values.items() if name not in bound)
-    return head + text.decode()
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        tree = ast.parse(TransformerManager().transform_cell(source))
+    except Exception:  # noqa: BLE001 - not Python, even after IPython's transformation: it binds nothing seen
+        return set()
+    dicts = {t.id: _keys(st.value) for st in ast.walk(tree) if isinstance(st, ast.Assign)
+             for t in st.targets if isinstance(t, ast.Name) and isinstance(st.value, ast.Dict)}
+    found, stack = set(), [tree]
+    while stack:  # a walk of our own: ast.walk would enter the scopes whose names are not the cell's
+        node = stack.pop()
+        found |= _bound_by(node, dicts, _depth)
+        if not isinstance(node, SCOPES):
+            stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _bound_by(node: ast.AST, dicts: dict, depth: int) -> set[str]:
+    """The names one node binds in the notebook's namespace; `dicts`: the cell's names bound to dict displays."""
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+        return {node.id}
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and _namespace(node.value):
+        key = node.slice
+        return {key.value} if isinstance(key, ast.Constant) and isinstance(key.value, str) else set()
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update" \
+            and _namespace(node.func.value):
+        found = {k.arg for k in node.keywords if k.arg}
+        for arg in node.args:  # a dict display, dict(...), or a name the cell bound to a dict display
+            found |= dicts.get(arg.id, set()) if isinstance(arg, ast.Name) else _keys(arg)
+        return found
+    code = _magic_code(node)
+    return binds(code, depth + 1) if code is not None else set()
+
+
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp, ast.DictComp,
+          ast.GeneratorExp)  # what they bind is not the cell's global (a comprehension's loop name is its own)
+
+
+def _namespace(node: ast.AST) -> bool:
+    """`globals()`, `locals()` or `vars()`: at a cell's top level, each is the notebook's namespace."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args \
+        and node.func.id in ("globals", "locals", "vars")
+
+
+def _keys(node: ast.AST) -> set[str]:
+    """The string keys of a dict display, or the keywords of a dict(...) call."""
+    if isinstance(node, ast.Dict):
+        return {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+        return {k.arg for k in node.keywords if k.arg}
+    return set()
+
+
+def _magic_code(node: ast.AST) -> str | None:
+    """The code a magic that runs Python in the notebook's namespace is handed (``%time A = 6``, a ``%%time``
+    cell's body), as IPython's transformation writes the call: ``get_ipython().run_line_magic('time', 'A = 6')``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr in ("run_line_magic", "run_cell_magic") and node.args \
+            and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args) \
+            and node.args[0].value in PYTHON_MAGICS:
+        return node.args[-1].value
+    return None
+
+
+PYTHON_MAGICS = ("time", "capture")  # %timeit binds in a function of its own; %%bash and the like are not Python
 
 
 def _value(answer: dict):

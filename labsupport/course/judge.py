@@ -42,10 +42,15 @@ def echo(x, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def scalar(x):
+    """A tensor holding one value (a 0-d torch tensor or numpy array, ``t.sum()``) as that value: a number
+    wherever a number is expected; anything else as it is."""
+    return x.values[0] if isinstance(x, Tensor) and len(x.values) == 1 else x
+
+
 def as_number(x, what: str) -> float:
     """A real number, or a Mismatch saying what `what` is instead."""
-    if isinstance(x, Tensor) and len(x.values) == 1:
-        x = x.values[0]
+    x = scalar(x)
     if isinstance(x, Other) and x.kind == "function":
         raise Mismatch(f"{what} is a function; call it and pass the number it returns.")
     if isinstance(x, bool) or x is None:
@@ -105,6 +110,7 @@ def _difference(got, want, rel_tol, abs_tol, at) -> str:
     if want is None or isinstance(want, bool):
         return "" if got is want else f"{echo(got)}{where}"
     if isinstance(want, numbers.Real):
+        got = scalar(got)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
             return f"{echo(got)}{where}, which is not a number"
         if isinstance(got, int) and got.bit_length() > 1000:

@@ -5,15 +5,16 @@
 It copies the notebook's folder into its scratch and executes the cells in an IPython shell as a
 kernel's Run All does, errors and all (magics, helper modules: the same), drawing nothing (nobody reads
 the outputs).  The cells before the givens cell run once; then one forked child per run restores the
-folder and /tmp as those cells left them, runs the givens cell as the grader rewrote it for that run,
-and the rest; a run past its time is killed.  check() is a collector: it hands each answer over as
-plain data, a function's as what it did on the hidden cases (lecture's run only).  Nothing is judged
-here and nothing here knows an expected value.  Events:
+folder and /tmp as those cells left them, binds that run's givens, runs the givens cell as written with
+each given held to the run's value (`holding`), and the rest; a run past its time is killed.  check() is
+a collector: it hands each answer over as plain data, a function's as what it did on the hidden cases
+(lecture's run only).  Nothing is judged here and nothing here knows an expected value.  Events:
 
     {"e": "cell" | "error" | "answer" | "note" | "end" | "stop", "run": r or null (before the fork), ...}
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -140,23 +141,76 @@ def _text(x, limit: int) -> str:
         return "?"
 
 
-def givens_source(values: dict) -> str:
-    return "\n".join(f"{name} = {value!r}" for name, value in values.items()) + "\n"
+REBIND = "__labsupport_bind_givens__"  # what the givens cell calls after each statement, while it runs
+BLOCKS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.Match,
+          *([ast.TryStar] if hasattr(ast, "TryStar") else []))
+
+
+class Rebinding(ast.NodeTransformer):
+    """An IPython AST transformer: after each statement of the code it is given, a call of REBIND.
+
+    Statements inside if/for/while/with/try/match blocks get one too, so that a given bound in a loop or a
+    branch holds the run's value for the block's next line; a def, a lambda or a class gets none: their
+    bodies run later (or bind elsewhere), and the call after the statement that runs them does the work.
+    IPython hands it every cell's code and the code %time, %timeit and a nested run_cell compile."""
+
+    def visit_Module(self, node: ast.Module) -> ast.Module:
+        node.body = self._after_each(node.body)
+        return node
+
+    def _after_each(self, body: list) -> list:
+        out = []
+        for st in body:
+            if isinstance(st, BLOCKS):
+                for name in ("body", "orelse", "finalbody"):
+                    setattr(st, name, self._after_each(getattr(st, name, [])))
+                for block in getattr(st, "handlers", []) + getattr(st, "cases", []):  # except and case blocks
+                    block.body = self._after_each(block.body)
+            out.append(st)
+            if not (isinstance(st, ast.ImportFrom) and st.module == "__future__"):  # futures must stay first
+                out.append(_call(REBIND, st))
+        return out
+
+
+def _call(name: str, where: ast.stmt) -> ast.Expr:
+    func = ast.copy_location(ast.Name(name, ast.Load()), where)
+    return ast.copy_location(ast.Expr(ast.copy_location(ast.Call(func, [], []), where)), where)
+
+
+@contextlib.contextmanager
+def holding(sh, values: dict):
+    """While the block runs, every given the code binds holds `values`' value from the statement that binds
+    it on: the cell runs as written (magics, tuples, annotations, globals().update, exec, loops: any style),
+    and a line after it that derives from a given (TOTAL = A * B) reads the run's value."""
+    def rebind() -> None:
+        for name, value in values.items():
+            if name in sh.user_ns:  # a given the cell deleted stays deleted, as the cell wrote it
+                sh.user_ns[name] = value
+
+    transformer = Rebinding()
+    sh.user_ns[REBIND] = rebind
+    sh.ast_transformers.append(transformer)
+    try:
+        yield
+    finally:
+        if transformer in sh.ast_transformers:  # IPython drops a transformer that raised
+            sh.ast_transformers.remove(transformer)
+        sh.user_ns.pop(REBIND, None)
 
 
 def one_run(sh, job: dict, run: int, cells: list, fork_at: int) -> None:
-    """This process is run `run` from the givens cell on: its givens cell (the grader rewrote each given's value,
-    keeping the cell's other lines), then the rest."""
-    global _run, _cell
+    """This process is run `run` from the givens cell on: the run's givens bound (a given the cell does not
+    bind is bound all the same), the givens cell run as written while `holding` them, then the rest."""
+    global _run
     _run = run
-    _cell = cells[fork_at][0] if fork_at < len(cells) else None
-    emit(e="cell", run=run, cell=_cell)
-    source = (job.get("givens_sources") or [None] * len(job["runs"]))[run] or givens_source(job["runs"][run])
-    result = sh.run_cell(source, store_history=True)
-    error = result.error_before_exec or result.error_in_exec
-    if error is not None:
-        emit(e="error", run=run, cell=_cell, ename=_text(type(error).__name__, 200), evalue=_text(error, 500))
-    run_cells(sh, cells, fork_at + (job.get("givens_cell") is not None))
+    values = job["runs"][run]
+    sh.user_ns.update(values)
+    start = fork_at
+    if job.get("givens_cell") is not None:
+        with holding(sh, values):
+            run_cells(sh, cells[:fork_at + 1], fork_at)  # the givens cell alone
+        start += 1
+    run_cells(sh, cells, start)
     emit(e="end", run=run)
 
 
