@@ -515,8 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     bounds = Bounds(memory=args.memory * 2**20)
     sandbox = Sandbox.for_this_machine(trusted=args.trusted, container=args.container, bounds=bounds)
     if sandbox is None:
-        return usage_error("grade", "bubblewrap cannot run here (apt-get install bubblewrap, and allow user "
-                           "namespaces), so student code would run as you; use --container inside a per-submission "
+        return usage_error("grade", f"cannot isolate notebooks here: {Sandbox('bubblewrap', bounds).missing()}; "
+                           "student code would run as you, unbounded; use --container inside a per-submission "
                            "container, or --trusted for notebooks you trust")
     print(f"grade: isolation: {sandbox.describe()}", file=sys.stderr)
     secret = hashlib.sha256(f"seed {args.seed}".encode()).digest() if args.seed is not None else None

@@ -73,6 +73,11 @@ def copy_folder(src: str, dest: str) -> int:
     return left
 
 
+def not_copied(left: int) -> str:
+    return (f"{left} file(s) of the notebook's folder were not copied into the sandbox: more than "
+            f"{COPY_BYTES // 2**20} MiB, or deeper than {COPY_DEPTH} folders")
+
+
 def restore(snapshot: str, work: str, tmp_before: set) -> None:
     """A run starts from the folder as the cells before the givens cell left it, and from their /tmp."""
     import tempfile
@@ -187,8 +192,7 @@ def main(argv: list[str]) -> int:
     os.makedirs(job["work"], exist_ok=True)
     left = copy_folder(job["folder"], job["work"]) if job["folder"] != job["work"] else 0
     if left:
-        emit(e="note", run=None, text=f"{left} file(s) of the notebook's folder were not copied into the sandbox: "
-                                      f"more than {COPY_BYTES // 2**20} MiB, or deeper than {COPY_DEPTH} folders")
+        emit(e="note", run=None, text=not_copied(left))
     home = os.path.join(job["work"], job.get("cwd", ""))
     os.chdir(home)
     sys.path.insert(0, home)
