@@ -168,7 +168,8 @@ class Grader:
         specs = {}
         for c in load_lab(lab):
             if c.kind == "function":
-                specs[c.id] = [(k.input(), k.public_spec(c.name)) for k in c.cases(case_rng(c.id, self.secret, key))]
+                specs[c.id] = [(k.input(sent=True), k.public_spec(c.name))
+                               for k in c.cases(case_rng(c.id, self.secret, key))]
             elif c.takes_givens:
                 specs[c.id] = [c.value_spec(namespace(g)) for g in runs]
             else:
@@ -203,8 +204,9 @@ class Grader:
                                "cell, so an answer computed from numbers written elsewhere cannot follow them")
         job = {"cells": [(c.number, c.source) for c in nb.cells], "givens_cell": cell and cell.number,
                "runs": plan.runs, "givens_sources": [cell and rewrite_givens(cell.source, g) for g in plan.runs],
-               "cases": {cid: [i for i, _ in s] for cid, s in plan.specs.items() if s and isinstance(s[0], tuple)},
                "timeout": self.timeout, "cwd": ""}
+        job["cases"], job["shared"] = data.share({cid: [i for i, _ in s] for cid, s in plan.specs.items()
+                                                  if s and isinstance(s[0], tuple)})
         deadline = time.monotonic() + self.timeout * (len(plan.runs) + 1) + 60
         outcome = self.sandbox.run(job, Path(os.path.abspath(path)).parent, deadline)
         runs = runs_of(outcome.events, len(plan.runs))
