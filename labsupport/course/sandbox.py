@@ -428,6 +428,8 @@ class Sandbox:
         else:
             inner += argv
         env = {} if self.mode == "bubblewrap" else dict(self._env(str(scratch)), PATH=os.environ.get("PATH", ""))
+        if self.mode == "container":  # the student-side copy lies elsewhere: the labs' data stays where it is
+            env.setdefault("LABSUPPORT_DATA", str(PACKAGE.parent / "data"))
         return ["/bin/sh", "-c", attach + 'exec "$@"', "sh", *inner], env
 
     def run(self, job: dict, folder: Path, deadline: float, command: list[str] | None = None) -> Outcome:
@@ -609,13 +611,15 @@ def is_bundle(root: Path) -> bool:
 
 
 def forget_graders() -> None:
-    """Container mode: delete the graders (and the lab sources) from disk once they are loaded, so that
-    nothing of the student's that runs later can read them.  Only ever a bundle's copy: anywhere else (a
+    """Container mode: delete the graders, the lab sources and the package's bytecode from disk once they are
+    loaded, and close the package to other users, so that nothing of the student's that runs later can read them.  Only ever a bundle's copy: anywhere else (a
     repository, an installed package) this refuses, and deletes nothing."""
     root = PACKAGE.parent
     if not is_bundle(root):
         raise NotABundle(f"container mode deletes the graders before a notebook runs, so it runs only from an "
                          f"autograder bundle (`python -m labsupport autograder`); {root} is not one, and its "
                          f"graders stay where they are")
-    for folder in (GRADERS, root / "solutions"):
+    for folder in (GRADERS, root / "solutions", *PACKAGE.rglob("__pycache__")):  # a staff module's bytecode runs too
         shutil.rmtree(folder, ignore_errors=True)
+    # and what is left of the package is the grader's alone: the notebook imports the student-side copy
+    os.chmod(PACKAGE, 0o700)
