@@ -4,18 +4,23 @@ Three modes (GRADING.md, "Isolation"); `grade` prints the one it uses:
 
   bubblewrap  (the default where it works) Debian's bwrap: its own user namespace (no capabilities,
               no user namespaces of its own), pid, network, IPC, UTS and cgroup namespaces, and a
-              read-only view of the system, the interpreter and its packages, labsupport with its
-              graders masked out, the labs' data and the notebook's folder.  Everything it may write
-              is a sized tmpfs of its own: its scratch (/scratch), /tmp and /dev/shm; /dev is read-only.
-  container   (Gradescope: one container per submission, run as root) the grader deletes the graders
-              from disk before the notebook starts (`forget_graders`) and runs it as an unprivileged
-              user with no capabilities through util-linux's setpriv, bounded by prlimit.
+              read-only view of the system, the interpreter and its packages, the labs' data, the
+              notebook's folder and, at the package's path, a student-side copy of labsupport
+              (`student_package`: no staff code, no bytecode).  Its root is read-only; everything it may
+              write is a sized tmpfs of its own: its scratch (/scratch), /tmp and /dev/shm.  As root, each
+              sandbox runs under a host uid of its own (`own_uid`), so RLIMIT_NPROC counts it alone.
+  container   (Gradescope: one container per submission, run as root) the grader deletes the graders and
+              the package's bytecode from disk and closes the package (`forget_graders`), and runs the
+              notebook on the student-side copy as an unprivileged user with no capabilities through
+              util-linux's setpriv, bounded by prlimit.
   trusted     (``--trusted``) no isolation: the notebook runs as you.  For notebooks you wrote.
 
-Bounds (`Bounds`), each named in the row of a notebook that meets it: memory, tmpfs pages included
-(a cgroup's memory.max or memory.limit_in_bytes; without a cgroup, RLIMIT_AS per process);
-processes (pids.max, else RLIMIT_NPROC); CPU seconds (RLIMIT_CPU); bytes per file (RLIMIT_FSIZE);
-the sizes of scratch, /tmp and /dev/shm; and wall time (the grader kills the sandbox).  The
+Bounds (`Bounds`): memory, tmpfs pages included (a cgroup's memory.max or memory.limit_in_bytes;
+without a cgroup, RLIMIT_AS per process); processes (pids.max, else RLIMIT_NPROC on the sandbox's own
+uid; without a cgroup or root, grade refuses); CPU seconds (RLIMIT_CPU); bytes per file (RLIMIT_FSIZE);
+the sizes of scratch, /tmp and /dev/shm; and wall time (the grader kills the sandbox).  The row of a
+notebook names the cgroup's bounds and the time it met; an rlimit or a full tmpfs fails the call that
+met it, inside the notebook.  The
 notebook's output goes nowhere; its events come back on one pipe the grader reads with a cap.
 """
 from __future__ import annotations
