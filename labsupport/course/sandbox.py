@@ -20,8 +20,8 @@ without a cgroup, RLIMIT_AS per process); processes (pids.max, else RLIMIT_NPROC
 uid; without a cgroup or root, grade refuses); CPU seconds (RLIMIT_CPU); bytes per file (RLIMIT_FSIZE);
 the sizes of scratch, /tmp and /dev/shm; and wall time (the grader kills the sandbox).  The row of a
 notebook names the cgroup's bounds and the time it met; an rlimit or a full tmpfs fails the call that
-met it, inside the notebook.  The
-notebook's output goes nowhere; its events come back on one pipe the grader reads with a cap.
+met it, inside the notebook.  The notebook's output goes nowhere; its events come back on one pipe the
+grader reads with a cap.
 """
 from __future__ import annotations
 
