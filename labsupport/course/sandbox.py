@@ -617,8 +617,8 @@ def is_bundle(root: Path) -> bool:
 
 def forget_graders() -> None:
     """Container mode: delete the graders, the lab sources and the package's bytecode from disk once they are
-    loaded, and close the package to other users, so that nothing of the student's that runs later can read them.  Only ever a bundle's copy: anywhere else (a
-    repository, an installed package) this refuses, and deletes nothing."""
+    loaded, and close the package to other users, so that nothing of the student's that runs later can read them.
+    Only ever a bundle's copy: anywhere else (a repository, an installed package) this refuses, and deletes nothing."""
     root = PACKAGE.parent
     if not is_bundle(root):
         raise NotABundle(f"container mode deletes the graders before a notebook runs, so it runs only from an "
