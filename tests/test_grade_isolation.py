@@ -103,6 +103,21 @@ def test_the_sandbox_copy_and_the_release_follow_one_rule():
     assert S.student_package() == copy.parent  # made once
 
 
+def test_container_mode_leaves_no_staff_bytecode_and_closes_the_package(tmp_path, monkeypatch):
+    root = tmp_path / "source"
+    for rel in ("course/checkoffs/lab00.py", "cli/ledger.py", "cli/__pycache__/ledger.cpython-311.pyc",
+                "course/__pycache__/grade.cpython-311.pyc", "course/records/lab00.json"):
+        (root / "labsupport" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "labsupport" / rel).write_text("x")
+    (root / "run_autograder").write_text("#!/bin/sh\n")
+    monkeypatch.setattr(S, "PACKAGE", root / "labsupport")
+    monkeypatch.setattr(S, "GRADERS", root / "labsupport" / "course" / "checkoffs")
+    S.forget_graders()
+    assert not list((root / "labsupport").rglob("__pycache__"))
+    assert not (root / "labsupport" / "course" / "checkoffs").exists()
+    assert (root / "labsupport").stat().st_mode & 0o077 == 0  # the ledger's source stays, for the grader's eyes only
+
+
 # --- a frame and heap walk from a handed-in function -------------------------------------------------------------
 
 WALK = r'''

@@ -335,8 +335,8 @@ class Sandbox:
         """What this machine lacks for a bubblewrap sandbox with every bound, in words; "" when nothing."""
         if sys.platform != "linux" or not shutil.which("bwrap"):
             return "bubblewrap is not installed (apt-get install bubblewrap)"
-        if not shutil.which("prlimit"):
-            return "util-linux's prlimit is not installed"
+        if not shutil.which("prlimit") or (self.own_uids and not shutil.which("unshare")):
+            return "util-linux's prlimit and unshare are not both installed"
         if not {"memory", "pids"} <= Cgroup.available() and not self.own_uids:
             return ("no cgroup can be made here for a sandbox's memory and processes, and without one each sandbox "
                     "needs a host uid of its own (grade as root, with util-linux's setpriv)")
