@@ -142,7 +142,8 @@ WHERE_IT_RUNS = """\
 import os
 import labsupport
 package = os.path.dirname(labsupport.__file__)
-facts = [os.getuid() == {nobody}, package == {package!r}, not os.path.exists(os.path.join(package, "course", "checkoffs"))]
+facts = [os.getuid() == {nobody}, not os.access({package!r}, os.R_OK), package != {package!r},
+         not any(os.path.exists(os.path.join(package, *p)) for p in [("course", "checkoffs"), ("cli", "ledger.py")])]
 kib = KV_KIB * 1024 if all(facts) else -1 - sum(1 << i for i, fact in enumerate(facts) if not fact)
 check("0.1", kib)"""
 
@@ -159,8 +160,10 @@ def test_a_submission_is_graded_as_nobody_without_the_graders(bundle, gradescope
     assert all(t["max_score"] == 1.0 for t in tests.values()) and data["score"] == 1.0
     assert "too low" in tests["0.2"]["output"] and "Hint:" in tests["0.2"]["output"]  # a printed pass line counts for nothing
     json.loads((gradescope / "results" / "results.json").read_text(), parse_constant=lambda c: pytest.fail(c))
-    # the graders went from the bundle's copy only: the repository keeps its own
+    # the graders and all bytecode went from the bundle's copy only (the notebook imported a student-side copy of
+    # the package): the repository keeps its own
     assert not (gradescope / "source" / "labsupport" / "course" / "checkoffs").exists()
+    assert not list((gradescope / "source" / "labsupport").rglob("__pycache__"))
     assert (gradescope / "source" / "labsupport" / "course" / "records" / "lab00.json").is_file()
     assert (ROOT / "labsupport" / "course" / "checkoffs" / "lab00.py").is_file()
 
@@ -216,6 +219,7 @@ def test_forget_graders_deletes_a_bundles_graders_and_lab_sources(tmp_path, monk
     S.forget_graders()
     assert not (root / "labsupport" / "course" / "checkoffs").exists() and not (root / "solutions").exists()
     assert (root / "labsupport" / "course").is_dir()
+    assert (root / "labsupport").stat().st_mode & 0o077 == 0  # the rest is the grader's alone
 
 
 def test_the_repository_is_not_a_bundle():

@@ -97,7 +97,8 @@ def report() -> dict:
 
         sandbox = Sandbox.for_this_machine()  # as `grade` would run here
         info["grading_isolation"] = sandbox.describe() if sandbox else (
-            "none: bubblewrap cannot run here, so `grade` refuses untrusted notebooks (--trusted runs them as you)")
+            f"none: {Sandbox('bubblewrap').missing()}, so `grade` refuses untrusted notebooks (--trusted runs them "
+            "as you)")
     info["ok"] = not problems
     return info
 

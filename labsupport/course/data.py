@@ -244,32 +244,93 @@ class Live:
 
 
 live = Live  # as a lab's graders write it: live(ContiguousAllocator, 4096, kv_bytes_per_token=KV)
+_MADE: dict[str, object] = {}  # a function-made Live's value as data, by its recipe: many cases share one run
 
 
-def build(data):
-    """Plain input data as the objects a student's function is called with; recipes make only labsupport's."""
+def as_input(x, _depth: int = 0):
+    """A case's input as `grade` sends it into the sandbox: plain data, with what a function `live(...)` made (a
+    seeded engine run) as that value itself, {"$": "shared", "value": ...}, never the recipe that made it (from its
+    seed the run's every other output follows); a labsupport dataclass, frozen or not, as the call that makes it
+    from its fields.  A live made by a class (an allocator) stays its recipe: the object, built as it was."""
+    if _depth > MAX_DEPTH:
+        raise DataError("the input is too deeply nested")
+    if isinstance(x, Live) and not (isinstance(x._make, type) or isinstance(getattr(x._make, "__self__", None), type)):
+        key = json.dumps(x.recipe([0]), sort_keys=True)
+        if key not in _MADE:
+            if len(_MADE) > 32:
+                _MADE.clear()
+            _MADE[key] = as_input(x.real, _depth + 1)
+        return {"$": "shared", "value": _MADE[key]}
+    if type(x) in (list, tuple):
+        return [as_input(v, _depth + 1) for v in x]
+    if type(x) is dict and all(type(k) is str and not k.startswith("$") for k in x):
+        return {k: as_input(v, _depth + 1) for k, v in x.items()}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type) and type(x).__module__.startswith("labsupport."):
+        fields = {f.name: as_input(getattr(x, f.name), _depth + 1) for f in dataclasses.fields(x) if f.init}
+        return {"$": "new", "make": f"{type(x).__module__}:{type(x).__qualname__}", "args": [], "kwargs": fields,
+                "calls": []}
+    return plain(x, _depth)
+
+
+def share(inputs):
+    """`inputs` with each shared value (`as_input`) sent once: ({"$": "ref", "i": n} in its places, the values)."""
+    table: list = []
+    index: dict[int, int] = {}
+
+    def walk(x):
+        if type(x) is list:
+            return [walk(v) for v in x]
+        if type(x) is not dict:
+            return x
+        if x.get("$") == "shared":
+            if id(x["value"]) not in index:
+                index[id(x["value"])] = len(table)
+                table.append(x["value"])
+            return {"$": "ref", "i": index[id(x["value"])]}
+        return {k: walk(v) for k, v in x.items()}
+    return walk(inputs), table
+
+
+def resolve(data, shared: list = ()):
+    """Plain data with each shared value (`share`) put back in its places, still plain (a harness's input)."""
     if type(data) is list:
-        return [build(v) for v in data]
+        return [resolve(v, shared) for v in data]
+    if type(data) is not dict:
+        return data
+    if data.get("$") in ("ref", "shared"):
+        return resolve(shared[data["i"]] if data["$"] == "ref" else data["value"], shared)
+    return {k: resolve(v, shared) for k, v in data.items()}
+
+
+def build(data, shared: list = ()):
+    """Plain input data as the objects a student's function is called with; recipes make only labsupport's;
+    `shared` holds what {"$": "ref"} names (`share`), built afresh at each place."""
+    if type(data) is list:
+        return [build(v, shared) for v in data]
     if type(data) is not dict:
         return data
     tag = data.get("$")
     if tag is None:
-        return {k: build(v) for k, v in data.items()}
+        return {k: build(v, shared) for k, v in data.items()}
+    if tag == "ref":
+        return build(shared[data["i"]], shared)
+    if tag == "shared":
+        return build(data["value"], shared)
     if tag == "new":
         module, _, name = data["make"].partition(":")
         if not module.startswith("labsupport.") or module.startswith("labsupport.course.checkoffs"):
             raise DataError(f"a recipe may only make labsupport's objects, not {data['make']!r}")
         make = operator.attrgetter(name)(importlib.import_module(module))  # a dotted name: a classmethod
-        obj = make(*build(data["args"]), **build(data["kwargs"]))
+        obj = make(*build(data["args"], shared), **build(data["kwargs"], shared))
         for method, args, kwargs in data["calls"]:
-            getattr(obj, method)(*build(args), **build(kwargs))
+            getattr(obj, method)(*build(args, shared), **build(kwargs, shared))
         return obj
     if tag == "tensor":
         import torch
         values = [float(unplain(v)) if isinstance(v, dict) else v for v in data["values"]]
         return torch.tensor(values, dtype=getattr(torch, data["dtype"])).reshape(data["shape"])
     if tag == "dict":
-        return {_hashable(build(k)): build(v) for k, v in data["items"]}
+        return {_hashable(build(k, shared)): build(v, shared) for k, v in data["items"]}
     if tag == "set":
-        return {_hashable(build(v)) for v in data["items"]}
+        return {_hashable(build(v, shared)) for v in data["items"]}
     return unplain(data)

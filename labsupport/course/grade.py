@@ -168,7 +168,8 @@ class Grader:
         specs = {}
         for c in load_lab(lab):
             if c.kind == "function":
-                specs[c.id] = [(k.input(), k.public_spec(c.name)) for k in c.cases(case_rng(c.id, self.secret, key))]
+                specs[c.id] = [(k.input(sent=True), k.public_spec(c.name))
+                               for k in c.cases(case_rng(c.id, self.secret, key))]
             elif c.takes_givens:
                 specs[c.id] = [c.value_spec(namespace(g)) for g in runs]
             else:
@@ -201,8 +202,9 @@ class Grader:
                                "first cell, so an answer computed from numbers written elsewhere cannot follow them")
         job = {"cells": [(c.number, c.source) for c in nb.cells], "givens_cell": cell and cell.number,
                "runs": plan.runs,
-               "cases": {cid: [i for i, _ in s] for cid, s in plan.specs.items() if s and isinstance(s[0], tuple)},
                "timeout": self.timeout, "cwd": ""}
+        job["cases"], job["shared"] = data.share({cid: [i for i, _ in s] for cid, s in plan.specs.items()
+                                                  if s and isinstance(s[0], tuple)})
         deadline = time.monotonic() + self.timeout * (len(plan.runs) + 1) + 60
         outcome = self.sandbox.run(job, Path(os.path.abspath(path)).parent, deadline)
         runs = runs_of(outcome.events, len(plan.runs))
@@ -581,8 +583,8 @@ def main(argv: list[str] | None = None) -> int:
     bounds = Bounds(memory=args.memory * 2**20)
     sandbox = Sandbox.for_this_machine(trusted=args.trusted, container=args.container, bounds=bounds)
     if sandbox is None:
-        return usage_error("grade", "bubblewrap cannot run here (apt-get install bubblewrap, and allow user "
-                           "namespaces), so student code would run as you; use --container inside a per-submission "
+        return usage_error("grade", f"cannot isolate notebooks here: {Sandbox('bubblewrap', bounds).missing()}; "
+                           "student code would run as you, unbounded; use --container inside a per-submission "
                            "container, or --trusted for notebooks you trust")
     print(f"grade: isolation: {sandbox.describe()}", file=sys.stderr)
     secret = hashlib.sha256(f"seed {args.seed}".encode()).digest() if args.seed is not None else None

@@ -49,12 +49,13 @@ def time_limit(seconds: float | None):
         signal.signal(signal.SIGALRM, old)
 
 
-def observe(fn, case: dict, seconds: float | None = CASE_SECONDS) -> dict:
+def observe(fn, case: dict, seconds: float | None = CASE_SECONDS, shared: list = ()) -> dict:
+    """What `fn` did on `case` (its input; `shared`: the values its {"$": "ref"} items name, `data.share`)."""
     try:
         with time_limit(seconds):
             if "harness" in case:
-                return HARNESSES[case["harness"]](fn, case.get("data"))
-            args, kwargs = data.build(case.get("args", [])), data.build(case.get("kwargs", {}))
+                return HARNESSES[case["harness"]](fn, data.resolve(case.get("data"), shared))
+            args, kwargs = data.build(case.get("args", []), shared), data.build(case.get("kwargs", {}), shared)
             seen = {"result": data.plain(fn(*args, **kwargs))}
             if case.get("after"):
                 seen["after"] = {str(i): data.plain(args[i]) for i in case["after"]}

@@ -124,10 +124,13 @@ class Case:
     harness: str = ""  # a harness of labsupport.course.harness that drives the function instead of one call
     data: Any = None  # the harness's input
 
-    def input(self) -> dict:
+    def input(self, sent: bool = False) -> dict:
+        """The case's input as plain data: as check() rebuilds it (a live object by its recipe), or `sent` into a
+        grading sandbox (`data.as_input`: what a seeded recipe made, never the recipe)."""
+        write = data.as_input if sent else data.plain
         if self.harness:
-            return {"harness": self.harness, "data": data.plain(self.data)}
-        out = {"args": data.plain(list(self.args)), "kwargs": data.plain(self.kwargs)}
+            return {"harness": self.harness, "data": write(self.data)}
+        out = {"args": write(list(self.args)), "kwargs": write(self.kwargs)}
         return {**out, "after": list(self.after)} if self.after else out
 
     def public_spec(self, name: str) -> dict:

@@ -18,8 +18,9 @@ from labsupport.course import sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "labsupport"
-# staff-only parts of the package (relative to labsupport/): what a grading sandbox masks, the sandbox and its runner
-STAFF_ONLY = (*sandbox.STAFF_ONLY, "course/sandbox.py", "course/runner.py")
+# left out of the package (relative to labsupport/): the staff-only parts, which a grading sandbox's copy leaves out
+# by the same rule (sandbox.student_files), and the sandbox and its runner
+STAFF_ONLY = (*sandbox.STAFF_ONLY, *sandbox.GRADING_ONLY)
 STAFF_COMMANDS = ("build", "grade", "release", "autograder", "checkoff", "ledger")
 STAFF_LINES = {  # the lines of the package's command tables that name a staff command
     "__main__.py": rf'^\s*"(?:{"|".join(STAFF_COMMANDS)})"\s*:.*\n',
@@ -38,11 +39,7 @@ class ReleaseError(Exception):
 
 
 def _copy_package(dest: Path) -> None:
-    for path in sorted(PACKAGE.rglob("*")):
-        rel = path.relative_to(PACKAGE).as_posix()
-        staff = any(rel == s or rel.startswith(s + "/") for s in STAFF_ONLY)
-        if not path.is_file() or "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo") or staff:
-            continue
+    for path, rel in sandbox.student_files(PACKAGE, STAFF_ONLY):
         text = path.read_bytes()
         if rel in STAFF_LINES:
             text = re.sub(STAFF_LINES[rel], "", text.decode("utf-8"), flags=re.M).encode("utf-8")

@@ -74,6 +74,11 @@ def copy_folder(src: str, dest: str) -> int:
     return left
 
 
+def not_copied(left: int) -> str:
+    return (f"{left} file(s) of the notebook's folder were not copied into the sandbox: more than "
+            f"{COPY_BYTES // 2**20} MiB, or deeper than {COPY_DEPTH} folders")
+
+
 def restore(snapshot: str, work: str, tmp_before: set) -> None:
     """A run starts from the folder as the cells before the givens cell left it, and from their /tmp."""
     import tempfile
@@ -89,9 +94,13 @@ def restore(snapshot: str, work: str, tmp_before: set) -> None:
 
 
 def collector(job: dict):
+    """check() while grading.  The function checkoffs' cases are their inputs alone, as data (`shared`: values
+    several share, sent once): no expected value, and no recipe one would follow from, is ever sent, so nothing
+    a handed-in function finds on the stack above it or anywhere in this process answers a case."""
     from labsupport.course import data, harness
 
-    cases, seconds = job.get("cases", {}), job.get("case_seconds", harness.CASE_SECONDS)
+    cases, shared = job.get("cases", {}), job.get("shared", [])
+    seconds = job.get("case_seconds", harness.CASE_SECONDS)
 
     def collect(checkoff_id, answer) -> None:
         cid = checkoff_id if isinstance(checkoff_id, str) and len(checkoff_id) <= 12 else repr(checkoff_id)[:12]
@@ -100,8 +109,7 @@ def collector(job: dict):
             emit(e="answer", unfinished=True, **event)
         elif cid in cases:
             if _run == 0:  # a function is tried on the lecture's givens, where its cases are posed
-                observations = [harness.observe(answer, case, seconds) if callable(answer)
-                                else {"result": data.plain(answer)} for case in cases[cid]]
+                observations = [_observe(answer, case, seconds, shared) for case in cases[cid]]
                 emit(e="answer", observations=observations, **event)
         else:
             try:
@@ -109,6 +117,12 @@ def collector(job: dict):
             except data.DataError as exc:
                 emit(e="answer", unreadable=str(exc), **event)
     return collect
+
+
+def _observe(answer, case: dict, seconds, shared: list) -> dict:
+    from labsupport.course import data, harness
+
+    return harness.observe(answer, case, seconds, shared) if callable(answer) else {"result": data.plain(answer)}
 
 
 def shell():
@@ -241,8 +255,7 @@ def main(argv: list[str]) -> int:
     os.makedirs(job["work"], exist_ok=True)
     left = copy_folder(job["folder"], job["work"]) if job["folder"] != job["work"] else 0
     if left:
-        emit(e="note", run=None, text=f"{left} file(s) of the notebook's folder were not copied into the sandbox: "
-                                      f"more than {COPY_BYTES // 2**20} MiB, or deeper than {COPY_DEPTH} folders")
+        emit(e="note", run=None, text=not_copied(left))
     home = os.path.join(job["work"], job.get("cwd", ""))
     os.chdir(home)
     sys.path.insert(0, home)

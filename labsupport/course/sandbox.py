@@ -4,35 +4,47 @@ Three modes (GRADING.md, "Isolation"); `grade` prints the one it uses:
 
   bubblewrap  (the default where it works) Debian's bwrap: its own user namespace (no capabilities,
               no user namespaces of its own), pid, network, IPC, UTS and cgroup namespaces, and a
-              read-only view of the system, the interpreter and its packages, labsupport with its
-              graders masked out, the labs' data and the notebook's folder.  Everything it may write
-              is a sized tmpfs of its own: its scratch (/scratch), /tmp and /dev/shm; /dev is read-only.
-  container   (Gradescope: one container per submission, run as root) the grader deletes the graders
-              from disk before the notebook starts (`forget_graders`) and runs it as an unprivileged
-              user with no capabilities through util-linux's setpriv, bounded by prlimit.
+              read-only view of the system, the interpreter and its packages, the labs' data, the
+              notebook's folder and, at the package's path, a student-side copy of labsupport
+              (`student_package`: no staff code, no bytecode).  Its root is read-only; everything it may
+              write is a sized tmpfs of its own: its scratch (/scratch), /tmp and /dev/shm.  As root, each
+              sandbox runs under a host uid of its own (`own_uid`), so RLIMIT_NPROC counts it alone.
+  container   (Gradescope: one container per submission, run as root) the grader deletes the graders and
+              the package's bytecode from disk and closes the package (`forget_graders`), and runs the
+              notebook on the student-side copy as an unprivileged user with no capabilities through
+              util-linux's setpriv, bounded by prlimit.
   trusted     (``--trusted``) no isolation: the notebook runs as you.  For notebooks you wrote.
 
-Bounds (`Bounds`), each named in the row of a notebook that meets it: memory, tmpfs pages included
-(a cgroup's memory.max or memory.limit_in_bytes; without a cgroup, RLIMIT_AS per process);
-processes (pids.max, else RLIMIT_NPROC); CPU seconds (RLIMIT_CPU); bytes per file (RLIMIT_FSIZE);
-the sizes of scratch, /tmp and /dev/shm; and wall time (the grader kills the sandbox).  The
-notebook's output goes nowhere; its events come back on one pipe the grader reads with a cap.
+Bounds (`Bounds`): memory, tmpfs pages included (a cgroup's memory.max or memory.limit_in_bytes;
+without a cgroup, RLIMIT_AS per process); processes (pids.max, else RLIMIT_NPROC on the sandbox's own
+uid; without a cgroup or root, grade refuses); CPU seconds (RLIMIT_CPU); bytes per file (RLIMIT_FSIZE);
+the sizes of scratch, /tmp and /dev/shm; and wall time (the grader kills the sandbox).  The row of a
+notebook names the cgroup's bounds and the time it met; an rlimit or a full tmpfs fails the call that
+met it, inside the notebook.  The notebook's output goes nowhere; its events come back on one pipe the
+grader reads with a cap.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import secrets
 import select
+import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from labsupport.course import runner
 
 PACKAGE = Path(__file__).resolve().parents[1]
 GRADERS = PACKAGE / "course" / "checkoffs"  # never seen by student code
@@ -42,12 +54,15 @@ SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone",
        "hosts", "host.conf", "alternatives", "mime.types", "fonts", "os-release", "debian_version", "ssl/certs",
        "ca-certificates", "bash.bashrc", "profile", "inputrc", "locale.alias", "magic", "magic.mime")
-# Staff-only parts of the package, masked in the sandbox as the student release leaves them out (the release
-# copies this list): the graders, the staff commands and the ledger command's one-call answers.  (viz/board.py
-# stays: lab 08 draws its map of Part II with it; the board notebook itself is not in the release.)
+# Staff-only parts of the package (relative to labsupport/): what no student code may see, as source or as bytecode.
+# One list, one rule (`student_files`): the student release leaves these out, and so does the copy of the package a
+# grading sandbox sees; the release also leaves out GRADING_ONLY, which the sandbox runs.  The graders, the staff
+# commands and the ledger command's one-call answers.  (viz/board.py stays: lab 08 draws its map of Part II with it;
+# the board notebook itself is not in the release.)
 STAFF_ONLY = ("course/checkoffs", "course/build.py", "course/grade.py", "course/registry.py", "course/report.py",
               "course/release.py", "course/autograder.py", "course/scaffold.py", "bench/notebooks.py",
               "bench/grade.py", "cli/ledger.py")
+GRADING_ONLY = ("course/sandbox.py", "course/runner.py")
 NOBODY = 65534
 MAX_EVENTS_BYTES = 64 * 2**20  # read back from one sandbox; the rest is dropped
 MAX_LINE = 17 * 2**20  # one event's characters (the runner sends an answer of up to 16 MiB)
@@ -55,13 +70,117 @@ MAX_LINE_ITEMS, MAX_ITEMS = 500_000, 2_000_000  # what parsing one event, and al
 MiB, GiB = 2**20, 2**30
 
 
-def python(*args: str) -> list[str]:
+def python(*args: str, root: Path | None = None) -> list[str]:
     """This interpreter, isolated (-I), importing the very labsupport the grader runs (a clone's, a bundle's),
-    whatever an editable install points at."""
-    start = f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); sys.argv[1:] = {list(args[1:])!r}; "
+    whatever an editable install points at; or the one in `root` (container mode: the student-side copy)."""
+    start = f"import sys; sys.path.insert(0, {str(root or PACKAGE.parent)!r}); sys.argv[1:] = {list(args[1:])!r}; "
     if args[0] == "-c":
         return [sys.executable, "-I", "-c", start + args[1]]
     return [sys.executable, "-I", "-c", start + f"import runpy; runpy.run_module({args[0]!r}, run_name='__main__')"]
+
+
+def student_files(package: Path = PACKAGE, leave_out: tuple = STAFF_ONLY) -> list[tuple[Path, str]]:
+    """(file, its path under labsupport/) of each file of `package` student code may see: no bytecode at all (a
+    staff module's would run without its source), nothing under `leave_out`."""
+    kept = []
+    for path in sorted(package.rglob("*")):
+        rel = path.relative_to(package).as_posix()
+        staff = any(rel == s or rel.startswith(s + "/") for s in leave_out)
+        if path.is_file() and "__pycache__" not in rel.split("/") and path.suffix not in (".pyc", ".pyo") and not staff:
+            kept.append((path, rel))
+    return kept
+
+
+_COPY_LOCK = threading.Lock()
+_COPY: list[Path] = []  # this process's student-side copy, once made
+
+
+def student_package() -> Path:
+    """A folder holding `labsupport`: the package as student code may see it (`student_files`), read-only and
+    readable by every uid.  Made once per content (its hash names it in the temp folder) and reused; a sandbox sees
+    it at the package's own path, so nothing of the staff's is there to read, mask or not."""
+    with _COPY_LOCK:
+        if not (_COPY and (_COPY[0] / "labsupport").is_dir()):
+            _COPY[:] = [_make_student_copy(student_files())]
+        return _COPY[0]
+
+
+def _make_student_copy(files: list[tuple[Path, str]]) -> Path:
+    digest = hashlib.sha256()
+    for path, rel in files:
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    final = Path(tempfile.gettempdir()) / f"labsupport-student-{digest.hexdigest()[:24]}"
+    if _sealed_and_ours(final):
+        return final
+    staging = Path(tempfile.mkdtemp(prefix="labsupport-student-", dir=final.parent))
+    for path, rel in files:
+        (staging / "labsupport" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, staging / "labsupport" / rel)
+    _seal(staging)
+    try:
+        os.rename(staging, final)
+    except OSError:  # another grade made it first, or something else is in the way: use ours where it is
+        if not _sealed_and_ours(final):
+            return staging
+        _remove_sealed(staging)
+    return final
+
+
+def _seal(top: Path) -> None:
+    """Every file of `top` read-only for all, every folder readable and unwritable by all (the sandbox's uid reads
+    it; nobody, its maker aside, can change it)."""
+    for root, dirs, files in os.walk(top):
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o444)
+    for root, dirs, _ in os.walk(top, topdown=False):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o555)
+    os.chmod(top, 0o555)
+
+
+def _sealed_and_ours(folder: Path) -> bool:
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o222
+            and (folder / "labsupport" / "course" / "runner.py").is_file())
+
+
+def _remove_sealed(folder: Path) -> None:
+    for root, dirs, _ in os.walk(folder):
+        os.chmod(root, 0o755)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+UID_BASE, UID_COUNT = 1_640_000_000, 65_536  # each sandbox's own host uid: never a real account's
+
+
+@contextlib.contextmanager
+def own_uid():
+    """A host uid that no other sandbox holds while this one runs (a lock file per uid, in a folder only this user
+    can write), with none of its processes alive: RLIMIT_NPROC on it counts this sandbox's processes alone."""
+    folder = Path(tempfile.gettempdir()) / f"labsupport-uids-{os.geteuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if os.lstat(folder).st_uid != os.geteuid() or os.path.islink(folder):
+        raise OSError(f"{folder} is not this user's own folder")
+    start = secrets.randbelow(UID_COUNT)
+    for i in range(UID_COUNT):
+        uid = UID_BASE + (start + i) % UID_COUNT
+        fd = os.open(folder / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        try:
+            _kill_user(uid)  # a process left by a grader that was killed itself
+            yield uid
+        finally:
+            _kill_user(uid)
+            os.close(fd)
+        return
+    raise OSError("every sandbox uid is in use")
 
 
 @dataclass(frozen=True)
@@ -113,6 +232,11 @@ class Cgroup:
             cls(made).remove()
             return None
 
+    @staticmethod
+    def available() -> set[str]:
+        """What a sandbox's cgroup would bound here ("memory", "pids", "cpu"): nothing where none can be made."""
+        return Cgroup(_cgroup_parents()).covers()
+
     @property
     def procs(self) -> list[Path]:
         return [p / "cgroup.procs" for p in self.folders.values()]
@@ -159,7 +283,10 @@ def _read(path: Path) -> str:
 
 
 def _cgroup_parents() -> dict[str, Path]:
-    """Where this process may make child cgroups: v2 with memory, pids and cpu delegated, else v1's hierarchies."""
+    """Where this process may make child cgroups: v2 with memory, pids and cpu delegated, else v1's hierarchies;
+    none when LABSUPPORT_NO_CGROUP is set (GRADING.md: tests use it, and so may a host whose cgroups misbehave)."""
+    if os.environ.get("LABSUPPORT_NO_CGROUP"):  # a test and ops switch: grade as on a host that makes none
+        return {}
     mine: dict[str, tuple[str, str]] = {}  # controller -> (its hierarchy's folder name, this process's path in it)
     for line in _read(Path("/proc/self/cgroup")).splitlines():
         parts = line.split(":", 2)
@@ -189,36 +316,57 @@ class Outcome:
 class Sandbox:
     def __init__(self, mode: str, bounds: Bounds = Bounds()):
         self.mode, self.bounds = mode, bounds
+        # bubblewrap as root: each sandbox under a host uid of its own (`own_uid`), so that RLIMIT_NPROC counts its
+        # processes alone where no cgroup does (root itself is exempt from it, and shares it with the grader)
+        self.own_uids = mode == "bubblewrap" and os.geteuid() == 0 and bool(shutil.which("setpriv"))
 
     @classmethod
     def for_this_machine(cls, trusted: bool = False, container: bool = False, bounds: Bounds = Bounds()) -> "Sandbox | None":
-        """The mode asked for; else bubblewrap when it works here; else None (grade refuses)."""
+        """The mode asked for; else bubblewrap when it works here, every bound with it; else None (grade refuses,
+        saying `missing()`)."""
         if container:
             return cls("container", bounds)
         sandbox = cls("bubblewrap", bounds)
-        if sys.platform == "linux" and shutil.which("bwrap") and sandbox.works():
+        if not sandbox.missing():
             return sandbox
         return cls("trusted", bounds) if trusted else None
 
+    def missing(self) -> str:
+        """What this machine lacks for a bubblewrap sandbox with every bound, in words; "" when nothing."""
+        if sys.platform != "linux" or not shutil.which("bwrap"):
+            return "bubblewrap is not installed (apt-get install bubblewrap)"
+        if not shutil.which("prlimit") or (self.own_uids and not shutil.which("unshare")):
+            return "util-linux's prlimit and unshare are not both installed"
+        if not {"memory", "pids"} <= Cgroup.available() and not self.own_uids:
+            return ("no cgroup can be made here for a sandbox's memory and processes, and without one each sandbox "
+                    "needs a host uid of its own (grade as root, with util-linux's setpriv)")
+        if not self.works():
+            return "bubblewrap cannot start a sandbox here (user namespaces not allowed?)"
+        return ""
+
     def works(self) -> bool:
-        """Can bwrap start this interpreter here (user namespaces allowed, labsupport in view)?"""
+        """Can bwrap start this interpreter here (user namespaces allowed, labsupport in view, as its own uid)?"""
         probe = "import json, os, sys, labsupport; os.write(json.load(sys.stdin)['events_fd'], b'ok\\n')"
         try:
-            out = self.run({}, Path(tempfile.gettempdir()), deadline=time.monotonic() + 120,
-                           command=python("-c", probe))
+            with tempfile.TemporaryDirectory(prefix="labsupport-probe-") as empty:
+                out = self.run({}, Path(empty), deadline=time.monotonic() + 120, command=python("-c", probe))
         except OSError:
             return False
         return out.events == ["ok"]
 
     def describe(self) -> str:
-        cg = _cgroup_parents()
-        memory = "a cgroup" if cg else "RLIMIT_AS per process (no cgroup to make here)"
+        covered = Cgroup.available()
+        memory = "a cgroup" if "memory" in covered else \
+            "RLIMIT_AS per process, RLIMIT_NPROC processes (no cgroup to make here)"
         if self.mode == "bubblewrap":
-            return (f"bubblewrap (own user, pid, net, ipc namespaces, no capabilities, read-only view, graders "
-                    f"masked; bounds: {self.bounds.describe()}; memory counted by {memory})")
+            uid = ", a host uid of its own" if self.own_uids else ""
+            return (f"bubblewrap (own user, pid, net, ipc namespaces{uid}, no capabilities, read-only root, a copy "
+                    f"of labsupport without staff code or bytecode; bounds: {self.bounds.describe()}; memory "
+                    f"counted by {memory})")
         if self.mode == "container":
-            return (f"container (graders deleted before the notebook runs, user {NOBODY} without capabilities; "
-                    f"bounds: {self.bounds.describe()}; memory counted by {memory})")
+            return (f"container (graders and staff bytecode deleted and the package unreadable before the notebook "
+                    f"runs on a copy without them, user {NOBODY} without capabilities; bounds: "
+                    f"{self.bounds.describe()}; memory counted by {memory})")
         return "trusted (--trusted: no isolation, the notebook runs as you; grade only notebooks you trust this way)"
 
     def _limits(self, cgroup: Cgroup | None) -> list[str]:
@@ -231,7 +379,8 @@ class Sandbox:
             limits.append(f"--nproc={b.processes}")
         return [shutil.which("prlimit"), *limits, "--"] if shutil.which("prlimit") else []
 
-    def _bwrap(self, folder: Path, argv: list[str]) -> list[str]:
+    def _bwrap(self, folder: Path, argv: list[str], stage: dict | None = None) -> list[str]:
+        """bwrap's command line; a view in `stage` (its path -> where `_staged` binds it) is bound from there."""
         b = self.bounds
         args = [shutil.which("bwrap") or "bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -242,20 +391,18 @@ class Sandbox:
         for name in ETC:
             if os.path.lexists(f"/etc/{name}"):
                 args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-        # its own filesystems first, so that a view below /tmp (a clone, a bundle) is bound on top of them
+        # its own filesystems first, so that a view below /tmp (a clone, a bundle) is bound on top of them; every
+        # one sized, and the root (bwrap's own tmpfs) made read-only once all is mounted, so nothing unsized is
+        # left to fill
         args += ["--proc", "/proc", "--dev", "/dev", "--size", str(b.shm), "--tmpfs", "/dev/shm",
                  "--size", str(b.tmp), "--tmpfs", "/tmp", "--size", str(b.scratch), "--tmpfs", "/scratch"]
-        views = [Path(sys.base_prefix), Path(sys.prefix), PACKAGE] + _data_dirs()
-        for seen in dict.fromkeys(v.absolute() for v in views if v.exists()):
-            real = seen.resolve()
-            if not any(str(seen).startswith(s + "/") for s in system if not os.path.islink(s)):
-                args += ["--ro-bind", str(real), str(seen)] + (["--ro-bind", str(real), str(real)] if real != seen else [])
-        for rel in STAFF_ONLY:  # masked: a folder by an empty one, a file by an empty file
-            path = PACKAGE / rel
-            if path.exists():
-                args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+        for seen, real in _views():
+            source = (stage or {}).get(real, real)
+            args += ["--ro-bind", source, seen] + (["--ro-bind", source, real] if real != seen else [])
+        # labsupport as student code may see it, where the package is: staff code is not there to be masked
+        args += ["--ro-bind", str(student_package() / "labsupport"), str(PACKAGE)]
         args += [a for d in map(str, sorted(Path("/dev").glob("nvidia*"))) for a in ("--dev-bind", d, d)]
-        args += ["--ro-bind", str(folder), "/submission", "--remount-ro", "/dev"]
+        args += ["--ro-bind", str(folder), "/submission", "--remount-ro", "/dev", "--remount-ro", "/"]
         args += ["--chdir", "/scratch", "--clearenv"]
         for key, val in self._env("/scratch").items():
             args += ["--setenv", key, val]
@@ -269,35 +416,50 @@ class Sandbox:
                                                 "CUDA_VISIBLE_DEVICES") if k in os.environ})
         return env
 
-    def command(self, folder: Path, scratch: Path, cgroup: Cgroup | None, argv: list[str]) -> tuple[list[str], dict]:
+    def command(self, folder: Path, scratch: Path, cgroup: Cgroup | None, argv: list[str],
+                uid: int | None = None) -> tuple[list[str], dict]:
         """The whole command line, and the environment it starts with."""
         attach = "".join(f'echo $$ > "{p}" && ' for p in (cgroup.procs if cgroup else []))
         inner = self._limits(cgroup)
-        if self.mode == "bubblewrap":
+        if self.mode == "bubblewrap" and uid is not None:
+            # a view its uid cannot reach (a folder above it closed to others, as a pyenv interpreter's in /root)
+            stage = {real: str(scratch / "view" / str(n)) for n, (_, real) in enumerate(_views())
+                     if not _open_to_all(Path(real))}
+            inner += _staged(stage) + _as_user(uid) + self._bwrap(folder, argv, stage)
+        elif self.mode == "bubblewrap":
             inner += self._bwrap(folder, argv)
         elif self.mode == "container":
-            inner += [shutil.which("setpriv") or "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
-                      "--bounding-set=-all", "--no-new-privs", "--", *argv]
+            inner += [*_as_user(NOBODY), *argv]
         else:
             inner += argv
         env = {} if self.mode == "bubblewrap" else dict(self._env(str(scratch)), PATH=os.environ.get("PATH", ""))
+        if self.mode == "container":  # the student-side copy lies elsewhere: the labs' data stays where it is
+            env.setdefault("LABSUPPORT_DATA", str(PACKAGE.parent / "data"))
         return ["/bin/sh", "-c", attach + 'exec "$@"', "sh", *inner], env
 
     def run(self, job: dict, folder: Path, deadline: float, command: list[str] | None = None) -> Outcome:
         """Run the runner (or `command`) on `job` in a fresh sandbox; its events, whatever happens."""
+        with (own_uid() if self.own_uids else contextlib.nullcontext()) as uid:
+            return self._run(job, folder, deadline, command, uid)
+
+    def _run(self, job: dict, folder: Path, deadline: float, command: list[str] | None, uid: int | None) -> Outcome:
         scratch = Path(tempfile.mkdtemp(prefix="labsupport-grade-"))
         cgroup = Cgroup.make(self.bounds) if self.mode != "trusted" else None
+        outcome = Outcome()
+        if uid is not None:  # what the sandbox's own uid reads: a copy of the folder, its own
+            folder, left = _folder_for(uid, folder, scratch)
+            if left:
+                outcome.events.append({"e": "note", "run": None, "text": runner.not_copied(left)})
         if self.mode != "bubblewrap":
             job = dict(job, work=str(scratch / "work"), folder=str(folder))
             if self.mode == "container":
                 os.chown(scratch, NOBODY, NOBODY)
         else:
             job = dict(job, work="/scratch/work", folder="/submission")
-        argv = command or python("labsupport.course.runner")
-        line, env = self.command(folder, scratch, cgroup, argv)
+        start = python("labsupport.course.runner", root=student_package() if self.mode == "container" else None)
+        line, env = self.command(folder, scratch, cgroup, command or start, uid)
         read_end, write_end = os.pipe()
         job["events_fd"] = write_end  # inherited as it is, through the launcher and bwrap
-        outcome = Outcome()
         try:
             proc = subprocess.Popen(line, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                     pass_fds=(write_end,), start_new_session=True, cwd=str(scratch), env=env)
@@ -382,6 +544,54 @@ def _stop(proc, cgroup: Cgroup | None, mode: str) -> None:
         proc.wait(timeout=30)
 
 
+def _as_user(uid: int) -> list[str]:
+    """util-linux's setpriv: the rest runs as `uid` alone (no groups), with no capability it could ever regain."""
+    return [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+
+
+def _open_to_all(path: Path) -> bool:
+    """Whether any uid may reach `path` and list it: it, and every folder above it, open to others."""
+    try:
+        return all(os.stat(p).st_mode & stat.S_IXOTH for p in [path, *path.parents]) and \
+            bool(os.stat(path).st_mode & stat.S_IROTH)
+    except OSError:
+        return False
+
+
+def _staged(stage: dict) -> list[str]:
+    """Root, in a mount namespace of its own (nothing shows on the host), binds each folder of `stage` at its
+    place (under the sandbox's scratch, which its uid passes through), then goes on with the command."""
+    if not stage:
+        return []
+    for place in stage.values():
+        os.makedirs(place)
+        os.chmod(os.path.dirname(place), 0o755)
+    binds = "".join(f"mount --bind {shlex.quote(real)} {shlex.quote(place)} && " for real, place in stage.items())
+    return [shutil.which("unshare") or "unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+            binds + 'exec "$@"', "sh"]
+
+
+def _views() -> list[tuple[str, str]]:
+    """(path seen, real path) of the interpreter, its packages and the labs' data, outside the system folders."""
+    system = [p for p in SYSTEM if os.path.lexists(p) and not os.path.islink(p)]
+    views = [Path(sys.base_prefix), Path(sys.prefix)] + _data_dirs()
+    return [(str(seen), str(seen.resolve())) for seen in dict.fromkeys(v.absolute() for v in views if v.exists())
+            if not any(str(seen).startswith(s + "/") for s in system)]
+
+
+def _folder_for(uid: int, folder: Path, scratch: Path) -> tuple[Path, int]:
+    """The notebook's folder copied (as the runner copies it: bounded) where `uid` alone reads it, under `scratch`
+    (which it may only pass through); the copy, and how many files did not fit."""
+    copy = scratch / "submission"
+    left = runner.copy_folder(str(folder), str(copy)) if folder.is_dir() else 0
+    os.chmod(scratch, 0o711)
+    for root, dirs, files in os.walk(copy):
+        for name in [*dirs, *files, None]:
+            os.lchown(os.path.join(root, name) if name else root, uid, uid)
+    return copy, left
+
+
 def _kill_user(uid: int) -> None:
     for entry in Path("/proc").iterdir():
         with contextlib.suppress(OSError, ValueError):
@@ -406,13 +616,15 @@ def is_bundle(root: Path) -> bool:
 
 
 def forget_graders() -> None:
-    """Container mode: delete the graders (and the lab sources) from disk once they are loaded, so that
-    nothing of the student's that runs later can read them.  Only ever a bundle's copy: anywhere else (a
-    repository, an installed package) this refuses, and deletes nothing."""
+    """Container mode: delete the graders, the lab sources and the package's bytecode from disk once they are
+    loaded, and close the package to other users, so that nothing of the student's that runs later can read them.
+    Only ever a bundle's copy: anywhere else (a repository, an installed package) this refuses, and deletes nothing."""
     root = PACKAGE.parent
     if not is_bundle(root):
         raise NotABundle(f"container mode deletes the graders before a notebook runs, so it runs only from an "
                          f"autograder bundle (`python -m labsupport autograder`); {root} is not one, and its "
                          f"graders stay where they are")
-    for folder in (GRADERS, root / "solutions"):
+    for folder in (GRADERS, root / "solutions", *PACKAGE.rglob("__pycache__")):  # a staff module's bytecode runs too
         shutil.rmtree(folder, ignore_errors=True)
+    # and what is left of the package is the grader's alone: the notebook imports the student-side copy
+    os.chmod(PACKAGE, 0o700)

@@ -1,5 +1,6 @@
-"""Lab 07 checkoffs: §10.6's SLO ledger, Exercise 5.  7.3 and 7.4 judge small real engine runs, rebuilt
-where the student's function runs (`live(engine_requests, ...)`)."""
+"""Lab 07 checkoffs: §10.6's SLO ledger, Exercise 5.  7.3, 7.4 and 7.7 judge small real engine runs
+(`live(engine_requests, ...)`): check() rebuilds a run from its recipe, while `grade` runs it here and sends
+the sandbox only its records (`data.as_input`), never the seed from which every other output follows."""
 from __future__ import annotations
 
 import math

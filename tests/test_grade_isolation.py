@@ -1,0 +1,346 @@
+"""Isolation with no way around it (GRADING.md, "Isolation"): attacks from inside the sandbox, each able to fail.
+
+ - staff code is not in the sandbox at all, as source or as bytecode (the sandbox sees a student-side copy of
+   the package, made by the rule the release uses);
+ - a handed-in function that walks the stack and the heap finds no expected output and no recipe one follows
+   from: for made-up lab 97's 97.2 and for lab 07's 7.7 (its engine runs, whose seed gives the answer away);
+ - where no cgroup can be made (LABSUPPORT_NO_CGROUP), processes and every tmpfs are still bounded per sandbox
+   (a host uid of its own, RLIMIT_NPROC, sized tmpfs, a read-only root), and a classmate graded in the same
+   `--jobs 2` batch gets what it gets alone.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import py_compile
+import time
+from pathlib import Path
+
+import pytest
+
+import grading as T
+from labsupport.course import data, grade as G, release
+from labsupport.course import sandbox as S
+
+T.register()
+MiB = 2**20
+
+
+def _answers(outcome, checkoff_id: str) -> list[dict]:
+    return [e for e in outcome.events if isinstance(e, dict) and e.get("id") == checkoff_id and e.get("e") == "answer"]
+
+
+def _probe(sandbox: S.Sandbox, tmp_path: Path, source: str, timeout: int = 60) -> dict:
+    """Run `source` in a fresh sandbox; what it handed to check("probe", json.dumps(found))."""
+    cells = [(1, "from labsupport.course.checkoff import check"), (2, source)]
+    job = {"cells": cells, "givens_cell": None, "runs": [{}], "cases": {}, "timeout": timeout, "cwd": ""}
+    folder = tmp_path / "probe"
+    folder.mkdir(exist_ok=True)
+    outcome = sandbox.run(job, folder, deadline=time.monotonic() + timeout + 60)
+    answers = _answers(outcome, "probe")
+    assert answers, outcome.events
+    return json.loads(answers[-1]["value"])
+
+
+@pytest.fixture
+def no_cgroup(monkeypatch):
+    monkeypatch.setenv("LABSUPPORT_NO_CGROUP", "1")
+    assert S._cgroup_parents() == {} and S.Cgroup.available() == set()
+
+
+# --- staff code and bytecode ------------------------------------------------------------------------------------
+
+STAFF_PROBE = r'''
+import importlib, json, os, labsupport
+found, package = {}, os.path.dirname(labsupport.__file__)
+for name in ("labsupport.cli.ledger", "labsupport.course.checkoffs", "labsupport.course.checkoffs.lab02",
+             "labsupport.course.grade", "labsupport.course.registry"):
+    try:
+        importlib.import_module(name)
+        found[name] = "imported"
+    except Exception as exc:
+        found[name] = type(exc).__name__
+tree = []
+for root, dirs, files in os.walk(package):
+    tree += [os.path.relpath(os.path.join(root, f), package) for f in dirs + files]
+found["tree"] = tree
+pyc = os.path.join(package, "cli", "__pycache__", "ledger.cpython-311.pyc")
+try:
+    found["pyc"] = len(open(pyc, "rb").read())
+except OSError as exc:
+    found["pyc"] = type(exc).__name__
+try:
+    open(os.path.join(package, "planted.py"), "w").write("x")
+    found["write"] = "written"
+except OSError as exc:
+    found["write"] = type(exc).__name__
+check("probe", json.dumps(found))
+'''
+
+
+def test_no_staff_source_or_bytecode_is_in_the_sandbox(tmp_path):
+    ledger = S.PACKAGE / "cli" / "ledger.py"
+    py_compile.compile(str(ledger), cfile=str(S.PACKAGE / "cli" / "__pycache__" / "ledger.cpython-311.pyc"))
+    found = _probe(T.sandbox(), tmp_path, STAFF_PROBE)
+    for name in ("labsupport.cli.ledger", "labsupport.course.checkoffs", "labsupport.course.checkoffs.lab02",
+                 "labsupport.course.grade", "labsupport.course.registry"):
+        assert found[name] == "ModuleNotFoundError", (name, found[name])
+    tree = found["tree"]
+    assert "course/runner.py" in tree and "course/harness.py" in tree and "course/records" in tree  # the runner's own
+    assert not [p for p in tree if "__pycache__" in p or p.endswith((".pyc", ".pyo"))], tree
+    assert not [p for p in tree if any(p == s or p.startswith(s + "/") for s in S.STAFF_ONLY)], tree
+    assert found["pyc"] == "FileNotFoundError" and found["write"] in ("OSError", "PermissionError")
+
+
+def test_the_sandbox_copy_and_the_release_follow_one_rule():
+    copy = S.student_package() / "labsupport"
+    in_copy = sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file())
+    assert in_copy == [rel for _, rel in S.student_files()]
+    released = {rel for _, rel in S.student_files(S.PACKAGE, release.STAFF_ONLY)}
+    assert released == set(in_copy) - set(S.GRADING_ONLY)  # the release: the same, less the sandbox's own runner
+    assert all(not os.stat(copy / rel).st_mode & 0o222 for rel in in_copy[:20])  # read-only for everyone
+    assert S.student_package() == copy.parent  # made once
+
+
+def test_container_mode_leaves_no_staff_bytecode_and_closes_the_package(tmp_path, monkeypatch):
+    root = tmp_path / "source"
+    for rel in ("course/checkoffs/lab00.py", "cli/ledger.py", "cli/__pycache__/ledger.cpython-311.pyc",
+                "course/__pycache__/grade.cpython-311.pyc", "course/records/lab00.json"):
+        (root / "labsupport" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "labsupport" / rel).write_text("x")
+    (root / "run_autograder").write_text("#!/bin/sh\n")
+    monkeypatch.setattr(S, "PACKAGE", root / "labsupport")
+    monkeypatch.setattr(S, "GRADERS", root / "labsupport" / "course" / "checkoffs")
+    S.forget_graders()
+    assert not list((root / "labsupport").rglob("__pycache__"))
+    assert not (root / "labsupport" / "course" / "checkoffs").exists()
+    assert (root / "labsupport").stat().st_mode & 0o077 == 0  # the ledger's source stays, for the grader's eyes only
+
+
+# --- a frame and heap walk from a handed-in function -------------------------------------------------------------
+
+WALK = r'''
+def _walk():
+    import gc, inspect, sys
+    suspicious = {"want", "spec", "seed", "mistakes", "expected", "make_cases"}
+    found = []
+
+    def look(x, where):
+        if isinstance(x, dict):
+            # data under a telling key (a namespace holding random.seed, a function, or a class's slot, is none)
+            keys = {k for k in x if isinstance(k, str) and k in suspicious
+                    and isinstance(x[k], (int, float, str, list, tuple, dict))}
+            if keys:
+                found.append(f"{where}: a dict with {sorted(keys)}: {repr(x)[:200]}")
+            make = x.get("make")
+            # a recipe that makes a run (a record of labsupport.engine, sent as its fields, is the input itself)
+            if isinstance(make, str) and any(w in make for w in ("engine_run", "engine_requests", "harness",
+                                                                  "checkoffs")):
+                found.append(f"{where}: a recipe {make}")
+        elif type(x).__name__ in ("Case", "Checkoff", "Plan", "Live"):
+            found.append(f"{where}: a {type(x).__name__}")
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        for name, value in list(frame.f_locals.items()):
+            look(value, f"frame {frame.f_code.co_name}.{name}")
+            if isinstance(value, (list, tuple)):
+                for item in value[:10000]:
+                    look(item, f"frame {frame.f_code.co_name}.{name}[]")
+            if isinstance(value, dict):
+                for item in list(value.values())[:10000]:
+                    look(item, f"frame {frame.f_code.co_name}.{name}{{}}")
+        frame = frame.f_back
+    for info in inspect.stack(0):
+        for name, value in list(info.frame.f_locals.items()):
+            if callable(value) and getattr(value, "__closure__", None):
+                for cell in value.__closure__:
+                    try:
+                        look(cell.cell_contents, f"closure of {name}")
+                    except ValueError:
+                        pass
+    for obj in gc.get_objects():
+        look(obj, "heap")
+    for name in list(sys.modules):
+        if name.startswith(("labsupport.course.checkoffs", "labsupport.course.registry", "labsupport.course.grade")):
+            found.append(f"module {name}")
+    return sorted(set(found))[:50]
+'''
+
+
+class Recording(S.Sandbox):
+    """The real sandbox, keeping each job it was sent and what came back."""
+
+    def __init__(self, real: S.Sandbox):
+        super().__init__(real.mode, real.bounds)
+        self.jobs, self.outcomes = [], []
+
+    def run(self, job, folder, deadline, command=None):
+        self.jobs.append(json.loads(json.dumps(job)))
+        self.outcomes.append(super().run(job, folder, deadline, command))
+        return self.outcomes[-1]
+
+
+def test_a_function_walking_the_stack_finds_no_expected_value_lab_97(tmp_path):
+    attack = WALK + "\ndef add(x, y):\n    import json\n    return json.dumps(_walk())\n\ncheck('97.2', add)"
+    path = T.notebook(tmp_path / "eve" / "97_lab.ipynb", attack)
+    sandbox = Recording(T.sandbox())
+    grade = G.Grader(sandbox, timeout=60, secret=b"walk").grade(path, "eve")
+    (job,), (outcome,) = sandbox.jobs, sandbox.outcomes
+    assert '"want"' not in json.dumps(job) and '"spec"' not in json.dumps(job)  # nothing expected goes in
+    (answer,) = _answers(outcome, "97.2")
+    assert len(answer["observations"]) == 7
+    for seen in answer["observations"]:
+        assert json.loads(seen["result"]) == [], seen["result"]  # the walk found nothing
+    assert T.statuses(grade)["97.2"] == "failed"  # and a string is not a sum
+
+
+TTFT_CHEAT = WALK + r'''
+def ttft_split(steps, request_id, arrival_time):
+    """Hand back what the walk found; where a recipe of the engine run is found, rerun it and answer from it."""
+    found = _walk()
+    for line in found:
+        if "recipe" in line:
+            return {"found": found}
+    return {"found": found, "steps": len(steps), "step_type": type(steps[0]).__name__}
+
+check("7.7", ttft_split)
+'''
+
+
+@pytest.mark.slow
+def test_a_function_walking_the_stack_finds_no_recipe_or_expected_value_lab_07(tmp_path):
+    path = T.notebook(tmp_path / "eve" / "07_ledger.ipynb", TTFT_CHEAT, givens_cell=None)
+    sandbox = Recording(T.sandbox())
+    grade = G.Grader(sandbox, timeout=120, secret=b"walk").grade(path, "eve")
+    (job,), (outcome,) = sandbox.jobs, sandbox.outcomes
+    sent = json.dumps({k: v for k, v in job.items() if k != "cells"})  # (the attack's own cells name them)
+    assert "engine_run" not in sent and "engine_requests" not in sent and '"want"' not in sent
+    assert "harness:" not in sent  # no recipe names a function of the harness: only records go in
+    (answer,) = _answers(outcome, "7.7")
+    observations = answer["observations"]
+    assert len(observations) == len(job["cases"]["7.7"]) >= 20
+    for seen in observations:
+        result = data.unplain(seen["result"])
+        assert result["found"] == [] and result["step_type"] == "StepOutput" and result["steps"] > 10, result
+    assert T.statuses(grade)["7.7"] == "failed"
+
+
+# --- bounds without a cgroup ---------------------------------------------------------------------------------------
+
+BOUNDS_PROBE = r'''
+import errno, json, os, signal, time
+found = {"uid_seen": os.getuid()}
+children = []
+try:
+    for _ in range(10_000):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        children.append(pid)
+    found["forks"] = "unbounded"
+except OSError as exc:
+    found["forks"] = [len(children), errno.errorcode.get(exc.errno, str(exc.errno))]
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+for place in ("/tmp/fill", "/dev/shm/fill", "/scratch/fill", "/fill", "/usr/fill", "/submission/fill"):
+    written = 0
+    try:
+        with open(place, "wb") as f:
+            while written < 2**31:
+                f.write(b"x" * 2**20)
+                f.flush()
+                written += 2**20
+        found[place] = [written, "unbounded"]
+    except OSError as exc:
+        found[place] = [written, errno.errorcode.get(exc.errno, str(exc.errno))]
+    try:
+        os.unlink(place)
+    except OSError:
+        pass
+check("probe", json.dumps(found))
+'''
+
+
+def test_without_a_cgroup_processes_and_every_tmpfs_are_bounded(tmp_path, no_cgroup):
+    bounds = dict(processes=48, tmp=24 * MiB, shm=8 * MiB, scratch=40 * MiB, memory=1024 * MiB)
+    sandbox = T.sandbox(**bounds)
+    if not sandbox.own_uids:
+        pytest.skip("a host uid per sandbox needs root and setpriv (without them and a cgroup, grade refuses)")
+    assert "a host uid of its own" in sandbox.describe() and "no cgroup" in sandbox.describe()
+    found = _probe(sandbox, tmp_path, BOUNDS_PROBE)
+    forks, reason = found["forks"]
+    assert forks < bounds["processes"] and reason == "EAGAIN", found["forks"]  # RLIMIT_NPROC on its own uid
+    for place, size in (("/tmp/fill", bounds["tmp"]), ("/dev/shm/fill", bounds["shm"]),
+                        ("/scratch/fill", bounds["scratch"])):
+        written, why = found[place]
+        assert why == "ENOSPC" and written <= size, (place, found[place])
+    for place in ("/fill", "/usr/fill", "/submission/fill"):  # the root, the system and its folder: read-only
+        assert found[place] == [0, "EROFS"], (place, found[place])
+
+
+def test_without_a_cgroup_or_a_uid_of_its_own_grade_refuses_in_one_line(tmp_path, no_cgroup, monkeypatch, capsys):
+    monkeypatch.setattr(S.os, "geteuid", lambda: 1000)  # not root: no uid of its own to give a sandbox
+    path = T.notebook(tmp_path / "ann" / "97_lab.ipynb", *T.RIGHT.values())
+    assert G.main([str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no cgroup" in err[0] and "--trusted" in err[0], err
+
+
+HOSTILE = {
+    "fork bomb": ("import subprocess\nsubprocess.Popen(['bash', '-c', 'f() { f | f & }; f'])\nimport time\n"
+                  "time.sleep(3)"),
+    "tmpfs fill": ("import os\nfor place in ('/tmp', '/dev/shm', '/scratch', '/'):\n    try:\n"
+                   "        with open(os.path.join(place, 'fill'), 'wb') as f:\n            while True:\n"
+                   "                f.write(b'x' * 2**24)\n    except OSError:\n        pass"),
+}
+
+
+@pytest.fixture(scope="module")
+def honest_alone(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("alone")
+    path = T.notebook(tmp / "honest" / "97_lab.ipynb", *T.RIGHT.values())
+    out = tmp / "alone.csv"
+    os.environ["LABSUPPORT_NO_CGROUP"] = "1"
+    try:
+        assert G.main([str(path.parent), "--seed", "5", "--no-progress", "--timeout", "30", "--csv", str(out)]) == 0
+    finally:
+        del os.environ["LABSUPPORT_NO_CGROUP"]
+    return list(csv.DictReader(open(out, encoding="utf-8")))[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_without_a_cgroup_a_hostile_neighbour_spoils_nothing(tmp_path, honest_alone, no_cgroup, capsys, name):
+    classroom = tmp_path / "class"
+    T.notebook(classroom / "honest" / "97_lab.ipynb", *T.RIGHT.values())
+    T.notebook(classroom / "hostile" / "97_lab.ipynb", HOSTILE[name], *T.RIGHT.values())
+    files = {k: tmp_path / f"out.{k}" for k in ("csv", "json")}
+    code = G.main([str(classroom), "--jobs", "2", "--seed", "5", "--json", "--no-progress", "--timeout", "30",
+                   "--csv", str(files["csv"]), "--gradescope", str(files["json"])])
+    report = json.loads(capsys.readouterr().out)  # whole, strict JSON
+    rows = list(csv.DictReader(open(files["csv"], encoding="utf-8")))
+    assert code in (0, 1) and {r["student"] for r in rows} == {"honest", "hostile"}
+    honest = next(r for r in rows if r["student"] == "honest")
+    assert {k: v for k, v in honest.items() if k != "notebook"} == \
+        {k: v for k, v in honest_alone.items() if k != "notebook"}  # exactly what it gets alone
+    assert len(json.loads(files["json"].read_text(encoding="utf-8"))["tests"]) == 6
+    hostile = next(g for g in report["notebooks"] if g["student"] == "hostile")
+    assert hostile["passed"] == 3, hostile  # bounded: its own later cells still ran, and the grader lived
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # the heap walk here touches torch's deprecated names
+def test_the_walk_finds_what_is_there():
+    """The attack is able to fail: a case's expected value or a recipe left on the stack or the heap is found."""
+    namespace: dict = {}
+    exec(WALK, namespace)
+
+    def harness_frame():
+        case = {"want": 3, "args": [1, 2]}  # noqa: F841 - what an old job held
+        recipe = {"$": "new", "make": "labsupport.course.harness:engine_run_steps", "args": [7]}  # noqa: F841
+        return namespace["_walk"]()
+    found = harness_frame()
+    assert any("['want']" in f for f in found) and any("recipe" in f for f in found), found
