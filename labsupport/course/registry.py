@@ -63,8 +63,7 @@ class Givens:
         """`n` hidden sets, each differing from the lecture's in every given (and from each other)."""
         sets: list[dict] = []
         for _ in range(n):
-            drawn = (self.hidden(rng) for _attempt in range(DRAW_TRIES))
-            g = next((g for g in drawn if g is not None and self._fresh(g, sets)), None)
+            g = self._drawn(rng, sets)
             if g is None:  # bounded: the first fixed set not drawn already (ValueError only past them all)
                 g = next((dict(f) for f in self.fallbacks if self._fresh(f, sets)), None)
             if g is None:
@@ -72,6 +71,16 @@ class Givens:
                                  f"given, and its {len(self.fallbacks)} fallback sets are used up")
             sets.append(g)
         return sets
+
+    def _drawn(self, rng: random.Random, sets: list[dict]) -> dict | None:
+        """A new set in DRAW_TRIES draws, or None (at once when `hidden`'s own bounded search found none)."""
+        for _attempt in range(DRAW_TRIES):
+            g = self.hidden(rng)
+            if g is None:
+                return None
+            if self._fresh(g, sets):
+                return g
+        return None
 
     def _fresh(self, g: dict, sets: list[dict]) -> bool:
         if set(g) != set(self.lecture):  # an authoring slip, at once, whatever the draw
