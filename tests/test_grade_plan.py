@@ -58,6 +58,15 @@ def test_a_hundred_plans_per_lab_all_build(lab):
         _assert_well_formed(lab, plan)
 
 
+@pytest.mark.parametrize("lab", LABS)
+def test_every_judge_judges_its_own_expected_answer(lab):
+    """grade tells a broken judge (REGRADE) from an answer no judge foresaw (it fails) by judging the expected
+    answer itself: so every judge of the labs must reach a verdict on it, or a student's odd answer would be
+    sent to regrade instead of failing."""
+    plan = next(_plans(lab, 1))
+    assert {c.id: G._judge_broken(c, plan.specs[c.id]) for c in load_lab(lab)} == dict.fromkeys(plan.specs)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", LABS)
 def test_two_thousand_plans_per_lab_all_build(lab):
