@@ -125,6 +125,12 @@ def test_a_generator_that_raises_is_planned_as_that_checkoffs_fault_alone(broken
     assert set(plan.specs) == {"97.1", "97.3"}
 
 
+def test_a_generator_with_no_case_is_a_fault_not_a_pass(monkeypatch):
+    monkeypatch.setitem(REGISTRY, "97.2", replace(REGISTRY["97.2"], make_cases=lambda rng: iter(())))
+    plan = G.Grader(None, secret=b"s").plan(T.LAB, "ann")
+    assert plan.faults == {"97.2": "grader fault in lab 97 checkoff 97.2: ValueError: its generator yielded no case"}
+
+
 def test_a_generator_that_raises_marks_its_checkoff_regrade_and_the_others_are_graded(tmp_path, broken_cases):
     grade = G.Grader(T.sandbox(), timeout=60).grade(_right_notebook(tmp_path), "ann")
     assert T.statuses(grade) == {"97.1": R.PASSED, "97.2": R.REGRADE, "97.3": R.PASSED}, grade

@@ -195,7 +195,10 @@ class Grader:
     def specs_of(self, c, runs: list[dict], key: str) -> list:
         """Checkoff `c`'s specs on `runs` (its cases', for a function), as the plain data the judge reads."""
         if c.kind == "function":
-            return [(k.input(), k.public_spec(c.name)) for k in c.cases(case_rng(c.id, self.secret, key))]
+            cases = [(k.input(), k.public_spec(c.name)) for k in c.cases(case_rng(c.id, self.secret, key))]
+            if not cases:  # a function on no case would pass whatever it does
+                raise ValueError("its generator yielded no case")
+            return cases
         if c.takes_givens:
             return [c.value_spec(namespace(g)) for g in runs]
         return [c.value_spec()]
