@@ -47,7 +47,7 @@ def _assert_well_formed(lab: int, plan: G.Plan) -> None:
         json.dumps(specs, allow_nan=False)  # plain JSON: no object of the grader's, no NaN
         if c.kind == "function":
             assert specs, f"{c.id} has no case"
-            assert all(isinstance(i, dict) and isinstance(s, dict) and "what" in s for i, s in specs)
+            assert all(isinstance(i, dict) and isinstance(s, dict) and {"want", "what"} <= set(s) for i, s in specs)
         else:
             assert len(specs) == (len(plan.runs) if c.takes_givens else 1) and all("want" in s for s in specs)
 
