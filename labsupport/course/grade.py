@@ -10,8 +10,10 @@ check() is feedback; this decides, the way PrairieLearn's Python grader does (GR
     exercise's cells (.scan): passed (right on every run and case), failed (where, with the hint) or not attempted.
 
 Every notebook gets a row whatever it does (naming any bound it met); one per student and lab counts, the
-newest.  Exit code: 0 nothing failed, 1 a checkoff failed or a notebook did not run, 2 a bad argument or a
-file that is not a notebook.
+newest.  Where the grader's own code fails (a hidden generator, an expected value, a judge on its own answer),
+the checkoff, or the notebook, is marked REGRADE, never scored.  Exit code: 0 nothing failed, 1 a checkoff
+failed or a notebook did not run, 2 a bad argument or a file that is not a notebook, 3 a grader fault (rows to
+regrade, each named on stderr with its lab and checkoff; 3 wins over 2 and 1).
 """
 from __future__ import annotations
 
@@ -34,14 +36,15 @@ from labsupport.course import data, judge, record, scan
 from labsupport.course.checkoff import forbidden_text
 from labsupport.course.checkoffs import load_lab
 from labsupport.course.registry import GIVENS, case_rng, namespace
-from labsupport.course.report import (FAILED, NOT_ATTEMPTED, PASSED, CheckoffResult, NotebookGrade, csv_text, dump,
-                                      format_grade, gradescope, safe, safe_path, summary, write_into_place)
+from labsupport.course.report import (FAILED, NOT_ATTEMPTED, PASSED, REGRADE, CheckoffResult, NotebookGrade, csv_text,
+                                      dump, format_grade, gradescope, safe, safe_path, summary, write_into_place)
 from labsupport.course.sandbox import Bounds, NotABundle, Sandbox, forget_graders
 
 HIDDEN_RUNS = 2  # re-runs on hidden givens: lab 02 grades in 1.76x its Run All, 30 in 4:23 (GRADING.md)
 DEFAULT_TIMEOUT_S = 300  # per run, all its cells together
 MAX_NOTEBOOK_BYTES = 64 * 2**20
 MAX_CELLS = 5000
+EXIT_REGRADE = 3  # a grader fault: some rows are to be graded again (GRADING.md)
 LAB_NAME = re.compile(r"^(\d\d)_")
 CHECK_ID = re.compile(r"""check\(\s*["'](\d+\.\d+)["']""")
 
@@ -144,12 +147,23 @@ def runs_of(events: list, count: int) -> list[Run]:
     return runs
 
 
+class GraderFault(Exception):
+    """The grader's own code failed (a hidden generator, an expected value, a judge): never the student's doing,
+    so the checkoff (or the notebook) is marked REGRADE instead of scored.  Its text is `fault_text`'s."""
+
+
+def fault_text(lab: int, checkoff_id: str | None, exc: BaseException) -> str:
+    where = f"lab {lab:02d} checkoff {checkoff_id}" if checkoff_id else f"lab {lab:02d} (its hidden givens)"
+    return f"grader fault in {where}: {type(exc).__name__}: {safe(exc, 300)}"
+
+
 @dataclass
 class Plan:
     """What the grader expects of one notebook, worked out before it runs."""
 
     runs: list[dict]  # the givens of each run: the lecture's, then the hidden sets
     specs: dict  # checkoff id -> [spec per run] (values), [spec] (choices), [(input, spec) per case] (functions)
+    faults: dict = field(default_factory=dict)  # checkoff id -> its GraderFault's text, for one that failed to plan
 
 
 class Grader:
@@ -161,20 +175,33 @@ class Grader:
         self.secret = secret if secret is not None else secrets.token_bytes(32)
 
     def plan(self, lab: int, student: str) -> Plan:
-        key = f"{student}|{lab:02d}"
+        """The runs' givens and every checkoff's specs, per checkoff: one whose planning fails is in `faults`
+        (and is regraded) while the others are graded; GraderFault only when the givens cannot be drawn."""
+        key, checkoffs = f"{student}|{lab:02d}", load_lab(lab)  # the lab's module declares its givens
         runs = [dict(GIVENS[lab].lecture)] if lab in GIVENS else [{}]
         if lab in GIVENS:
-            runs += GIVENS[lab].draw(case_rng("givens", self.secret, key), self.hidden_runs)
-        specs = {}
-        for c in load_lab(lab):
-            if c.kind == "function":
-                specs[c.id] = [(k.input(sent=True), k.public_spec(c.name))
-                               for k in c.cases(case_rng(c.id, self.secret, key))]
-            elif c.takes_givens:
-                specs[c.id] = [c.value_spec(namespace(g)) for g in runs]
-            else:
-                specs[c.id] = [c.value_spec()]
-        return Plan(runs, specs)
+            try:
+                runs += GIVENS[lab].draw(case_rng("givens", self.secret, key), self.hidden_runs)
+            except Exception as exc:  # noqa: BLE001 - any failure of the graders' code is the grader's fault
+                raise GraderFault(fault_text(lab, None, exc)) from exc
+        specs, faults = {}, {}
+        for c in checkoffs:
+            try:
+                specs[c.id] = self.specs_of(c, runs, key)
+            except Exception as exc:  # noqa: BLE001 - as above, for this checkoff alone
+                faults[c.id] = fault_text(lab, c.id, exc)
+        return Plan(runs, specs, faults)
+
+    def specs_of(self, c, runs: list[dict], key: str) -> list:
+        """Checkoff `c`'s specs on `runs` (its cases', for a function), as the plain data the judge reads."""
+        if c.kind == "function":
+            cases = [(k.input(sent=True), k.public_spec(c.name)) for k in c.cases(case_rng(c.id, self.secret, key))]
+            if not cases:  # a function on no case would pass whatever it does
+                raise ValueError("its generator yielded no case")
+            return cases
+        if c.takes_givens:
+            return [c.value_spec(namespace(g)) for g in runs]
+        return [c.value_spec()]
 
     def grade(self, path: Path, student: str = "") -> NotebookGrade:
         start = time.monotonic()
@@ -183,8 +210,8 @@ class Grader:
             self._grade(Path(path), grade)
         except NotebookError as exc:
             grade.error, grade.invalid = str(exc), True
-        except Exception as exc:  # noqa: BLE001 - a grader fault must never lose the batch
-            grade.error = f"the grader failed on this notebook ({type(exc).__name__}: {exc})"
+        except Exception as exc:  # noqa: BLE001 - a grader fault must never lose the batch, nor count against a row
+            grade.fault = f"grader fault in {_lab_text(grade.lab)}: {type(exc).__name__}: {safe(exc, 300)}"
         grade.seconds = time.monotonic() - start
         return grade
 
@@ -194,7 +221,11 @@ class Grader:
         checkoffs = load_lab(lab)
         if not checkoffs:
             raise NotebookError(f"lab {lab:02d} has no checkoffs to grade")
-        plan = self.plan(lab, grade.student)
+        try:
+            plan = self.plan(lab, grade.student)
+        except GraderFault as fault:  # no hidden givens: nothing can be judged, and nothing is run
+            grade.checkoffs = [CheckoffResult(c.id, c.title, REGRADE, str(fault)) for c in checkoffs]
+            return
         rec = record.read(lab) or {"checkoffs": []}
         cell = find_givens_cell(nb, rec.get("givens_cell"), set(plan.runs[0]))
         if cell is None and plan.runs[0]:
@@ -217,12 +248,22 @@ class Grader:
         grade.notes += [safe(text, 300) for text in notes[:5]]
         entries = {e["id"]: e for e in rec["checkoffs"]}
         for c in checkoffs:  # every checkoff of the lab gets its line, whatever an answer does to the judge
-            try:
-                status, detail = self.decide(c, entries.get(c.id, {}), nb, plan, runs)
-            except Exception as exc:  # noqa: BLE001 - an answer no judge foresaw: it fails, alone
-                status, detail = FAILED, _hinted(f"your answer could not be checked ({type(exc).__name__}: "
-                                                 f"{safe(exc, 200)})", c.hint)
+            status, detail = self.judged(c, entries.get(c.id, {}), nb, plan, runs)
             grade.checkoffs.append(CheckoffResult(c.id, c.title, status, detail))
+
+    def judged(self, c, entry: dict, nb: Notebook, plan: Plan, runs: list[Run]) -> tuple[str, str]:
+        """`decide`, with what its exceptions mean: the grader's fault (REGRADE) or an answer no judge foresaw,
+        which fails alone."""
+        try:
+            return self.decide(c, entry, nb, plan, runs)
+        except GraderFault as fault:
+            return REGRADE, str(fault)
+        except Exception as exc:  # noqa: BLE001 - the judge met something: the answer, unless the judge is broken
+            broken = _judge_broken(c, plan.specs.get(c.id, []))
+            if broken is not None:
+                return REGRADE, fault_text(c.lab, c.id, broken)
+            return FAILED, _hinted(f"your answer could not be checked ({type(exc).__name__}: {safe(exc, 200)})",
+                                   c.hint)
 
     def decide(self, c, entry: dict, nb: Notebook, plan: Plan, runs: list[Run]) -> tuple[str, str]:
         calls = nb.calling(c.id)  # its check() calls as written (a call in a loop over ids names none)
@@ -232,7 +273,9 @@ class Grader:
         found = scan.hits(exercise, [cell.source for cell in nb.cells], c.forbid)
         if found:
             return FAILED, _hinted(forbidden_text(found, {"id": c.id, "derive": c.derive}), c.hint)
-        specs = plan.specs[c.id]
+        if c.id in plan.faults:  # attempted, and the grader could not work out what to expect
+            raise GraderFault(plan.faults[c.id])
+        specs = _readable(c, plan.specs[c.id])
         answer = runs[0].answers.get(c.id)
         if answer is None or "unfinished" in answer:
             return _without(runs[0], calls, answer, 0)
@@ -242,10 +285,10 @@ class Grader:
                     raise judge.Mismatch("this checkoff wants your function itself (no parentheses); "
                                          f"you gave {judge.echo(_value(answer))}.")
                 observations = answer["observations"] if isinstance(answer["observations"], list) else []
-                for (_, spec), seen in zip(specs, observations + [None] * (len(specs) - len(observations))):
-                    judge.observed(data.unplain(seen) if seen is not None else None, judge.readable(spec))
+                for spec, seen in zip(specs, observations + [None] * (len(specs) - len(observations))):
+                    judge.observed(data.unplain(seen) if seen is not None else None, spec)
                 return PASSED, ""
-            judge.verdict(_value(answer), judge.readable(specs[0]))
+            judge.verdict(_value(answer), specs[0])
             for number in range(1, len(specs)):
                 self._rerun(c, runs[number], calls, specs[number], number)
         except judge.Unfinished as exc:
@@ -262,12 +305,39 @@ class Grader:
             why = _without(run, calls, answer, number)[1]
             raise judge.Mismatch(f"right on the lab's givens, but on {_run_name(number)} {why}")
         try:
-            judge.verdict(_value(answer), judge.readable(spec))
+            judge.verdict(_value(answer), spec)
         except judge.Mismatch:
             raise judge.Mismatch(
                 f"right on the lab's givens, but on {_run_name(number)} (the notebook re-run with other values of "
                 f"its givens) it gave {judge.echo(_value(answer))}, which is not what those givens make it: a number "
                 "typed or copied in, or a step that does not follow the givens cell's names") from None
+
+
+def _readable(c, specs: list) -> list[dict]:
+    """The plan's specs (a function's: its cases' specs) as the judge compares with them: the grader's own
+    data, so a failure here is a GraderFault, never the answer's."""
+    try:
+        return [judge.readable(s[1] if c.kind == "function" else s) for s in specs]
+    except Exception as exc:  # noqa: BLE001 - any failure of the grader's own data
+        raise GraderFault(fault_text(c.lab, c.id, exc)) from exc
+
+
+def _judge_broken(c, specs: list) -> BaseException | None:
+    """What a judge raises, other than a verdict, on the expected answer itself (None if it judges it): a judge
+    that cannot judge its own answer is broken, and an answer that made it raise is not the student's fault.
+    A judge that can is sound, so whatever the answer made it raise stays the answer's (it fails alone)."""
+    try:
+        for spec in _readable(c, specs):
+            own = {"result": spec.get("want")}
+            try:
+                judge.observed(own, spec) if c.kind == "function" else judge.verdict(spec.get("want"), spec)
+            except (judge.Mismatch, judge.Unfinished, data.DataError):
+                pass  # a verdict: the judge ran to the end
+    except GraderFault as fault:
+        return fault.__cause__ or fault
+    except Exception as exc:  # noqa: BLE001 - the judge itself failed
+        return exc
+    return None
 
 
 def find_givens_cell(nb: Notebook, cell_id: str | None, names: set) -> Cell | None:
@@ -507,7 +577,7 @@ def grade_all(grader: Grader, submissions: list[Submission], jobs: int = 1, prog
                 results[i] = future.result()
             except Exception as exc:  # noqa: BLE001 - grade() catches; this is the last net
                 results[i] = NotebookGrade(submissions[i].path, None, submissions[i].student,
-                                           error=f"the grader failed ({type(exc).__name__}: {exc})")
+                                           fault=f"grader fault: {type(exc).__name__}: {safe(exc, 300)}")
             bar.update(1)
             if on_done is not None:
                 on_done([r for r in results if r is not None])
@@ -625,6 +695,9 @@ def _report(args, grader: Grader, submissions: list[Submission]) -> int:
         write_files(grades)
     for problem in [f"grade: {g.path}: {safe(g.error)}" for g in grades if g.invalid] + list(unwritten.values()):
         print(problem, file=sys.stderr)
+    for g in grades:  # each grader fault, with its lab and checkoff: these rows are to be graded again
+        for line in g.regrade:
+            print(f"grade: {g.path}: {line}", file=sys.stderr)
     if args.json:
         sys.stdout.write(dump(summary(grades)))
     else:
@@ -632,7 +705,10 @@ def _report(args, grader: Grader, submissions: list[Submission]) -> int:
             print(format_grade(g))
         totals = summary(grades)
         print(f"TOTAL {totals['passed']}/{totals['total']} checkoffs passed, {totals['failed']} failed, "
-              f"{totals['not_attempted']} not attempted")
+              f"{totals['not_attempted']} not attempted" + (f", {totals['regrade']} to REGRADE (grader faults)"
+                                                             if totals["regrade"] else ""))
+    if any(g.regrade for g in grades):  # first: a grader fault is what a batch script must not miss
+        return EXIT_REGRADE
     if any(g.invalid for g in grades) or unwritten:
         return 2
     return 1 if any(g.failed or g.error for g in grades) else 0

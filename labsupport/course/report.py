@@ -4,6 +4,10 @@ Everything a report holds that came from a notebook (values, type names, message
 any encoding) goes through `safe` first: lone surrogates, control characters and bidirectional overrides become
 visible escapes, so writing a report never fails on a row's content and no row can disguise itself or another.
 Files are written in a fresh private folder beside the target and renamed into place.
+
+A row the grader itself could not judge (its generator, expected value or judge failed: never the student's
+doing) is marked REGRADE, with the lab and checkoff, in every report; it is never scored, neither as a pass nor
+as a 0, until course staff grade it again.
 """
 from __future__ import annotations
 
@@ -19,6 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from labsupport.course.checkoff import FAILED, NOT_ATTEMPTED, PASSED, SYMBOLS
+
+REGRADE = "regrade"  # a checkoff the grader failed to judge: grade's own fault, to be graded again
+_SYMBOLS = {**SYMBOLS, REGRADE: "⚠️"}
 MAX_TEXT_CHARS = 2000  # of one detail or error a report keeps
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
 
@@ -55,6 +62,7 @@ class NotebookGrade:
     error: str = ""
     invalid: bool = False  # the file is not a notebook that can be graded
     not_graded: str = ""  # why this notebook was not graded (another of the student's counts for the lab)
+    fault: str = ""  # a grader fault no one checkoff owns (the whole notebook is to be graded again)
     notes: list[str] = field(default_factory=list)
     checkoffs: list[CheckoffResult] = field(default_factory=list)
 
@@ -63,13 +71,20 @@ class NotebookGrade:
     failed = property(lambda self: sum(c.status == FAILED for c in self.checkoffs))
     total = property(lambda self: len(self.checkoffs))
 
+    @property
+    def regrade(self) -> list[str]:
+        """Why this row is to be graded again, one line per grader fault ("REGRADE — grader fault in lab ...")."""
+        faults = ([self.fault] if self.fault else []) + [c.detail for c in self.checkoffs if c.status == REGRADE]
+        return [f"REGRADE — {safe(f)}" for f in faults]
+
     def __post_init__(self):
         self.path, self.student = safe_path(self.path), safe(self.student, 200)
 
     def as_dict(self) -> dict:
         out = asdict(self)
         out.update(error=safe(self.error), not_graded=safe(self.not_graded), notes=[safe(n) for n in self.notes],
-                   passed=self.passed, failed=self.failed, total=self.total, seconds=round(self.seconds, 3))
+                   passed=self.passed, failed=self.failed, total=self.total, seconds=round(self.seconds, 3),
+                   fault=safe(self.fault), regrade=self.regrade)
         return out
 
 
@@ -80,19 +95,31 @@ def format_grade(grade: NotebookGrade) -> str:
         return f"{who}{grade.path}  ({lab}) not graded: {safe(grade.not_graded)}"
     lines = [f"{who}{grade.path}  ({lab}, graded in {grade.seconds:.1f} s)"]
     for c in grade.checkoffs:
-        lines.append(f"  {SYMBOLS[c.status]} {c.id:<5} {c.status:<14} {c.title}")
-        if c.status != PASSED and c.detail:
-            lines += [f"        {line}" for line in c.detail.splitlines()]
+        lines.append(f"  {_SYMBOLS[c.status]} {c.id:<5} {c.status:<14} {c.title}")
+        detail = f"REGRADE — {c.detail}" if c.status == REGRADE else c.detail
+        if c.status != PASSED and detail:
+            lines += [f"        {line}" for line in detail.splitlines()]
     lines += [f"  ! {safe(line)}" for line in [grade.error, *grade.notes] if line]
-    lines.append(f"  score {grade.passed}/{grade.total}")
+    if grade.fault:
+        lines.append(f"  ! REGRADE — {safe(grade.fault)}")
+    lines.append(f"  score {_score(grade)}")
     return "\n".join(lines)
+
+
+def _score(grade: NotebookGrade) -> str:
+    """passed/total; a row with a grader fault has no score yet (its checkoffs to regrade are not zeros)."""
+    if not grade.regrade:
+        return f"{grade.passed}/{grade.total}"
+    return f"REGRADE ({grade.passed}/{grade.total} passed so far; {len(grade.regrade)} grader fault(s) to regrade)"
 
 
 def summary(grades: list[NotebookGrade]) -> dict:
     passed, failed = sum(g.passed for g in grades), sum(g.failed for g in grades)
     total = sum(g.total for g in grades)
+    regrade = sum(c.status == REGRADE for g in grades for c in g.checkoffs)
     return {"notebooks": [g.as_dict() for g in grades], "passed": passed, "failed": failed,
-            "not_attempted": total - passed - failed, "total": total}
+            "not_attempted": total - passed - failed - regrade, "regrade": regrade,
+            "regrade_notebooks": sum(bool(g.regrade) for g in grades), "total": total}
 
 
 def _cell(text: str) -> str:
@@ -107,7 +134,7 @@ def rows(grades: list[NotebookGrade]) -> tuple[list[str], list[dict]]:
         if g.not_graded:
             skipped.setdefault((g.student, g.lab), []).append(g)
     ids = sorted({c.id for g in grades for c in g.checkoffs}, key=lambda i: tuple(int(x) for x in i.split(".")))
-    header = ["student", "lab", "notebook", "passed", "total", "score", "error", *ids]
+    header = ["student", "lab", "notebook", "passed", "total", "score", "error", "regrade", *ids]
     out = []
     for g in grades:
         if g.not_graded:
@@ -115,8 +142,8 @@ def rows(grades: list[NotebookGrade]) -> tuple[list[str], list[dict]]:
         notes = [safe(n) for n in ([g.error] if g.error else []) + g.notes]
         notes += [f"also handed in {o.path} (not graded)" for o in skipped.get((g.student, g.lab), [])]
         row = {"student": _cell(g.student), "lab": "" if g.lab is None else f"{g.lab:02d}", "notebook": _cell(g.path),
-               "passed": g.passed, "total": g.total, "score": f"{g.passed}/{g.total}",
-               "error": _cell("; ".join(notes))}
+               "passed": g.passed, "total": g.total, "score": _cell(_score(g)),
+               "error": _cell("; ".join(notes)), "regrade": _cell("; ".join(g.regrade))}
         row.update({c.id: c.status for c in g.checkoffs})
         out.append(row)
     return header, out
@@ -131,26 +158,43 @@ def csv_text(grades: list[NotebookGrade]) -> str:
     return buf.getvalue()
 
 
+def _test(c: CheckoffResult, visibility: str) -> dict:
+    """One checkoff as a Gradescope test.  A checkoff to regrade has no "score" and no "status" (Gradescope's
+    spec makes both optional on a test when the submission has a score), so it is posted neither as a pass
+    nor as a 0; its output says why."""
+    test = {"name": f"Checkoff {c.id}: {c.title}", "number": c.id, "max_score": 1.0, "visibility": visibility}
+    if c.status == REGRADE:
+        return {**test, "output": f"REGRADE — {c.detail} (not scored: course staff will grade it again)"}
+    output = {PASSED: "passed", NOT_ATTEMPTED: f"not attempted: {c.detail}" if c.detail else "not attempted",
+              FAILED: c.detail}[c.status]
+    return {**test, "score": float(c.status == PASSED), "status": "passed" if c.status == PASSED else "failed",
+            "output": output}
+
+
 def gradescope(grades: list[NotebookGrade], visibility: str = "visible") -> dict:
-    """Gradescope's results.json: one test per checkoff, one point each, the detail and hint as its output."""
-    tests, notes = [], []
+    """Gradescope's results.json: one test per checkoff, one point each, the detail and hint as its output.
+
+    With a grader fault the submission's output opens with the REGRADE lines; its score counts the checkoffs
+    judged, and where none was judged there is no score at all (Gradescope then shows the run as the
+    autograder's failure, which it is, instead of posting a 0)."""
+    tests, notes, regrade = [], [], []
     for g in grades:
         where = Path(g.path).name
         if g.not_graded:
             notes.append(f"{where}: not graded: {safe(g.not_graded)}")
             continue
         notes += [f"{where}: {safe(n)}" for n in [g.error, *g.notes] if n]
-        for c in g.checkoffs:
-            output = {PASSED: "passed", NOT_ATTEMPTED: f"not attempted: {c.detail}" if c.detail else "not attempted",
-                      FAILED: c.detail}[c.status]
-            tests.append({"name": f"Checkoff {c.id}: {c.title}", "number": c.id, "score": float(c.status == PASSED),
-                          "max_score": 1.0, "status": "passed" if c.status == PASSED else "failed",
-                          "output": output, "visibility": visibility})
+        regrade += [f"{where}: {line}" for line in g.regrade]
+        tests += [_test(c, visibility) for c in g.checkoffs]
     if not grades:
         notes.append("no notebook (.ipynb) was found in the submission")
-    score = sum(t["score"] for t in tests)
-    return {"score": score, "output": "\n".join(notes) or f"{int(score)} of {len(tests)} checkoffs passed",
-            "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
+    judged = [t["score"] for t in tests if "score" in t]
+    score = sum(judged)
+    out = {"output": "\n".join(regrade + notes) or f"{int(score)} of {len(tests)} checkoffs passed",
+           "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
+    if regrade:
+        out["extra_data"] = {"regrade": regrade}
+    return out if regrade and not judged else {"score": score, **out}
 
 
 def dump(data) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 from labsupport.specs import GB, GPUSpec, ModelSpec
 
@@ -35,13 +36,15 @@ def random_gpu(rng: random.Random) -> GPUSpec:
 
 
 def random_pair(rng: random.Random, *, fits: bool | None = None, max_params: float = 4e11) -> tuple[ModelSpec, GPUSpec]:
-    """A model and a card; `fits=True` keeps the weights (plus a 4 GB reserve) inside the card's memory."""
+    """A model and a card; `fits=True` keeps the weights (plus a 4 GB reserve) inside the card's memory, `fits=False`
+    does not.  Bounded: past 200 draws the last card's memory is set so that it does as asked."""
     for _ in range(200):
         model, gpu = random_model(rng, max_params=max_params), random_gpu(rng)
         room = gpu.hbm_bytes - model.weight_bytes - RESERVE
         if fits is None or (room > 0) == fits:
             return model, gpu
-    return model, gpu
+    need = math.floor(model.weight_bytes + RESERVE)  # the weights and the reserve: more fits, this much does not
+    return model, replace(gpu, hbm_bytes=need + GB if fits else need)
 
 
 # The graders' own KV and weight arithmetic (labs 01, 02, 03, 06, 07, 08), not read from ModelSpec or the ledger.

@@ -97,11 +97,11 @@ def _ledger_of(result, model, block_size: int) -> dict:
     """The five numbers, read off the engine's own result and counters (not off the step records the student reads)."""
     kv, c = kv_per_token(model), result.counters
     reqs = [r for r in result.requests.values() if r.finished]
-    promised = max(sum((r.prompt_len + r.max_new_tokens) * kv for r in reqs
-                       if r.first_token_time <= end < r.finish_time) for end in c.block_times)
+    promised = max((sum((r.prompt_len + r.max_new_tokens) * kv for r in reqs  # default: a run with no block time
+                        if r.first_token_time <= end < r.finish_time) for end in c.block_times), default=0)
     gaps = [b - a for r in reqs for a, b in zip(r.token_times[0], r.token_times[0][1:])]
     return {"admit": promised, "allocate": c.peak_blocks * block_size * kv,
-            "batch": sum(r.total_output_tokens for r in reqs) / c.steps,
+            "batch": sum(r.total_output_tokens for r in reqs) / max(1, c.steps),
             "run": 2 * model.num_params * (c.prefill_tokens + c.decode_tokens),
             "stream": max(gaps, default=0.0)}
 
@@ -110,15 +110,15 @@ def _ledger_slips(result, model, block_size: int, trace: dict) -> dict:
     """Per key, the answers of the known slips, worked out the same way (from the result), with their remarks."""
     kv, c = kv_per_token(model), result.counters
     reqs = [r for r in result.requests.values() if r.finished]
-    prompt_only = max(sum(r.prompt_len * kv for r in reqs if r.first_token_time <= end < r.finish_time)
-                      for end in c.block_times)
+    prompt_only = max((sum(r.prompt_len * kv for r in reqs if r.first_token_time <= end < r.finish_time)
+                       for end in c.block_times), default=0)
     gaps = [b - a for r in reqs for a, b in zip(r.token_times[0], r.token_times[0][1:])]
     return {
         "admit": [(prompt_only, "That is the prompts' KV; admission promises each request room for everything "
                                 "it will ever hold, its outputs included.")],
         "allocate": [(c.peak_blocks * block_size, "That is tokens' worth of blocks; the memory is in bytes.")],
-        "batch": [(c.decode_tokens / c.steps, "A sequence whose prefill runs in the step has a place in that "
-                                              "forward pass too.")],
+        "batch": [(c.decode_tokens / max(1, c.steps), "A sequence whose prefill runs in the step has a place in "
+                                                      "that forward pass too.")],
         "run": [(model.num_params * (c.prefill_tokens + c.decode_tokens), "A weight costs a multiply and an add "
                                                                           "per token: two FLOP."),
                 (2 * model.num_params * c.decode_tokens, "The prefills are arithmetic too: every prompt token "

@@ -9,7 +9,7 @@ from statistics import NormalDist
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course.checkoffs._hidden import givens_kv as _kv
 from labsupport.course.harness import HARNESSES
-from labsupport.course.registry import case, choice, function, givens, namespace, value
+from labsupport.course.registry import DRAW_TRIES, case, choice, function, givens, namespace, value
 
 
 def _budget(g) -> int:
@@ -21,8 +21,9 @@ def _paged_seqs(g) -> int:
 
 
 def _hidden(rng):
-    """A model, a card and a workload other than the lecture's, every answer different from its own."""
-    while True:
+    """A model, a card and a workload other than the lecture's, every answer different from its own (None when a
+    bounded search finds none: registry.Givens then takes a fallback set)."""
+    for _ in range(DRAW_TRIES):
         g = dict(LAYERS=rng.choice((16, 24, 40)), KV_HEADS=rng.choice((8, 16, 40)), HEAD_DIM=rng.choice((64, 96, 256)),
                  DTYPE_BYTES=rng.choice((1, 4)), HBM_BYTES=rng.choice((40, 94, 141)) * 10**9,
                  PARAMS=rng.choice((1_300_000_000, 2_700_000_000, 3_800_000_000)), WEIGHT_BYTES=rng.choice((1, 4)),
@@ -38,6 +39,7 @@ def _hidden(rng):
         if (_budget(ns) > 0 and _paged_seqs(ns) >= 4 and entries * g["ENTRY_BYTES"] != 1024
                 and g["TABLE_TOKENS"] % g["BLOCK"] and _every_step_counts(ns)):
             return g
+    return None
 
 
 def _pool_share(g) -> float:
@@ -56,7 +58,13 @@ def _every_step_counts(g) -> bool:
             and blocks // (seq / g.BLOCK) != _paged_seqs(g) and 1 - _pool_share(g) > 1e-3)
 
 
-G = givens(hidden=_hidden)
+_FALLBACKS = (dict(LAYERS=40, KV_HEADS=40, HEAD_DIM=256, DTYPE_BYTES=4, HBM_BYTES=94 * 10**9, PARAMS=3_800_000_000,
+                   WEIGHT_BYTES=4, RESERVE_BYTES=6 * 10**9, PROMPT=2203, OUTPUT=489, BLOCK=128, TABLE_TOKENS=8198,
+                   ENTRY_BYTES=2, MEDIAN_TOKENS=2830, TAIL_SHARE=0.02, PRINTED_TABLE_BYTES=260, TAIL_TOKENS=28_300),
+              dict(LAYERS=40, KV_HEADS=40, HEAD_DIM=96, DTYPE_BYTES=4, HBM_BYTES=40 * 10**9, PARAMS=2_700_000_000,
+                   WEIGHT_BYTES=4, RESERVE_BYTES=2 * 10**9, PROMPT=2856, OUTPUT=292, BLOCK=32, TABLE_TOKENS=8194,
+                   ENTRY_BYTES=8, MEDIAN_TOKENS=1385, TAIL_SHARE=0.01, PRINTED_TABLE_BYTES=514, TAIL_TOKENS=83_100))
+G = givens(hidden=_hidden, fallbacks=_FALLBACKS)
 KV_MHA = _kv(G)  # 524,288 B per token
 BUDGET = _budget(G)  # 62,520,000,000 B
 SEQ = G.PROMPT + G.OUTPUT

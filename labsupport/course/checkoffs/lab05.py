@@ -5,6 +5,7 @@ hits.  Every expected value comes from the real BlockAllocator on the same input
 """
 from __future__ import annotations
 
+import functools
 import random
 
 from labsupport.block_allocator import BlockAllocator
@@ -99,6 +100,12 @@ _FANOUT_CASES = [(8, 4096, 256, 16), (16, 8192, 512, 16), (8, 100, 1, 16), (8, 1
                  (12, 17, 300, 32), (2, 1, 1, 2)]
 
 
+@functools.lru_cache(maxsize=64)
+def _measured_fanout(n: int, prompt: int, output: int, block_size: int):
+    """measure_fanout, once per process for the fixed cases every plan repeats (the run is deterministic)."""
+    return measure_fanout(n, prompt, output, block_size)
+
+
 @function(
     "5.2", "Fan-out: blocks unshared and shared",
     hint="Unshared, every branch owns a full copy: count the blocks of one sequence of prompt + output tokens, "
@@ -115,7 +122,7 @@ def _fanout(rng):
     cases = _FANOUT_CASES + [(rng.randint(1, 16), rng.randint(1, 5000), rng.randint(1, 600),
                               rng.choice((1, 2, 8, 16, 32, 64))) for _ in range(5)]
     for n, p, o, b in cases:
-        real = measure_fanout(n, p, o, b)  # two real allocators, unshared and shared, at the end of the run
+        real = _measured_fanout(n, p, o, b)  # two real allocators, unshared and shared, at the end of the run
         want = [real.unshared_blocks, real.shared_blocks]
         tokens = "That is a count of tokens; the allocator hands out blocks."
         slips = {"unshared": [(n * (p + o), tokens), (p + n * o, tokens)],
@@ -136,7 +143,9 @@ def _hidden_divergence(rng: random.Random) -> dict:
     return dict(N_BRANCHES=n, BLOCK=bs, PROMPT_TOKENS=prompt, WRITERS=writers)
 
 
-G = givens(hidden=_hidden_divergence)  # 5.3's: N_BRANCHES forked off one prompt, WRITERS of them wrote a token
+_FALLBACKS = (dict(N_BRANCHES=10, BLOCK=8, PROMPT_TOKENS=199, WRITERS=7),  # registry.Givens: two draws, frozen
+              dict(N_BRANCHES=10, BLOCK=8, PROMPT_TOKENS=180, WRITERS=8))
+G = givens(hidden=_hidden_divergence, fallbacks=_FALLBACKS)  # 5.3's: N_BRANCHES forked off one prompt, WRITERS of them wrote a token
 
 
 def _divergence(g) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from labsupport.course.checkoffs._hidden import kv_per_token, random_pair
-from labsupport.course.registry import case, function, givens, namespace, value
+from labsupport.course.registry import DRAW_TRIES, case, function, givens, namespace, value
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B, ModelSpec
 
 MFU = 0.5
@@ -138,9 +138,10 @@ def _crossover(model: ModelSpec, link: float, rate: float, attention_coef: int =
         attention_coef * model.num_layers * model.num_heads * model.head_dim)
 
 
-def _hidden_exercise4(rng) -> dict:
-    """Another plausible model, card and link, for which the MHA crossover on the slow link is a length."""
-    while True:
+def _hidden_exercise4(rng) -> dict | None:
+    """Another plausible model, card and link, for which the MHA crossover on the slow link is a length (None when
+    a bounded search finds none: registry.Givens then takes a fallback set)."""
+    for _ in range(DRAW_TRIES):
         layers, heads = rng.choice((24, 28, 40, 48)), rng.choice((16, 24, 40, 64))
         g = dict(LAYERS=layers, HEADS=heads, GQA_KV_HEADS=rng.choice((1, 2, 4)),
                  HEAD_DIM=rng.choice((64, 80, 96, 256)), DTYPE_BYTES=rng.choice((1, 4)),
@@ -151,9 +152,14 @@ def _hidden_exercise4(rng) -> dict:
         # the slow link is slower (else a crossover taken on LINK_BW would pass), and the crossover is a length
         if g["SLOW_LINK_BW"] < g["LINK_BW"] and 100 < _crossover(mha, g["SLOW_LINK_BW"], g["MFU"] * g["PEAK_FLOPS"]) < 10**6:
             return g
+    return None
 
 
-G = givens(hidden=_hidden_exercise4)
+_FALLBACKS = (dict(LAYERS=24, HEADS=16, GQA_KV_HEADS=4, HEAD_DIM=64, DTYPE_BYTES=1, PARAMS=1.3e9, PEAK_FLOPS=1979e12,
+                   MFU=0.4, LINK_BW=128e9, SLOW_LINK_BW=8e9, LONG_SEQ=32_768),
+              dict(LAYERS=24, HEADS=16, GQA_KV_HEADS=4, HEAD_DIM=96, DTYPE_BYTES=4, PARAMS=3.0e9, PEAK_FLOPS=1979e12,
+                   MFU=0.6, LINK_BW=50e9, SLOW_LINK_BW=12e9, LONG_SEQ=12_000))
+G = givens(hidden=_hidden_exercise4, fallbacks=_FALLBACKS)
 
 
 def _terms(g):

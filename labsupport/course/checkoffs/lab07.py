@@ -3,6 +3,7 @@
 the sandbox only its records (`data.as_input`), never the seed from which every other output follows."""
 from __future__ import annotations
 
+import functools
 import math
 
 from labsupport.course.checkoffs._hidden import kv_blocks, kv_per_token, random_pair, tpot_batch, weight_bytes
@@ -12,6 +13,20 @@ from labsupport.course.registry import case, choice, function
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 _POOL = ("labsupport.ledger.paged_concurrency", "labsupport.slo.memory_ceiling", "labsupport.viz.slo.memory_ceiling")
+
+
+@functools.lru_cache(maxsize=32)
+def _live_run(make, config: tuple):
+    """One engine run as a case's input (a `live` object: the grader's copy, and the recipe the sandbox rebuilds),
+    made once per plan and shared by the cases on it; the fixed configs' runs, the same for everyone, once per
+    process.  Planning reads them only (a `live` is changed through its methods, and no case calls one)."""
+    return live(make, *config)
+
+
+@functools.lru_cache(maxsize=32)
+def _finished(config: tuple) -> tuple:
+    """The finished requests of `engine_run(*config)`, in the engine's order (7.7's answers come from them)."""
+    return tuple(r for r in engine_run(*config)[1] if r.status == "finished")
 
 
 _TPOT_CASES = [(LECTURE_7B, "h100", 186, 640), (LECTURE_7B, "h100", 1, 640), (LECTURE_7B, "h100", 29, 640),
@@ -108,13 +123,17 @@ def _goodput(rng):
     # every run opens with a request that is refused (the first arrival never finishes, so the span starts before
     # any finished request arrived), and holds requests with one output token (no TPOT) and with several branches
     for i, config in enumerate(_run_configs_7_3(rng)):
-        requests = engine_run_requests(*config)
-        span = max(r.finish_time for r in requests if r.status == "finished") - min(r.arrival_time for r in requests)
+        run = _live_run(engine_run_requests, tuple(config))
+        requests = run.real
+        finish = [r.finish_time for r in requests if r.status == "finished"]
+        if not finish:  # never for these sizes (a pool holds any one request); a case needs a run to read
+            continue
+        span = max(finish) - min(r.arrival_time for r in requests)
         for ttft, tpot in [(0.5, 0.020), (2.0, 0.050), (0.2, 0.012), (100.0, 1.0),
                            (rng.uniform(0.05, 5), rng.uniform(0.005, 0.1))]:
             good = [r for r in requests if r.status == "finished" and r.first_token_time - r.arrival_time <= ttft
                     and (r.tpot_s is None or r.tpot_s <= tpot)]
-            yield case(live(engine_run_requests, *config), ttft, tpot, want=sum(r.total_output_tokens for r in good) / span,
+            yield case(run, ttft, tpot, want=sum(r.total_output_tokens for r in good) / span,
                        rel_tol=1e-9,
                        what=f"goodput(run {i + 1}'s requests, ttft_slo_s={ttft:.6g}, tpot_slo_s={tpot:.6g})")
 
@@ -132,8 +151,11 @@ def _goodput(rng):
 )
 def _ttft_tail(rng):
     for i, config in enumerate(_run_configs(rng)):
-        requests = engine_requests(*config)
+        run = _live_run(engine_requests, tuple(config))
+        requests = run.real
         ttfts = sorted(r.first_token_time - r.arrival_time for r in requests if r.status == "finished")
+        if not ttfts:  # never for these sizes; a mean and a p99 need a finished request
+            continue
         nearest = ttfts[max(0, math.ceil(0.99 * len(ttfts)) - 1)]  # the nearest-rank p99, a known variant
         rejected = len(requests) - len(ttfts)
         pos = (len(ttfts) - 1) * 0.99  # numpy's default: linear between the two closest ranks
@@ -156,7 +178,7 @@ def _ttft_tail(rng):
                         [nearest, "That is the nearest-rank p99; interpolate between the two closest ranks "
                                   "(numpy.percentile's default), as the engine's own ledger does."]]},
                     "miss_share": {"rel_tol": 1e-6, "mistakes": share}}
-            yield case(live(engine_requests, *config), slo, want=want, rel_tol=1e-6, keys=keys,
+            yield case(run, slo, want=want, rel_tol=1e-6, keys=keys,
                        what=f"ttft_tail(run {i + 1}'s requests, ttft_slo_s={slo:.6g})")
 
 
@@ -257,11 +279,13 @@ def _split_cases(rng):
     configs = [(12, 300.0, 400, 60), (13, 5.0, 7452, 25), (14, 80.0, 900, 40),
                (rng.getrandbits(32), rng.choice((20.0, 80.0, 300.0)), rng.choice((400, 900, 7452)), rng.randint(25, 60))]
     for config in configs:
-        finished = [r for r in engine_run(*config)[1] if r.status == "finished"]
+        finished = _finished(tuple(config))
+        if not finished:  # never for these sizes; a case needs a request that ran
+            continue
         chosen = {finished[0].request_id, max(finished, key=lambda r: r.queueing_s).request_id,
                   max(finished, key=lambda r: r.scheduling_delay_s).request_id,
                   min(finished, key=lambda r: r.scheduling_delay_s).request_id,
-                  *(r.request_id for r in rng.sample(finished, 3))}
+                  *(r.request_id for r in rng.sample(finished, min(3, len(finished))))}
         yield config, {r.request_id: r for r in finished if r.request_id in chosen}
 
 
@@ -275,11 +299,12 @@ def _split_cases(rng):
 )
 def _ttft_split(rng):
     for i, (config, chosen) in enumerate(_split_cases(rng)):
+        steps = _live_run(engine_run_steps, tuple(config))
         for rid, r in sorted(chosen.items()):
             want = {"scheduling_delay_s": r.scheduled_time - r.arrival_time,
                     "queueing_s": r.admitted_time - r.scheduled_time,
                     "prefill_s": r.first_token_time - r.admitted_time}
             keys = {k: {"rel_tol": 1e-9, "abs_tol": 1e-12} for k in want}
-            yield case(live(engine_run_steps, *config), rid, r.arrival_time, want=want, rel_tol=1e-9, abs_tol=1e-12,
+            yield case(steps, rid, r.arrival_time, want=want, rel_tol=1e-9, abs_tol=1e-12,
                        keys=keys, what=f"ttft_split(run {i + 1}'s steps, request_id={rid}, "
                                        f"arrival_time={r.arrival_time:.6g})")
