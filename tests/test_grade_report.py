@@ -93,7 +93,7 @@ def test_why_an_answer_is_missing_names_the_cell_and_the_run():
 
 def test_text_no_file_can_hold_is_shown_safely_and_cut():
     assert R.safe("a\ud800b\u202ec\x1b[2Jd\x00") == "a\\ud800b\\u202ec\\x1b[2Jd\\x00"
-    assert R.safe("line one\nline\ttwo é ✅") == "line one\nline\ttwo é ✅"  # text a report can hold stays
+    assert R.safe("line one\nline\ttwo é ✅") == "line one\\nline\\ttwo é ✅"  # one line; printable text stays
     assert R.safe_path(os.fsdecode(b"/class/Jos\xe9.ipynb")) == "/class/Jos\\udce9.ipynb"
     cut = R.safe("y" * 10_000)
     assert cut.startswith("y" * R.MAX_TEXT_CHARS) and cut.endswith("[cut: 8,000 more characters]")

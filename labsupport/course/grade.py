@@ -474,12 +474,55 @@ class Submission:
     path: Path
     student: str
     refused: str = ""  # why it is listed and never graded
+    error: str = ""  # why the student's folder could not be collected: a row saying so, nothing of it graded
 
 
-def notebooks_in(folder: Path) -> list[Path]:
-    """Every .ipynb under `folder` (checkpoints aside), in name order, links included: `refusal` names them."""
-    return sorted(q for q in folder.rglob("*.ipynb")
-                  if ".ipynb_checkpoints" not in q.relative_to(folder).parts and (q.is_symlink() or q.is_file()))
+# What one student's folder may hold, for it to be collected (a folder argument, or a class folder's student
+# folder).  A hand-in is a few notebooks, maybe with data and a helper module; these are orders of magnitude
+# above that and keep the walk of one folder to milliseconds.  Past either, the student gets one row saying
+# so, nothing of theirs is graded (the newest notebook cannot be told from a partial walk) and the batch goes on.
+MAX_DEPTH = 32  # levels of folders below the student's folder
+MAX_ENTRIES = 10_000  # files, folders and links in it, every level counted
+
+
+class CollectError(ValueError):
+    """A student's folder is beyond what a hand-in may be; the message is one line saying which limit."""
+
+
+def notebooks_in(folder: Path, max_depth: int = MAX_DEPTH, max_entries: int = MAX_ENTRIES) -> list[Path]:
+    """Every .ipynb under `folder` (checkpoints aside), in name order, links included: `refusal` names them.
+
+    An explicit stack, never recursion (a folder nested 1,100 deep made Path.rglob raise RecursionError and
+    lose the batch); a folder that is a link is listed if named .ipynb, never entered (as rglob did not), and
+    a folder that cannot be read is passed over.  CollectError past `max_depth` or `max_entries`."""
+    found, seen, stack = [], 0, [(Path(folder), 0)]
+    while stack:
+        here, depth = stack.pop()
+        try:
+            with os.scandir(here) as entries:
+                listed = list(itertools.islice(entries, max_entries - seen + 1))
+        except OSError:
+            continue
+        seen += len(listed)
+        if seen > max_entries:
+            raise CollectError(f"{safe_path(folder)} holds more than {max_entries:,} files and folders (the limit "
+                               "for one hand-in): hand in the notebooks, not a whole tree")
+        for entry in listed:
+            path = here / entry.name
+            try:
+                is_folder = entry.is_dir(follow_symlinks=False)
+                is_notebook = entry.is_file() or entry.is_symlink()
+            except OSError:
+                continue
+            if is_folder and entry.name != ".ipynb_checkpoints":
+                if depth + 1 > max_depth:
+                    raise CollectError(f"{safe_path(folder)} has folders nested more than {max_depth} deep (the "
+                                       f"limit for one hand-in), such as {safe_path(path.relative_to(folder).parts[0])}"
+                                       "/…: hand in the notebooks, not a whole tree")
+                stack.append((path, depth + 1))
+            elif not is_folder and is_notebook and entry.name.endswith(".ipynb"):
+                found.append(path)
+    return sorted(found)
 
 
 def refusal(path: Path, top: Path) -> str:
@@ -505,10 +548,10 @@ def choose(submissions: list[Submission], lab: int | None = None) -> list[tuple[
         except OSError:
             return -1, os.fsdecode(path)
 
-    labs = [_lab_from_name(s.path) if s.refused else lab_of(s.path) for s in submissions]
+    labs = [None if s.error else _lab_from_name(s.path) if s.refused else lab_of(s.path) for s in submissions]
     groups: dict[tuple, list[int]] = {}
     for i, (s, n) in enumerate(zip(submissions, labs)):
-        if not s.refused:
+        if not s.refused and not s.error:  # a folder that could not be collected competes with no notebook
             groups.setdefault((s.student, n if n is not None else str(s.path)), []).append(i)
     why = [s.refused for s in submissions]
     for (student, n), members in groups.items():
@@ -530,7 +573,8 @@ def collect(paths: list[str]) -> tuple[list[Submission], list[str]]:
     """Notebooks to grade, each with its student; and, in words, each argument that cannot be used.
 
     Each argument is one student's work: a notebook (the student is its folder's name) or a folder
-    (its name); a lone folder argument with no notebook directly in it is a class, one folder per student."""
+    (its name); a lone folder argument with no notebook directly in it is a class, one folder per student.
+    A student's folder past notebooks_in's limits is one Submission with its `error`, the others go on."""
     found, problems = [], []
     folder_of: dict[str, Path] = {}
     for arg in paths:
@@ -540,16 +584,21 @@ def collect(paths: list[str]) -> tuple[list[Submission], list[str]]:
             found.append(Submission(p, folder.name, refusal(Path(os.path.abspath(p)), folder)))
             owned = [(folder.name, folder)]
         elif p.is_dir():
-            notebooks = notebooks_in(p)
-            if not notebooks:
+            a_class = len(paths) == 1 and not _notebooks_directly_in(p)
+            students = [(q.name, q) for q in _student_folders(p)] if a_class else [(p.resolve().name, p)]
+            owned = []
+            for student, folder in students:
+                try:
+                    notebooks = notebooks_in(folder)
+                except CollectError as exc:
+                    found.append(Submission(folder, student, error=str(exc)))
+                    owned.append((student, folder.resolve()))
+                    continue
+                found += [Submission(q, student, refusal(q, p)) for q in notebooks]
+                owned += [(student, folder.resolve())] if notebooks else []
+            if not owned:
                 problems.append(f"{safe(arg, 300)} is a folder with no .ipynb in it")
                 continue
-            a_class = len(paths) == 1 and all(len(q.relative_to(p).parts) > 1 for q in notebooks)
-            for q in notebooks:
-                student = q.relative_to(p).parts[0] if a_class else p.resolve().name
-                found.append(Submission(q, student, refusal(q, p)))
-            owned = [(q.relative_to(p).parts[0], (p / q.relative_to(p).parts[0]).resolve()) for q in notebooks] \
-                if a_class else [(p.resolve().name, p.resolve())]
         else:
             problems.append(f"no such notebook or folder: {safe(arg, 300)}")
             continue
@@ -560,12 +609,32 @@ def collect(paths: list[str]) -> tuple[list[Submission], list[str]]:
     return found, list(dict.fromkeys(problems))
 
 
+def _notebooks_directly_in(folder: Path) -> bool:
+    """Whether `folder` itself holds a notebook (then it is one student's, never a class)."""
+    try:
+        with os.scandir(folder) as entries:
+            return any(e.name.endswith(".ipynb") and not e.is_dir(follow_symlinks=False) for e in entries)
+    except OSError:
+        return False
+
+
+def _student_folders(folder: Path) -> list[Path]:
+    """A class folder's student folders, in name order: its folders (a link to one is not entered, as rglob did not)."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(folder / e.name for e in entries
+                          if e.is_dir(follow_symlinks=False) and e.name != ".ipynb_checkpoints")
+    except OSError:
+        return []
+
+
 def grade_all(grader: Grader, submissions: list[Submission], jobs: int = 1, progress: bool = True,
               on_done=None, lab: int | None = None) -> list[NotebookGrade]:
     """Grade the submissions `choose` picks, `jobs` at a time; a row for every one, in the order given."""
     from tqdm.auto import tqdm
 
-    results = [NotebookGrade(s.path, its_lab, s.student, not_graded=why) if why else None
+    results = [NotebookGrade(s.path, None, s.student, error=s.error) if s.error else
+               NotebookGrade(s.path, its_lab, s.student, not_graded=why) if why else None
                for s, (why, its_lab) in zip(submissions, choose(submissions, lab))]
     todo = [i for i, r in enumerate(results) if r is None]
     with tqdm(total=len(todo), desc="grading", unit="notebook", file=sys.stderr, disable=not progress) as bar, \

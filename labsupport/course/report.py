@@ -1,8 +1,11 @@
 """The grade's reports: the table, JSON, the gradebook CSV and Gradescope's results.json (every lab).
 
 Everything a report holds that came from a notebook (values, type names, messages, file and folder names in
-any encoding) goes through `safe` first: lone surrogates, control characters and bidirectional overrides become
-visible escapes, so writing a report never fails on a row's content and no row can disguise itself or another.
+any encoding) goes through `safe` first: lone surrogates, every C0/C1 control character (newlines, carriage
+returns and tabs included), Unicode format characters (bidirectional controls, zero-width marks) and the line
+and paragraph separators become visible escapes.  So writing a report never fails on a row's content, a text
+of a row is one line whatever a student put in it, and no row can disguise itself or make another.  The one
+newline a report keeps inside a text is the grader's own, before a checkoff's "Hint: " (`safe_detail`).
 Files are written in a fresh private folder beside the target and renamed into place.
 
 A row the grader itself could not judge (its generator, expected value or judge failed: never the student's
@@ -27,15 +30,34 @@ from labsupport.course.checkoff import FAILED, NOT_ATTEMPTED, PASSED, SYMBOLS
 REGRADE = "regrade"  # a checkoff the grader failed to judge: grade's own fault, to be graded again
 _SYMBOLS = {**SYMBOLS, REGRADE: "⚠️"}
 MAX_TEXT_CHARS = 2000  # of one detail or error a report keeps
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
+# Escaped wherever a report writes student text: C0 and C1 controls (\n, \r, \t among them: a report line is
+# one line), Unicode's format characters (category Cf, as of Unicode 14: the bidirectional embeddings, overrides
+# and isolates U+202A-E, U+2066-9, the marks U+200E/F and U+061C, zero-width and invisible characters, the soft
+# hyphen, tags), the line and paragraph separators U+2028/9 (str.splitlines and some viewers break lines there)
+# and lone surrogates (no UTF-8 file can hold one; os.fsdecode makes them of a file name's undecodable bytes).
+# Listed rather than derived from unicodedata at import: deriving walks 1.1 million code points (a second).
+_FORMAT = ("\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
+           "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438"
+           "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f")
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff" + _FORMAT + "]")
+HINT = "\nHint: "  # how grade ends a checkoff's detail (grade._hinted): the one newline a detail keeps
 
 
 def safe(text, limit: int = MAX_TEXT_CHARS) -> str:
-    """`text` as a report may hold it: escapes for what could break a file or fool a reader, and cut."""
+    """`text` as a report may hold it, on one line: escapes for what could break a file, a line or fool a
+    reader, and cut.  Idempotent below `limit` (an escape is printable ASCII)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "backslashreplace")
     text = _UNSAFE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), str(text))
     return text if len(text) <= limit else f"{text[:limit]}… [cut: {len(text) - limit:,} more characters]"
+
+
+def safe_detail(text, limit: int = MAX_TEXT_CHARS) -> str:
+    """A checkoff's detail as a report holds it: the grader's words and the student's (an echoed answer, an
+    exception's message) on one line, then, where grade added one, its hint on a line of its own.  Only the
+    last HINT is the grader's (a hint is staff text and never holds one), so a student's "\nHint: " is escaped."""
+    head, sep, hint = str(text).rpartition(HINT) if isinstance(text, str) else ("", "", text)
+    return f"{safe(head, limit)}{HINT}{safe(hint, limit)}" if sep else safe(text, limit)
 
 
 def safe_path(path) -> str:
@@ -50,7 +72,7 @@ class CheckoffResult:
     detail: str = ""
 
     def __post_init__(self):
-        self.detail = safe(self.detail)
+        self.detail = safe_detail(self.detail)
 
 
 @dataclass
@@ -97,8 +119,8 @@ def format_grade(grade: NotebookGrade) -> str:
     for c in grade.checkoffs:
         lines.append(f"  {_SYMBOLS[c.status]} {c.id:<5} {c.status:<14} {c.title}")
         detail = f"REGRADE — {c.detail}" if c.status == REGRADE else c.detail
-        if c.status != PASSED and detail:
-            lines += [f"        {line}" for line in detail.splitlines()]
+        if c.status != PASSED and detail:  # one line per line of the detail: its text, then its hint
+            lines += [f"        {line}" for line in safe_detail(detail, len(detail)).split("\n")]
     lines += [f"  ! {safe(line)}" for line in [grade.error, *grade.notes] if line]
     if grade.fault:
         lines.append(f"  ! REGRADE — {safe(grade.fault)}")

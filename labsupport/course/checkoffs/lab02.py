@@ -252,7 +252,10 @@ value(
                "decimal, 10**9 bytes per GB."),
               (_naive_tok_s(_G_GIB), _GIB_REMARK + " It leaves 28 slots, not 29.")],
     unit=" tok/s",
-    forbid=("labsupport.ledger.tpot_s", "labsupport.ledger.throughput_tok_s", _SLOTS),
+    # slo.three_columns (viz.slo imports it too): §10.6's table, whose naive column is this batch's throughput on
+    # the givens' model and card (found by tests/test_one_call_answers.py)
+    forbid=("labsupport.ledger.tpot_s", "labsupport.ledger.throughput_tok_s", _SLOTS, "labsupport.slo.three_columns",
+            "labsupport.viz.slo.three_columns"),
     derive="write the step's bytes (weights plus every sequence's KV) over the bandwidth, then B over that time",
 )
 
