@@ -224,3 +224,20 @@ def test_forget_graders_deletes_a_bundles_graders_and_lab_sources(tmp_path, monk
 
 def test_the_repository_is_not_a_bundle():
     assert S.PACKAGE == ROOT / "labsupport" and not S.is_bundle(ROOT)
+
+
+def test_an_autograder_crash_posts_no_score(tmp_path, monkeypatch):
+    """A fault of the autograder itself is never the student's 0: results.json is written, says REGRADE, and
+    carries no score at all (neither overall nor per test), so Gradescope posts nothing to regrade over."""
+    from labsupport.course import autograder as A
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the grader's own bug")
+
+    monkeypatch.setattr(A.G, "grade_all", broken)
+    (tmp_path / "submission").mkdir()
+    data = A.run(tmp_path, mode="trusted")
+    written = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert written == data
+    assert "score" not in data and data["tests"] == [], data
+    assert data["output"].startswith("REGRADE") and "the grader's own bug" in data["output"]

@@ -116,8 +116,9 @@ def run(root: Path, lab: int | None = None, timeout: int = 300, mode: str = "con
             grades = _for_lab(grades, lab)
         data = report.gradescope(grades)
     except BaseException as exc:  # noqa: BLE001 - Gradescope needs a results.json whatever went wrong
-        data = {"score": 0.0, "output": f"The autograder failed: {type(exc).__name__}: {report.safe(exc)}. "
-                                        "Please tell the course staff.", "tests": []}  # safe: a file name's bytes
+        # a grader fault is never a student's 0: no score is posted (Gradescope shows the failure, staff regrade)
+        data = {"output": f"REGRADE — the autograder failed: {type(exc).__name__}: {report.safe(exc)}. Nothing was "
+                          "scored; please tell the course staff.", "tests": []}  # safe: a file name's bytes
         if isinstance(exc, KeyboardInterrupt):
             raise
     data["execution_time"] = round(time.time() - start, 1)
