@@ -262,6 +262,8 @@ def as_input(x, _depth: int = 0):
             _MADE[key] = as_input(x.real, _depth + 1)
         return {"$": "shared", "value": _MADE[key]}
     if type(x) in (list, tuple):
+        if all(type(v) is float and math.isfinite(v) or type(v) is int and abs(v) < 2**63 for v in x):
+            return list(x)  # an engine run's token times: plain as they are, at a planning's scale (issue 34)
         return [as_input(v, _depth + 1) for v in x]
     if type(x) is dict and all(type(k) is str and not k.startswith("$") for k in x):
         return {k: as_input(v, _depth + 1) for k, v in x.items()}
