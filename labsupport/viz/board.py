@@ -887,15 +887,27 @@ function render({ model, el }) {
 
   let presenter = null, opened = 0, ticking = 0;
   const pad = n => String(n).padStart(2, "0");
+  // The window's document is (re)written whenever it lacks the view: Chromium may replace the first
+  // about:blank document of a new window after window.open returns, taking what was written with it.
+  const ensure = () => {
+    const d = presenter.document;
+    if (d.getElementById("clock")) return d;
+    d.title = "Presenter view: " + document.title;
+    d.body.innerHTML = PRESENTER;
+    d.addEventListener("keydown", onKey, true);  // the presenter's clicker drives the deck
+    return d;
+  };
   const tick = () => {
     if (!presenter || presenter.closed) { clearInterval(ticking); presenter = null; return; }
-    const d = presenter.document, s = Math.floor((Date.now() - opened) / 1000);
+    const fresh = !presenter.document.getElementById("clock"), d = ensure();
+    if (fresh) fillPresenter();
+    const s = Math.floor((Date.now() - opened) / 1000);
     d.getElementById("clock").textContent = new Date().toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
     d.getElementById("elapsed").textContent = `${pad(Math.floor(s / 60))}:${pad(s %% 60)}`;
   };
   const fillPresenter = () => {
     if (!presenter || presenter.closed) return;
-    const d = presenter.document, [k, s] = [model.get("revealed"), model.get("steps")];
+    const d = ensure(), [k, s] = [model.get("revealed"), model.get("steps")];
     d.getElementById("where").textContent = model.get("label");
     d.getElementById("step").textContent = s ? `${k} of ${s} revealed` : "nothing to reveal";
     d.getElementById("notes").innerHTML = model.get("notes");
@@ -910,11 +922,8 @@ function render({ model, el }) {
   const openPresenter = () => {
     presenter = window.open("", "labsupport-board-presenter", "popup,width=1000,height=760");
     if (!presenter) return;
-    presenter.document.title = "Presenter view: " + document.title;
-    presenter.document.body.innerHTML = PRESENTER;
-    presenter.document.addEventListener("keydown", onKey, true);  // the presenter's clicker drives the deck
     opened = Date.now();
-    clearInterval(ticking); ticking = setInterval(tick, 1000);
+    clearInterval(ticking); ticking = setInterval(tick, 500);
     fillPresenter(); tick();
   };
 
