@@ -43,7 +43,6 @@ from pathlib import Path
 import pytest
 
 from test_browser import (  # noqa: F401  (browser is a fixture)
-    _ALL_CELLS_RAN,
     CHROMIUM,
     ROOT,
     WIDGET_ERRORS,
@@ -169,6 +168,8 @@ _FIT = """deck => {
             notes: document.querySelectorAll('.board-notes, details').length,
             code: ['import labsupport', 'google.colab', 'viz_board'].filter(c => document.body.innerText.includes(c)).length};
 }"""
+_BOARD_RAN = ("() => document.body.innerText.includes('(ipykernel) | Idle') && !document.body.innerText.includes('[*]')"
+              " && !!document.querySelector('.board-deck .js-plotly-plot .main-svg')")
 _LABEL = "() => (document.querySelector('.board-nav .board-title') || {}).textContent || ''"
 _RESULTS = "() => (document.querySelector('.board-results') || {}).innerText || ''"
 _DRAWN = """() => { const d = document.querySelector('.board-deck');
@@ -267,7 +268,9 @@ def test_the_board_stages_each_segment(jupyterlab, browser):
         assert not page.locator(".jp-FileBrowser").first.is_visible(), "make board opens with the file browser"
         assert not page.locator(".jp-Notification-Toast").count(), "a notification covers the board"
         clicked = _click_run_all(page)
-        page.wait_for_function(_ALL_CELLS_RAN, timeout=300_000, polling=500)
+        # the code cells are folded (source_hidden), so their prompts are not drawn: wait for the kernel to be
+        # idle again with the board on the page instead of for every prompt's count
+        page.wait_for_function(_BOARD_RAN, timeout=300_000, polling=500)
         page.wait_for_function(_DRAWN, timeout=120_000)
         print(f"\nboard: Run All until the first segment is drawn: {time.perf_counter() - clicked:.1f} s")
         deck = page.locator(".board-deck").first

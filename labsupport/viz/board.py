@@ -126,7 +126,7 @@ _BOARD_CSS = f"""<style>
 .board-deck .board-whatif .widget-label, .board-deck .board-whatif .widget-readout {{ font-size: {TEXT_CSS};
     line-height: 1.3; height: auto; overflow: visible; }}
 .board-deck .board-whatif .widget-hslider {{ width: auto; height: auto; }}
-.board-deck .board-whatif .slider-container {{ flex: 0 0 clamp(200px, 20vw, 500px); }}
+.board-deck .board-whatif .slider-container {{ flex: 0 0 clamp(150px, 15vw, 400px); }}
 .board-deck .board-whatif .widget-readout {{ min-width: 5em; }}
 .board-deck .js-plotly-plot .modebar-container {{ display: none; }}
 </style>"""
@@ -294,12 +294,11 @@ def _segments() -> tuple[Segment, ...]:
                 "nobody asks for the SLO, that is the lesson.",
                 "\"Paging made latency worse, so it is a wash.\" No — it moved the operating point along a frontier "
                 f"you could not previously reach. At B = {slo} you get both.",
-                reveals=(f"B = {paged}: TPOT " + _flag(f"<b>{1e3 * r['tpot_s']:.2f} ms, "
-                                                        f"{r['throughput_tok_s']:,.0f} tok/s</b>", "23.5 ms, 8,470"),
-                         f"At a {1e3 * r['tpot_slo_s']:g} ms TPOT SLO every B = {paged} request misses: "
+                reveals=(f"B = {paged}: " + _flag(f"<b>{1e3 * r['tpot_s']:.2f} ms, "
+                                                   f"{r['throughput_tok_s']:,.0f} tok/s</b>", "23.5, 8,470"),
+                         f"At a {1e3 * r['tpot_slo_s']:g} ms SLO B = {paged} misses: "
                          f"<s>{r['throughput_tok_s']:,.0f} tok/s</s>, <b>goodput 0</b>",
-                         f"Ask for the SLO first: at {1e3 * r['tpot_slo_s']:g} ms deploy <b>B = {slo}</b>; "
-                         "the SLO binds before memory"),
+                         f"Ask for the SLO first: at {1e3 * r['tpot_slo_s']:g} ms, deploy <b>B = {slo}</b>"),
                 whatif="TPOT SLO",
                 lab="07"),
         Segment(68, 75, "The map of Part II (§10.7)",
@@ -397,9 +396,9 @@ def five_jobs_figure(step: int = 0, height: int = PICTURE_HEIGHT) -> go.Figure:
                        "an engine's five jobs", height, showlegend=False, margin=dict(l=10, r=10, t=80, b=10))
 
 
-def _slot_bars(fig: go.Figure, row: int, name: str, used: float, slot: float, n: int, text: str = "",
+def _slot_bars(fig: go.Figure, col: int, name: str, used: float, slot: float, n: int, text: str = "",
                inside: bool = True) -> None:
-    """`n` slots of `slot` side by side on one row of subplot `row`, each with `used` of it filled; `text`
+    """`n` slots of `slot` side by side on one row of panel `col`, each with `used` of it filled; `text`
     on the empty part (inside it when it is long, else after its end), never shrunk."""
     xs = [k * slot for k in range(n)]
     for base, width, colour, label in ((xs, used, PALETTE["used"], ""),
@@ -408,7 +407,7 @@ def _slot_bars(fig: go.Figure, row: int, name: str, used: float, slot: float, n:
                              marker=dict(color=colour, line=dict(color="white", width=1 if n > 1 else 0)),
                              text=[label] * n if label else None, textposition="inside" if inside else "outside",
                              insidetextanchor="middle", constraintext="none", textangle=0, cliponaxis=False,
-                             hoverinfo="skip"), row=row, col=1)
+                             hoverinfo="skip"), row=1, col=col)
 
 
 def naive_figure(step: int = 0, height: int = PICTURE_HEIGHT, s_max: int | None = None) -> go.Figure:
@@ -422,26 +421,29 @@ def naive_figure(step: int = 0, height: int = PICTURE_HEIGHT, s_max: int | None 
     base = r["s_max"]
     big = s_max or (32_768 if step >= 3 else None)
     sizes = [base] + ([big] if big else [])
-    fig = make_subplots(rows=2, cols=1, row_heights=[0.3, 0.7], vertical_spacing=0.16)
+    # side by side, so each panel has the picture's whole height (stacked, the slot's panel was 8% of a
+    # 768 px screen in JupyterLab)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.38, 0.62], horizontal_spacing=0.17)
     for s in sizes:  # a slot much shorter than the axis is labelled after its end, where the axis is empty
-        _slot_bars(fig, 1, f"a {s // 1024}K slot", seq, s, 1, f"{seq} used, {s - seq:,} empty",
+        _slot_bars(fig, 1, f"a {s // 1024}K slot", seq, s, 1, f"{s - seq:,} empty",
                    inside=s >= 0.5 * max(sizes))
     for s in sizes:
         n = ledger.naive_concurrency(budget, s, kv)
         name = f"{n} × {s // 1024}K"
         _slot_bars(fig, 2, name, seq * kv / GB, s * kv / GB, n)
         if n == 0:  # the slot is larger than the whole budget: its row stays (an empty bar), and says so
-            fig.add_trace(go.Bar(y=[name], x=[0], orientation="h", showlegend=False, hoverinfo="skip"), row=2, col=1)
+            fig.add_trace(go.Bar(y=[name], x=[0], orientation="h", showlegend=False, hoverinfo="skip"), row=1, col=2)
             fig.add_annotation(x=0, y=name, xref="x2", yref="y2", xanchor="left", showarrow=False,
                                text=f"one slot is {s * kv / GB:.2f} GB: none fits", font=dict(color=PALETTE["memory"]))
-    fig.add_vline(x=budget / GB, line=dict(color=PALETTE["limit"], width=3), row=2, col=1)
-    fig.update_xaxes(range=[0, max(sizes) * 1.02], ticksuffix=" tok", nticks=5, row=1, col=1)
-    fig.update_xaxes(range=[0, budget / GB * 1.02], ticksuffix=" GB", row=2, col=1)
-    for row in (1, 2):
-        fig.update_yaxes(autorange="reversed", row=row, col=1)
-    # no title: the rows name themselves, and at 1024 × 768 its line is the taller panel's last 40 px
+    fig.add_vline(x=budget / GB, line=dict(color=PALETTE["limit"], width=3), row=1, col=2)
+    fig.update_xaxes(range=[0, max(sizes) * 1.02], tickvals=sizes, ticktext=[f"{s // 1024}K" for s in sizes],
+                     title_text="tokens", title_standoff=2, row=1, col=1)
+    fig.update_xaxes(range=[0, budget / GB * 1.02], ticksuffix=" GB", nticks=4, row=1, col=2)
+    for col in (1, 2):
+        fig.update_yaxes(autorange="reversed", row=1, col=col)
+    # no title: the rows name themselves, and at 1024 × 768 its line is the panels' last 40 px
     return _board(fig, "", height, barmode="overlay", showlegend=False, bargap=0.2,
-                  margin=dict(l=150, r=30, t=20, b=40))
+                  margin=dict(l=130, r=30, t=20, b=70))
 
 
 def _pair_figure(title: str, pairs, height: int, shown: int) -> go.Figure:
@@ -520,7 +522,7 @@ def sharing_figure(step: int = 0, height: int = PICTURE_HEIGHT) -> go.Figure:
             fig.add_trace(go.Bar(x=["8 branches, unshared", "shared prompt"], y=list(values), showlegend=False,
                                  marker_color=colour, text=[f"{v:.2f} GB" for v in values], textposition="outside",
                                  cliponaxis=False, hoverinfo="skip"))
-        return _board(fig, "KV of 8 completions off a 4,096-token prompt: exact (blue), print (grey)", height,
+        return _board(fig, "KV of 8 branches off a 4K prompt (grey: print)", height,
                       barmode="group", yaxis=dict(visible=False, range=[0, 1.35 * max(unshared, 17.9)]),
                       margin=dict(l=20, r=20, t=80, b=50))
     alloc = BlockAllocator(16, 4)
@@ -616,7 +618,8 @@ def slo_figure(step: int = 0, splits: Sequence[TTFTSplit] = (), height: int = PI
         texts.append(f"{1e3 * tpot:.2f} ms<br>{rate_text}" if step >= 1 else "")
         # a tall bar holds its label at its foot, clear of the SLO line near its top
         places.append("inside" if 1e3 * tpot > 0.4 * top else "outside")
-    fig.add_trace(go.Bar(x=[f"{name.replace(' ', '<br>')}<br>B = {b}" for name, b, _ in points],
+    short = {"memory ceiling": "memory cap"}  # one line per name: two-line names pushed the plot up 30 px
+    fig.add_trace(go.Bar(x=[f"{short.get(name, name)}<br>B = {b}" for name, b, _ in points],
                          y=[1e3 * tpot if step >= 1 else 0 for _, _, tpot in points], marker_color=colours,
                          text=texts, textposition=places, insidetextanchor="start", cliponaxis=False, textangle=0,
                          constraintext="none",
@@ -628,8 +631,8 @@ def slo_figure(step: int = 0, splits: Sequence[TTFTSplit] = (), height: int = PI
         fig.add_hline(y=1e3 * slo, line=dict(color=PALETTE["memory"], width=3, dash="dash"), row=1, col=2)
         fig.add_annotation(x=0.0, y=1e3 * slo, xref="x2 domain", yref="y2", xanchor="left", yanchor="bottom",
                            showarrow=False, text=f"SLO {1e3 * slo:g} ms", font=dict(color=PALETTE["memory"]))
-    return _board(fig, "Sizing: where TTFT goes, and three batches", height,
-                  margin=dict(l=120, r=10, t=90, b=100))
+    # no figure title: the two panels' titles say it, and the plot keeps those 40 px
+    return _board(fig, "", height, margin=dict(l=120, r=10, t=50, b=70))
 
 
 def map_html(data: dict) -> str:
@@ -786,7 +789,7 @@ class SegmentView:
         if self.slider is None:
             name, options, value = WHATIF[self.index]
             value = value or _numbers()["tpot_slo_s"]
-            self.slider = widgets.SelectionSlider(options=options, value=value, description=f"What if {name} =",
+            self.slider = widgets.SelectionSlider(options=options, value=value, description=f"What if {name}:",
                                                   continuous_update=False, style={"description_width": "initial"},
                                                   layout=widgets.Layout(width="auto"))
             self.readout = widgets.HTML(whatif_readout(self.index, value))
