@@ -5,7 +5,8 @@
 #   make test-fast - the same install, then the tests not marked slow or browser (a contributor's loop)
 # and two for instructors:
 #   make board   - JupyterLab on a fresh copy of the board (build/board/, ignored by git), file browser closed
-#   make present - the board with no code on screen (Voila), one segment at a time; NB=notebooks/06_engine_loop.ipynb for a lab
+#   make present - the board with no code on screen (Voila), one segment at a time, S for the presenter view;
+#                  NB=notebooks/06_engine_loop.ipynb for a lab
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -44,8 +45,10 @@ BOARD_COPY := build/board/99_board.ipynb
 BOARD_FLAGS := --notebook-dir=. --LabApp.default_url=/doc/tree/$(BOARD_COPY)
 BOARD_CONFIG := etc/jupyter
 
+# The labs, like the board, take etc/jupyter's page config: no "Jupyter news" toast over a projected lab.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab $(ROOT_FLAG) $(LAB_FLAGS) $(LAB_ARGS)
+	JUPYTER_CONFIG_PATH="$(CURDIR)/$(BOARD_CONFIG)$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+		$(VENV)/bin/jupyter lab $(ROOT_FLAG) $(LAB_FLAGS) $(LAB_ARGS)
 
 board: $(STAMP)
 	mkdir -p $(dir $(BOARD_COPY)) && cp notebooks/99_board.ipynb $(BOARD_COPY)
@@ -60,7 +63,9 @@ board: $(STAMP)
 NB ?= notebooks/99_board.ipynb
 PRESENT_FLAGS := --strip_sources=True --VoilaConfiguration.extension_denylist=jupyterlab-jupytext
 
+# The presenter view is a second window the board opens itself: press S on the projected page.
 present: $(STAMP)
+	@echo "make present: open the address below on the projector; press S there for the presenter view (notes, next segment, clock) in a second window"
 	$(VENV)/bin/voila $(PRESENT_FLAGS) $(NB) $(LAB_ARGS)
 
 print-%:

@@ -717,9 +717,19 @@ def synthetic_trace(name: str, num_requests: int | None = None, seed: int = 0) -
                     True, info.citation, [_how_to_get(info)])
 
 
-def _notice(message: str) -> None:
-    """Warn `TraceNotice` at the first caller outside labsupport: a notebook shows the notice under
-    the line that loaded the trace, once per such line (`load_azure` and friends are wrappers)."""
+def _in_kernel() -> bool:
+    """True inside a Jupyter kernel (a lab), where a warning is drawn as a pink stderr box."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
+
+
+def _notice(message: str, brief: str = "") -> None:
+    """Warn `TraceNotice` at the first caller outside labsupport (scripts, tests).  In a lab, print `brief`
+    instead: one line in the labs' own style, without this machine's paths (a projected notebook shows it)."""
+    if brief and _in_kernel():
+        print(f"Note: {brief}")
+        return
     frame, level = sys._getframe(0), 1
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame, level = frame.f_back, level + 1
@@ -747,8 +757,11 @@ def load_trace(name: str, path: str | os.PathLike | None = None, *, limit: int |
     if p is None:
         if not fallback:
             raise TraceUnavailable(f"trace {name} is {why}; {_how_to_get(info)}")
+        short = "hidden" if traces_hidden() and path is None else "not on this machine"
         _notice(f"trace {name} is {why}, so this is a SYNTHETIC stand-in fitted to its statistics; "
-                f"{_how_to_get(info)}")
+                f"{_how_to_get(info)}",
+                f"trace {name} is {short}: these numbers come from a SYNTHETIC stand-in fitted to its statistics "
+                f"(`{FETCH_COMMAND} {name}` fetches the real one).")
         return synthetic_trace(name, limit)
     reader = read_azure_csv if info.format == "azure-csv" else read_mooncake_jsonl
     return reader(p, limit=limit, skip_malformed=skip_malformed, name=name)

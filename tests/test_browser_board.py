@@ -1,19 +1,22 @@
-"""The board on a projector (issue 28), in Debian's Chromium: ask, derive, reveal; one segment, one screen.
+"""The board on a projector (issues 28 and 36), in Debian's Chromium: ask, derive, reveal; one segment, one screen.
 
 JupyterLab is started as `make board` starts it (the Makefile's flags and page config, the board copied
-to the Makefile's BOARD_COPY), Run All is timed, then the board is walked at 1024 × 768 with the file
-browser open and closed and at 1920 × 1080.  For every segment, scrolled to the board's top:
+to the Makefile's BOARD_COPY), Run All is timed, then the board is walked at 1024 × 768 and at
+1920 × 1080.  For every segment and every reveal, scrolled to the board's top:
 
-* its picture and its question are on one screen;
+* the whole segment is on one screen, its last result included, and no text of it is clipped or
+  outside the window;
+* the tallest plotting area (plotly's axes box, `.nsewdrag`) is at least 25% of the window's height and
+  every one at least 10%;
 * before the first reveal none of the segment's results is on screen; after the last, every one is;
-* no instructor direction is on screen outside the folded "Instructor notes";
-* every text of the board (HTML, buttons, chart text as drawn) is at least 16 px at 1024 × 768 and
-  20 px at 1920 × 1080.
+* nothing of the instructor's side is on the page (no note, no direction, no set-up code);
+* the question and the results are at least 24 px at 1024 × 768 and 32 px at 1920 × 1080, chart text
+  at least 3/4 of that (the navigation buttons aside).
 
-Present mode (`make present`, Voila) opens on 0–6 with nothing before the board, never shows a "run
-the cell" copy, fits each segment's picture and question at both sizes, and → / ← step through all
-seven segments.  Screenshots of every segment before and after its reveal, at each size, go to the
-test's tmp dir or to $LABSUPPORT_SCREENSHOTS.
+Present mode (`make present`, Voila) opens on 0–6 with only the lecture's heading above the board,
+never shows a "run the cell" copy, passes the same checks at both sizes, and → / ← step through all
+seven segments; its presenter view (S) follows a reveal and a next segment.  Screenshots of every
+segment before and after its reveal, at each size, go to the test's tmp dir or to $LABSUPPORT_SCREENSHOTS.
 
 The results are derived by hand (the lecture's scenario: 512 KiB a token, a 62.52 GB budget, 29 naive
 slots of 4,096 tokens, blocks of 16 tokens, 7,452 blocks):
@@ -40,7 +43,6 @@ from pathlib import Path
 import pytest
 
 from test_browser import (  # noqa: F401  (browser is a fixture)
-    _ALL_CELLS_RAN,
     CHROMIUM,
     ROOT,
     WIDGET_ERRORS,
@@ -67,11 +69,12 @@ SEGMENTS = list(RESULTS)
 # words only the instructor's notes use: directions to the instructor, timing, reconciliations
 DIRECTIONS = ("Board:", "Only then", "Let them", "Say:", "Expect confusion", "(exact", "never cut", "protected",
               "Minutes", "do not show the result", "Force them", "Let the silence", "Reading-only", "Run the cell")
-FLOORS = {1024: 16, 1920: 20}
+FLOORS = {1024: 24, 1920: 32}  # question and results; chart text: 3/4 of it
+CHART_SHARE = 0.75
 # plotly's widget logs this when a chart replaced by the next step's (the board draws each step as a new
 # chart) receives its last state update after its view is gone; the new chart draws (checked below).
 REPLACED_CHART = "Error setting state: Cannot read properties of undefined (reading '_guiEditing')"
-SIZES = [("1024x768-files", XGA, True), ("1024x768", XGA, False), ("1920x1080", FULL_HD, False)]
+SIZES = [("1024x768", XGA, False), ("1920x1080", FULL_HD, False)]
 
 
 def _instructor_sentences() -> list[str]:
@@ -133,12 +136,21 @@ _TEXTS = """deck => {
     for (let node; (node = walker.nextNode());) {
         const el = node.parentElement, text = node.textContent.trim();
         if (!text || !el || el.closest('style, .hoverlayer')) continue;
-        const r = el.getBoundingClientRect();
+        const range = document.createRange();
+        range.selectNodeContents(node);
+        const r = range.getBoundingClientRect();
         if (!r.width || !r.height || !el.checkVisibility()) continue;
         let px = parseFloat(getComputedStyle(el).fontSize);
         const plot = el.closest('.js-plotly-plot');
         if (plot) px *= plot.getBoundingClientRect().width / plot.offsetWidth;
-        out.push({text, px, notes: !!el.closest('details.board-notes')});
+        const kind = el.closest('.board-nav') ? 'nav' : el.closest('.board-ask') ? 'ask'
+            : el.closest('.board-results, .board-whatif') ? 'results' : 'chart';
+        // clipped: outside the window, or outside the chart that draws it, or cut by an element's own box
+        const svg = plot && plot.querySelector('.main-svg'), box = svg && svg.getBoundingClientRect();
+        const outside = r.left < -1 || r.right > innerWidth + 1 || r.top < -1 || r.bottom > innerHeight + 1
+            || (box && (r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1 || r.bottom > box.bottom + 1))
+            || (!plot && el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflow !== 'visible');
+        out.push({text, px, kind, outside, notes: !!el.closest('.board-notes')});
     }
     return out;
 }"""
@@ -149,13 +161,19 @@ _FIT = """deck => {
     const screen = scroller ? Math.min(scroller.getBoundingClientRect().bottom, window.innerHeight) : window.innerHeight;
     const bottom = sel => Math.max(0, ...[...deck.querySelectorAll(sel)].filter(e => e.checkVisibility())
         .map(e => e.getBoundingClientRect().bottom));
-    return {screen, picture: bottom('.js-plotly-plot, table.board-map'), ask: bottom('.board-ask'),
-            results: bottom('.board-results'), top: deck.getBoundingClientRect().top};
+    const areas = [...deck.querySelectorAll('.js-plotly-plot .nsewdrag')].map(r => r.getBoundingClientRect().height);
+    return {screen, picture: bottom('.js-plotly-plot, table.board-table'), ask: bottom('.board-ask'),
+            results: bottom('.board-results, .board-whatif'), deck: deck.getBoundingClientRect().bottom,
+            top: deck.getBoundingClientRect().top, areas, height: window.innerHeight,
+            notes: document.querySelectorAll('.board-notes, details').length,
+            code: ['import labsupport', 'google.colab', 'viz_board'].filter(c => document.body.innerText.includes(c)).length};
 }"""
+_BOARD_RAN = ("() => document.body.innerText.includes('(ipykernel) | Idle') && !document.body.innerText.includes('[*]')"
+              " && !!document.querySelector('.board-deck .js-plotly-plot .main-svg')")
 _LABEL = "() => (document.querySelector('.board-nav .board-title') || {}).textContent || ''"
 _RESULTS = "() => (document.querySelector('.board-results') || {}).innerText || ''"
 _DRAWN = """() => { const d = document.querySelector('.board-deck');
-    return !!d && [...d.querySelectorAll('.js-plotly-plot, table.board-map')].length > 0
+    return !!d && [...d.querySelectorAll('.js-plotly-plot, table.board-table')].length > 0
         && [...d.querySelectorAll('.js-plotly-plot')].every(p => !!(p._fullLayout && p.querySelector('.main-svg'))); }"""
 
 
@@ -170,7 +188,11 @@ def _settle(page) -> None:
     page.wait_for_function("""() => [...document.querySelectorAll('.board-deck .js-plotly-plot')].every(p => {
         const box = p.parentElement.getBoundingClientRect().width;
         return Math.abs(p.getBoundingClientRect().width - box) <= 2; })""", timeout=30_000)
-    page.wait_for_timeout(300)
+    # the deck has fitted its picture to the screen (it redraws the chart at the height it measured)
+    page.wait_for_function("() => document.querySelector('.board-nav') && document.querySelector('.board-deck')"
+                           " .dataset.fitted === '1'", timeout=60_000)
+    page.wait_for_timeout(600)
+    page.wait_for_function(_DRAWN, timeout=60_000)
 
 
 def _room_text(page, deck) -> str:
@@ -190,10 +212,16 @@ def _check_segment(page, deck, size_name: str, width: int, segment: str, reveal,
         fit = deck.evaluate(_FIT)
         if not fit["picture"] or not fit["ask"] and segment != "68–75":
             problems.append(f"{where} {phase}: no picture or no question on the board ({fit})")
-        for part in ("picture", "ask"):
+        for part in ("picture", "ask", "results", "deck"):
             if fit[part] > fit["screen"] + 1:
                 problems.append(f"{where} {phase}: its {part} ends at {fit[part]:.0f} px, below the screen's "
                                 f"{fit['screen']:.0f} px")
+        if fit["areas"] and (max(fit["areas"]) < 0.25 * fit["height"] or min(fit["areas"]) < 0.10 * fit["height"]):
+            problems.append(f"{where} {phase}: plotting areas {[round(a) for a in fit['areas']]} px of a "
+                            f"{fit['height']} px window (tallest ≥ 25%, each ≥ 10%)")
+        if fit["notes"] or fit["code"]:
+            problems.append(f"{where} {phase}: the instructor's side on the page ({fit['notes']} notes, "
+                            f"{fit['code']} code inputs)")
         room = _room_text(page, deck)
         shown = [r for r in RESULTS[segment] if r in room]
         if phase == "before" and shown:
@@ -204,8 +232,12 @@ def _check_segment(page, deck, size_name: str, width: int, segment: str, reveal,
         problems += [f"{where} {phase}: a direction on the room's screen: {d!r}" for d in DIRECTIONS if d in room]
         problems += [f"{where} {phase}: a note's sentence on the room's screen: {s[:60]!r}"
                      for s in _instructor_sentences() if s in room]
-        small = sorted({(round(t["px"], 1), t["text"][:30]) for t in deck.evaluate(_TEXTS) if t["px"] < FLOORS[width]})
-        problems += [f"{where} {phase}: {text!r} is {px} px (floor {FLOORS[width]})" for px, text in small[:5]]
+        texts = deck.evaluate(_TEXTS)
+        floor = {"ask": FLOORS[width], "results": FLOORS[width], "chart": CHART_SHARE * FLOORS[width]}
+        small = sorted({(round(t["px"], 1), t["kind"], t["text"][:30]) for t in texts
+                        if t["kind"] in floor and t["px"] < floor[t["kind"]] - 0.05})
+        problems += [f"{where} {phase}: {kind} {text!r} is {px} px (floor {floor[kind]})" for px, kind, text in small[:5]]
+        problems += [f"{where} {phase}: {t['text'][:30]!r} is clipped or off the screen" for t in texts if t["outside"]][:5]
         page.screenshot(path=str(shots / f"board_{size_name}_{segment.replace('–', '-')}_{phase}.png"))
     return problems
 
@@ -236,11 +268,16 @@ def test_the_board_stages_each_segment(jupyterlab, browser):
         assert not page.locator(".jp-FileBrowser").first.is_visible(), "make board opens with the file browser"
         assert not page.locator(".jp-Notification-Toast").count(), "a notification covers the board"
         clicked = _click_run_all(page)
-        page.wait_for_function(_ALL_CELLS_RAN, timeout=300_000, polling=500)
+        # the code cells are folded (source_hidden), so their prompts are not drawn: wait for the kernel to be
+        # idle again with the board on the page instead of for every prompt's count
+        page.wait_for_function(_BOARD_RAN, timeout=300_000, polling=500)
         page.wait_for_function(_DRAWN, timeout=120_000)
         print(f"\nboard: Run All until the first segment is drawn: {time.perf_counter() - clicked:.1f} s")
         deck = page.locator(".board-deck").first
         assert "Run the cell" not in page.inner_text(".jp-Notebook"), "a static copy shows beside the live board"
+        assert "google.colab" not in page.inner_text(".jp-Notebook"), "the Colab set-up code shows on the board's page"
+        heading = page.locator(".jp-MarkdownCell", has_text="Lecture 10").first.bounding_box()
+        assert heading and heading["y"] < deck.bounding_box()["y"], "the lecture's heading is not above the board"
         for size_name, size, files in SIZES:
             page.set_viewport_size(size)
             _toggle_file_browser(page, files)
@@ -337,7 +374,8 @@ def test_present_mode_steps_through_the_lecture_by_keyboard(jupyterlab, browser,
             deck = page.locator(".board-deck").first
             shown = page.inner_text("body").strip()
             before = shown[:shown.index("← back")] if "← back" in shown else shown
-            assert not before, f"present mode shows {before[:80]!r} before the board"
+            assert before.strip() == "Lecture 10: the KV cache as virtual memory", \
+                f"present mode shows {before[:80]!r} before the board"
             for size_name, size in (("present-1024x768", XGA), ("present-1920x1080", FULL_HD)):
                 page.set_viewport_size(size)
                 rewound = _rewind(page)  # ← takes every result back, segment by segment
@@ -359,3 +397,34 @@ def test_present_mode_steps_through_the_lecture_by_keyboard(jupyterlab, browser,
             page.close()
     print("\n".join(problems))
     assert not problems, "\n".join(problems[:40])
+
+
+def test_the_presenter_view_follows_the_deck(jupyterlab, browser, tmp_path):
+    """S on the projected page opens the presenter view (reveal.js's speaker view): the segment's notes, the
+    next segment's question and a clock, in a second window that follows a reveal and a next segment."""
+    from labsupport.viz import board as viz_board
+
+    segs = viz_board.SEGMENTS
+    with serve_present(tmp_path) as base:
+        page = browser.new_page(viewport=XGA)
+        try:
+            page.goto(f"{base}/", wait_until="domcontentloaded", timeout=300_000)
+            page.wait_for_function(_DRAWN, timeout=300_000)
+            with page.expect_popup(timeout=30_000) as popup_info:
+                page.keyboard.press("s")
+            presenter = popup_info.value
+            text = lambda: presenter.evaluate("() => document.body.innerText")  # noqa: E731
+            presenter.wait_for_function("() => (document.getElementById('notes') || {}).innerText", timeout=30_000)
+            assert "Board:" in text() and segs[1].ask in text() and "0 of 1 revealed" in text(), text()[:300]
+            presenter.wait_for_function("() => /\\d\\d:\\d\\d/.test(document.getElementById('elapsed').textContent)")
+            assert "Board:" not in page.inner_text("body"), "a note on the projected page"
+            page.keyboard.press("ArrowRight")  # the reveal
+            presenter.wait_for_function("() => document.body.innerText.includes('1 of 1 revealed')", timeout=60_000)
+            page.keyboard.press("PageDown")  # the next segment
+            presenter.wait_for_function("() => document.getElementById('where').textContent.startsWith('6–16')",
+                                        timeout=60_000)
+            assert segs[2].ask in text() and "The naive allocator" in text(), text()[:300]
+            presenter.keyboard.press("ArrowRight")  # the presenter's own keys drive the deck
+            page.wait_for_function("() => document.querySelector('.board-results') !== null", timeout=60_000)
+        finally:
+            page.close()

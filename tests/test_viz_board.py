@@ -143,8 +143,11 @@ def test_no_instructor_direction_reaches_the_room():
             room = view.room_text()
             assert not [d for d in DIRECTIONS if d in room], (i, step)
             assert not [s for s in sentences if s in room], (i, step)
-        notes = viz_board.notes_html(seg)
-        assert notes.startswith('<details class="board-notes">') and "Board:" in notes and "Minutes" in notes
+        notes = viz_board.notes_html(seg)  # the presenter view's, never in the room's widgets
+        assert "Board:" in notes and "Minutes" in notes
+        assert notes not in str(view.widget.children) and "board-notes" not in view.room_text()
+        # "Expect confusion" only where the lecture names one: §10.7's notes have none (issue 36)
+        assert ("Expect confusion" in notes) == bool(seg.confusion)
 
 
 def test_board_pictures_are_the_lectures():
@@ -154,10 +157,10 @@ def test_board_pictures_are_the_lectures():
     bars = viz_board.engine_loop_figure(2)
     assert bars.data[0].x[0] == pytest.approx(1e3 * 2 * 4096 * 524_288 / 64e9)
     assert bars.data[1].x[0] == pytest.approx(1e3 * (2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / (0.5 * 989e12))
-    table = " ".join(a.text for a in viz_board.block_table_figure(5).layout.annotations)
-    assert "4,096" in table and "256" in table and "1 token" in table  # 4,096 / 1 entries; 4,096 / 16 = 256
+    table = viz_board.block_table_figure(5)  # HTML: a table reads at any width
+    assert "<td>4,096</td>" in table and "<td>256</td>" in table and "1 token<" in table  # 4,096 / 1; 4,096 / 16
     pairs = viz_board.block_table_figure(2)
-    assert [list(t.y) for t in pairs.data][:2] == [[pytest.approx(15.564, abs=1e-3), pytest.approx(99.826, abs=1e-3)],
+    assert [list(t.x) for t in pairs.data][:2] == [[pytest.approx(15.564, abs=1e-3), pytest.approx(99.826, abs=1e-3)],
                                                  [15.2, 98.7]]  # 186 x 640 / (7,452 x 16) = 99.83% paged
     bars = viz_board.swap_recompute_figure()
     assert bars.data[0].y[0] == pytest.approx(1e3 * 2 * 4096 * 524_288 / 64e9)
@@ -255,3 +258,92 @@ def test_bench_board_starts_voila_as_make_present_does():
     proc = subprocess.run([sys.executable, "-m", "labsupport", "bench", "board", "--fast"], cwd=root,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "'--fast'" in proc.stderr, proc.stderr
+
+
+def test_the_three_operating_points_come_from_the_ledger():
+    """§10.6's columns, by hand (640-token sequences: 640 x 524,288 = 335,544,320 B each; 13.48e9 B of weights;
+    3.35e12 B/s): naive floor(62.52e9 / (4,096 x 524,288)) = 29; paged 7,452 blocks // 40 = 186; at a 20 ms SLO
+    floor((0.020 x 3.35e12 - 13.48e9) / 335,544,320) = floor(159.5) = 159; at 25 ms floor(209.4) = 209.
+    TPOT at B = 29: (13.48e9 + 29 x 335,544,320) / 3.35e12 = 6.93 ms."""
+    points = viz_board.operating_points(0.020)
+    assert [(name, b) for name, b, _ in points] == [("naive", 29), ("memory ceiling", 186), ("SLO bound", 159)]
+    assert points[0][2] == pytest.approx((13.48e9 + 29 * 335_544_320) / 3.35e12)
+    assert viz_board.operating_points(0.025)[2][1] == 209
+    fig = viz_board.slo_figure(3, _splits(), 500)
+    ticks = list(fig.data[1].x)
+    assert [t.split("B = ")[1] for t in ticks] == ["29", "186", "159"]  # each column named with its batch
+    assert "goodput 0" in fig.data[1].text[1] and "8,210 tok/s" not in fig.data[1].text[1]  # struck at 20 ms
+    before = viz_board.slo_figure(0, _splits(), 500)
+    assert not any(before.data[1].y) and not any(before.data[1].text)  # the TPOTs wait for their reveal
+
+
+def _splits():
+    data = viz_board.load_board_data()
+    rate = max(data["ttft_splits"], key=float)
+    return [viz_board.TTFTSplit(**s) for s in data["ttft_splits"][rate]]
+
+
+def test_each_shape_is_drawn_on_the_axis_it_shows():
+    """6–16 (issue 36): the slots in tokens on the first panel's axis, the budget's slots in GB on the second's;
+    no hidden axis.  4,096 x 524,288 B = 2.147 GB a slot; the 32K row appears at step 3 only."""
+    for step in range(4):
+        fig = viz_board.naive_figure(step, 500)
+        axes = {t.xaxis or "x" for t in fig.data}
+        assert axes == {"x", "x2"}, axes
+        assert all(fig.layout[name].visible is not False for name in ("xaxis", "xaxis2"))
+        rows = {y for t in fig.data for y in t.y}
+        assert any("32K" in y for y in rows) == (step >= 3), (step, rows)
+    gb = [t for t in viz_board.naive_figure(0, 500).data if t.xaxis == "x2"]
+    assert sum(len(t.x) for t in gb) == 2 * 29 and gb[0].x[0] + gb[1].x[0] == pytest.approx(4096 * 524_288 / 1e9)
+    # S_max = 131,072: a slot is 131,072 x 524,288 = 68.72 GB > 62.52 GB, none fits; 65,536: 34.36 GB, one
+    assert "0 × 128K" in {y for t in viz_board.naive_figure(3, 500, s_max=131_072).data for y in t.y}
+    assert "<b>1</b> fit" in viz_board.whatif_readout(1, 65_536)
+
+
+def test_the_concurrency_pair_waits_for_its_own_reveal():
+    """16–36: at step 2 only the utilization panel holds bars; 29 → 186 arrives at step 3."""
+    two, three = viz_board.block_table_figure(2), viz_board.block_table_figure(3)
+    assert [list(t.x) for t in two.data if t.xaxis == "x2"] == [[0, 0], [0, 0]]
+    assert [list(t.x) for t in three.data if t.xaxis == "x2"] == [[29, 186], [29, 199]]
+
+
+def test_the_what_if_slider_appears_only_after_the_reveal():
+    """6–16 and 58–68 get their slider once every result is shown; moving it moves the picture."""
+    data = viz_board.load_board_data()
+    for index in (1, 5):
+        view = viz_board.segment_view(index, data)
+        for step in range(view.steps):
+            view.reveal(step)
+            assert not view.whatif_box.children, (index, step)
+        view.reveal(view.steps)
+        assert view.whatif_box.children
+        before = view.figure.to_dict()
+        view.slider.index = len(view.slider.options) - 1
+        assert view.figure.to_dict() != before
+        view.reveal(view.steps - 1)
+        assert not view.whatif_box.children
+    assert "B = 209</b>" in viz_board.whatif_readout(5, 0.025) and "B = 186: meets it" in viz_board.whatif_readout(5, 0.025)
+
+
+def test_the_presenter_view_follows_the_deck():
+    """The keys widget carries the notes and the next segment's question (never the room's widgets)."""
+    board = viz_board.Board(viz_board.load_board_data())
+    segs = viz_board.SEGMENTS
+    assert "Board:" in board.keys.notes and segs[1].ask in board.keys.next_up
+    board.forward()
+    board.forward()
+    assert board.keys.index == 1 and segs[2].ask in board.keys.next_up and "6–16" not in board.keys.next_up
+    board._on_msg(None, {"action": "fit", "height": 333}, [])
+    assert board.view.height == 333 and board.view.figure.layout.height == 333
+    assert board.view.figure._config.get("displayModeBar") is False
+
+
+def test_the_board_notebook_puts_the_heading_first_and_folds_its_code():
+    """Issue 36: the lecture's heading above the board; the Colab set-up cell and the board's own code folded
+    in JupyterLab (the build keeps a source's jupyter.source_hidden), so only the board is projected."""
+    nb = json.loads((ROOT / "notebooks" / "99_board.ipynb").read_text(encoding="utf-8"))
+    cells = nb["cells"]
+    assert cells[0]["cell_type"] == "markdown" and "Lecture 10" in "".join(cells[0]["source"])
+    code = [c for c in cells if c["cell_type"] == "code"]
+    assert len(code) == 2 and "google.colab" in "".join(code[0]["source"]) and "Board()" in "".join(code[1]["source"])
+    assert all(c["metadata"].get("jupyter", {}).get("source_hidden") for c in code)

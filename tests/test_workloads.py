@@ -330,3 +330,22 @@ def test_bad_generator_arguments():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(W.chat_workload(3, rate_per_s=2.0)) == 3
+
+
+def test_a_lab_shows_the_stand_in_notice_as_one_line_without_paths(tmp_path, monkeypatch, capsys):
+    """In a kernel (a lab) the stand-in notice is one printed line in the labs' style, not a stderr warning
+    box, and names no folder of this machine (issue 36); scripts and tests still get the TraceNotice."""
+    import warnings
+
+    monkeypatch.setattr(W, "REPO_ROOT", tmp_path / "repo")
+    monkeypatch.delenv("LABSUPPORT_DATA", raising=False)
+    monkeypatch.setenv(W.HIDE_TRACES_ENV, "1")
+    monkeypatch.setattr(W, "_in_kernel", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", W.TraceNotice)  # a warning here would fail the test
+        w = W.load_trace("azure-conv", limit=100)
+    out = capsys.readouterr()
+    assert w.synthetic and out.err == ""
+    lines = out.out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Note: trace azure-conv is hidden") and "SYNTHETIC" in lines[0]
+    assert str(tmp_path) not in lines[0] and "/" not in lines[0].replace("python -m labsupport traces", "")

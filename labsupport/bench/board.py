@@ -3,7 +3,8 @@
 * Run All of notebooks/99_board.ipynb in a fresh kernel, as `make board` runs it (every cell, the first segment
   drawn by the last): promised about 6–11 s on an idle 2-core machine;
 * present mode: `make present`'s Voilà, with the Makefile's own flags, from the request to the last byte of the
-  page (Voilà runs every cell before it sends the board; the browser then draws it): promised about 8 s.
+  page (Voilà runs every cell before it sends the board; the browser then draws it within about a second):
+  promised about 8 s on an idle machine, 9–16 s on a 2-core machine shared with other work.
 
 Run it on a quiet machine: both figures are wall-clock times.
 """
@@ -26,7 +27,7 @@ from labsupport.course.build import execute
 from labsupport.workloads import REPO_ROOT
 
 BOARD = REPO_ROOT / "notebooks" / "99_board.ipynb"
-PROMISED = {"Run All": "about 6–11 s", "present mode": "about 8 s"}
+PROMISED = {"Run All": "about 6–11 s", "present mode": "about 8 s idle, 9–16 s on a loaded 2-core machine"}
 PRESENT_FLAGS = ("--strip_sources=True", "--VoilaConfiguration.extension_denylist=jupyterlab-jupytext")  # Makefile
 
 

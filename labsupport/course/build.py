@@ -301,6 +301,8 @@ def parse(lab: Lab) -> Parsed:
         new_cell = getattr(nbformat.v4, f"new_{cell.cell_type}_cell")  # markdown, code or raw
         tags = list(dict.fromkeys([*tags, *([TAG_CHECKOFF, "nbval-check-output"] if ids else [])]))
         meta = {"tags": tags} if tags else {}
+        if "jupyter" in cell.metadata:  # a source's folding (jupyter.source_hidden) is the author's: kept
+            meta["jupyter"] = copy.deepcopy(dict(cell.metadata["jupyter"]))
         sol_cells.append(new_cell(body, metadata=meta, id=cid))
         stu = new_cell(student_body, metadata=copy.deepcopy(meta), id=cid)
         if TAG_SOLUTION_ONLY not in tags:
@@ -320,8 +322,11 @@ def colab_cell(lab: Lab) -> nbformat.NotebookNode:
     except OSError:
         text = ""
     found = re.search(r'^\[project\.urls\][^\[]*?^Repository\s*=\s*"([^"]+)"', text, re.M | re.S)
+    meta = {"tags": ["front-end"]}
+    if lab.instructor:  # the board is projected: its set-up code stays folded (JupyterLab's source_hidden)
+        meta["jupyter"] = {"source_hidden": True, "outputs_hidden": True}
     return nbformat.v4.new_code_cell(COLAB_CELL.format(repo=found[1] if found else REPO_PLACEHOLDER),
-                                     metadata={"tags": ["front-end"]}, id=cell_id(lab.name, "colab"))
+                                     metadata=meta, id=cell_id(lab.name, "colab"))
 
 
 def scoreboard_cells(lab: Lab, position: int) -> list:

@@ -371,7 +371,7 @@ class Panel:
             new = self._make_figure(**values)
             text = self._readout(**values) if self._readout else ""
         except ValueError as exc:
-            self.error = f"⚠ {exc}"
+            self.error = f"Not drawn: {exc}"  # words, not ⚠: a projector without an emoji font draws a box
         else:
             self.error = None
             self._text = text

@@ -224,8 +224,10 @@ def watermark_figure(runs: Sequence[OverloadRun], watermark: float, title: str |
     # From zero, like the preemptions: an axis fitted to the data (425-455) made a change of a few
     # refusals in hundreds look steep, while the lab's point is that they barely move.
     refused = max([r.waited for r in runs] + [1])
+    # automargin and a wider left margin: at 90 px the title's first letter fell off the figure ("equests")
     fig.update_yaxes(title_text="requests refused", color=PALETTE["memory"], row=1, col=1, secondary_y=False,
-                     tickformat=",d", range=[0, refused * 1.08], rangemode="tozero")
+                     tickformat=",d", range=[0, refused * 1.08], rangemode="tozero", automargin=True,
+                     title_standoff=6)
     top = max([r.total_preemptions for r in runs] + [1])
     step = next(k * 10 ** e for e in range(0, 9) for k in (1, 2, 5) if k * 10 ** e * 5 >= top)
     fig.update_yaxes(title_text="preemptions", color=PALETTE["recompute"], row=1, col=1, secondary_y=True,
@@ -234,7 +236,7 @@ def watermark_figure(runs: Sequence[OverloadRun], watermark: float, title: str |
     # No y title on the right: the subplot's title names it, and one here sat on "preemptions".
     fig.update_yaxes(row=1, col=2, range=[0, cur.num_blocks * 1.08], tickformat=",d")
     return styled(fig, title or f"Overload: {cur.requests:,} requests into {cur.num_blocks:,} blocks", height=540,
-                  legend=dict(orientation="h", yanchor="top", y=-0.28, x=0.0), margin=dict(l=90, r=40, t=110, b=150))
+                  legend=dict(orientation="h", yanchor="top", y=-0.28, x=0.0), margin=dict(l=120, r=40, t=110, b=150))
 
 
 def watermark_readout(runs: Sequence[OverloadRun], watermark: float) -> str:
