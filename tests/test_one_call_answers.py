@@ -27,6 +27,7 @@ import itertools
 import math
 import numbers
 import re
+import resource
 import signal
 import sys
 import warnings
@@ -195,6 +196,10 @@ def call(fn, args: tuple, kwargs: dict):
     """fn(*args, **kwargs) within CALL_SECONDS; None for any exception (a wrong call is no answer)."""
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(CALL_SECONDS)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    # a call sized by a card's whole memory (80e9 B as a tensor) must fail alone, not get the test run OOM-killed
+    resource.setrlimit(resource.RLIMIT_AS, (min(hard, _address_space() + CALL_MEMORY) if hard > 0 else
+                                            _address_space() + CALL_MEMORY, hard))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -204,8 +209,18 @@ def call(fn, args: tuple, kwargs: dict):
             raise
         return None
     finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+CALL_MEMORY = 2 * 2**30  # address space one call may add
+
+
+def _address_space() -> int:
+    """This process's mapped address space now, in bytes (/proc/self/statm's first field is in pages)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * resource.getpagesize()
 
 
 MAX_READINGS = 200  # values read off one call's result

@@ -296,14 +296,20 @@ def main(argv: list[str]) -> int:
 
             with open(snapshot + ".job.json", "w") as f:
                 json.dump(job, f)
-            from labsupport.course.sandbox import python
-
-            pid = subprocess.Popen(python("labsupport.course.runner", f"--run={run}"), stdin=open(snapshot + ".job.json"),
+            pid = subprocess.Popen(_this_runner(f"--run={run}"), stdin=open(snapshot + ".job.json"),
                                    pass_fds=(EVENTS_FD,), start_new_session=True).pid
         why = wait(pid, deadline)
         if why:
             emit(e="stop", run=run, why=why)
     return 0
+
+
+def _this_runner(*args: str) -> list[str]:
+    """This interpreter, isolated, running this very runner module from the package it was loaded from (the
+    sandbox's student-side copy); the sandbox starts it the same way, but the runner imports nothing of it."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    start = f"import sys; sys.path.insert(0, {root!r}); sys.argv[1:] = {list(args)!r}; import runpy; "
+    return [sys.executable, "-I", "-c", start + "runpy.run_module('labsupport.course.runner', run_name='__main__')"]
 
 
 def wait(pid: int, deadline: float) -> str:
