@@ -296,7 +296,7 @@ def main(argv: list[str]) -> int:
 
             with open(snapshot + ".job.json", "w") as f:
                 json.dump(job, f)
-            pid = subprocess.Popen(_this_runner(f"--run={run}"), stdin=open(snapshot + ".job.json"),
+            pid = subprocess.Popen(python("labsupport.course.runner", f"--run={run}"), stdin=open(snapshot + ".job.json"),
                                    pass_fds=(EVENTS_FD,), start_new_session=True).pid
         why = wait(pid, deadline)
         if why:
@@ -304,12 +304,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _this_runner(*args: str) -> list[str]:
-    """This interpreter, isolated, running this very runner module from the package it was loaded from (the
-    sandbox's student-side copy); the sandbox starts it the same way, but the runner imports nothing of it."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    start = f"import sys; sys.path.insert(0, {root!r}); sys.argv[1:] = {list(args)!r}; import runpy; "
-    return [sys.executable, "-I", "-c", start + "runpy.run_module('labsupport.course.runner', run_name='__main__')"]
+def python(*args: str, root: str | None = None) -> list[str]:
+    """This interpreter, isolated (-I), importing the very labsupport this module belongs to (a clone's, a bundle's,
+    a sandbox's student-side copy), whatever an editable install points at; or the one in `root`.  The grader starts
+    a sandbox's runner this way, and the runner its own re-spawned run."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    start = f"import sys; sys.path.insert(0, {str(root or here)!r}); sys.argv[1:] = {list(args[1:])!r}; "
+    if args[0] == "-c":
+        return [sys.executable, "-I", "-c", start + args[1]]
+    return [sys.executable, "-I", "-c", start + f"import runpy; runpy.run_module({args[0]!r}, run_name='__main__')"]
 
 
 def wait(pid: int, deadline: float) -> str:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labsupport.course import runner
+from labsupport.course.runner import python
 
 PACKAGE = Path(__file__).resolve().parents[1]
 GRADERS = PACKAGE / "course" / "checkoffs"  # never seen by student code
@@ -68,15 +69,6 @@ MAX_EVENTS_BYTES = 64 * 2**20  # read back from one sandbox; the rest is dropped
 MAX_LINE = 17 * 2**20  # one event's characters (the runner sends an answer of up to 16 MiB)
 MAX_LINE_ITEMS, MAX_ITEMS = 500_000, 2_000_000  # what parsing one event, and all of them, may make
 MiB, GiB = 2**20, 2**30
-
-
-def python(*args: str, root: Path | None = None) -> list[str]:
-    """This interpreter, isolated (-I), importing the very labsupport the grader runs (a clone's, a bundle's),
-    whatever an editable install points at; or the one in `root` (container mode: the student-side copy)."""
-    start = f"import sys; sys.path.insert(0, {str(root or PACKAGE.parent)!r}); sys.argv[1:] = {list(args[1:])!r}; "
-    if args[0] == "-c":
-        return [sys.executable, "-I", "-c", start + args[1]]
-    return [sys.executable, "-I", "-c", start + f"import runpy; runpy.run_module({args[0]!r}, run_name='__main__')"]
 
 
 def student_files(package: Path = PACKAGE, leave_out: tuple = STAFF_ONLY) -> list[tuple[Path, str]]:
