@@ -205,10 +205,15 @@ def runs(jupyterlab, browser):
 
 # --- what the page shows ---------------------------------------------------------------------------
 
+# A folded code cell (source_hidden, as the board's are) has no input prompt on the page: a notebook whose
+# every code cell is folded has run when the kernel is idle and its last code cell shows an output.
 _ALL_CELLS_RAN = """() => {
     const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputArea-prompt')];
     const idle = document.body.innerText.includes('(ipykernel) | Idle');
-    return idle && prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.innerText));
+    const cells = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')];
+    const last = cells[cells.length - 1];
+    const folded = prompts.length === 0 && !!last && last.querySelectorAll('.jp-OutputArea-child').length > 0;
+    return idle && (folded || (prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.innerText))));
 }"""
 
 # A chart has rendered when plotly has laid it out and drawn its SVG (a drawing may be all shapes).
