@@ -30,6 +30,8 @@ STYLES = {
     "tuple": ("A, B = 6, 7", ANSWER),
     "annotated": ("A: int = 6\nB: int = 7", ANSWER),
     "a dict and globals().update": ("givens = {'A': 6, 'B': 7}\nglobals().update(givens)", ANSWER),
+    "a dict read after globals().update": ("G = {'A': 6, 'B': 7}\nglobals().update(G)",
+                                           "check('97.1', G['A'] * G['B'])"),
     "a value derived in the cell": ("A = 6\nB = 7\nTOTAL = A * B", "check('97.1', TOTAL)"),
     "a line magic": ("%load_ext autoreload\n%time A = 6\nB = 7\nTOTAL = A * B", "check('97.1', TOTAL)"),
     "a %%time cell magic": ("%%time\nA, B = 6, 7\nTOTAL = A * B", "check('97.1', TOTAL)"),
@@ -50,11 +52,20 @@ NUMBERS = {
 }
 # Notebooks whose ids and tags a tool dropped or changed: found by what the givens cell binds.
 SAVED_BY = ("nbformat 4.0", "Colab", "Jupytext")
+# ... and, with no id or tag, givens cells whose binding no reading of the code sees: found by running the cells.
+HELPER = ("givens_helper.py", "A = 6\nB = 7\n")
+UNSEEN = {
+    "from a helper module": "from givens_helper import *",
+    "a function's global": "def setup():\n    global A, B\n    A, B = 6, 7\n\nsetup()",
+    "globals() in a loop": "for name, v in zip('AB', (6, 7)):\n    globals()[name] = v",
+}
 # Answers that do not follow the givens: 97.1 fails on the hidden runs, with what the run gave.
 FAILS = {
     "the lecture's answer typed in": (["A, B = 6, 7", "check('97.1', 42)"], "it gave 42"),
     "a later cell rebinding the givens": (["A = 6\nB = 7", "A, B = 6, 7\n" + ANSWER], "it gave 42"),
     "a later cell rebinding them, no tags": (["A = 6\nB = 7", "A = 6\nB = 7", ANSWER], "it gave 42"),
+    "a later cell importing them again, no tags": (["from givens_helper import *",
+                                                    "from givens_helper import *\n" + ANSWER], "it gave 42"),
 }
 
 
@@ -104,10 +115,15 @@ def graded(tmp_path_factory):
     for name in SAVED_BY:
         sources = [T.HEAD, "A, B = 6, 7", ANSWER, OTHERS]
         paths[name] = WRITERS[name](tmp / _slug(name) / "97_lab.ipynb", sources)
+    for name, givens_cell in UNSEEN.items():
+        paths[name] = write_v40(tmp / _slug(name) / "97_lab.ipynb", [T.HEAD, "print('lab 97')", givens_cell, ANSWER,
+                                                                     OTHERS])
+        (paths[name].parent / HELPER[0]).write_text(HELPER[1])
     for name, (cells, _) in FAILS.items():
         head, *rest = cells
         write = write_v40 if "no tags" in name else lambda p, s: T.notebook(p, *s[2:], givens_cell=s[1])
         paths[name] = write(tmp / _slug(name) / "97_lab.ipynb", [T.HEAD, head, *rest, OTHERS])
+        (paths[name].parent / HELPER[0]).write_text(HELPER[1])
     grader = G.Grader(T.sandbox(), timeout=60, secret=b"givens styles")
     subs = [G.Submission(p, name) for name, p in paths.items()]
     return {g.student: g for g in G.grade_all(grader, subs, jobs=2, progress=False)}
@@ -137,6 +153,12 @@ def test_a_number_of_any_numeric_type_is_a_number(graded, name):
 def test_a_notebook_whose_ids_and_tags_were_lost_has_its_givens_cell_found(graded, name):
     g = graded[name]
     assert T.statuses(g) == ALL_PASS and not g.notes, G.format_grade(g)
+
+
+@pytest.mark.parametrize("name", list(UNSEEN))
+def test_an_unmarked_givens_cell_that_binds_unseen_is_found_by_running(graded, name):
+    g = graded[name]
+    assert T.statuses(g) == ALL_PASS and not g.notes and not g.error, G.format_grade(g)
 
 
 @pytest.mark.parametrize("name", list(FAILS))

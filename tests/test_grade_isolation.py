@@ -344,3 +344,67 @@ def test_the_walk_finds_what_is_there():
         return namespace["_walk"]()
     found = harness_frame()
     assert any("['want']" in f for f in found) and any("recipe" in f for f in found), found
+
+
+# --- what one run holds of the others, and what the sandbox's code can say ---------------------------------------
+
+HEAP_GIVENS = r'''
+import gc, glob, json, os
+pairs = set()
+for held in gc.get_objects():
+    for x in [held, *gc.get_referents(held)]:
+        if isinstance(x, dict) and x is not globals() and isinstance(x.get("A"), int) and isinstance(x.get("B"), int):
+            pairs.add((x["A"], x["B"]))
+jobs = glob.glob(os.path.join(os.path.dirname(os.getcwd()), "*.json"))  # a job file the runner left in reach
+check("probe", json.dumps({"pairs": sorted(pairs), "jobs": jobs}))
+'''
+# A thread started before the givens cell: the runner cannot fork safely, so each run is a process started afresh.
+THREAD = "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+
+
+@pytest.mark.parametrize("start", ["forked", "started afresh"])
+def test_a_run_holds_no_other_runs_givens(tmp_path, start):
+    """Each run keeps its own givens alone, forked or (a thread already running) started afresh: a heap walk in
+    the lecture's run (or any other) finds no hidden set, and no job file is left in reach.  Able to fail: each
+    run does find its own."""
+    head = (THREAD if start == "started afresh" else "") + "from labsupport.course.checkoff import check"
+    cells = [(1, head), (2, "A, B = 6, 7"), (3, HEAP_GIVENS)]
+    runs = [{"A": 6, "B": 7}, {"A": 1101, "B": 1303}, {"A": 1707, "B": 1909}]
+    job = {"cells": cells, "givens_cell": 2, "runs": runs, "cases": {}, "timeout": 60, "cwd": ""}
+    (tmp_path / "heap").mkdir()
+    outcome = T.sandbox().run(job, tmp_path / "heap", deadline=time.monotonic() + 240)
+    said = {e["run"]: json.loads(e["value"]) for e in _answers(outcome, "probe")}
+    assert set(said) == {0, 1, 2}, outcome.events
+    assert not any(s["jobs"] for s in said.values()), said
+    found = {number: {tuple(p) for p in s["pairs"]} for number, s in said.items()}
+    for number, pairs in found.items():
+        own = (runs[number]["A"], runs[number]["B"])
+        assert own in pairs, (number, pairs)  # the walk sees a run's own givens
+        others = {(r["A"], r["B"]) for n, r in enumerate(runs) if n and n != number}
+        assert not pairs & others, (number, pairs)
+
+
+def test_what_the_sandboxs_code_says_reads_as_its_own_words(tmp_path):
+    """A note sent from inside the sandbox (the runner's pipe is the notebook's to write to) is shown as coming
+    from there, on one line; events for a run that does not exist change nothing."""
+    forged = ("from labsupport.course import checkoff\n"
+              "emit = checkoff.collect.__globals__['emit']  # the runner's own, through check()'s collector\n"
+              "emit(e='note', run=None, text='grader fault: regrade this notebook\\nalice,97.1,passed')\n"
+              "emit(e='answer', run=9, cell=3, id='97.1', value=1)\n"
+              "emit(e='end', run=-1)")
+    path = T.notebook(tmp_path / "mallory" / "97_lab.ipynb", forged, T.RIGHT["97.1"])
+    grade = G.Grader(T.sandbox(), timeout=60, secret=b"notes").grade(path, "mallory")
+    (note,) = [n for n in grade.notes if "grader fault" in n]
+    assert note.startswith("from inside the sandbox: ") and "\n" not in note, note
+    assert T.statuses(grade)["97.1"] == "passed", G.format_grade(grade)
+
+
+def test_an_honest_notebook_whose_runs_start_afresh_gets_full_marks(tmp_path):
+    """A thread started above the givens cell makes every run a process of its own, holding its givens alone:
+    an honest notebook still passes all three checkoffs, the function one included."""
+    path = T.notebook(tmp_path / "alice" / "97_lab.ipynb", T.RIGHT["97.1"], T.RIGHT["97.2"], T.RIGHT["97.3"])
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    nb["cells"][0]["source"] = THREAD + "".join(nb["cells"][0]["source"])
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    grade = G.Grader(T.sandbox(), timeout=60, secret=b"afresh").grade(path, "alice")
+    assert T.statuses(grade) == {"97.1": "passed", "97.2": "passed", "97.3": "passed"}, G.format_grade(grade)

@@ -147,6 +147,12 @@ def runs_of(events: list, count: int) -> list[Run]:
     return runs
 
 
+def _found_by_running(events: list) -> bool:
+    """Whether the runner found the givens cell by running the cells (a notebook with no marked cell whose
+    givens no reading of its code sees bound)."""
+    return any(isinstance(e, dict) and e.get("e") == "givens" and type(e.get("cell")) is int for e in events)
+
+
 class GraderFault(Exception):
     """The grader's own code failed (a hidden generator, an expected value, a judge): never the student's doing,
     so the checkoff (or the notebook) is marked REGRADE instead of scored.  Its text is `fault_text`'s."""
@@ -227,10 +233,7 @@ class Grader:
             grade.checkoffs = [CheckoffResult(c.id, c.title, REGRADE, str(fault)) for c in checkoffs]
             return
         rec = record.read(lab) or {"checkoffs": []}
-        cell = find_givens_cell(nb, rec.get("givens_cell"), set(plan.runs[0]))
-        if cell is None and plan.runs[0]:
-            grade.notes.append("no givens cell was found (no cell binds the lab's givens): they were bound before the "
-                               "first cell, so an answer computed from numbers written elsewhere cannot follow them")
+        cell = find_givens_cell(nb, rec.get("givens_cell"), set(plan.runs[0]))  # else the runner finds it by running
         job = {"cells": [(c.number, c.source) for c in nb.cells], "givens_cell": cell and cell.number,
                "runs": plan.runs,
                "timeout": self.timeout, "cwd": ""}
@@ -244,8 +247,13 @@ class Grader:
         grade.notes += [f"{_run_name(n)} stopped at cell {r.reached}: {r.stop}" for n, r in enumerate(runs) if r.stop]
         if outcome.dropped:
             grade.notes.append(f"{outcome.dropped} of its answer records were too large to read and were dropped")
-        notes = [e.get("text") for e in outcome.events if isinstance(e, dict) and e.get("e") == "note"]
-        grade.notes += [safe(text, 300) for text in notes[:5]]
+        if cell is None and plan.runs[0] and not _found_by_running(outcome.events):
+            grade.notes.append("no givens cell was found (no cell binds the lab's givens): they were bound before the "
+                               "first cell, so an answer computed from numbers written elsewhere cannot follow them")
+        grade.notes += outcome.notes  # the sandbox's own words
+        notes = dict.fromkeys(safe(e.get("text"), 300) for e in outcome.events
+                              if isinstance(e, dict) and e.get("e") == "note")
+        grade.notes += [f"from inside the sandbox: {text}" for text in list(notes)[:5]]  # what its code says, once each
         entries = {e["id"]: e for e in rec["checkoffs"]}
         for c in checkoffs:  # every checkoff of the lab gets its line, whatever an answer does to the judge
             status, detail = self.judged(c, entries.get(c.id, {}), nb, plan, runs)

@@ -30,9 +30,12 @@ COPY_DEPTH = 8
 STARTED = time.monotonic()
 _run = None  # the run this process is, once forked
 _cell = None
+_muted = False  # the probe (`find_givens_by_running`) says nothing: its cells run again for real
 
 
 def emit(**event) -> None:
+    if _muted:
+        return
     text = json.dumps(event, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     if len(text) > MAX_EVENT:
         text = json.dumps({k: v for k, v in event.items() if k in ("e", "run", "cell", "id")} | {"too_large": len(text)})
@@ -100,6 +103,7 @@ def collector(job: dict):
     from labsupport.course import data, harness
 
     cases, shared = job.get("cases", {}), job.get("shared", [])
+    functions = set(cases)  # their ids: a hidden run holds no case (`one_run`), and hands no function over
     seconds = job.get("case_seconds", harness.CASE_SECONDS)
 
     def collect(checkoff_id, answer) -> None:
@@ -107,7 +111,7 @@ def collector(job: dict):
         event = {"run": _run, "cell": _cell, "id": cid}
         if data.contains_unfinished(answer):
             emit(e="answer", unfinished=True, **event)
-        elif cid in cases:
+        elif cid in functions:
             if _run == 0:  # a function is tried on the lecture's givens, where its cases are posed
                 observations = [_observe(answer, case, seconds, shared) for case in cases[cid]]
                 emit(e="answer", observations=observations, **event)
@@ -195,11 +199,18 @@ def _call(name: str, where: ast.stmt) -> ast.Expr:
 def holding(sh, values: dict):
     """While the block runs, every given the code binds holds `values`' value from the statement that binds
     it on: the cell runs as written (magics, tuples, annotations, globals().update, exec, loops: any style),
-    and a line after it that derives from a given (TOTAL = A * B) reads the run's value."""
+    and a line after it that derives from a given (TOTAL = A * B) reads the run's value.  A dict the block
+    makes with a given's name as a key (G = {'A': 6}; globals().update(G)) holds the run's value under it."""
+    before = {id(v) for v in sh.user_ns.values() if isinstance(v, dict)}
+
     def rebind() -> None:
         for name, value in values.items():
             if name in sh.user_ns:  # a given the cell deleted stays deleted, as the cell wrote it
                 sh.user_ns[name] = value
+        for held in list(sh.user_ns.values()):  # a dict the cell made of the givens (G = {'A': 6}) holds them too
+            if isinstance(held, dict) and held is not sh.user_ns and id(held) not in before:
+                for name in values.keys() & held.keys():
+                    held[name] = values[name]
 
     transformer = Rebinding()
     sh.user_ns[REBIND] = rebind
@@ -218,6 +229,10 @@ def one_run(sh, job: dict, run: int, cells: list, fork_at: int) -> None:
     global _run
     _run = run
     values = job["runs"][run]
+    job["runs"][:] = [values if n == run else None for n in range(len(job["runs"]))]  # no other run's givens
+    if run != 0:  # the function checkoffs' cases are posed on the lecture's run alone
+        job.get("cases", {}).clear()
+        job.get("shared", []).clear()
     sh.user_ns.update(values)
     start = fork_at
     if job.get("givens_cell") is not None:
@@ -226,6 +241,50 @@ def one_run(sh, job: dict, run: int, cells: list, fork_at: int) -> None:
         start += 1
     run_cells(sh, cells, start)
     emit(e="end", run=run)
+
+
+def find_givens_by_running(sh, cells: list, names: set, seconds: float, work: str) -> int | None:
+    """The index of the first cell after which a given is bound or rebound, found by running the cells in a
+    forked probe that says nothing: the givens cell of a notebook whose cells have no id or tag and bind the
+    givens in a way no reading of the code sees (from helper import *, a function's `global`).  The folder
+    and /tmp are put back as they were.  None when no cell binds one, the probe fails or runs past `seconds`,
+    or this process cannot fork safely."""
+    global _muted
+    if not names or not single_threaded():
+        return None
+    import tempfile
+
+    snapshot, tmp_before = work.rstrip("/") + ".before-probe", set(os.listdir(tempfile.gettempdir()))
+    shutil.copytree(work, snapshot, symlinks=True)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _muted, found = True, -1
+        os.close(read_end)
+        os.setpgid(0, 0)
+        try:
+            missing = object()
+            for index, (_, source) in enumerate(cells):
+                before = {name: sh.user_ns.get(name, missing) for name in names}
+                sh.run_cell(source, store_history=True)
+                if any(sh.user_ns.get(name, missing) is not held for name, held in before.items()):
+                    found = index
+                    break
+        finally:
+            os.write(write_end, str(found).encode())
+            os._exit(0)
+    os.close(write_end)
+    why = wait(pid, time.monotonic() + seconds)
+    os.set_blocking(read_end, False)  # a process the probe left behind may hold the pipe open
+    try:
+        text = os.read(read_end, 32).decode(errors="replace")
+    except OSError:
+        text = ""
+    os.close(read_end)
+    restore(snapshot, work, tmp_before)
+    shutil.rmtree(snapshot, ignore_errors=True)
+    found = int(text) if not why and text.lstrip("-").isdigit() else -1
+    return found if 0 <= found < len(cells) else None
 
 
 WARM = ("plotly.graph_objects", "plotly.io._renderers", "ipywidgets", "anywidget")  # what the labs import first
@@ -267,10 +326,14 @@ def main(argv: list[str]) -> int:
     checkoff.collect = collector(job)
     sh = shell()
     cells = [(n, s) for n, s in job["cells"]]
+    alone = next((int(a.split("=")[1]) for a in argv if a.startswith("--run=")), None)
+    if job.get("givens_cell") is None and job.get("runs") and alone is None:
+        found = find_givens_by_running(sh, cells, set(job["runs"][0]), job["timeout"], job["work"])
+        job["givens_cell"] = None if found is None else cells[found][0]
+        emit(e="givens", run=None, cell=job["givens_cell"])
     fork_at = next((i for i, (n, _) in enumerate(cells) if n == job.get("givens_cell")), None)
     if fork_at is None:  # no givens cell: the givens are bound before the first cell
         job["givens_cell"], fork_at = None, 0
-    alone = next((int(a.split("=")[1]) for a in argv if a.startswith("--run=")), None)
     run_cells(sh, cells[:fork_at], 0)
     if alone is not None:  # the slow path: this whole process is one run
         one_run(sh, job, alone, cells, fork_at)
@@ -294,10 +357,15 @@ def main(argv: list[str]) -> int:
         else:  # a thread started before the givens cell: forking could deadlock, so start afresh
             import subprocess
 
+            own = dict(job, runs=[v if n == run else None for n, v in enumerate(job["runs"])])  # its givens alone
+            if run != 0:
+                own.update(cases={cid: [] for cid in job.get("cases", {})}, shared=[])  # the ids alone
             with open(snapshot + ".job.json", "w") as f:
-                json.dump(job, f)
-            pid = subprocess.Popen(python("labsupport.course.runner", f"--run={run}"), stdin=open(snapshot + ".job.json"),
-                                   pass_fds=(EVENTS_FD,), start_new_session=True).pid
+                json.dump(own, f)
+            with open(snapshot + ".job.json") as f:
+                os.unlink(snapshot + ".job.json")  # read by the run alone, through the descriptor
+                pid = subprocess.Popen(python("labsupport.course.runner", f"--run={run}"), stdin=f,
+                                       pass_fds=(EVENTS_FD,), start_new_session=True).pid
         why = wait(pid, deadline)
         if why:
             emit(e="stop", run=run, why=why)

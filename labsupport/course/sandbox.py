@@ -303,6 +303,7 @@ class Outcome:
     events: list = field(default_factory=list)
     stopped: str = ""  # a bound it met, in words ("" when the runner finished)
     dropped: int = 0  # events lost to a cap (too long a line, too much in all)
+    notes: list = field(default_factory=list)  # the sandbox's own notes (never read from the events inside it)
 
 
 class Sandbox:
@@ -441,7 +442,7 @@ class Sandbox:
         if uid is not None:  # what the sandbox's own uid reads: a copy of the folder, its own
             folder, left = _folder_for(uid, folder, scratch)
             if left:
-                outcome.events.append({"e": "note", "run": None, "text": runner.not_copied(left)})
+                outcome.notes.append(runner.not_copied(left))
         if self.mode != "bubblewrap":
             job = dict(job, work=str(scratch / "work"), folder=str(folder))
             if self.mode == "container":
