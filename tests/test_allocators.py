@@ -25,11 +25,11 @@ from labsupport.contiguous import (
 )
 from labsupport.fig2 import fig2_breakdown
 from labsupport.memory_stats import InvariantError, OutOfBlocks, ReservationExceeded, SwappedOut, UnknownSequence
-from labsupport.workloads import traces_hidden
+from real_traces import real_trace
 
 KV_MHA = 2 * 32 * 32 * 128 * 2  # 524,288 B = 512 KiB per token (7B MHA, bf16)
 BUDGET = 80e9 - 2 * 6.74e9 - 4e9  # 62.52 GB of KV on an 80 GB card
-TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+AZURE_CONV = real_trace("azure-conv")  # $LABSUPPORT_DATA, data/ or ../shared/traces/, as the labs find it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,12 +608,12 @@ def test_paged_stats_split_the_tail_into_reservation_and_internal_with_final_len
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not (TRACES / "AzureLLMInferenceTrace_2023_conv.csv").exists() or traces_hidden(),
+@pytest.mark.skipif(AZURE_CONV is None,
                     reason="../shared/traces/ is absent: the Azure conversation trace is needed")
 def test_fig2_shape_on_azure_conversation_trace(capsys):
     from labsupport.workloads import read_azure_csv
 
-    reqs = read_azure_csv(TRACES / "AzureLLMInferenceTrace_2023_conv.csv", limit=1000).as_pairs()
+    reqs = read_azure_csv(AZURE_CONV, limit=1000).as_pairs()
     capacity = int(BUDGET // KV_MHA)  # the lecture's 7B MHA on an 80 GB card: 119,247 token slots
     res = fig2_breakdown(reqs, capacity, block_size=16)
     with capsys.disabled():

@@ -12,12 +12,11 @@ from labsupport.bench import engine as bench_engine
 from labsupport.cli import simulate
 from labsupport.replay import replay
 from labsupport.workloads import REPO_ROOT
-from labsupport.workloads import traces_hidden
+from real_traces import real_trace
 
-TRACES = REPO_ROOT.parent / "shared" / "traces"
-AZURE_CONV = TRACES / "AzureLLMInferenceTrace_2023_conv.csv"
-MOONCAKE_CONV = TRACES / "mooncake_fast25_conversation_trace.jsonl"
-needs_azure = pytest.mark.skipif(not AZURE_CONV.exists() or traces_hidden(), reason="../shared/traces not present or hidden")
+AZURE_CONV = real_trace("azure-conv")  # $LABSUPPORT_DATA, data/ or ../shared/traces/, as the labs find it
+MOONCAKE_CONV = real_trace("mooncake-conversation")
+needs_azure = pytest.mark.skipif(AZURE_CONV is None, reason="the Azure trace is not present, or hidden")
 
 
 def run_json(capsys, *args) -> dict:
@@ -171,7 +170,7 @@ def test_rate_scale_compresses_arrivals():
     assert rp.report(1.0, 0.020).finished == 3 and rp.report(1.0, 0.020).output_tokens == 8
 
 
-@pytest.mark.skipif(not MOONCAKE_CONV.exists() or traces_hidden(), reason="../shared/traces not present or hidden")
+@pytest.mark.skipif(MOONCAKE_CONV is None, reason="the Mooncake trace is not present, or hidden")
 def test_mooncake_conversation_overload_with_both_preemption_modes(capsys):
     # long Mooncake prompts on a 10 GB pool, arrivals 20x faster: the pool runs dry
     for mode in ("swap", "recompute"):

@@ -18,10 +18,11 @@ from labsupport import replay as R
 from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8
 from labsupport.viz import board as viz_board
 from labsupport.workloads import Request, Workload
-from labsupport.workloads import traces_hidden
+from labsupport import workloads
+from real_traces import real_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "traces"
+REAL_TRACES = all(real_trace(name) for name in workloads.TRACES)  # as the labs find them
 
 
 def test_attention_intensity():
@@ -192,7 +193,7 @@ def test_the_board_steps_forward_and_back():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not TRACES.exists() or traces_hidden(), reason=f"real traces not found in {TRACES}, or hidden")
+@pytest.mark.skipif(not REAL_TRACES, reason="the real traces are not present, or hidden")
 def test_shipped_board_data_is_current():
     """board_data.json must be what the engine and the traces give today (regenerate with --write)."""
     shipped = json.loads(viz_board.BOARD_DATA.read_text())

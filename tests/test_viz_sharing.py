@@ -20,12 +20,11 @@ from labsupport.block_allocator import BlockAllocator
 from labsupport.course import checkoff as C
 from labsupport.course.checkoff import check
 from labsupport.viz import sharing as V
-from labsupport.workloads import traces_hidden
+from real_traces import real_trace
 
 pytestmark = pytest.mark.usefixtures("fresh_results")
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-MOONCAKE = TRACES / "mooncake_fast25_conversation_trace.jsonl"
+MOONCAKE = real_trace("mooncake-conversation")  # $LABSUPPORT_DATA, data/ or ../shared/traces/, as the labs find it
 KV_7B = 524_288  # 2 x 32 layers x 32 heads x 128 x 2 B
 
 
@@ -214,7 +213,7 @@ def _independent_hits(lists):
     return hits
 
 
-@pytest.mark.skipif(not MOONCAKE.exists() or traces_hidden(), reason="the Mooncake trace is not in ../shared/traces, or hidden")
+@pytest.mark.skipif(MOONCAKE is None, reason="the Mooncake trace is not present, or hidden")
 def test_mooncake_conversation_trace_reproduces_the_published_hit_rate():
     from labsupport.workloads import load_mooncake
 

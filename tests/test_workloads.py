@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 from labsupport import workloads as W
+from real_traces import real_trace
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
-needs_traces = pytest.mark.skipif(not SHARED.is_dir() or W.traces_hidden(),
-                                  reason="../shared/traces/ is absent or hidden ($LABSUPPORT_HIDE_TRACES)")
+REAL = {name: real_trace(name) for name in W.TRACES}  # $LABSUPPORT_DATA, data/ or ../shared/traces/, as the labs find them
+needs_traces = pytest.mark.skipif(not all(REAL.values()),
+                                  reason="the real traces are absent or hidden ($LABSUPPORT_HIDE_TRACES)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def test_fanout_request_tokens():
 @pytest.mark.parametrize("name", list(W.TRACES))
 def test_checksums_and_sizes_match_the_shared_files(name):
     info = W.TRACES[name]
-    data = (SHARED / info.filename).read_bytes()
+    data = REAL[name].read_bytes()
     assert len(data) == info.size_bytes
     assert hashlib.sha256(data).hexdigest() == info.sha256
 
@@ -96,7 +97,7 @@ def test_checksums_and_sizes_match_the_shared_files(name):
 def test_azure_traces_match_published_shape():
     conv = W.load_azure("conv", download_missing=False, fallback=False)
     code = W.load_azure("code", download_missing=False, fallback=False)
-    assert not conv.synthetic and str(SHARED) in conv.source
+    assert not conv.synthetic and str(REAL["azure-conv"]) in conv.source
     assert (len(conv), len(code)) == (19_366, 8_819)
     sc, sd = conv.summary(), code.summary()
     assert (sc["prompt_median"], sc["output_median"], sc["prompt_p99"]) == (1020, 129, 4142)
@@ -307,7 +308,7 @@ def test_malformed_mooncake_lines_name_file_and_line(tmp_path):
 
 def test_real_csv_parses_like_the_csv_module(tmp_path):
     """The loader against Python's csv module on a slice of the real file (or a stand-in)."""
-    src = SHARED / "AzureLLMInferenceTrace_2023_conv.csv"
+    src = REAL["azure-conv"]
     text = src.read_text().splitlines()[:200] if src.exists() else (
         ["TIMESTAMP,ContextTokens,GeneratedTokens"] + [f"2023-11-16 18:15:{i:02d}.5,{i + 1},{i + 2}" for i in range(50)])
     p = tmp_path / "slice.csv"
@@ -349,3 +350,22 @@ def test_a_lab_shows_the_stand_in_notice_as_one_line_without_paths(tmp_path, mon
     lines = out.out.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Note: trace azure-conv is hidden") and "SYNTHETIC" in lines[0]
     assert str(tmp_path) not in lines[0] and "/" not in lines[0].replace("python -m labsupport traces", "")
+
+
+def test_the_trace_tests_find_the_traces_where_the_labs_do(tmp_path, monkeypatch):
+    """$LABSUPPORT_DATA alone (no data/, no ../shared/traces/) is enough for the tests that need a real trace,
+    and no test file reads ../shared/traces/ itself (only the lookup's own tests name that folder)."""
+    info = W.TRACES["azure-conv"]
+    monkeypatch.setattr(W, "REPO_ROOT", tmp_path / "repo")  # a clone with no data/ and nothing beside it
+    monkeypatch.delenv(W.HIDE_TRACES_ENV, raising=False)
+    assert real_trace("azure-conv") is None
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / info.filename).write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    monkeypatch.setenv("LABSUPPORT_DATA", str(tmp_path / "env"))
+    assert real_trace("azure-conv") == tmp_path / "env" / info.filename
+    monkeypatch.setenv(W.HIDE_TRACES_ENV, "1")
+    assert real_trace("azure-conv") is None
+    here = Path(__file__).resolve().parent
+    direct = [p.name for p in here.glob("test_*.py") if p.name != Path(__file__).name
+              and '"shared" / "traces"' in p.read_text(encoding="utf-8")]
+    assert direct == [], f"these tests read ../shared/traces/ directly instead of through real_trace(): {direct}"
