@@ -329,7 +329,7 @@ def test_without_a_cgroup_a_hostile_neighbour_spoils_nothing(tmp_path, honest_al
         {k: v for k, v in honest_alone.items() if k != "notebook"}  # exactly what it gets alone
     assert len(json.loads(files["json"].read_text(encoding="utf-8"))["tests"]) == 6
     hostile = next(g for g in report["notebooks"] if g["student"] == "hostile")
-    assert hostile["passed"] == 3, hostile  # bounded: its own later cells still ran, and the grader lived
+    assert hostile["passed"] == 3, (hostile["checkoffs"], hostile.get("notes"), hostile.get("error"))  # bounded: its own later cells still ran, and the grader lived
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # the heap walk here touches torch's deprecated names
@@ -408,3 +408,24 @@ def test_an_honest_notebook_whose_runs_start_afresh_gets_full_marks(tmp_path):
     path.write_text(json.dumps(nb), encoding="utf-8")
     grade = G.Grader(T.sandbox(), timeout=60, secret=b"afresh").grade(path, "alice")
     assert T.statuses(grade) == {"97.1": "passed", "97.2": "passed", "97.3": "passed"}, G.format_grade(grade)
+
+
+LEFT_RUNNING = r'''
+import json, os, subprocess
+seen = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+subprocess.Popen(["sleep", "600"])  # left running when the run ends
+check("probe", json.dumps(len(seen)))
+'''
+
+
+def test_what_a_run_leaves_running_ends_with_it(tmp_path):
+    """Each run starts as after a kernel's restart: a process an earlier run left running is gone (a fork bomb's
+    leftovers would otherwise fill the process bound and refuse the next run).  Able to fail: without the
+    clean-up, each later run sees one more process than the run before it."""
+    cells = [(1, "from labsupport.course.checkoff import check"), (2, "A = 6"), (3, LEFT_RUNNING)]
+    job = {"cells": cells, "givens_cell": 2, "runs": [{"A": 6}, {"A": 7}, {"A": 8}], "cases": {}, "timeout": 60,
+           "cwd": ""}
+    (tmp_path / "left").mkdir()
+    outcome = T.sandbox().run(job, tmp_path / "left", deadline=time.monotonic() + 240)
+    counts = {e["run"]: json.loads(e["value"]) for e in _answers(outcome, "probe")}
+    assert set(counts) == {0, 1, 2} and len(set(counts.values())) == 1, counts

@@ -257,7 +257,15 @@ def find_givens_by_running(sh, cells: list, names: set, seconds: float, work: st
     snapshot, tmp_before = work.rstrip("/") + ".before-probe", set(os.listdir(tempfile.gettempdir()))
     shutil.copytree(work, snapshot, symlinks=True)
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # no process to be had: no probe, and the cells run as they would without one
+        pid = None
+    if pid is None:
+        for fd in (read_end, write_end):
+            os.close(fd)
+        shutil.rmtree(snapshot, ignore_errors=True)
+        return None
     if pid == 0:
         _muted, found = True, -1
         os.close(read_end)
@@ -275,6 +283,8 @@ def find_givens_by_running(sh, cells: list, names: set, seconds: float, work: st
             os._exit(0)
     os.close(write_end)
     why = wait(pid, time.monotonic() + seconds)
+    with contextlib.suppress(OSError):  # what the probe's cells left running ends with it
+        os.killpg(pid, signal.SIGKILL)
     os.set_blocking(read_end, False)  # a process the probe left behind may hold the pipe open
     try:
         text = os.read(read_end, 32).decode(errors="replace")
@@ -346,30 +356,54 @@ def main(argv: list[str]) -> int:
     for run in range(len(job["runs"])):
         deadline = time.monotonic() + job["timeout"]
         restore(snapshot, job["work"], tmp_before)
-        if single_threaded():
-            pid = os.fork()
-            if pid == 0:
-                os.setpgid(0, 0)
-                try:
-                    one_run(sh, job, run, cells, fork_at)
-                finally:
-                    os._exit(0)
-        else:  # a thread started before the givens cell: forking could deadlock, so start afresh
-            import subprocess
-
-            own = dict(job, runs=[v if n == run else None for n, v in enumerate(job["runs"])])  # its givens alone
-            if run != 0:
-                own.update(cases={cid: [] for cid in job.get("cases", {})}, shared=[])  # the ids alone
-            with open(snapshot + ".job.json", "w") as f:
-                json.dump(own, f)
-            with open(snapshot + ".job.json") as f:
-                os.unlink(snapshot + ".job.json")  # read by the run alone, through the descriptor
-                pid = subprocess.Popen(python("labsupport.course.runner", f"--run={run}"), stdin=f,
-                                       pass_fds=(EVENTS_FD,), start_new_session=True).pid
+        try:
+            pid = start_run(sh, job, run, cells, fork_at, snapshot)
+        except OSError as exc:  # no process to be had: the notebook's own processes fill its bound
+            emit(e="stop", run=run, why=_text(f"it could not be started: {exc.strerror or exc}", 200))
+            continue
         why = wait(pid, deadline)
+        with contextlib.suppress(OSError):  # what the run left running ends with it, as at a kernel's restart
+            os.killpg(pid, signal.SIGKILL)
         if why:
             emit(e="stop", run=run, why=why)
     return 0
+
+
+def start_run(sh, job: dict, run: int, cells: list, fork_at: int, snapshot: str, tries: int = 5) -> int:
+    """Run `run`'s process, forked (or, a thread already running, started afresh); a fork refused for want of
+    processes is tried again a few times, while what an earlier run left behind winds down."""
+    attempt = 0
+    while True:
+        try:
+            return _start_run(sh, job, run, cells, fork_at, snapshot)
+        except BlockingIOError:  # EAGAIN: the process bound is full for now
+            attempt += 1
+            if attempt >= tries:
+                raise
+            time.sleep(0.2 * attempt)
+
+
+def _start_run(sh, job: dict, run: int, cells: list, fork_at: int, snapshot: str) -> int:
+    if single_threaded():
+        pid = os.fork()
+        if pid == 0:
+            os.setpgid(0, 0)
+            try:
+                one_run(sh, job, run, cells, fork_at)
+            finally:
+                os._exit(0)
+        return pid
+    import subprocess  # a thread started before the givens cell: forking could deadlock, so start afresh
+
+    own = dict(job, runs=[v if n == run else None for n, v in enumerate(job["runs"])])  # its givens alone
+    if run != 0:
+        own.update(cases={cid: [] for cid in job.get("cases", {})}, shared=[])  # the ids alone
+    with open(snapshot + ".job.json", "w") as f:
+        json.dump(own, f)
+    with open(snapshot + ".job.json") as f:
+        os.unlink(snapshot + ".job.json")  # read by the run alone, through the descriptor
+        return subprocess.Popen(python("labsupport.course.runner", f"--run={run}"), stdin=f,
+                                pass_fds=(EVENTS_FD,), start_new_session=True).pid
 
 
 def python(*args: str, root: str | None = None) -> list[str]:
