@@ -74,6 +74,10 @@ CHART_SHARE = 0.75
 # plotly's widget logs this when a chart replaced by the next step's (the board draws each step as a new
 # chart) receives its last state update after its view is gone; the new chart draws (checked below).
 REPLACED_CHART = "Error setting state: Cannot read properties of undefined (reading '_guiEditing')"
+# anywidget gives a model 2 s to load its JavaScript (plotly's widget: a 5 MB bundle) and logs this past them,
+# which a loaded machine can pass while the chart still draws: what the audience sees is checked instead (every
+# chart of every step drawn, `_DRAWN`), so a chart that really failed still fails the walk.
+SLOW_MODEL = "[anywidget] Failed to initialize model"
 SIZES = [("1024x768", XGA, False), ("1920x1080", FULL_HD, False)]
 
 
@@ -255,9 +259,10 @@ def test_the_board_stages_each_segment(jupyterlab, browser):
     base, shots, copy = jupyterlab
     page = browser.new_page(viewport=XGA)
     errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    page.on("pageerror", lambda exc: None if SLOW_MODEL in str(exc) else errors.append(f"page error: {exc}"))
     page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}")
-            if (msg.type == "error" or any(n in msg.text for n in WIDGET_ERRORS)) and REPLACED_CHART not in msg.text
+            if (msg.type == "error" or any(n in msg.text for n in WIDGET_ERRORS))
+            and not any(known in msg.text for known in (REPLACED_CHART, SLOW_MODEL))
             else None)
     problems: list[str] = []
     try:
