@@ -7,6 +7,7 @@
     notebooks  each solution notebook's run time
     board      the board's Run All and present mode's first page, beside INSTRUCTORS.md's promise
     grade      a class of 30 copies of lab 02's solution graded with --jobs 2 (target: 6 minutes)
+    plans      grading plans (hidden givens and cases) drawn for many students a lab: every one must build
     viz*       Python time per slider update of each lab's panels
 
 Each bench parses its flags with `labsupport.cli.parser.OneLineParser` and runs under `run_command`:
@@ -28,6 +29,7 @@ BENCHES = {
     "notebooks": "labsupport.bench.notebooks:bench",
     "board": "labsupport.bench.board:bench",
     "grade": "labsupport.bench.grade:bench",
+    "plans": "labsupport.bench.plans:bench",
     "viz": "labsupport.bench.viz:bench_roofline",
     "viz_memory": "labsupport.bench.viz:bench_memory",
     "viz_sharing": "labsupport.bench.viz:bench_sharing",

@@ -24,7 +24,7 @@ STAFF_ONLY = (*sandbox.STAFF_ONLY, *sandbox.GRADING_ONLY)
 STAFF_COMMANDS = ("build", "grade", "release", "autograder", "checkoff", "ledger")
 STAFF_LINES = {  # the lines of the package's command tables that name a staff command
     "__main__.py": rf'^\s*"(?:{"|".join(STAFF_COMMANDS)})"\s*:.*\n',
-    "bench/__init__.py": r'^\s*"(?:notebooks|grade)"\s*:\s*"labsupport\.bench\.\w+:.*\n|^\s*(?:notebooks|grade)\s+.*\n',
+    "bench/__init__.py": r'^\s*"(?:notebooks|grade|plans)"\s*:\s*"labsupport\.bench\.\w+:.*\n|^\s*(?:notebooks|grade|plans)\s+.*\n',
 }
 TOP_FILES = ("pyproject.toml", "environment.yml", "Makefile", ".gitignore")
 # the README's companions students read; INSTRUCTORS.md (the board, solutions/) and LEDGER.md stay with the staff

@@ -62,7 +62,7 @@ ETC = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.c
 # the board notebook itself is not in the release.)
 STAFF_ONLY = ("course/checkoffs", "course/build.py", "course/grade.py", "course/registry.py", "course/report.py",
               "course/release.py", "course/autograder.py", "course/scaffold.py", "bench/notebooks.py",
-              "bench/grade.py", "cli/ledger.py")
+              "bench/grade.py", "bench/plans.py", "cli/ledger.py")
 GRADING_ONLY = ("course/sandbox.py", "course/runner.py")
 NOBODY = 65534
 MAX_EVENTS_BYTES = 64 * 2**20  # read back from one sandbox; the rest is dropped
