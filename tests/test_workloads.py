@@ -309,7 +309,7 @@ def test_malformed_mooncake_lines_name_file_and_line(tmp_path):
 def test_real_csv_parses_like_the_csv_module(tmp_path):
     """The loader against Python's csv module on a slice of the real file (or a stand-in)."""
     src = REAL["azure-conv"]
-    text = src.read_text().splitlines()[:200] if src.exists() else (
+    text = src.read_text().splitlines()[:200] if src is not None else (
         ["TIMESTAMP,ContextTokens,GeneratedTokens"] + [f"2023-11-16 18:15:{i:02d}.5,{i + 1},{i + 2}" for i in range(50)])
     p = tmp_path / "slice.csv"
     p.write_text("\n".join(text) + "\n")
