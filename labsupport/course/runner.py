@@ -260,10 +260,8 @@ def find_givens_by_running(sh, cells: list, names: set, seconds: float, work: st
     try:
         pid = os.fork()
     except OSError:  # no process to be had: no probe, and the cells run as they would without one
-        pid = None
-    if pid is None:
-        for fd in (read_end, write_end):
-            os.close(fd)
+        os.close(read_end)
+        os.close(write_end)
         shutil.rmtree(snapshot, ignore_errors=True)
         return None
     if pid == 0:
@@ -283,8 +281,6 @@ def find_givens_by_running(sh, cells: list, names: set, seconds: float, work: st
             os._exit(0)
     os.close(write_end)
     why = wait(pid, time.monotonic() + seconds)
-    with contextlib.suppress(OSError):  # what the probe's cells left running ends with it
-        os.killpg(pid, signal.SIGKILL)
     os.set_blocking(read_end, False)  # a process the probe left behind may hold the pipe open
     try:
         text = os.read(read_end, 32).decode(errors="replace")
@@ -362,8 +358,6 @@ def main(argv: list[str]) -> int:
             emit(e="stop", run=run, why=_text(f"it could not be started: {exc.strerror or exc}", 200))
             continue
         why = wait(pid, deadline)
-        with contextlib.suppress(OSError):  # what the run left running ends with it, as at a kernel's restart
-            os.killpg(pid, signal.SIGKILL)
         if why:
             emit(e="stop", run=run, why=why)
     return 0
@@ -418,20 +412,23 @@ def python(*args: str, root: str | None = None) -> list[str]:
 
 
 def wait(pid: int, deadline: float) -> str:
-    """'' when run `pid` ended by itself in time, else why it did not."""
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            if os.WIFSIGNALED(status):
-                return f"killed by signal {os.WTERMSIG(status)}"
-            return ""
-        if time.monotonic() > deadline:
-            for target in (-pid, pid):
+    """'' when run `pid` (a process group's leader) ended by itself in time, else why it did not.  Either way,
+    what it left running in its group ends with it, as at a kernel's restart (a fork bomb's leftovers would
+    otherwise fill the process bound and refuse the next run)."""
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else ""
+            if time.monotonic() > deadline:
                 with contextlib.suppress(OSError):
-                    os.kill(target, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return "timeout"
-        time.sleep(0.05)
+                    os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return "timeout"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
