@@ -93,3 +93,16 @@ def test_no_lab_types_how_many_checkoffs_it_has():
     for source in sorted((ROOT / "solutions").glob("[0-9][0-9]_*.py")):
         found = count.findall(source.read_text(encoding="utf-8"))
         assert not found, (source.name, found)
+
+
+@pytest.mark.parametrize("rel_tol, abs_tol, text", [
+    (1e-6, 0.0, "within 0.0001% of"),  # 3.6's tolerance, which printed as "0.00%"
+    (1e-3, 0.0, "within 0.1% of"),
+    (5e-5, 0.0, "within 0.005% of"),
+    (2.5e-4, 0.5, "within ±0.5 or 0.025% of"),
+    (0.0, 0.0, "not exactly right"),
+])
+def test_a_tolerance_is_printed_with_its_significant_digits(rel_tol, abs_tol, text):
+    from labsupport.course.judge import tolerance_text
+
+    assert text in tolerance_text(rel_tol, abs_tol)

@@ -65,8 +65,13 @@ def as_number(x, what: str) -> float:
     return x
 
 
+def percent_text(share: float) -> str:
+    """A relative tolerance as a percentage with its significant digits: 1e-6 is 0.0001%, not 0.00% (issue 35)."""
+    return f"{float(f'{100 * share:.2g}'):f}".rstrip("0").rstrip(".") + "%"
+
+
 def tolerance_text(rel_tol: float, abs_tol: float) -> str:
-    bounds = ([f"±{fmt_number(abs_tol)}"] if abs_tol else []) + ([f"{rel_tol:.2%}"] if rel_tol > 1e-9 else [])
+    bounds = ([f"±{fmt_number(abs_tol)}"] if abs_tol else []) + ([percent_text(rel_tol)] if rel_tol > 1e-9 else [])
     return f"which is not within {' or '.join(bounds)} of the right value" if bounds else "which is not exactly right"
 
 
