@@ -105,6 +105,29 @@ def test_no_guide_in_the_release_links_to_a_file_it_left_out(release):
     assert "[COURSE_AUTHORING.md]" not in text and "COURSE_AUTHORING.md" in text  # the release keeps its words
 
 
+def test_the_release_refuses_a_notebook_that_names_a_file_it_does_not_ship(tmp_path):
+    """Issue 35: errata stand where the student reads them; a notebook that sends them to LEDGER.md (a markdown link,
+    or the name in a printed line) or to a solution is caught, one line naming the notebook, the cell and the file;
+    a shipped guide, a sibling notebook, a URL and an anchor pass."""
+    nbs = tmp_path / "notebooks"
+    nbs.mkdir()
+    (tmp_path / "GRADING.md").write_text("")
+    cells = [nbformat.v4.new_markdown_cell("See [the errata](../LEDGER.md#slips) and [grading](../GRADING.md)."),
+             nbformat.v4.new_code_cell('print("the lecture rounds it (LEDGER.md, §10.6)")'),
+             nbformat.v4.new_markdown_cell("Next: [lab 01](01_b.ipynb), [a site](https://example.org/a.md), [up](#top)."),
+             nbformat.v4.new_markdown_cell("The answer is in solutions/00_a.ipynb.")]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), nbs / "00_a.ipynb")
+    nbformat.write(nbformat.v4.new_notebook(), nbs / "01_b.ipynb")
+    found = REL.unshipped_references(tmp_path)
+    assert found == ["notebooks/00_a.ipynb cell 0: names ../LEDGER.md, which the release does not ship",
+                     "notebooks/00_a.ipynb cell 1: names LEDGER.md, which the release does not ship",
+                     "notebooks/00_a.ipynb cell 3: names solutions/00_a.ipynb, which the release does not ship"], found
+    (tmp_path / "LEDGER.md").write_text("")
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "solutions" / "00_a.ipynb").write_text("{}")
+    assert REL.unshipped_references(tmp_path) == []
+
+
 def test_the_release_holds_every_labs_record_as_the_build_wrote_it(release):
     labs = sorted(int(p.name[:2]) for p in (release / "notebooks").glob("*.ipynb"))
     copied = sorted((release / "labsupport" / "course" / "records").glob("*.json"))

@@ -7,6 +7,7 @@ solutions/, the board, LEDGER.md, the graders, the staff commands and the labs' 
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -31,6 +32,8 @@ TOP_FILES = ("pyproject.toml", "environment.yml", "Makefile", ".gitignore")
 STUDENT_GUIDES = ("GRADING.md",)
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")  # the ](target#anchor) that ends a markdown link
 _LABELLED_LINK = re.compile(r"\[([^\]]+)" + _LINK.pattern)  # [text](target#anchor)
+# a file a notebook names in its words (LEDGER.md, ../INSTRUCTORS.md, solutions/02_x.ipynb): it must ship too
+_NAMED_FILE = re.compile(r"(?<![\w/.-])((?:\.\./|[\w-]+/)*[\w-]+\.(?:md|ipynb))\b")
 TRACE_SUFFIXES = (".csv", ".jsonl", ".json.gz", ".csv.gz", ".part")  # .part: a trace download not finished
 
 
@@ -111,6 +114,9 @@ def write_release(out: Path) -> dict:
             if (ROOT / name).is_file():
                 _write(staging / name, unlinked((ROOT / name).read_text(encoding="utf-8"), staging))
         _write(staging / "tests" / "test_release.py", RELEASE_TEST)
+        dangling = unshipped_references(staging)
+        if dangling:
+            raise ReleaseError(f"{dangling[0]} (and {len(dangling) - 1} more)" if len(dangling) > 1 else dangling[0])
         if out.exists():
             out.rmdir()
         staging.rename(out)
@@ -123,6 +129,30 @@ def write_release(out: Path) -> dict:
 def _missing(target: str, folder: Path) -> bool:
     """A link to a file the release leaves out (the README and the guides count as in: each is written once)."""
     return "://" not in target and target not in ("README.md", *STUDENT_GUIDES) and not (folder / target).exists()
+
+
+def unshipped_references(release: Path) -> list[str]:
+    """Every link or file name in the released notebooks (markdown, and the strings code cells print) that leads to
+    a file the release does not ship, as 'notebooks/N.ipynb cell K: names T, which the release does not ship'.
+
+    A student reads the lab's errata where it stands (issue 35: the lecture's number, the lab's, and why); a pointer
+    to LEDGER.md or a solution is a dead end in the copy they have.  A name is looked for beside the notebook (a
+    link's target) and at the release's root (a file named in the prose); the README and guides are written by then."""
+    found = []
+    for nb_path in sorted((release / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb_path.read_text(encoding="utf-8")).get("cells", [])
+        for k, cell in enumerate(cells):
+            text = "".join(cell.get("source", []))
+            names = {*(t for t in _LINK.findall(text)), *_NAMED_FILE.findall(text)}
+            for target in sorted(names):
+                if "://" in target or target.startswith(("#", "mailto:")):
+                    continue
+                here, root = (nb_path.parent / target), release / target.lstrip("./")
+                if here.exists() or root.exists():
+                    continue
+                found.append(f"{nb_path.relative_to(release)} cell {k}: names {target}, which the release does "
+                             "not ship")
+    return found
 
 
 def unlinked(markdown: str, folder: Path) -> str:
