@@ -11,12 +11,18 @@ answers, and are not scanned.
 
 A function checkoff's answer is the function, but what it returns on the lab's own inputs (the
 lecture's) is a number the exercise makes the student find, so it is scanned the same way: its
-`want` in the first of the lab's own cases (the graders' `cases(case_rng(id))`, what the record holds),
+`want` in the first of the lab's own cases (the record's, which the graders' `cases(case_rng(id))` wrote),
 or where `LECTURE_RESULT` says it sits; every function checkoff is listed there or in
 `NO_LECTURE_NUMBER`, so a new one needs a decision.  A number an earlier lab's checkoff already asked
 for is not scanned again in a later lab.  And an answer is also given away by a stated multiplier
 ("moves 3.00× the fused kernel's bytes") that turns the answer of a checkoff this lab already passed
 into it, within the multiplier's printed precision (when that is 1% or finer).
+
+The expected values are the build's record (labsupport/course/records: what check() itself reads), and a
+number is read with its context: one printed with a unit ("1.81 GB", "22.65 ms", "1,024 MiB") is taken in
+that unit, so it gives away an answer in bytes or seconds written in another scale (to the precision it is
+printed with), and it is no reading of an answer of another kind (1,024 MiB of scratch disk is not a
+1,024-byte table).  A number an answer of unknown kind could be is read both ways.
 
 A number that only coincides with an answer (a block size, a count that means something else) is
 allowlisted in `COINCIDENCES` with the reason it is not the answer (COURSE_AUTHORING.md, rule 6).
@@ -34,12 +40,21 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labsupport.course.checkoffs import load_lab
-from labsupport.course.registry import case_rng
+from labsupport.course import record
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDENTS = sorted((ROOT / "notebooks").glob("0[0-9]_*.ipynb"))
-NUMBER = re.compile(r"(?<![\w.])[-−]?\d[\d,_]*(?:\.\d+)?(?:[eE][-+]?\d+)?\s*%?")
+NUMBER = re.compile(r"(?<![\w.])(?P<number>[-−]?\d[\d,_]*(?:\.(?P<digits>\d+))?(?:[eE][-+]?\d+)?)"
+                    r"(?:\s*(?P<unit>%|[KMGT]i?B/s|B/s|[KMGT]i?B\b|B\b|ms\b|µs|us\b|ns\b|s\b|tok/s))?")
+# a unit a number is printed in: (its kind, its scale to the kind's base: bytes, bytes/s, seconds, tokens/s)
+UNITS = {"B": ("bytes", 1), "KB": ("bytes", 1e3), "MB": ("bytes", 1e6), "GB": ("bytes", 1e9), "TB": ("bytes", 1e12),
+         "KiB": ("bytes", 2**10), "MiB": ("bytes", 2**20), "GiB": ("bytes", 2**30), "TiB": ("bytes", 2**40),
+         "s": ("seconds", 1), "ms": ("seconds", 1e-3), "µs": ("seconds", 1e-6), "us": ("seconds", 1e-6),
+         "ns": ("seconds", 1e-9), "tok/s": ("tokens/s", 1)}
+UNITS.update({f"{u}/s": ("bytes/s", k) for u, (kind, k) in list(UNITS.items()) if kind == "bytes"})
+# the kind of an answer, from the unit its checkoff prints it with (the record's spec), where it has one
+ANSWER_KIND = {" B": "bytes", " B/s": "bytes/s", " s": "seconds", " tok/s": "tokens/s"}
+COARSEST = 0.01  # a number printed to coarser than 1% in another scale ("2 GB") gives no exact answer away
 PLOTLY = "application/vnd.plotly.v1+json"
 TEXT_KEYS = ("text", "title", "name", "hovertext", "texttemplate")
 SMALL = 16  # integer answers up to this collide with every block size and step count in the prose
@@ -47,16 +62,17 @@ MULTIPLIER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*×")
 
 
 def _first(cases):
-    """The want of the first of the lab's own cases: the graders list the lecture's inputs first."""
-    return cases[0].want
+    """The want of the first of the lab's own cases (the record's): the graders list the lecture's inputs first."""
+    return cases[0]["spec"]["want"]
 
 
 def _case_with(*inputs):
-    """The want of the case called with `inputs` (positional, then keyword values, in order)."""
-    return lambda cases: next(c.want for c in cases if (*c.args, *c.kwargs.values()) == inputs)
+    """The want of the record's case called with `inputs` (positional, then keyword values, in order)."""
+    return lambda cases: next(c["spec"]["want"] for c in cases
+                              if (*c["input"]["args"], *c["input"]["kwargs"].values()) == inputs)
 
 
-# Where, among a function checkoff's own cases (cases(case_rng(id))), its result on the lecture's inputs is.
+# Where, among a function checkoff's own cases (the record's), its result on the lecture's inputs is.
 LECTURE_RESULT = {
     "0.2": _first,                                            # KV bytes per token of the lecture's 7B
     "2.3": _first,                                            # utilization of the lecture-pool allocator
@@ -80,15 +96,17 @@ NO_LECTURE_NUMBER = {"1.2", "1.3", "1.5", "2.13", "5.2", "3.1", "3.2", "3.3", "3
 
 
 # Numbers in a lab that coincide with an answer and are not it (COURSE_AUTHORING.md, rule 6): (checkoff id, the
-# number as the text reads it, a percentage as its fraction) -> why that number there is not the answer.  The scan
-# skips them for that checkoff only.  (A multiplier that gives an answer away is never a coincidence.)
-COINCIDENCES: dict[tuple[str, float], str] = {
-    ("3.7", 1024.0): "lab 00's doctor prints the grading sandbox's 1,024 MiB of scratch disk, not a table's bytes",
+# number as the text prints it, unit included) -> why that number there is not the answer.  The scan skips that
+# printed number for that checkoff only.  (A multiplier that gives an answer away is never a coincidence.)
+COINCIDENCES: dict[tuple[str, str], str] = {
+    ("0.1", "512 KiB"): "the lecture's per-token KV size is 0.1's question: it is given in KiB and asked in bytes",
+    ("0.2", "512 KiB"): "0.2 asks where the lecture's stated 512 KiB comes from: the function is the exercise",
+    ("4.3", "2.15 GB"): "lab 02's 4,096-token slot (2,147,483,648 B) is not a decode step's bytes (2,148,532,224 B)",
 }
 
 
-def _coincidence(cid: str, x: float) -> bool:
-    return any(c == cid and math.isclose(x, number, rel_tol=1e-12) for c, number in COINCIDENCES)
+def _coincidence(cid: str, token: str) -> bool:
+    return (cid, " ".join(token.split())) in COINCIDENCES
 
 
 def _plotly_text(node) -> list[str]:
@@ -123,14 +141,33 @@ def _output_text(cell) -> str:
 
 
 def _numbers(text: str):
+    """(the text as printed, its value, its unit's kind or None, the unit's scale, its relative printed precision)
+    per number in `text`; a percentage is its fraction, of no unit."""
     for match in NUMBER.finditer(text):
-        token = match.group().replace("−", "-").replace(",", "").replace("_", "").strip()
-        percent = token.endswith("%")
         try:
-            x = float(token.rstrip("%").strip())
+            x = float(match["number"].replace("−", "-").replace(",", "").replace("_", ""))
         except ValueError:
             continue
-        yield match.group().strip(), (x / 100 if percent else x)
+        unit = match["unit"]
+        if unit == "%":
+            yield match.group().strip(), x / 100, None, 1, 0.0
+            continue
+        kind, scale = UNITS.get(unit, (None, 1))
+        precision = 0.5 * 10 ** -len(match["digits"] or "") / abs(x) if x else 1.0
+        yield match.group().strip(), x, kind, scale, precision
+
+
+def _readings_of(x: float, kind, scale: float, precision: float, answer_kind, rel: float):
+    """(value, rel_tol) a printed number may be read as, against an answer of `answer_kind` (None: unknown)."""
+    if kind is None:
+        return [(x, rel)]
+    if scale == 1:
+        converted = [(x, rel)]  # the base unit: read as printed, like a bare number
+    else:
+        converted = [(x * scale, max(rel, precision))] if precision <= COARSEST else []
+    if answer_kind is not None:
+        return converted if kind == answer_kind else []  # a byte count is no reading of a time or a count
+    return [(x, rel), *(c for c in converted if scale != 1)]
 
 
 def _texts(student_path: Path):
@@ -146,16 +183,17 @@ def _texts(student_path: Path):
 
 
 def _answers(lab: int):
-    """(checkoff id, a number it accepts on the lecture's givens, rel_tol, abs_tol) per value checkoff, and per
-    function checkoff its result on the lecture's inputs."""
-    for c in load_lab(lab):
-        if c.kind == "function" and c.id in LECTURE_RESULT:
-            want = LECTURE_RESULT[c.id](c.cases(case_rng(c.id)))
-            rel, abs_ = 1e-4, 0.0  # a number the function returns: matched to five figures
-        elif c.kind == "value":
-            want = c.expect()
-            spec = c.value_spec()
-            rel, abs_ = spec.get("rel_tol", 1e-3), spec.get("abs_tol", 0.0)
+    """(checkoff id, a number it accepts on the lecture's givens, rel_tol, abs_tol, its kind or None) per value
+    checkoff, and per function checkoff its result on the lecture's inputs: read from the build's record."""
+    rec = record.read(lab)
+    for c in rec["checkoffs"] if rec else []:
+        if c["kind"] == "function" and c["id"] in LECTURE_RESULT:
+            want = LECTURE_RESULT[c["id"]](c["cases"])
+            rel, abs_, kind = 1e-4, 0.0, None  # a number the function returns: matched to five figures
+        elif c["kind"] == "value":
+            spec = c["spec"]
+            want, rel, abs_ = spec["want"], spec.get("rel_tol", 1e-3), spec.get("abs_tol", 0.0)
+            kind = ANSWER_KIND.get(spec.get("unit", ""))
         else:
             continue
         leaves = [want] if isinstance(want, (int, float)) else \
@@ -163,7 +201,7 @@ def _answers(lab: int):
             if isinstance(want, (dict, list, tuple)) else []
         for v in leaves:
             for reading in _readings(v, rel, abs_):
-                yield (c.id, *reading)
+                yield (c["id"], *reading, kind)
 
 
 def _readings(v, rel: float, abs_: float):
@@ -183,12 +221,15 @@ def _readings(v, rel: float, abs_: float):
 
 
 def _leaks(texts: list[tuple[str, str]], cid: str, want: float, rel: float, abs_: float,
-           known: tuple[tuple[str, float], ...] = ()) -> list[str]:
-    """Where `want` appears in `texts`, or a multiplier there turns a `known` (earlier) answer into it."""
+           known: tuple[tuple[str, float], ...] = (), kind: str | None = None) -> list[str]:
+    """Where `want` (an answer of `kind`) appears in `texts`, read in the units it is printed in, or a multiplier
+    there turns a `known` (earlier) answer into it."""
     found = []
     for where, text in texts:
-        for token, x in _numbers(text):
-            if math.isclose(x, want, rel_tol=rel, abs_tol=abs_) and not _coincidence(cid, x):
+        for token, x, unit_kind, scale, precision in _numbers(text):
+            if any(math.isclose(value, want, rel_tol=tol, abs_tol=abs_)
+                   for value, tol in _readings_of(x, unit_kind, scale, precision, kind, rel)) \
+                    and not _coincidence(cid, token):
                 found.append(f"{cid} = {want:g} is given away by {token!r} in {where}")
         for match in MULTIPLIER.finditer(text):
             k, digits = float(match.group(1)), match.group(1).partition(".")[2]
@@ -203,7 +244,7 @@ def _leaks(texts: list[tuple[str, str]], cid: str, want: float, rel: float, abs_
 
 def _asked_before(lab: int) -> list[tuple[str, float]]:
     """(checkoff id, number) for every answer an earlier lab's checkoffs asked for."""
-    return [(cid, want) for other in range(lab) for cid, want, _, _ in _answers(other)]
+    return [(cid, want) for other in range(lab) for cid, want, *_ in _answers(other)]
 
 
 @pytest.mark.parametrize("path", STUDENTS, ids=lambda p: p.stem)
@@ -216,7 +257,7 @@ def test_no_answer_appears_before_its_question(path):
     cells = list(_texts(path))
     asked = _asked_before(lab)
     problems = []
-    for cid, want, rel, abs_ in _answers(lab):
+    for cid, want, rel, abs_, kind in _answers(lab):
         if any(math.isclose(want, x, rel_tol=rel, abs_tol=abs_) for _, x in asked):
             continue  # an earlier lab asked for this number: its later labs may use it
         before, passed_here = [], []
@@ -227,8 +268,8 @@ def test_no_answer_appears_before_its_question(path):
                 break
             passed_here += found
             before.append((f"{path.stem} cell {cell.get('id')}", src + "\n" + out))
-        known = tuple((o, x) for o, x, _, _ in _answers(lab) if o in passed_here)  # this lab's, already passed
-        problems += _leaks(earlier, cid, want, rel, abs_) + _leaks(before, cid, want, rel, abs_, known)
+        known = tuple((o, x) for o, x, *_ in _answers(lab) if o in passed_here)  # this lab's, already passed
+        problems += _leaks(earlier, cid, want, rel, abs_, kind=kind) + _leaks(before, cid, want, rel, abs_, known, kind)
     assert not problems, "\n".join(problems)
 
 
@@ -262,9 +303,9 @@ def test_a_fresh_run_all_shows_no_answer_outside_a_reveal(path, run_all):
     shown = [(f"{other.stem} after Run All, cell {cell}", text) for other in STUDENTS if int(other.name[:2]) <= lab
              for cell, text in _seen_after_run_all(run_all(other))]
     asked = _asked_before(lab)
-    problems = [leak for cid, want, rel, abs_ in _answers(lab)
+    problems = [leak for cid, want, rel, abs_, kind in _answers(lab)
                 if not any(math.isclose(want, x, rel_tol=rel, abs_tol=abs_) for _, x in asked)
-                for leak in _leaks(shown, cid, want, rel, abs_)]
+                for leak in _leaks(shown, cid, want, rel, abs_, kind=kind)]
     assert not problems, "\n".join(problems)
 
 
@@ -304,10 +345,10 @@ def test_the_scan_finds_a_planted_answer():
 def test_the_scan_finds_a_function_result_and_a_multiplier():
     """The two leaks the value-only scan missed: a function checkoff's lecture result (7.2's 159) and a
     ratio to an earlier answer ("moves 3.00× the fused kernel's bytes" before 4.4)."""
-    assert ("7.2", 159.0) in [(cid, want) for cid, want, _, _ in _answers(7)]
+    assert ("7.2", 159.0) in [(cid, want) for cid, want, *_ in _answers(7)]
     assert _leaks([("a cell", "B = 159: 19.950 ms")], "7.2", 159.0, 1e-3, 0)
-    fused = dict((cid, want) for cid, want, _, _ in _answers(4))["4.3"]
-    gta = dict((cid, want) for cid, want, _, _ in _answers(4))["4.4"]
+    fused = dict((cid, want) for cid, want, *_ in _answers(4))["4.3"]
+    gta = dict((cid, want) for cid, want, *_ in _answers(4))["4.4"]
     text = [("a panel", "gather-then-attend moves 3.00× the fused kernel's bytes")]
     assert _leaks(text, "4.4", gta, 1e-9, 0, (("4.3", fused),))
     assert not _leaks([("a panel", "about 3× as long")], "4.4", gta, 1e-9, 0, (("4.3", fused),))
@@ -317,7 +358,7 @@ def test_the_lecture_results_are_the_lectures_numbers():
     """LECTURE_RESULT reads the lecture's case, worked out here by hand: 0.2 is 2 x 32 x 32 x 128 x 2 B = 524,288;
     4.3 at the headline point is 2·64·8192·8·128·2 B of K and V (2**31) plus 2·64·32·128·2 B of query and output
     (2**20); 7.2 is 159 sequences under 20 ms."""
-    found = {(cid, want) for lab in (0, 4, 7) for cid, want, _, _ in _answers(lab)}
+    found = {(cid, want) for lab in (0, 4, 7) for cid, want, *_ in _answers(lab)}
     assert {("0.2", 524_288.0), ("4.3", float(2**31 + 2**20)), ("7.2", 159.0)} <= found
 
 
@@ -326,27 +367,28 @@ def test_a_coincidence_is_skipped_for_its_checkoff_only(monkeypatch):
     answer, and another number still leaks this one's."""
     texts = [("a cell", "blocks of 4,096 tokens, and 8,192 more")]
     assert _leaks(texts, "3.9", 4096.0, 1e-9, 0) and _leaks(texts, "3.8", 4096.0, 1e-9, 0)
-    monkeypatch.setitem(COINCIDENCES, ("3.9", 4096.0), "the block size of the prose, not the count 3.9 asks for")
+    monkeypatch.setitem(COINCIDENCES, ("3.9", "4,096"), "the block size of the prose, not the count 3.9 asks for")
     assert not _leaks(texts, "3.9", 4096.0, 1e-9, 0)
     assert _leaks(texts, "3.8", 4096.0, 1e-9, 0)
     assert _leaks(texts, "3.9", 8192.0, 1e-9, 0)
 
 
 def test_every_coincidence_names_an_answer_and_says_why():
-    """An entry allowlists a number that is within its checkoff's tolerance of one of its answers (else it hides
+    """An entry allowlists a printed number that the scan reads as one of its checkoff's answers (else it hides
     nothing and is stale), and gives the reason it is not the answer."""
     answers = {}
     for lab in range(9):
-        for cid, want, rel, abs_ in _answers(lab):
-            answers.setdefault(cid, []).append((want, rel, abs_))
-    for (cid, number), reason in COINCIDENCES.items():
-        assert len(reason.split()) >= 4, (cid, number, "say why the number is not the answer")
-        assert any(math.isclose(number, want, rel_tol=rel, abs_tol=abs_) for want, rel, abs_ in answers.get(cid, ())), \
-            (cid, number, "coincides with no answer of that checkoff: drop the entry")
+        for cid, want, rel, abs_, kind in _answers(lab):
+            answers.setdefault(cid, []).append((want, rel, abs_, kind))
+    for (cid, printed), reason in COINCIDENCES.items():
+        assert len(reason.split()) >= 4, (cid, printed, "say why the number is not the answer")
+        assert any(_leaks([("entry", printed)], "not " + cid, want, rel, abs_, kind=kind)
+                   for want, rel, abs_, kind in answers.get(cid, ())), \
+            (cid, printed, "coincides with no answer of that checkoff: drop the entry")
 
 
 def test_every_function_checkoff_is_classified():
-    ids = {c.id for lab in range(9) for c in load_lab(lab) if c.kind == "function"}
+    ids = {c["id"] for lab in range(9) for c in record.read(lab)["checkoffs"] if c["kind"] == "function"}
     assert ids == set(LECTURE_RESULT) | NO_LECTURE_NUMBER, (ids ^ (set(LECTURE_RESULT) | NO_LECTURE_NUMBER))
 
 
@@ -354,13 +396,30 @@ def test_the_readme_says_what_each_lab_does_not_what_it_finds():
     """The README is read before any lab: no checkoff's accepted answer on the lecture's givens is in it."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     labs = sorted({int(p.name[:2]) for p in STUDENTS})
-    problems = [leak for lab in labs for cid, want, rel, abs_ in _answers(lab)
-                for leak in _leaks([("README.md", readme)], cid, want, rel, abs_)]
+    problems = [leak for lab in labs for cid, want, rel, abs_, kind in _answers(lab)
+                for leak in _leaks([("README.md", readme)], cid, want, rel, abs_, kind=kind)]
     assert not problems, "\n".join(problems)
 
 
 def test_the_readme_scan_finds_a_result_written_into_it():
     """The scan above can fail: 2.2's answer, as the old README's lab table printed it, is found."""
-    (cid, want, rel, abs_), = [a for a in _answers(2) if a[0] == "2.2"][:1]
+    (cid, want, rel, abs_, kind), = [a for a in _answers(2) if a[0] == "2.2"][:1]
     assert _leaks([("README.md", f"utilization ({100 * want:.2f}% at the end of a sequence's life)")],
-                  cid, want, rel, abs_)
+                  cid, want, rel, abs_, kind=kind)
+
+
+def test_a_number_is_read_in_the_unit_it_is_printed_in():
+    """Context (issue 35): 2.1's 1,811,939,328 B is given away by "1.81 GB" and "1,728 MiB" as well as by its digits;
+    1,024 MiB of scratch disk is no 1,024-byte block table; "22.65 ms" gives a TPOT of 0.02265 s away, "22.65 GB"
+    does not; "2 GB" (printed to 25%) gives no exact byte count away; a number of unknown kind is read both ways."""
+    assert _leaks([("a", "each leaves 1.81 GB unfilled")], "2.1", 1_811_939_328, 1e-9, 0, kind="bytes")
+    assert _leaks([("a", "each leaves 1,728 MiB unfilled")], "2.1", 1_811_939_328, 1e-9, 0, kind="bytes")
+    assert _leaks([("a", "1,811,939,328 unfilled")], "2.1", 1_811_939_328, 1e-9, 0, kind="bytes")
+    assert not _leaks([("a", "each leaves 1.81 ms")], "2.1", 1_811_939_328, 1e-9, 0, kind="bytes")
+    assert not _leaks([("a", "1,024 MiB of scratch disk")], "3.7", 1024, 1e-9, 0, kind="bytes")
+    assert _leaks([("a", "a table of 1,024 B")], "3.7", 1024, 1e-9, 0, kind="bytes")
+    assert _leaks([("a", "TPOT 22.65 ms")], "7.x", 0.02265, 1e-3, 0, kind="seconds")
+    assert not _leaks([("a", "22.65 GB")], "7.x", 0.02265, 1e-3, 0, kind="seconds")
+    assert not _leaks([("a", "about 2 GB")], "2.x", 2_147_483_648, 1e-3, 0, kind="bytes")
+    assert _leaks([("a", "22.65 ms")], "7.x", 0.02265, 1e-3, 0) and _leaks([("a", "22.65 ms")], "7.x", 22.65, 1e-3, 0)
+    assert _leaks([("a", "33.18 GB/s")], "6.x", 33.18e9, 1e-3, 0, kind="bytes/s")
