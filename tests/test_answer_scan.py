@@ -423,3 +423,19 @@ def test_a_number_is_read_in_the_unit_it_is_printed_in():
     assert not _leaks([("a", "about 2 GB")], "2.x", 2_147_483_648, 1e-3, 0, kind="bytes")
     assert _leaks([("a", "22.65 ms")], "7.x", 0.02265, 1e-3, 0) and _leaks([("a", "22.65 ms")], "7.x", 22.65, 1e-3, 0)
     assert _leaks([("a", "33.18 GB/s")], "6.x", 33.18e9, 1e-3, 0, kind="bytes/s")
+
+
+def test_the_scan_reads_a_panels_readout_as_run_all_stores_it():
+    """A widget's readout is part of what the scan reads: a `viz.Panel` stores its title, settings and readout as its
+    output's text/plain (the widget view itself carries no text), and an answer in that readout is found there."""
+    import ipywidgets as widgets
+    import plotly.graph_objects as go
+
+    from labsupport.viz import Panel
+
+    panel = Panel(lambda s_max: go.Figure(), {"s_max": widgets.IntSlider(value=32_768, min=512, max=131_072)},
+                  readout=lambda s_max: f"3 slots; utilization {100 * 3 * 640 / s_max / 29.8:.2f}%", title="S_max")
+    stored = {"outputs": [{"output_type": "display_data", "data": panel._repr_mimebundle_()}]}
+    text = _output_text(stored)
+    assert "s_max=32768" in text and "utilization 0.20%" in text
+    assert _leaks([("the panel", text)], "2.x", 0.00199, 1e-2, 0)
