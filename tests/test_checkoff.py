@@ -380,7 +380,7 @@ def test_a_later_lab_registers_a_checkoff():
     try:
         R.value("98.1", "a test checkoff", expected=lambda: 2 * GB, rel_tol=0.01, hint="two decimal gigabytes")
         grader("98.1").grade(2.01e9)
-        with pytest.raises(Mismatch, match="within 1.00%"):
+        with pytest.raises(Mismatch, match="within 1% of"):
             grader("98.1").grade(2.1e9)
 
         @R.function("98.2", "a test function", hint="return the square", name="square")
@@ -495,7 +495,7 @@ def test_paged_utilization_over_the_life_checkoff():
     pool = 7452 * 16 * _HAND_KV / _HAND_BUDGET  # 62.52e9 // 8 MiB whole blocks
     assert f"{tokens / slots * pool:.2%}" == "98.70%"
     check("3.6", tokens / slots * pool)
-    check("3.6", tokens / slots)  # the blocks' own fill, 98.71%: the pool's 99.99% share left out is fine
+    assert "pool's whole blocks" in _fail("3.6", tokens / slots)  # the blocks' own fill, 98.71%: the pool's share left out
     assert "end of life" in _fail("3.6", 186 * 640 * _HAND_KV / _HAND_BUDGET)  # 99.83%
 
 
