@@ -17,8 +17,11 @@
 #   one paging eliminates and which one it merely bounds.
 #
 # What you build: the allocator's admission — where a new slot goes, or whether it is refused (2.13) —
-# which then places every slot of this lab's allocators: the lecture's workload, whose utilization you
-# measure with your own function (2.3, 2.4), and the per-request $S_{max}$ run, whose external
+# which then places every slot of this lab's allocators; the two readings of a live allocator, what
+# its slots hold and what they never fill (2.3, 2.2), which split the lecture's workload's budget
+# (2.4 measures it over a sequence's life); utilization at any limit and model (2.6), which reads the
+# long-context and brochure settings and drives the $S_{max}$ panel; and the concurrency estimate of
+# per-request $S_{max}$ (2.9), set beside a real allocator serving that mix, whose external
 # fragmentation your placement produces (2.14).
 #
 # Timing in the lecture: minutes 6–16 (*protected*). Here: about 45 minutes; the scoreboard at the end lists its checkoffs.
@@ -101,31 +104,6 @@ if revealed("2.1"):
     viz_memory.slot_figure(S_MAX, PROMPT, OUTPUT).show()
 
 # %% [markdown]
-# ### Exercise 2.2 — internal fragmentation, over the card
-#
-# Fill the budget with as many reserve-to-max slots as it holds, and let every sequence reach its
-# `PROMPT + OUTPUT` tokens. Set `internal_share` to the fraction of the whole KV budget (`BUDGET`,
-# in bytes) that the slots hold reserved and never filled.
-
-# %%
-### BEGIN SOLUTION 2.2: set internal_share to the share of BUDGET the slots reserve and never fill
-naive_seqs = BUDGET // (S_MAX * KV)  # whole slots only
-internal_share = naive_seqs * unfilled_bytes / BUDGET
-### END SOLUTION
-check("2.2", internal_share)
-
-# %% [markdown]
-# Once 2.2 passes, the arithmetic of this section in one place:
-
-# %%
-if revealed("2.1", "2.2"):
-    display(Markdown(r"""$$\text{slot} = S_{max} \times \text{KV per token}, \qquad
-  B_{naive} = \left\lfloor \frac{\text{KV budget}}{\text{slot}} \right\rfloor, \qquad
-  \text{internal} = \frac{B_{naive} \times (S_{max} - S_{actual}) \times \text{KV per token}}{\text{KV budget}}$$"""))
-    print(f"{naive_seqs} slots of {fmt_bytes(S_MAX * KV)}; each leaves {fmt_bytes(unfilled_bytes)} unfilled; "
-          f"internal fragmentation {fmt_pct(internal_share)} of the budget")
-
-# %% [markdown]
 # ## 2. Build it, and measure
 #
 # Formulas are claims; the allocator is the thing. A contiguous allocator keeps one address space
@@ -168,7 +146,8 @@ alloc = ReserveToMaxAllocator.from_budget(BUDGET, KV, s_max=S_MAX, place=placeme
 admitted = 0
 while True:
     try:
-        alloc.allocate(admitted, num_tokens=PROMPT)  # prefill: the prompt's KV goes into the new slot
+        # prefill: the prompt's KV goes into the new slot, which also records the length it will reach
+        alloc.allocate(admitted, num_tokens=PROMPT, final_tokens=PROMPT + OUTPUT)
     except OutOfBlocks as refusal:
         print(f"request {admitted} refused: {refusal}")
         break
@@ -243,12 +222,73 @@ if unlocked("2.3"):
 viz_memory.slot_stack_figure(alloc, BUDGET).show()
 
 # %% [markdown]
+# ### Exercise 2.2 — internal fragmentation, measured over a live allocator
+#
+# §10.2 names the orange: **internal fragmentation**, space reserved inside a sequence's own
+# allocation that the sequence never fills. A slot holds more than tokens and waste, though: in the
+# middle of a sequence's life part of it is waiting for tokens the sequence has not generated yet,
+# and it will fill those.
+#
+# Write `internal_share(alloc, budget_bytes)`: the internal fragmentation of a live allocator, as a
+# fraction of the KV budget. Read it off the allocator as 2.3 does; a `Slot` also has `.final`, the
+# length its sequence will reach when the caller said so (`None` where it did not: then what the
+# sequence holds is all it will hold). A sequence may be headed past its slot (`.final` > `.size`):
+# it will be stopped there. The checkoff runs your function on allocators at admission, mid-decode
+# and at the end of life, reserve-to-max and per-request $S_{max}$, several models and budgets.
+
+# %%
+def internal_share(alloc, budget_bytes):
+    """Memory the live slots reserve and their sequences never fill, as a fraction of the KV budget."""
+    ### BEGIN SOLUTION 2.2: return the bytes the live slots reserve and their sequences never fill, over budget_bytes
+    never = 0
+    for slot in alloc.slots.values():
+        reach = slot.length if slot.final is None else max(slot.final, slot.length)
+        never += slot.size - min(reach, slot.size)
+    return never * alloc.kv_bytes_per_token / budget_bytes
+    ### END SOLUTION
+
+
+check("2.2", internal_share)
+
+# %% [markdown]
+# Your two functions split the budget of the allocator you served, at the end of its sequences' life
+# and, on a fresh one, just after admission: what the slots hold, what they wait for, what they never
+# fill, and what no whole slot can use.
+
+# %%
+if unlocked("2.2", "2.3"):
+    at_admission = ReserveToMaxAllocator.from_budget(BUDGET, KV, s_max=S_MAX, place=placement)
+    while at_admission.fits(S_MAX):
+        at_admission.allocate(at_admission.num_seqs, num_tokens=PROMPT, final_tokens=PROMPT + OUTPUT)
+    for when, a in (("just after admission", at_admission), ("at the end of life", alloc)):
+        tokens, never = utilization(a, BUDGET), internal_share(a, BUDGET)
+        to_come = sum(s.final - s.length for s in a.slots.values()) * KV / BUDGET
+        print(f"{when:>20}: tokens {fmt_pct(tokens)} + still to come {fmt_pct(to_come)} + internal fragmentation "
+              f"{fmt_pct(never)} + too small for a slot {fmt_pct(1 - tokens - to_come - never)}")
+
+# %% [markdown]
+# Internal fragmentation is fixed the moment a slot is reserved: it is sized by the limit, and the
+# tokens only move the line between what a sequence holds and what it still waits for. The lecture's
+# closed form for the end of life, once 2.1 and 2.2 pass:
+
+# %%
+if revealed("2.1", "2.2"):
+    display(Markdown(r"""$$\text{slot} = S_{max} \times \text{KV per token}, \qquad
+  B_{naive} = \left\lfloor \frac{\text{KV budget}}{\text{slot}} \right\rfloor, \qquad
+  \text{internal} = \frac{B_{naive} \times (S_{max} - S_{actual}) \times \text{KV per token}}{\text{KV budget}}$$"""))
+    b_naive = ledger.naive_concurrency(BUDGET, S_MAX, KV)
+    print(f"{b_naive} slots of {fmt_bytes(S_MAX * KV)}; each leaves {fmt_bytes((S_MAX - PROMPT - OUTPUT) * KV)} "
+          f"never filled; internal fragmentation {fmt_pct(b_naive * (S_MAX - PROMPT - OUTPUT) * KV / BUDGET)} of "
+          f"the budget (the lecture's 84%)")
+
+# %% [markdown]
 # ### The same cache, over a sequence's life
 #
-# That utilization is read at the **end** of every sequence's life, when each holds all 640 tokens. A
-# busy card never sees that moment for every slot at once: a sequence is prefilled with its prompt
-# and holds one more token after each of its decode steps, and when it finishes the next request
-# takes its slot with a fresh prompt. What does the card hold on average, over a sequence's life?
+# The utilization of 2.3 was read at the **end** of every sequence's life, when each holds all 640
+# tokens. A busy card never sees that moment for every slot at once: a sequence is prefilled with its
+# prompt and holds one more token after each of its decode steps, and when it finishes the next
+# request takes its slot with a fresh prompt. What does the card hold on average, over a sequence's
+# life?
 #
 # ### Exercise 2.4 — utilization over the life
 #
@@ -282,31 +322,32 @@ check("2.4", util_over_life)
 
 # %%
 if revealed("2.4"):
-    print(f"end of life:   {fmt_pct(ledger.naive_utilization(BUDGET, S_MAX, PROMPT + OUTPUT, KV))} of the budget")
-    print(f"over the life: {fmt_pct(ledger.naive_utilization_time_avg(BUDGET, S_MAX, PROMPT, OUTPUT, KV))} of the "
-          f"budget (ledger), {fmt_pct(util_over_life)} (yours)")
-    display(Markdown("The lecture prints the first with 512 KiB taken as 512,000 B (§10.2's slip); its timing plan's "
-                     "and title's figures are the second ([LEDGER.md](../LEDGER.md), the conventions)."))
+    end_of_life = ledger.naive_utilization(BUDGET, S_MAX, PROMPT + OUTPUT, KV)
+    over_life = ledger.naive_utilization_time_avg(BUDGET, S_MAX, PROMPT, OUTPUT, KV)
+    print(f"end of life:   {fmt_pct(end_of_life)} of the budget")
+    print(f"over the life: {fmt_pct(over_life)} of the budget (ledger), {fmt_pct(util_over_life)} (yours)")
+    display(Markdown(f"The lecture prints 15.2% (9.5 of 62.5 GB) at the end of life, {fmt_pct(end_of_life)} here: it "
+                     f"reads 512 KiB as 512,000 B; its 14% (timing plan) and 86% empty (title) are the reading over "
+                     f"the life, {fmt_pct(over_life)} here."))
 
 # %% [markdown]
 # ## 3. What the waste costs: concurrency and throughput
 #
 # Had each sequence held only what it uses — 640 tokens, in 16-token blocks — the same budget would
 # hold several times more sequences (lab 03 builds that cache and counts them). Concurrency is not the
-# end of it: during decode a step is memory-bound (Lecture 2 §2.15). Work out from that what one
-# step must read from HBM, how long that takes on this card, and how many tokens it yields.
+# end of it. During decode a step is memory-bound (Lecture 2 §2.15): it lasts as long as moving its
+# bytes from HBM takes, and its arithmetic hides under that.
 #
 # ### Exercise 2.5 — the naive batch's throughput
 #
-# Set `naive_tok_s` to the decode throughput (tokens/s) of the naive batch — as many sequences as the
-# budget holds whole slots — every sequence at its full `PROMPT + OUTPUT` tokens, on a card that
-# moves `HBM_BW` bytes/s (the weights: `PARAMS` of `DTYPE_BYTES` bytes each).
+# The naive allocator's batch is every slot the budget holds, each sequence at its last step, holding
+# `PROMPT + OUTPUT` tokens. Set `naive_tok_s` to that batch's decode throughput, in tokens per second,
+# on this card (`HBM_BW`), with the model of the givens.
 
 # %%
 ### BEGIN SOLUTION 2.5: set naive_tok_s to the decode throughput (tokens/s) of the naive batch of full sequences
-b_naive = BUDGET // (S_MAX * KV)
-t_step = (PARAMS * DTYPE_BYTES + b_naive * (PROMPT + OUTPUT) * KV) / HBM_BW
-naive_tok_s = b_naive / t_step
+naive_tok_s = (BUDGET // (S_MAX * KV)) * HBM_BW / (
+    PARAMS * DTYPE_BYTES + (BUDGET // (S_MAX * KV)) * (PROMPT + OUTPUT) * KV)
 ### END SOLUTION
 check("2.5", naive_tok_s)
 
@@ -331,78 +372,97 @@ if revealed("2.5"):
 # ## 4. Advertising long context
 #
 # The service raises its limit to `S_MAX_LONG` tokens. The workload does not change: every request is
-# still `PROMPT + OUTPUT` tokens.
+# still `PROMPT + OUTPUT` tokens. The lecture: *"…the same chat workload's utilization falls to 1.9%,
+# because the slot grew 8× and the occupancy did not."* Rather than redo the arithmetic for each limit,
+# build it once; this section and the next read every limit and model through your function.
 #
-# ### Exercise 2.6 — the long-context advertisement
+# ### Exercise 2.6 — reserve-to-max utilization, for any limit
 #
-# Set `util_32k` to the utilization (a fraction: bytes holding tokens over the whole `BUDGET`) of the
-# chat workload under $S_{max}$ = `S_MAX_LONG`, MHA, from your own arithmetic (the grade does not
-# accept `ledger.naive_utilization` here). The checkoff wants the exact value.
+# Write `reserve_to_max_utilization(budget_bytes, s_max, seq_tokens, kv_bytes)`: the utilization (a
+# fraction: bytes holding tokens over `budget_bytes`) of a reserve-to-max allocator on that budget
+# that has admitted every request it can, each sequence `seq_tokens` long, at `kv_bytes` per token. A
+# slot cannot grow: a sequence longer than `s_max` stops at `s_max`. The checkoff tries limits,
+# models and budgets the lab never shows, some where not even one slot fits.
 
 # %%
-### BEGIN SOLUTION 2.6: set util_32k to the utilization at S_max = S_MAX_LONG (a fraction)
-util_32k = (BUDGET // (S_MAX_LONG * KV)) * (PROMPT + OUTPUT) * KV / BUDGET
-### END SOLUTION
-check("2.6", util_32k)
+def reserve_to_max_utilization(budget_bytes, s_max, seq_tokens, kv_bytes):
+    """Utilization of a reserve-to-max allocator filled with seq_tokens-long sequences, a fraction of the budget."""
+    ### BEGIN SOLUTION 2.6: return the share of budget_bytes that the admitted sequences' tokens occupy
+    slots = budget_bytes // (s_max * kv_bytes)  # only whole slots hold a sequence
+    return slots * min(seq_tokens, s_max) * kv_bytes / budget_bytes
+    ### END SOLUTION
+
+
+check("2.6", reserve_to_max_utilization)
 
 # %% [markdown]
-# *"…the same chat workload's utilization falls to 1.9%, because the slot grew 8× and the occupancy
-# did not."* That reasoning is per slot: one slot's occupancy, 640 of its 32,768 positions, is 1.95%,
-# which the lecture writes 1.9%. Utilization over the whole budget, 2.6's quantity, is another reading,
-# and the budget holds only whole slots. Both, from the real allocator and the ledger, once 2.6 passes:
+# Your function at the lab's two limits, beside the real allocator filled at each:
 
 # %%
-if revealed("2.6"):
+if unlocked("2.6"):
+    for s_max in (S_MAX, S_MAX_LONG):
+        m = naive_measurement(fill_reserve_to_max(BUDGET, s_max, PROMPT + OUTPUT, KV), BUDGET)
+        print(f"S_max = {s_max:>6,}: yours {fmt_pct(reserve_to_max_utilization(BUDGET, s_max, PROMPT + OUTPUT, KV))}, "
+              f"the real allocator {fmt_pct(m['utilization'])}")
+    print(f"The lecture prints 1.9%; over the budget it is {fmt_pct(m['utilization'])}: 1.9% is one slot's "
+          f"occupancy, {PROMPT + OUTPUT:,} of {S_MAX_LONG:,} positions ({fmt_pct((PROMPT + OUTPUT) / S_MAX_LONG)}), "
+          f"cut short, and the budget holds whole slots only.")
+
+# %% [markdown]
+# ### Exercise 2.7 — what the advertisement cost
+#
+# The lecture's reasoning — the slot grew 8×, the occupancy did not — is about one slot. What a service
+# sells is sequences served at once. Set `long_context_cost` to the factor by which raising the limit
+# from `S_MAX` to `S_MAX_LONG` divides the number of chat sequences the card serves at once.
+
+# %%
+### BEGIN SOLUTION 2.7: set long_context_cost to the factor S_MAX_LONG divides the chat workload's concurrency by
+long_context_cost = (BUDGET // (S_MAX * KV)) / (BUDGET // (S_MAX_LONG * KV))
+### END SOLUTION
+check("2.7", long_context_cost)
+
+# %% [markdown]
+# Where the budget goes at each limit, on the real allocator, through your 2.2 and 2.6: the slot grew
+# 8×, and what fell out of the count went into the remainder no whole slot can use.
+
+# %%
+if unlocked("2.2", "2.6", "2.7"):
     for s_max in (S_MAX, S_MAX_LONG):
         a = fill_reserve_to_max(BUDGET, s_max, PROMPT + OUTPUT, KV)
-        m = naive_measurement(a, BUDGET)
-        print(f"S_max = {s_max:>6,}: {m['concurrency']:>2} slots of {fmt_gb(m['slot_bytes'])}, utilization "
-              f"{fmt_pct(m['utilization'])} (one slot's occupancy {fmt_pct((PROMPT + OUTPUT) / s_max)})")
-    display(Markdown("The lecture's 1.9% is one slot's occupancy, its own per-slot reasoning, cut to one decimal; "
-                     "over the budget, which holds whole slots only, it is the utilization above "
-                     "([LEDGER.md](../LEDGER.md), the conventions)."))
+        tokens = reserve_to_max_utilization(BUDGET, s_max, PROMPT + OUTPUT, KV)
+        print(f"S_max = {s_max:>6,}: {a.num_seqs:>2} slots of {fmt_gb(s_max * KV)}; tokens {fmt_pct(tokens)}, "
+              f"internal fragmentation {fmt_pct(internal_share(a, BUDGET))}, too small for another slot "
+              f"{fmt_pct(1 - tokens - internal_share(a, BUDGET))}")
+    print(f"concurrency divided by {long_context_cost:.4g} for a slot {S_MAX_LONG // S_MAX}x larger")
 
 # %% [markdown]
 # ## 5. Exercise 1 — the long-context brochure
 #
-# Your service advertises a 128K context window: $S_{max}$ = `S_MAX_BROCHURE` = 131,072. The workload
-# is unchanged.
-#
-# $$\text{slot}_{MHA} = 131{,}072 \times 524{,}288\ \text{B} = 68.72\ \text{GB} > 62.52\ \text{GB}$$
-#
-# One slot is larger than the whole budget. The real allocator agrees — it cannot admit anyone:
+# Your service advertises a 128K context window: $S_{max}$ = `S_MAX_BROCHURE`. The workload is
+# unchanged. First the slot under MHA, against the budget, and the real allocator filled with it:
 
 # %%
 mha_128k = fill_reserve_to_max(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, KV)
-print(f"MHA at S_max = 131,072: {mha_128k.num_seqs} requests admitted")
+print(f"MHA at S_max = {S_MAX_BROCHURE:,}: one slot is {S_MAX_BROCHURE:,} x {KV:,} B = "
+      f"{fmt_gb(S_MAX_BROCHURE * KV, 2)}, the KV budget {fmt_gb(BUDGET, 2)}; {mha_128k.num_seqs} requests admitted")
 viz_memory.slot_stack_figure(mha_128k, BUDGET).show()
 
 # %% [markdown]
-# Relax to GQA-8 (8 KV heads: 131,072 B = 128 KiB per token). The KV budget is the same 62.52 GB —
-# the lecture keeps the parameter count fixed so that only the cache changes.
-#
-# ### Exercise 2.7 — the brochure under GQA-8
-#
-# Set `util_128k_gqa` to the reserve-to-max utilization (a fraction) of the chat workload at
-# $S_{max}$ = `S_MAX_BROCHURE` under GQA (`GQA_KV_HEADS` KV heads; `KV_GQA` bytes per token).
+# Relax to GQA-8 (`GQA_KV_HEADS` KV heads per layer instead of `KV_HEADS`). The KV budget is the
+# same — the lecture keeps the parameter count fixed so that only the cache changes. Your 2.6 reads
+# both models at the brochure's limit:
 
 # %%
 KV_GQA = 2 * LAYERS * GQA_KV_HEADS * HEAD_DIM * DTYPE_BYTES  # the GQA model's KV bytes per token
-### BEGIN SOLUTION 2.7: set util_128k_gqa to the GQA utilization at S_max = S_MAX_BROCHURE (a fraction)
-util_128k_gqa = (BUDGET // (S_MAX_BROCHURE * KV_GQA)) * (PROMPT + OUTPUT) * KV_GQA / BUDGET
-### END SOLUTION
-check("2.7", util_128k_gqa)
-
-# %% [markdown]
-# The lecture's sketch prints 0.39%: it takes a 640-token GQA-8 sequence as 0.082 GB, i.e. 128 KiB as
-# 128,000 B. Exactly, $640 \times 131{,}072 = 83{,}886{,}080$ B $= 0.0839$ GB, and:
-
-# %%
-if revealed("2.7"):
-    gqa_naive = fill_reserve_to_max(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, KV_GQA)
-    m = naive_measurement(gqa_naive, BUDGET)
-    print(f"GQA-8, S_max = 131,072: slot {fmt_gb(m['slot_bytes'])}, {m['concurrency']} slots, "
-          f"utilization {fmt_pct(m['utilization'], 3)} (lecture: 0.39%)")
+if unlocked("2.6"):
+    for name, kv in (("MHA", KV), (f"GQA-{GQA_KV_HEADS}", KV_GQA)):
+        m = naive_measurement(fill_reserve_to_max(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, kv), BUDGET)
+        print(f"{name:>5}, S_max = {S_MAX_BROCHURE:,}: slot {fmt_gb(S_MAX_BROCHURE * kv)}, {m['concurrency']} slots, "
+              f"utilization {fmt_pct(reserve_to_max_utilization(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, kv), 3)} "
+              f"(yours), {fmt_pct(m['utilization'], 3)} (the real allocator)")
+    print(f"The lecture's sketch prints 0.39%; exactly it is {fmt_pct(m['utilization'], 3)}: it takes a "
+          f"{PROMPT + OUTPUT}-token sequence as 0.082 GB, 128 KiB read as 128,000 B, where "
+          f"{PROMPT + OUTPUT} x {KV_GQA:,} B is {fmt_gb((PROMPT + OUTPUT) * KV_GQA, 4)}.")
 
 # %% [markdown]
 # Now paging, with the real block allocator (lab 03 builds it): the same budget cut into whole blocks
@@ -431,16 +491,16 @@ check("2.8", brochure_cost)
 if revealed("2.8"):
     print(f"paged, GQA, b = {BLOCK}: {pool.num_blocks:,} blocks of {BLOCK * KV_GQA:,} B; {paged_gqa} sequences "
           f"of {PROMPT + OUTPUT} tokens; {pool.num_free_blocks} blocks left")
-    display(Markdown("The sketch's ≈ 744 divides the printed 62.5 GB by a rounded 0.084 GB; whole blocks give the "
-                     "count above, inside its ≈, and the cost factor it supports holds ([LEDGER.md](../LEDGER.md), "
-                     "the conventions)."))
+    display(Markdown(f"The lecture's sketch prints ≈ 744 sequences and a cost of 248×; whole blocks give "
+                     f"{paged_gqa} and {brochure_cost:.2f}: it divides the printed 62.5 GB by a rounded 0.084 GB a "
+                     f"sequence."))
 
 # %% [markdown]
 # ### The knobs: S_max, the workload, the model, the card
 #
 # Every number below is measured on a real `ReserveToMaxAllocator` filled by the panel (the readout
-# puts the ledger's closed form beside it). It confirms your answers to 2.6–2.8; predict before you
-# move anything:
+# puts the ledger's closed form and your `reserve_to_max_utilization` beside it). It confirms 2.6 and
+# 2.7 at any limit, model and card; predict before you move anything:
 #
 # * **Advertise long context.** Slide $S_{max}$ to 32,768. The workload did not change. What happens to
 #   the number of slots and to utilization?
@@ -450,7 +510,9 @@ if revealed("2.8"):
 #   configuration still wrong? (Read the readout's note.)
 
 # %%
-viz_memory.naive_panel(paged=False)  # what a paged pool holds is lab 03's question
+# It opens at the lecture's 4,096; once 2.6 passes its readout also runs your function at every setting. (What a
+# paged pool holds is lab 03's question.)
+viz_memory.naive_panel(paged=False, utilization_fn=reserve_to_max_utilization if unlocked("2.6") else None)
 
 # %% [markdown]
 # The claim cost that factor in concurrency, and it cost it **for every request**: here every request
@@ -463,7 +525,7 @@ viz_memory.naive_panel(paged=False)  # what a paged pool holds is lab 03's quest
 # ## 6. Internal and external fragmentation
 #
 # **Internal fragmentation** is space reserved inside a sequence's own allocation that the sequence
-# never fills: the empty positions of each slot above (2.2 added them up), proportional to
+# never fills: the empty positions of each slot above (2.2 measures them), proportional to
 # $S_{max} - S_{actual}$.
 #
 # **External fragmentation** is free space *between* allocations, too small for the next request.
@@ -490,29 +552,53 @@ print(f"admitted {refilled} new requests into the freed slots; free now {alloc.f
 # Requests arrive declaring their own $S_{max}$: `S_MAX_SHORT` (a share `SHARE_SHORT` of them),
 # `S_MAX_LONG` (a share `SHARE_LONG`) or `S_MAX` (the rest) — 512, 32,768 and 4,096 in proportions
 # 70/5/25 for the lecture. Each reserves a slot of its own declared size, and the residents share one
-# budget.
+# budget. The lecture asks how many requests the card then serves at once, on average.
 #
-# Set `mean_slot_bytes` (Exercise 2.9) to what a request reserves on average, in bytes, and
-# `mean_seqs` (Exercise 2.10) to about how many requests the budget then holds at once, on average
-# (a whole number of requests, or the unrounded estimate: the checkoff accepts either).
+# ### Exercise 2.9 — how many requests a budget holds, on average
+#
+# Write `concurrency_estimate(budget_bytes, mix, kv_bytes)`: about how many requests a KV budget of
+# `budget_bytes` holds at once when each reserves a slot of its own declared $S_{max}$ at `kv_bytes`
+# per token, the declarations coming in the proportions of `mix`, a list of `(S_max, share of
+# requests)` pairs whose shares add up to 1. Return the unrounded estimate or a whole number of
+# requests: the checkoff accepts either. Below, the lab sets your estimate beside a real allocator
+# serving the lecture's mix; the checkoff tries mixes, models and budgets the lab never shows.
 
 # %%
 MIX = ((S_MAX_SHORT, SHARE_SHORT), (S_MAX, 1 - SHARE_SHORT - SHARE_LONG), (S_MAX_LONG, SHARE_LONG))  # (S_max, share)
-### BEGIN SOLUTION 2.9: set mean_slot_bytes to what a request reserves on average, in bytes
-mean_slot_bytes = sum(share * s_max * KV for s_max, share in MIX)
-### END SOLUTION
-check("2.9", mean_slot_bytes)
+
+
+def concurrency_estimate(budget_bytes, mix, kv_bytes):
+    """About how many requests, each reserving its own declared S_max from `mix`, a KV budget holds at once."""
+    ### BEGIN SOLUTION 2.9: return about how many requests declaring S_max values in the mix's proportions fit
+    per_request = sum(share * s_max * kv_bytes for s_max, share in mix)  # what one reserves, on average
+    return budget_bytes / per_request
+    ### END SOLUTION
+
+
+check("2.9", concurrency_estimate)
+
+# %% [markdown]
+# ### Exercise 2.10 — who holds the memory
+#
+# Residents finish at random, whatever they declared. Set `long_share` to the share of the memory the
+# residents hold reserved at once, on average, that belongs to the requests that declared `S_MAX_LONG`
+# (a fraction).
 
 # %%
-### BEGIN SOLUTION 2.10: set mean_seqs to about how many requests the budget holds at once
-mean_seqs = BUDGET / sum(share * s_max * KV for s_max, share in MIX)
+### BEGIN SOLUTION 2.10: set long_share to the share of the reserved memory the S_MAX_LONG requests hold
+long_share = SHARE_LONG * S_MAX_LONG / sum(share * s_max for s_max, share in MIX)
 ### END SOLUTION
-check("2.10", mean_seqs)
+check("2.10", long_share)
 
 # %%
 if revealed("2.9", "2.10"):
     display(Markdown(r"""$$\overline{\text{slot}} = \sum_i p_i \, S_{max,i} \times \text{KV per token}, \qquad
-  \bar B \approx \frac{\text{KV budget}}{\overline{\text{slot}}}$$"""))
+  \bar B \approx \frac{\text{KV budget}}{\overline{\text{slot}}}, \qquad
+  \text{share}_{long} = \frac{p_{long} \, S_{max,long}}{\sum_i p_i \, S_{max,i}}$$"""))
+    mean_slot = sum(share * s_max * KV for s_max, share in MIX)
+    print(f"The lecture prints a mean slot of 1.586 GB; its own terms, 0.7 x 0.268 + 0.25 x 2.147 + 0.05 x 17.2, "
+          f"add up to 1.584 GB ({fmt_gb(mean_slot, 4)} exactly), and {fmt_gb(BUDGET, 2)} / {fmt_gb(mean_slot, 4)} = "
+          f"{BUDGET / mean_slot:.2f}: its ≈ 39 holds.")
 
 # %% [markdown]
 # Compare it with everyone reserving `S_MAX`. Now the failure mode paging does not have. A
@@ -529,6 +615,36 @@ run.allocator.check_invariants()
 print(f"after {run.arrivals} arrivals, {run.retirements} retirements and {run.earlier_refusals} earlier refusals "
       f"({run.earlier_fragmented} of them already fragmentation), {run.allocator.num_seqs} residents: a "
       f"{S_MAX:,}-token request refused")
+
+# %% [markdown]
+# Your estimate assumed the residents pack the budget. The same kind of run, kept going past its
+# first fragmented refusal, measures what a full card held each time it said no: the residents, the
+# share of the budget they had reserved, and the long requests' share of that.
+
+# %%
+if unlocked("2.9", "2.10"):
+    sizes, shares = [s for s, _ in MIX], [p for _, p in MIX]
+    draw, card = random.Random(0), ContiguousAllocator(int(BUDGET // KV), place=placement)
+    residents, reserved, long_held = [], [], []
+    for arrival in range(20_000):
+        size = draw.choices(sizes, shares)[0]
+        while not card.fits(size):  # refused: read the full card, then a random 30% of the residents finish
+            held = [slot.size for slot in card.slots.values()]
+            residents.append(len(held))
+            reserved.append(sum(held) / card.capacity_tokens)
+            long_held.append(sum(h for h in held if h == S_MAX_LONG) / sum(held))
+            for sid in draw.sample(sorted(card.slots), max(1, int(0.3 * len(held)))):
+                card.free(sid)
+        card.allocate(arrival, size)
+        if len(residents) >= 300:
+            break
+    n = max(1, len(residents))  # (20,000 arrivals refuse some on any card the givens describe)
+    estimate = concurrency_estimate(BUDGET, MIX, KV)
+    print(f"your estimate: {estimate:.2f} requests at once; the real allocator, at its {n} refusals: "
+          f"{sum(residents) / n:.2f} residents on average, with {fmt_pct(sum(reserved) / n)} of the budget reserved "
+          f"(your estimate x that share: {estimate * sum(reserved) / n:.2f})")
+    print(f"your share of the memory held by {S_MAX_LONG:,}-token requests: {fmt_pct(long_share)}; at those "
+          f"refusals: {fmt_pct(sum(long_held) / n)}")
 
 # %% [markdown]
 # ### Exercise 2.14 — what was free when it said no
@@ -660,31 +776,40 @@ for key in ("max", "pow2", "oracle", "paged"):
 #   a watermark (§10.5) and the last-block slots sequences are about to fill; tails are bounded, as
 #   2.12 found, and no free block is ever the wrong size.
 #
-# The rows use the paper's categories: the empty slots of a last block that its sequence will fill count
-# as **reservation**, so paged reads "internal 0.0%"; 2.11 and 2.12 call those same slots internal
-# fragmentation, the waste paging bounds to under one block per sequence.
+# The rows use the paper's categories, the ones your 2.2 sorts a slot by: the empty slots of a last
+# block that its sequence will fill count as **reservation**, so paged reads "internal 0.0%"; 2.11 and
+# 2.12 follow §10.3, which calls those same slots internal fragmentation, the waste paging bounds to
+# under one block per sequence.
 
 # %% [markdown]
 # ## Self-check
 #
-# 1. Raise $S_{max}$ from 4,096 to 32,768 with the same workload. Which fragmentation grows, and why
-#    does the number of sequences fall by more than 8×?
+# 1. Raise $S_{max}$ from 4,096 to 32,768 with the same workload. Internal fragmentation is
+#    proportional to $S_{max} - S_{actual}$: why does its share of the budget not grow with it?
 # 2. *"Allocate lazily and realloc when it grows."* Price one realloc of a 4K MHA slot: a copy reads and
 #    writes the whole slot at `HBM_BW`. How many decode steps of the naive batch is that?
-# 3. Per-request $S_{max}$ raises mean concurrency above the reserve-to-max batch. Name two ways it
-#    still fails.
+# 3. On paper, per-request $S_{max}$ holds more requests at once than the reserve-to-max batch (2.9).
+#    Name two ways it still fails.
 # 4. Which waste does paging eliminate, which does it bound, and which — the space for tokens not yet
 #    emitted — can no allocator remove?
 #
 # The answers, once the exercises they lean on have passed:
 
 # %%
-if revealed("2.6", "2.10", "2.11", "2.14"):
-    display(Markdown(f"""1. Internal fragmentation: it is proportional to $S_{{max}} - S_{{actual}}$. The slot grows 8×, and the
-   whole slots that fit fall from {BUDGET // (S_MAX * KV)} to {BUDGET // (S_MAX_LONG * KV)} (the floor loses the remainder).
-2. $2 \\times$ {fmt_gb(S_MAX * KV)} / {HBM_BW / 1e9:,.0f} GB/s = {2e3 * S_MAX * KV / HBM_BW:.2f} ms, a fraction of a step,
-   *per sequence that grows*, while the others wait; and it needs a free slot twice the size to copy
-   into, which is exactly what a full card does not have.
+if revealed("2.2", "2.5", "2.7", "2.9", "2.11", "2.12", "2.14"):
+    seq = PROMPT + OUTPUT
+    short_slots, long_slots = BUDGET // (S_MAX * KV), BUDGET // (S_MAX_LONG * KV)
+    step = (PARAMS * DTYPE_BYTES + short_slots * seq * KV) / HBM_BW  # the naive batch's decode step
+    copy = 2 * S_MAX * KV / HBM_BW
+    display(Markdown(f"""1. Per slot it does grow: a slot's empty share goes from {fmt_pct(1 - seq / S_MAX)} to \
+   {fmt_pct(1 - seq / S_MAX_LONG)}. But the whole slots that fit fall from {short_slots} to {long_slots}, so over the \
+   budget internal fragmentation goes from {fmt_pct(short_slots * (S_MAX - seq) * KV / BUDGET)} to \
+   {fmt_pct(long_slots * (S_MAX_LONG - seq) * KV / BUDGET)}, while the remainder no whole slot can use goes from \
+   {fmt_pct(1 - short_slots * S_MAX * KV / BUDGET)} to {fmt_pct(1 - long_slots * S_MAX_LONG * KV / BUDGET)}: waste \
+   all the same, and why the count falls by more than the slot grows.
+2. $2 \\times$ {fmt_gb(S_MAX * KV)} / {HBM_BW / 1e9:,.0f} GB/s = {1e3 * copy:.2f} ms, {copy / step:.2f} of a \
+   {1e3 * step:.2f} ms step, *per sequence that grows*, while the others wait; and it needs a free slot twice the \
+   size to copy into, which is exactly what a full card does not have.
 3. External fragmentation (a request refused with gigabytes free, as your run showed), and sequences
    still cannot grow past their declared guess (truncate the under-guessers, waste memory on the
    over-guessers).

@@ -62,8 +62,8 @@ def graded(tmp_path_factory):
     called = tmp / "called-02" / "02_naive_allocator.ipynb"
     nb = nbformat.read(ROOT / "solutions" / "02_naive_allocator.ipynb", as_version=4)
     for cell in nb.cells:
-        cell.source = cell.source.replace('check("2.6", util_32k)',
-                                          'check("2.6", ledger.naive_utilization(BUDGET, S_MAX_LONG, PROMPT + OUTPUT, KV))')
+        cell.source = cell.source.replace("return slots * min(seq_tokens, s_max) * kv_bytes / budget_bytes",
+                                          "return ledger.naive_utilization(budget_bytes, s_max, seq_tokens, kv_bytes)")
     called.parent.mkdir()
     nbformat.write(nb, called)
     subs.append(G.Submission(called, "called-02"))

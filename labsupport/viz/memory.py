@@ -147,10 +147,12 @@ PROMPT_OPTIONS = [(f"{n:,}", n) for n in (64, 128, 256, 512, 1024, 2048, 4096, 8
 OUTPUT_OPTIONS = [(f"{n:,}", n) for n in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)]
 
 
-def naive_readout(s_max: int, prompt: int, output: int, model: str, gpu: str, paged: bool = True) -> str:
+def naive_readout(s_max: int, prompt: int, output: int, model: str, gpu: str, paged: bool = True,
+                  utilization_fn=None) -> str:
     """The panel's numbers: measured on the real allocator, and the ledger's closed form beside them.
 
-    `paged` adds what a paged pool would hold (the board's comparison; lab 02 leaves it to lab 03's 3.5)."""
+    `paged` adds what a paged pool would hold (the board's comparison; lab 02 leaves it to lab 03's 3.5);
+    `utilization_fn(budget_bytes, s_max, seq_tokens, kv_bytes)` adds its reading (lab 02 passes the student's 2.6)."""
     m, g = get_model(model), get_gpu(gpu)
     kv = m.kv_bytes_per_token
     budget = ledger.kv_budget_bytes(m, g)
@@ -164,14 +166,18 @@ def naive_readout(s_max: int, prompt: int, output: int, model: str, gpu: str, pa
     return (f"slot = {s_max:,} tokens × {kv:,} B = {fmt_gb(meas['slot_bytes'])}; KV budget {fmt_gb(budget, 2)}\n"
             f"real allocator: {meas['concurrency']:,} sequences of {seq:,} tokens{trunc}; "
             f"utilization {fmt_pct(meas['utilization'])} (ledger: {fmt_pct(closed)}, "
-            f"{ledger.naive_concurrency(budget, s_max, kv):,} slots)"
+            f"{ledger.naive_concurrency(budget, s_max, kv):,} slots"
+            + ("" if utilization_fn is None else
+               f"; your reserve_to_max_utilization(): {fmt_pct(float(utilization_fn(budget, s_max, seq, kv)))}")
+            + ")"
             + (f"\npaged at b = 16 would hold {count:,} of these sequences" if paged else ""))
 
 
 def naive_panel(s_max: int = 4096, prompt: int = 512, output: int = 128, model: str = "lecture-7b",
-                gpu: str = "h100-sxm-80gb", paged: bool = True) -> Panel:
+                gpu: str = "h100-sxm-80gb", paged: bool = True, utilization_fn=None) -> Panel:
     """Lab 02: S_max, prompt, output, model and GPU -> the real allocator's slots and utilization
-    (and, with `paged`, what a paged pool would hold: the board shows it, lab 02 leaves it to lab 03)."""
+    (and, with `paged`, what a paged pool would hold: the board shows it, lab 02 leaves it to lab 03;
+    with `utilization_fn`, lab 02's 2.6, that function's reading beside the allocator's)."""
     controls = {
         "s_max": selection_slider(S_MAX_OPTIONS, s_max, "S_max (tokens)"),
         "prompt": selection_slider(PROMPT_OPTIONS, prompt, "prompt (tokens)"),
@@ -186,7 +192,7 @@ def naive_panel(s_max: int = 4096, prompt: int = 512, output: int = 128, model: 
         return slot_stack_figure(fill_reserve_to_max(budget, s_max, prompt + output, m.kv_bytes_per_token), budget)
 
     def readout(**values):
-        return naive_readout(**values, paged=paged)
+        return naive_readout(**values, paged=paged, utilization_fn=utilization_fn)
 
     return Panel(figure, controls, readout, title="Reserve-to-max: slots sized by the limit, filled by reality")
 
@@ -582,7 +588,7 @@ def block_size_tradeoff_figure(block_sizes: Sequence[int], budget_bytes: float, 
     rows = ledger.block_size_table(block_sizes, batch, budget_bytes, kv_per_token, seq_tokens)
     xs = [r.block_size for r in rows]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
-                        subplot_titles=(f"memory: tail waste at B = {batch}",
+                        subplot_titles=(f"memory: waste at the batch, B = {batch}",
                                         f"table entries at {seq_tokens:,} tokens, contiguous run"))
     fig.add_trace(go.Scatter(x=xs, y=[100 * r.waste_fraction_of_budget for r in rows], mode="lines+markers",
                              name="ledger: (b − 1)/2 tail", line=dict(color=PALETTE["waste"], width=4),
@@ -622,14 +628,16 @@ def block_size_readout(block_size: int, workload: str, budget_bytes: float, kv_p
                        measured: Mapping[str, Mapping[int, BlockSizeMeasurement]]) -> str:
     row = ledger.block_size_table([block_size], batch, budget_bytes, kv_per_token)[0]
     lines = [f"ledger, b = {block_size}: mean tail {row.mean_tail_tokens:g} tokens = "
-             f"{row.mean_tail_bytes / MiB:,.2f} MiB per sequence; at B = {batch}: "
-             f"{fmt_pct(row.waste_fraction_of_budget)} of the budget; {row.table_entries:,} entries at 4,096 tokens"]
+             f"{row.mean_tail_bytes / MiB:,.2f} MiB per sequence; waste at the batch, at B = {batch}: "
+             f"{fmt_pct(row.waste_fraction_of_budget)} of the budget; {row.table_entries:,} table entries at 4,096 "
+             "tokens"]
     m = measured.get(workload, {}).get(block_size)
     if m is not None:
         lines.append(f"measured on {workload} ({m.num_seqs:,} sequences): mean tail {m.mean_tail_tokens:.2f} tokens "
-                     f"(max {m.max_tail_tokens}); at B = {m.batch}: {fmt_pct(m.waste_at_batch_fraction)}; "
-                     f"entries at median {m.median_tokens:,} → {m.entries_at_median:,}, at p95 {m.p95_tokens:,} → "
-                     f"{m.entries_at_p95:,}; mean contiguous run {m.mean_run_tokens:,.0f} tokens "
+                     f"(max {m.max_tail_tokens}); waste at the batch, at B = {m.batch}: "
+                     f"{fmt_pct(m.waste_at_batch_fraction)}; table entries at the median {m.median_tokens:,} → "
+                     f"{m.entries_at_median:,}, at p95 {m.p95_tokens:,} → {m.entries_at_p95:,}; contiguous run "
+                     f"{m.mean_run_tokens:,.0f} tokens on average "
                      f"({m.resident:.0f} resident, tails {fmt_pct(m.pool_tail_fraction)} of the pool)")
     return "\n".join(lines)
 

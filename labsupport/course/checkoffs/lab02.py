@@ -1,6 +1,7 @@
 """Lab 02 checkoffs: the naive allocator and where 86% of the cache goes (§10.2, Exercises 1 and 2).
 
-Values are multiplied out from the givens here, never read from labsupport.ledger; mistakes are the lecture's.
+Values are multiplied out from the givens here, and the builds' wants from each case's own record, never read
+from labsupport.ledger or the lab's code; mistakes are the lecture's and the plausible slips.
 """
 from __future__ import annotations
 
@@ -45,16 +46,14 @@ def _hidden(rng: random.Random) -> dict:
 
 def _every_step_counts(n) -> bool:
     """Each step a prompt names moves the answer on these givens by more than its checkoff's tolerance (item 4):
-    slots that do not fill the budget exactly, sequences that are not whole blocks, a mean concurrency that the
-    average of three pools misses by more than one request."""
+    slots that do not fill the budget exactly, sequences that are not whole blocks, and a long-context cost (2.7)
+    that whole slots move away from the plain ratio of the two limits."""
     kv, budget = _kv(n), _budget(n)
     frac = lambda x: abs(x - round(x)) > 1e-3 * x  # noqa: E731
-    mix = ((n.S_MAX_SHORT, n.SHARE_SHORT), (n.S_MAX, 1 - n.SHARE_SHORT - n.SHARE_LONG), (n.S_MAX_LONG, n.SHARE_LONG))
-    mean_slot = sum(p * s * kv for s, p in mix)
-    pools = sum(p * (budget // (s * kv)) for s, p in mix)
+    short, long_ = budget // (n.S_MAX * kv), budget // (n.S_MAX_LONG * kv)
     return (frac(budget / (n.S_MAX * kv)) and frac(budget / (n.S_MAX_LONG * kv))
             and frac(budget / (n.S_MAX_BROCHURE * _kv(n, n.GQA_KV_HEADS))) and (n.PROMPT + n.OUTPUT) % n.BLOCK
-            and abs(budget / mean_slot - pools) > 2)
+            and long_ >= 1 and abs(short / long_ - n.S_MAX_LONG / n.S_MAX) > 1e-3 * short / long_)
 
 
 def _fragmented_run(g):
@@ -129,29 +128,6 @@ value(
     derive="multiply the slot's unfilled positions by the KV bytes per token",
 )
 
-value(
-    "2.2", "Internal fragmentation, as a share of the KV budget",
-    expected=lambda g: _internal(g), rel_tol=1e-4,
-    hint="What is on the card besides KV, and what can a fraction of a slot hold? Picture the budget filled with "
-         "slots, every sequence at its last token: which bytes are promised and empty? Give a fraction of the budget.",
-    mistakes=[(_internal(G, _GIB_RESERVE), "That reads the 4 GB reserve as 4 GiB (4,294,967,296 B): 28 slots instead "
-               "of 29. The reserve, like the card, is decimal GB."),
-              (_slots(G, G.S_MAX, KV_MHA, _GIB_RESERVE) * (G.S_MAX - SEQ) * KV_MHA / BUDGET,
-               "That counts 28 slots, a 4 GiB reserve, over the 4 GB budget: the reserve is decimal GB."),
-              ((G.S_MAX - SEQ) / G.S_MAX, "That is one slot's empty share (or a fraction of a slot counted: only "
-               "whole slots fit, so round the count down); the budget also has a remainder no slot can use, so "
-               "over the budget it is a little less."),
-              (1 - _util(G, G.S_MAX, KV_MHA), "That is everything not holding tokens, the remainder no whole slot can "
-               "use included; internal fragmentation is the empty space inside the slots."),
-              (_internal(G, PRINTED_BUDGET), "That is on the lecture's printed 62.5 GB; the exact budget is "
-               "80e9 - 13.48e9 - 4e9 = 62.52e9 B."),
-              (((80 * 10**9 - 4 * 10**9) // (G.S_MAX * KV_MHA)) * (G.S_MAX - SEQ) * KV_MHA / BUDGET,
-               "The weights live in HBM too: subtract them before counting slots.")],
-    forbid=_UTIL,
-    derive="count the whole slots in the budget and add up the positions they reserve and never fill",
-)
-
-
 @function(
     "2.3", "Utilization, measured over a live allocator",
     hint="Utilization counts bytes that hold real tokens — what each live sequence has stored so far, not the slot it "
@@ -207,6 +183,98 @@ def _utilization(rng: random.Random):
                    what=f"utilization(<allocator with {len(held)} live sequences>, budget_bytes={budget:,})")
 
 
+def _never_filled(slots) -> int:
+    """Positions of these (size, length, final) slots that their sequences never fill, from our own record: a slot
+    holds its tokens, then the ones still to come (up to `final`, or none when final is None), and the rest is
+    never filled; a sequence headed past its slot fills all of it."""
+    return sum(size - min(size, max(length, length if final is None else final)) for size, length, final in slots)
+
+
+@function(
+    "2.2", "Internal fragmentation, measured over a live allocator",
+    hint="Sort a slot's positions into what its sequence holds now, what it will still fill (up to `.final`, where "
+         "that is known) and what it never reaches. Only the last is the allocator's waste: the tokens still to come "
+         "are space any allocator must find for them (§10.2's third waste). A sequence headed past its slot fills "
+         "all of it. Convert with the allocator's own bytes per token, over the whole budget.",
+    forbid=("labsupport.contiguous.ContiguousAllocator.stats", "labsupport.fragmentation.naive_measurement",
+            "labsupport.viz.memory.naive_measurement"),
+    derive="sort each live slot's positions yourself (`slot.size`, `slot.length`, `slot.final`) and add up the "
+           "ones never filled",
+    name="internal_share",
+)
+def _internal_share(rng: random.Random):
+    """Allocators at admission, mid-decode and at the end of life, reserve-to-max and per-request S_max, changed only
+    through their methods; the wants come from our own record of each slot (size, length, final)."""
+    cases = []
+    # the lecture's pool at the end of life: 29 slots of 4,096 holding 640 tokens each (its 84%), then the same pool
+    # right after its prefills, each sequence 512 tokens in and headed for 640
+    for tokens in (SEQ, G.PROMPT):
+        alloc = live(ReserveToMaxAllocator, int(BUDGET // KV_MHA), G.S_MAX, kv_bytes_per_token=KV_MHA)
+        record = {}
+        for sid in range(alloc.real.max_seqs):
+            alloc.allocate(sid, num_tokens=tokens, final_tokens=SEQ)
+            record[sid] = [G.S_MAX, tokens, SEQ]
+        cases.append((alloc, BUDGET, record, KV_MHA))
+    configs = [(KV_GQA8, 32_768, BUDGET), (KV_MHA, 512, 40 * 10**9)]
+    for _ in range(3):  # shapes and budgets the lab never shows
+        kv = 2 * rng.randint(1, 80) * rng.choice((1, 2, 4, 8, 16)) * rng.choice((32, 64, 128)) * rng.choice((1, 2, 4))
+        s_max = rng.choice((128, 300, 1024, 4096, 10_000))
+        configs.append((kv, s_max, kv * s_max * rng.randint(1, 24) + rng.randrange(kv * s_max)))
+    for kv, s_max, budget in configs:  # mid-serve: some finished, some still decoding, some headed past their slot
+        alloc = live(ReserveToMaxAllocator, int(budget // kv), s_max, kv_bytes_per_token=kv)
+        record = {}
+        for sid in range(alloc.real.max_seqs):
+            held = rng.randint(0, s_max // 2)
+            final = rng.choice((None, held + rng.randint(0, s_max // 2), s_max + rng.randint(1, 50)))
+            alloc.allocate(sid, num_tokens=held, final_tokens=final)
+            record[sid] = [s_max, held, final]
+        for sid in rng.sample(sorted(record), len(record) // 3):
+            alloc.free(sid)
+            del record[sid]
+        for sid, slot in record.items():  # the rest decode a few tokens, never past what they hold room for
+            grow = rng.randint(0, min(40, slot[0] - slot[1]))
+            alloc.append(sid, grow)
+            slot[1] += grow
+        cases.append((alloc, budget, record, kv))
+    # per-request S_max (Exercise 2's allocator): slots of every declared size, and an empty pool
+    alloc, record = live(ContiguousAllocator, 200_000, kv_bytes_per_token=KV_MHA), {}
+    for sid, size in enumerate((512, 4096, 32_768, 512, 4096, 512)):
+        held = rng.randint(1, size)
+        final = rng.choice((None, rng.randint(held, size)))
+        alloc.allocate(sid, size, num_tokens=held, final_tokens=final)
+        record[sid] = [size, held, final]
+    cases.append((alloc, 200_000 * KV_MHA + 123_456, record, KV_MHA))
+    cases.append((live(ReserveToMaxAllocator, int(BUDGET // KV_MHA), 4096, kv_bytes_per_token=KV_MHA), BUDGET, {},
+                   KV_MHA))
+    for alloc, budget, record, kv in cases:
+        slots = list(record.values())
+        never = _never_filled(slots)
+        want = never * kv / budget
+        unfilled = sum(size - length for size, length, _ in slots)  # the tokens still to come counted as waste
+        reserved = sum(size for size, _, _ in slots)
+        unclamped = sum(size - max(length, length if final is None else final) for size, length, final in slots)
+        wrong = [(unfilled * kv / budget, "That counts the positions the sequences will still fill (their tokens not "
+                  "yet generated, up to `.final`): §10.2's third waste, which any allocator must find room for. "
+                  "Internal fragmentation is what they never fill."),
+                 (unclamped * kv / budget, "A sequence headed past its slot (`.final` > `.size`) fills all of it and "
+                  "is stopped there: its slot leaves nothing unfilled, not a negative amount."),
+                 (reserved * kv / budget, "That is everything the slots reserve, the tokens they hold included."),
+                 (1 - sum(length for _, length, _ in slots) * kv / budget, "That is everything not holding tokens, the "
+                  "free space outside the slots included; internal fragmentation is inside a sequence's own slot."),
+                 (never / reserved if reserved else None, "That is a share of the slots' reservation; the question is "
+                  "a share of the whole KV budget."),
+                 (never * KV_MHA / budget, "That converts with the lecture's 524,288 B per token; this allocator's "
+                  "bytes per token are `alloc.kv_bytes_per_token`."),
+                 (100 * want, "Return a fraction (0.8405 for 84.05%), not a percentage.")]
+        mistakes, seen = [], {want}
+        for value_, remark in wrong:  # only the slips that give another number on this allocator
+            if value_ is not None and all(abs(value_ - v) > 1e-9 * max(1.0, abs(v)) for v in seen):
+                mistakes.append((value_, remark))
+                seen.add(value_)
+        yield case(alloc, budget, want=want, rel_tol=1e-9, abs_tol=1e-15, mistakes=mistakes,
+                   what=f"internal_share(<allocator with {len(record)} live sequences>, budget_bytes={budget:,})")
+
+
 # the tokens held while the OUTPUT steps run: PROMPT ... PROMPT + OUTPUT - 1 (575.5 on average for the lecture)
 def _life_mean(g) -> float:
     return sum(range(g.PROMPT, g.PROMPT + g.OUTPUT)) / g.OUTPUT
@@ -242,9 +310,10 @@ def _naive_tok_s(g, seq_tokens=None, bw=None) -> float:
 value(
     "2.5", "Decode throughput of the naive batch",
     expected=lambda g: _naive_tok_s(g), rel_tol=1e-3,
-    hint="A memory-bound decode step reads every weight once plus every resident sequence's KV; its time is those "
-         "bytes over the HBM bandwidth, and it yields one token per sequence. Use the batch the naive allocator "
-         "permits and the full PROMPT + OUTPUT-token sequences.",
+    hint="Follow one decode step. To produce the next token of every sequence in the batch, what must it bring in "
+         "from HBM, and which of those bytes does the whole batch share? A memory-bound step lasts as long as "
+         "those reads take. How many tokens does one step give, and how many sequences does the naive allocator "
+         "let into the batch?",
     mistakes=[(_slots(G, G.S_MAX, KV_MHA) / (G.PARAMS * G.DTYPE_BYTES / G.HBM_BW), "The step also reads each "
                "sequence's KV, not only the weights."),
               (_naive_tok_s(G, G.S_MAX), "The kernel reads the tokens a sequence holds, not its whole reserved slot."),
@@ -259,40 +328,90 @@ value(
     derive="write the step's bytes (weights plus every sequence's KV) over the bandwidth, then B over that time",
 )
 
-value(
-    "2.6", "Utilization at the long-context S_max",
-    expected=lambda g: _util(g, g.S_MAX_LONG, _kv(g)), rel_tol=1e-4,
-    hint="The allocator is the same, the slot bigger, the sequences unchanged. How many of them can the budget hold "
-         "now, and what do they hold? Give a fraction of the budget.",
-    mistakes=[(SEQ / G.S_MAX_LONG, "That is one slot's occupancy (the lecture's reasoning, 1.95%), which is also what "
-               "a fraction of a slot counted gives. Utilization is over the whole budget, and the budget holds a "
-               "whole number of slots (round down), with a remainder no slot can use."),
-              (0.019, "The lecture prints 1.9%: one slot's occupancy, 640 / 32,768 = 1.95%, cut short. Compute "
-               "utilization over the budget."),
-              (_util(G, G.S_MAX, KV_MHA), "That is the S_MAX figure, not S_MAX_LONG's."),
-              (_util(G, G.S_MAX_LONG, KV_MHA, PRINTED_BUDGET), "That is on the lecture's printed 62.5 GB budget; the "
-               "exact one is 80e9 - 13.48e9 - 4e9 = 62.52e9 B, and the slots' bytes are divided by it."),
-              (_util(_G_GIB, G.S_MAX_LONG, KV_MHA), _GIB_REMARK)],
-    forbid=_UTIL,
-    derive="count the whole long slots in the budget and divide the bytes their tokens hold by the budget",
+def _rtm_util(budget, s_max: int, seq: int, kv: int) -> float:
+    """Reserve-to-max utilization, by hand: whole slots in the budget, each holding min(seq, s_max) tokens."""
+    return (budget // (s_max * kv)) * min(seq, s_max) * kv / budget
+
+
+@function(
+    "2.6", "Reserve-to-max utilization, for any limit, model and budget",
+    hint="Fill the budget the way the allocator does: how many slots of s_max positions does it admit (can a "
+         "fraction of a slot hold a sequence?), and how many tokens does each hold, when a slot cannot grow? "
+         "Utilization is the bytes of those tokens over the whole budget. Try a limit whose slot is larger than the "
+         "budget, and a sequence longer than its slot.",
+    forbid=_UTIL + ("labsupport.ledger.slot_occupancy", "labsupport.fragmentation.fill_reserve_to_max",
+                    "labsupport.fragmentation.naive_measurement"),
+    derive="count the slots the budget holds and the tokens each holds yourself",
+    name="reserve_to_max_utilization",
 )
+def _reserve_to_max_utilization(rng: random.Random):
+    """The lecture's long-context advertisement first (its 1.9%), then its other readings (§10.2's 15.2%, Exercise
+    1's MHA brochure that admits nobody and its GQA-8 0.39%, a limit shorter than the sequence), then budgets, limits
+    and models the lab never shows; the wants by hand (`_rtm_util`)."""
+    lecture = [(BUDGET, G.S_MAX_LONG, SEQ, KV_MHA), (BUDGET, G.S_MAX, SEQ, KV_MHA),
+               (BUDGET, G.S_MAX_BROCHURE, SEQ, KV_MHA), (BUDGET, G.S_MAX_BROCHURE, SEQ, KV_GQA8),
+               (BUDGET, 512, SEQ, KV_MHA)]
+    drawn = []
+    for _ in range(8):
+        kv = 2 * rng.randint(1, 96) * rng.choice((1, 2, 4, 8, 32)) * rng.choice((64, 80, 128, 256)) * rng.choice((1, 2))
+        s_max = rng.choice((256, 1000, 2048, 4096, 8192, 32_768, 131_072))
+        slots = rng.choice((0, 1, 2, 3, 7, 29, rng.randint(1, 500)))
+        budget = slots * s_max * kv + rng.choice((0, rng.randrange(1, s_max * kv)))  # an exact fit, or a remainder
+        if budget:
+            drawn.append((budget, s_max, rng.choice((1, rng.randint(2, s_max), s_max, s_max + rng.randint(1, 9_000))),
+                          kv))
+    lecture_slips = {  # the lecture's own readings of its two examples, each given its remark
+        (G.S_MAX_LONG, KV_MHA): [(0.019, "The lecture prints 1.9%: one slot's occupancy, 640 of 32,768 positions "
+                                  "(1.95%), cut short. Utilization is over the whole budget, which holds whole slots "
+                                  "only.")],
+        (G.S_MAX, KV_MHA): [(0.152, "The lecture prints 15.2%: 9.5 of 62.5 GB, with 512 KiB read as 512,000 B. At "
+                             "524,288 B a token, over 62.52 GB, it is a little more.")],
+        (G.S_MAX_BROCHURE, KV_GQA8): [(0.0039, "The lecture's 0.39% takes 128 KiB as 128,000 B (0.082 GB a "
+                                       "sequence); 640 x 131,072 B is 0.0839 GB.")],
+    }
+    for budget, s_max, seq, kv in lecture + drawn:
+        want = _rtm_util(budget, s_max, seq, kv)
+        slots = budget // (s_max * kv)
+        wrong = [(min(seq, s_max) / s_max, "That is one slot's occupancy (the lecture's per-slot reasoning), which is "
+                  "also what a fraction of a slot counted gives. The budget holds whole slots only, and what no whole "
+                  "slot can use holds no token."),
+                 (slots * seq * kv / budget, "A slot cannot grow: a sequence longer than s_max holds s_max tokens and "
+                  "stops there."),
+                 (max(1, slots) * min(seq, s_max) * kv / budget, "No slot fits in this budget: the allocator admits "
+                  "nobody, and utilization is 0."),
+                 (slots * min(seq, s_max) * (kv // 1024 * 1000) / budget, "That takes a KiB as 1,000 B; the bytes per "
+                  "token are kv_bytes, as given."),
+                 (100 * want, "Return a fraction (0.0161 for 1.61%), not a percentage.")]
+        wrong += lecture_slips.get((s_max, kv), []) if budget == BUDGET and seq == SEQ else []
+        mistakes, seen = [], {want}
+        for value_, remark in wrong:
+            if all(abs(value_ - v) > 1e-9 * max(1e-6, abs(v)) for v in seen):
+                mistakes.append((value_, remark))
+                seen.add(value_)
+        yield case(budget, s_max, seq, kv, want=want, rel_tol=1e-9, abs_tol=1e-15, mistakes=mistakes)
+
+
+def _long_context_cost(g, budget=None) -> float:
+    return _slots(g, g.S_MAX, _kv(g), budget) / _slots(g, g.S_MAX_LONG, _kv(g), budget)
+
 
 value(
-    "2.7", "Exercise 1: GQA-8 utilization at the brochure's S_max",
-    expected=lambda g: _util(g, g.S_MAX_BROCHURE, _kv(g, g.GQA_KV_HEADS)), rel_tol=1e-4,
-    hint="Under MHA a brochure slot can be larger than the whole budget, so zero requests fit. With GQA_KV_HEADS KV "
-         "heads each token costs less: size the slot, count the whole slots that fit, and divide the bytes their "
-         "PROMPT + OUTPUT-token sequences hold by the budget. Give a fraction.",
-    mistakes=[(0.0039, "The lecture's 0.39% takes 128 KiB as 128,000 B (0.082 GB per sequence); 640 x 131,072 B "
-               "is 0.0839 GB."),
-              (_slots(G, G.S_MAX_BROCHURE, KV_GQA8) * SEQ * 128_000 / BUDGET, "That takes 128 KiB per token as "
-               "128,000 B; a KiB is 1,024 bytes."),
-              (_util(G, G.S_MAX_BROCHURE, KV_GQA8, PRINTED_BUDGET), "That is on the lecture's printed 62.5 GB budget; "
-               "the exact one is 62.52e9 B."),
-              (_util(_G_GIB, G.S_MAX_BROCHURE, KV_GQA8), _GIB_REMARK),
-              (0.0, "Zero is the MHA answer; this part is about the GQA-8 model.")],
+    "2.7", "What advertising long context costs in concurrency",
+    expected=lambda g: _long_context_cost(g), rel_tol=1e-4,
+    hint="The service sells sequences served at once. How many chat sequences does the card hold at each limit, "
+         "when only a whole slot holds one? The slot grows by the ratio of the limits; does the count fall by the "
+         "same ratio?",
+    mistakes=[(G.S_MAX_LONG / G.S_MAX, "That is the lecture's reasoning, 'the slot grew 8x': true of one slot, not of "
+               "the card. The budget holds whole slots, and the remainder no whole slot can use grows with the slot."),
+              (_long_context_cost(_G_GIB, _GIB_RESERVE), _GIB_REMARK),
+              (1 / _long_context_cost(G), "That is the factor upside down: give how many times fewer sequences "
+               "the card serves at S_MAX_LONG, a number above 1."),
+              (_slots(G, G.S_MAX, KV_MHA) / (BUDGET / (G.S_MAX_LONG * KV_MHA)), "That counts a fraction of a long "
+               "slot; only whole slots hold a sequence."),
+              ((BUDGET / (G.S_MAX * KV_MHA)) / _slots(G, G.S_MAX_LONG, KV_MHA), "That counts a fraction of a slot at "
+               "S_MAX; only whole slots hold a sequence.")],
     forbid=_UTIL,
-    derive="size the GQA slot, count the whole slots in the budget and divide the bytes their tokens hold by it",
+    derive="count the whole slots the budget holds at each limit yourself (or read two utilizations of your own 2.6)",
 )
 
 value(
@@ -318,37 +437,64 @@ def _mix(g):  # Exercise 2's declared S_max values and their shares of requests
     return ((g.S_MAX_SHORT, g.SHARE_SHORT), (g.S_MAX, 1 - g.SHARE_SHORT - g.SHARE_LONG), (g.S_MAX_LONG, g.SHARE_LONG))
 
 
-def _mean_slot(g) -> float:
-    return sum(share * s_max * _kv(g) for s_max, share in _mix(g))
+def _estimate(budget, mix, kv) -> float:
+    """Exercise 2's mean concurrency, by hand: the budget over what a request reserves on average."""
+    return budget / sum(share * s_max * kv for s_max, share in mix)
 
 
-value(
-    "2.9", "Exercise 2: mean declared slot",
-    expected=lambda g: _mean_slot(g), rel_tol=5e-4,
-    hint="Each request reserves its own declared S_max at the model's KV bytes per token; requests of each size come "
-         "in their shares. What does a request reserve on average, in bytes?",
-    mistakes=[(1.586e9, "1.586 GB comes from the lecture's rounded slot sizes (0.268, 2.147, 17.2 GB); multiply "
-               "the exact ones."),
-              (sum(s for s, _ in _mix(G)) / 3 * KV_MHA, "That weights the three sizes equally; weight each by its "
-               "share of requests."),
-              (sum(share * min(SEQ, s) for s, share in _mix(G)) * KV_MHA, "That is what the requests fill; each "
-               "reserves its declared S_max, not its tokens.")],
-    unit=" B",
-    forbid=(_SLOT_BYTES,),
-    derive="weight each declared slot (S_max x KV bytes per token) by its share",
+@function(
+    "2.9", "Exercise 2: how many requests a budget holds, on average",
+    hint="Picture the card full of residents that arrived in the mix's proportions. What does one of them reserve, "
+         "on average, in bytes? Then how many of those does the budget take? Each declared size counts as often as "
+         "requests declare it, and the requests share one budget.",
+    forbid=("labsupport.ledger.batch_that_fits", _SLOTS, _SLOT_BYTES),
+    derive="work out what a request reserves on average and divide the budget by it yourself",
+    name="concurrency_estimate",
 )
+def _concurrency_estimate(rng: random.Random):
+    """The lecture's mix first (its ≈ 39), then one size alone, then mixes, models and budgets the lab never shows;
+    a whole number within one request of the estimate passes (its floor or its round)."""
+    cases = [(BUDGET, [list(pair) for pair in _mix(G)], KV_MHA), (BUDGET, [[G.S_MAX, 1.0]], KV_MHA),
+             (BUDGET, [[G.S_MAX_LONG, 0.05], [G.S_MAX_SHORT, 0.7], [G.S_MAX, 0.25]], KV_GQA8)]
+    for _ in range(6):
+        sizes = rng.sample((128, 256, 512, 1000, 2048, 4096, 8192, 16_384, 32_768, 65_536), rng.randint(2, 4))
+        weights = [rng.randint(1, 19) for _ in sizes]
+        mix = [[s, w / sum(weights)] for s, w in zip(sizes, weights)]
+        kv = 2 * rng.randint(1, 80) * rng.choice((1, 2, 4, 8, 32)) * rng.choice((64, 128, 256)) * rng.choice((1, 2))
+        mean = sum(p * s * kv for s, p in mix)
+        cases.append((int(mean * rng.uniform(5, 400)) + max(s for s in sizes) * kv, mix, kv))  # the largest fits
+    for budget, mix, kv in cases:
+        want = _estimate(budget, mix, kv)
+        wrong = [(budget / (sum(s for s, _ in mix) / len(mix) * kv), "That weights every declared size equally; "
+                  "weight each by its share of requests."),
+                 (sum(p * (budget // (s * kv)) for s, p in mix), "That averages separate pools, each full of one size; "
+                  "the requests share one budget, so divide it by what a request reserves on average."),
+                 (budget / (max(s for s, _ in mix) * kv), "That is everyone reserving the largest declared S_max."),
+                 (budget / sum(p * s for s, p in mix), "That counts token positions, not bytes: each position costs "
+                  "kv_bytes."),
+                 (sum(p * s * kv for s, p in mix), "That is what a request reserves on average, in bytes: how many "
+                  "of those does the budget hold?")]
+        mistakes = [(w, r) for w, r in wrong if abs(w - want) > 1.5]  # outside the one request a whole count may miss
+        yield case(budget, mix, kv, want=want, rel_tol=0.0, abs_tol=1.0, mistakes=mistakes,
+                   what=f"concurrency_estimate({budget:,}, {mix!r}, {kv:,})" if len(repr(mix)) < 80 else "")
+
+
+def _long_share(g) -> float:
+    return g.SHARE_LONG * g.S_MAX_LONG / sum(share * s_max for s_max, share in _mix(g))
+
 
 value(
-    "2.10", "Exercise 2: mean concurrency",
-    expected=lambda g: _budget(g) / _mean_slot(g),
-    abs_tol=1.0,  # the ratio, or it floored or rounded to whole requests: all within 1 of the ratio
-    hint="On average each resident request holds one mean declared slot: how many such requests does the budget hold? "
-         "Compare it with everyone reserving S_MAX, and with paging.",
-    mistakes=[(_slots(G, G.S_MAX, KV_MHA), "That is everyone reserving S_MAX; here each request declares its own."),
-              (sum(share * (BUDGET // (s * KV_MHA)) for s, share in _mix(G)), "That averages three pools, each full "
-               "of one size; the requests share one pool, so divide the budget by the mean slot.")],
-    forbid=("labsupport.ledger.batch_that_fits", _SLOTS),
-    derive="divide the budget by the mean declared slot (2.9's bytes) yourself",
+    "2.10", "Exercise 2: who holds the memory",
+    expected=lambda g: _long_share(g), rel_tol=1e-4,
+    hint="Residents finish at random, whatever they declared, so at any moment they come in the arrivals' proportions. "
+         "Of what they reserve together, how much do the long ones reserve? A share of requests is not a share of "
+         "memory.",
+    mistakes=[(G.SHARE_LONG, "That is the long requests' share of the requests; the question is their share of the "
+               "memory, and each reserves a far larger slot."),
+              (G.S_MAX_LONG / sum(s for s, _ in _mix(G)), "That weights every declared size equally; requests declare "
+               "them in the mix's proportions."),
+              (1 - _long_share(G), "That is what everyone else holds.")],
+    derive="weigh the long requests' reservations against what all the residents reserve",
 )
 
 EVENTS = ("refused with enough free in total", "stopped at its own reservation", "a partly empty last block",
