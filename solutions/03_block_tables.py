@@ -17,8 +17,10 @@
 #
 # What you build: the two functions the mechanism is made of — the slot mapping every read and write
 # goes through (3.1) and the append that grows a table (3.2), run in lockstep with the real
-# allocator — and then you measure with the real allocator (3.5, 3.6) and read the block-size
-# measurements of section 6 (3.11).
+# allocator — then the count of sequences a paged pool holds (3.5) and the bytes of the block tables
+# a kernel is handed (3.7), which later cells run on the lecture's pool and on Exercise 3's workload.
+# You measure the busy pool on the real allocator (3.6), work back from the lecture's table size
+# (3.8), and read the block-size measurements of section 6 (3.11).
 #
 # Timing in the lecture: minutes 16–36 (*never cut*). Here: about 50 minutes; the scoreboard at the end lists its checkoffs.
 
@@ -35,11 +37,11 @@ from labsupport.block_allocator import BlockAllocator
 from labsupport.block_size import fitting_batch, measure_workloads
 from IPython.display import Markdown, display
 
-from labsupport.course.checkoff import check, revealed
+from labsupport.course.checkoff import check, revealed, unlocked
 from labsupport.kvcache import ContiguousKVCache, PagedKVCache
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import LECTURE_7B, LECTURE_GPU
-from labsupport.units import fmt_bytes, fmt_gb, fmt_pct
+from labsupport.units import KiB, fmt_bytes, fmt_gb, fmt_pct
 from labsupport.viz import a11y
 from labsupport.viz import memory as viz_memory
 
@@ -157,6 +159,9 @@ print(f"A's slots: {slots_a}")
 print(f"K stored at those slots: {[int(k_pool[s]) for s in slots_a]}")
 k_a, _ = board.cache.gather("A")
 print(f"gather('A') through the table: {[int(x) for x in k_a[0, :, 0, 0]]}")
+if unlocked("3.1"):  # your slot_mapping reading the same pool
+    yours = slot_mapping(list(alloc.block_tables["A"]), alloc.block_size, 0, alloc.seq_lens["A"])
+    print(f"your slot_mapping: {yours}; the K it reads: {[int(k_pool[s]) for s in yours]}")
 
 # %% [markdown]
 # ### Exercise 3.2 — append one token
@@ -186,7 +191,8 @@ check("3.2", append)
 # %% [markdown]
 # A sequence never reserves for a length it has not reached, and it can grow for as long as the
 # *pool* has a free block — there is no per-sequence limit left. The real cache, grown until the pool
-# runs out:
+# runs out, and (once 3.2 passes) your `append` grown the same way, handed the pool's free blocks in
+# the order the real pool hands them out:
 
 # %%
 grower = PagedKVCache(num_blocks=6, block_size=4, num_layers=1, num_kv_heads=1, head_dim=2)
@@ -196,6 +202,14 @@ try:
         grower.append(["A"], torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
 except OutOfBlocks as exc:
     print(f"A reached {grower.allocator.seq_lens['A']} tokens in blocks {grower.block_table('A')}; then: {exc}")
+if unlocked("3.2"):
+    free_ids = BlockAllocator(6, 4).free_block_ids()  # a fresh pool's free list, in the order it hands blocks out
+    grown, grown_slots = [], []
+    try:
+        while True:
+            grown_slots.append(append(grown, len(grown_slots), 4, lambda: free_ids.pop(0)))
+    except IndexError:  # the pool had no block left to take
+        print(f"your append: {len(grown_slots)} tokens in blocks {grown}, slots {grown_slots}")
 
 # %% [markdown]
 # ## 3. Step one: internal fragmentation collapses to less than one block
@@ -252,74 +266,83 @@ if revealed("3.4"):
 # %% [markdown]
 # ### Exercise 3.5 — how many sequences fit now
 #
-# The chat workload again: sequences that end at `PROMPT + OUTPUT` tokens, blocks of `BLOCK` tokens,
-# the `BUDGET` left for KV. Set `paged_seqs` to the number of such sequences the paged cache holds at
-# once, each at its final length.
+# Write `sequences_that_fit(budget_bytes, kv_bytes, block_size, seq_tokens)`: how many sequences of
+# `seq_tokens` tokens, each at that length, a paged pool holds at once when it is cut into blocks of
+# `block_size` tokens from `budget_bytes` of memory, at `kv_bytes` a token. The checkoff tries it on
+# other models, cards, block sizes and lengths than the lecture's; the cells below run it on the
+# chat workload's pool and, in section 5, on Exercise 3's workload.
 
 # %%
-### BEGIN SOLUTION 3.5: set paged_seqs to the number of PROMPT + OUTPUT-token sequences the paged pool holds
-pool_blocks = BUDGET // (BLOCK * KV)  # whole blocks in the budget
-paged_seqs = pool_blocks // -(-(PROMPT + OUTPUT) // BLOCK)  # whole sequences of whole blocks
-### END SOLUTION
-check("3.5", paged_seqs)
+def sequences_that_fit(budget_bytes, kv_bytes, block_size, seq_tokens):
+    """Sequences of seq_tokens tokens a paged pool of block_size-token blocks holds in budget_bytes."""
+    ### BEGIN SOLUTION 3.5: return how many seq_tokens-token sequences the paged pool holds at once
+    return (budget_bytes // (block_size * kv_bytes)) // -(-seq_tokens // block_size)
+    ### END SOLUTION
+
+
+check("3.5", sequences_that_fit)
 
 # %% [markdown]
 # The real allocator, on the lecture's pool of 16-token blocks, admits 640-token sequences until it
-# refuses one (its count is shown once 3.5 passes):
+# refuses one; once 3.5 passes, your count beside it:
 
 # %%
 pool = BlockAllocator(ledger.num_blocks(BUDGET, 16, KV), 16, kv_bytes_per_token=KV)
 while pool.can_allocate(pool.blocks_needed(640)):
     pool.allocate(len(pool.block_tables), 640)
 st = pool.stats()
-if revealed("3.5"):
-    print(f"{pool.num_blocks:,} blocks of {16 * KV:,} B; {len(pool.block_tables)} sequences; "
-          f"{pool.num_free_blocks} blocks left")
+if unlocked("3.5"):
+    paged_seqs = sequences_that_fit(BUDGET, KV, 16, 640)
+    print(f"your sequences_that_fit(BUDGET, KV, 16, 640): {paged_seqs}; the allocator admitted "
+          f"{len(pool.block_tables)} ({pool.num_blocks:,} blocks of {16 * KV:,} B, {pool.num_free_blocks} left)")
     print(f"utilization {fmt_pct(st.occupied_bytes / BUDGET)} of the budget (naive: "
           f"{fmt_pct(ledger.naive_utilization(BUDGET, 4096, 640, KV))}); concurrency "
-          f"{ledger.naive_concurrency(BUDGET, 4096, KV)} -> {len(pool.block_tables)}")
+          f"{ledger.naive_concurrency(BUDGET, 4096, KV)} -> {paged_seqs}")
+    display(Markdown(f"The lecture prints 29 → 199 (6.9×); whole blocks give {len(pool.block_tables)}: no reading "
+                     f"of its inputs gives 199 (its 0.328 GB a sequence, 512 KiB read as 512,000 B, gives "
+                     f"{int(BUDGET // (640 * 512_000))})."))
 
 # %% [markdown]
-# The count's utilization is read at the **end** of every sequence's life, when each holds its final
-# length. Lab 02's second reading can be measured instead: the pool **over** each sequence's life. A
-# sequence is prefilled with its prompt and then holds one more token after each decode step, and for
-# most of those steps its last block is partly empty.
+# That count's utilization is read at the **end** of every sequence's life, when each holds its
+# final length. Lab 02's second reading was over the life: it filled its slots once, then decoded.
+# A paged pool filled that way, with the count above, would keep free the blocks its sequences will
+# need for their last tokens until they need them. A paged engine does not hold them back: a free
+# block goes to whichever sequence needs one now, and requests arrive and finish all the time. A
+# busy pool is therefore *full* — every block held — by sequences at every point of their lives, as
+# many just prefilled as one step from the end.
 #
-# ### Exercise 3.6 — the paged pool, over the life
+# ### Exercise 3.6 — the busy pool
 #
-# Set `paged_over_life` to the paged pool's utilization averaged over a sequence's life, a fraction of
-# `BUDGET`. Measure it on a real `BlockAllocator`: step one sequence through its life, read how full
-# its blocks are while each step runs, before the step's token is appended (`stats()` counts tokens
-# held and slots reserved), and average. Then remember what the pool itself is made of, and how much
-# of `BUDGET` that covers.
+# Every sequence runs the chat workload's life: `PROMPT` tokens prefilled, then `OUTPUT` decode
+# steps; during its $k$-th step, before that step's token is written, it holds `PROMPT` + $k - 1$
+# tokens. Take the busy pool, every block held by such sequences, as many at each step of the life
+# as at any other, read while a step runs. Set `paged_over_life` to the share of `BUDGET` that holds
+# tokens, a fraction. Measure the sequences on a real `BlockAllocator` (`stats()` counts the tokens
+# held and the slots reserved).
 
 # %%
-### BEGIN SOLUTION 3.6: set paged_over_life to the pool's utilization averaged over a sequence's life, measured on a BlockAllocator
-def mean_fill_over(alloc, seq, steps):
-    """How full `seq`'s blocks are while each of its next `steps` decode steps runs, averaged."""
-    fills = []
-    for _ in range(steps):
-        st = alloc.stats()
-        fills.append(st.occupied_tokens / st.reserved_tokens)
-        alloc.append_slot(seq)
-    return sum(fills) / len(fills)
-
-
-life = BlockAllocator(-(-(PROMPT + OUTPUT) // BLOCK), BLOCK)
-life.allocate("s", PROMPT)
-over_life = mean_fill_over(life, "s", OUTPUT)  # the sequence holds PROMPT ... PROMPT + OUTPUT - 1 tokens
-pool_share = (BUDGET // (BLOCK * KV)) * BLOCK * KV / BUDGET  # the budget's share whole blocks cover
-paged_over_life = over_life * pool_share
+### BEGIN SOLUTION 3.6: set paged_over_life to the share of BUDGET holding tokens in the busy pool, read while a step runs
+ages = BlockAllocator(OUTPUT * -(-(PROMPT + OUTPUT) // BLOCK), BLOCK)
+for k in range(OUTPUT):  # one sequence at each step of the life, the step's token not yet written
+    ages.allocate(k, PROMPT + k)
+held = ages.stats()
+whole_blocks = BUDGET // (BLOCK * KV)  # the pool: every whole block of the budget, each held
+paged_over_life = whole_blocks * BLOCK * KV / BUDGET * held.occupied_tokens / held.reserved_tokens
 ### END SOLUTION
 check("3.6", paged_over_life)
 
 # %%
 if revealed("3.6"):
-    print(f"one sequence's blocks, averaged over its {OUTPUT} steps: {fmt_pct(over_life)} filled; x the "
-          f"{fmt_pct(pool_share, 3)} of the budget whole blocks cover = {fmt_pct(paged_over_life)} of the budget")
-    display(Markdown("The lecture's paged figure is another reading of the same pool: 100% minus its internal "
-                     "fragmentation, a $b/2$ tail in each of 199 sequences ([LEDGER.md](../LEDGER.md), the "
-                     "conventions and the paged concurrency)."))
+    busy = ledger.paged_utilization_time_avg(BUDGET, PROMPT, OUTPUT, BLOCK, KV)
+    pool_cover = ledger.num_blocks(BUDGET, BLOCK, KV) * BLOCK * KV / BUDGET
+    once = ledger.paged_concurrency(BUDGET, PROMPT + OUTPUT, BLOCK, KV) * (PROMPT + (OUTPUT - 1) / 2) * KV / BUDGET
+    print(f"the busy pool: its blocks are {fmt_pct(busy / pool_cover, 3)} filled and cover "
+          f"{fmt_pct(pool_cover, 3)} of the budget: {fmt_pct(busy, 3)} of the budget holds tokens")
+    print(f"filled once with the end-of-life count and decoded (lab 02's way): {fmt_pct(once)} on average, the "
+          f"blocks of tokens not yet written sitting free")
+    display(Markdown(f"The lecture prints 98.7% as 100% less its 1.3% internal fragmentation (a $b/2$ tail in each "
+                     f"of 199 sequences); the busy pool gives {fmt_pct(busy)}: the real lengths' tails in whole "
+                     "blocks, the same to the lecture's digit."))
 
 
 # %% [markdown]
@@ -339,47 +362,80 @@ del paged_cache, contiguous_cache
 # ## 4. What the block table itself costs
 #
 # To find a token, the kernel has nothing but the sequence's block table: the real cache hands it
-# the tables of a batch as one integer tensor. Nothing else about the sequence is stored twice.
-#
-# ### Exercises 3.7 and 3.8 — the 2 KB
-#
-# Set `table_bytes` to the memory the block table of a `TABLE_TOKENS`-token sequence takes at
-# $b$ = `BLOCK`, in bytes, with an entry `ENTRY_BYTES` bytes wide (3.7). The lecture prints
-# `PRINTED_TABLE_BYTES` (its "2 KB") for the same table: set `entry_bytes_for_2kb` to the width of one
-# entry, in bytes, at which the table is that size (3.8).
+# the tables of a batch as one integer tensor, `block_table_tensor`. Nothing else about the sequence
+# is stored twice. Here is that tensor for the board's two sequences (A holds 9 tokens now, B 5, in
+# blocks of 4):
 
 # %%
-### BEGIN SOLUTION 3.7: set table_bytes to the block table bytes of a TABLE_TOKENS-token sequence at b = BLOCK
-entries = -(-TABLE_TOKENS // BLOCK)  # one entry per block the sequence holds
-table_bytes = entries * ENTRY_BYTES
-### END SOLUTION
-check("3.7", table_bytes)
-
-# %%
-### BEGIN SOLUTION 3.8: set entry_bytes_for_2kb to the bytes per entry that give PRINTED_TABLE_BYTES for the table
-entry_bytes_for_2kb = PRINTED_TABLE_BYTES // -(-TABLE_TOKENS // BLOCK)
-### END SOLUTION
-check("3.8", entry_bytes_for_2kb)
+print(board.cache.block_table_tensor(["A", "B"]))
 
 # %% [markdown]
-# The real cache's table for that sequence (shown once 3.7 and 3.8 pass):
+# ### Exercise 3.7 — what the kernel is handed
+#
+# Write `batch_table_bytes(seq_lens, block_size, entry_bytes)`: the bytes of the block-table tensor the
+# real cache hands the kernel for a batch of sequences of these lengths, in blocks of `block_size`
+# tokens, with entries `entry_bytes` bytes wide. (Put sequences of other lengths in a small
+# `PagedKVCache` and look at the tensor's shape.) The checkoff compares with the tensor the real cache
+# builds, on random batches.
 
 # %%
-if revealed("3.7", "3.8"):
-    tab = PagedKVCache(num_blocks=-(-TABLE_TOKENS // BLOCK), block_size=BLOCK, num_layers=1, num_kv_heads=1,
-                       head_dim=1)
-    tab.allocator.allocate("seq", TABLE_TOKENS)
-    t = tab.block_table_tensor(["seq"])
-    print(f"block_table_tensor: shape {tuple(t.shape)}, dtype {t.dtype}, {t.element_size()} B per entry, "
-          f"{t.numel() * t.element_size():,} B in all, for {fmt_gb(TABLE_TOKENS * KV)} of KV "
-          f"(ratio {t.numel() * t.element_size() / (TABLE_TOKENS * KV):.1e})")
-    display(Markdown("One entry per logical block, $\\lceil S / b \\rceil$ of them, each a block id: entries × bytes "
-                     f"per entry. The lecture's figure takes {8 * PRINTED_TABLE_BYTES // t.numel()}-bit ids (an OS "
-                     "page-table entry's width, torch's default int64); the real cache stores int32 "
-                     "([LEDGER.md](../LEDGER.md), the conventions)."))
+def batch_table_bytes(seq_lens, block_size, entry_bytes):
+    """Bytes of the block-table tensor of a batch of sequences with these lengths."""
+    ### BEGIN SOLUTION 3.7: return the bytes of the batch's block-table tensor
+    return len(seq_lens) * max(-(-n // block_size) for n in seq_lens) * entry_bytes
+    ### END SOLUTION
+
+
+check("3.7", batch_table_bytes)
 
 # %% [markdown]
-# Either way the table is about a millionth of the KV it describes — small enough to send over a
+# ### Exercise 3.8 — the lecture's 2 KB
+#
+# The lecture prices the block table of one `TABLE_TOKENS`-token sequence at $b$ = `BLOCK` at
+# `PRINTED_TABLE_BYTES` bytes (its "2 KB"). How wide, in bytes, is one entry of the table it priced?
+# Set `lecture_entry_bytes`.
+
+# %%
+### BEGIN SOLUTION 3.8: set lecture_entry_bytes to the entry width, in bytes, behind the lecture's PRINTED_TABLE_BYTES
+lecture_entry_bytes = PRINTED_TABLE_BYTES // batch_table_bytes([TABLE_TOKENS], BLOCK, 1)
+### END SOLUTION
+check("3.8", lecture_entry_bytes)
+
+# %% [markdown]
+# Once 3.7 and 3.8 pass: the real cache's table for that sequence, and for a batch of 32 sequences
+# drawn from Exercise 3's lognormal (median 800 tokens, 5% over 20,000), each beside your
+# `batch_table_bytes`:
+
+# %%
+if unlocked("3.7", "3.8"):
+    def real_table(lengths, block_size):
+        """The block-table tensor the real cache hands the kernel for sequences of these lengths."""
+        cache = PagedKVCache(num_blocks=sum(ledger.blocks_for(n, block_size) for n in lengths),
+                             block_size=block_size, num_layers=1, num_kv_heads=1, head_dim=1)
+        for i, n in enumerate(lengths):
+            cache.allocator.allocate(i, n)
+        return cache.block_table_tensor(list(range(len(lengths))))
+
+    t = real_table([TABLE_TOKENS], BLOCK)
+    print(f"one {TABLE_TOKENS:,}-token sequence: block_table_tensor shape {tuple(t.shape)}, dtype {t.dtype}, "
+          f"{t.numel() * t.element_size():,} B; your batch_table_bytes: "
+          f"{batch_table_bytes([TABLE_TOKENS], BLOCK, t.element_size()):,} B; for {fmt_gb(TABLE_TOKENS * KV)} of "
+          f"KV (ratio {t.numel() * t.element_size() / (TABLE_TOKENS * KV):.1e})")
+    lengths = [p + o for p, o in workloads.lognormal_workload(32, seed=0).as_pairs()]
+    t = real_table(lengths, BLOCK)
+    own = sum(ledger.block_table_bytes(n, BLOCK, t.element_size()) for n in lengths)
+    print(f"32 lognormal sequences ({min(lengths):,} to {max(lengths):,} tokens): tensor {tuple(t.shape)}, "
+          f"{t.numel() * t.element_size():,} B; your batch_table_bytes: "
+          f"{batch_table_bytes(lengths, BLOCK, t.element_size()):,} B; each table at its own length would take "
+          f"{own:,} B, so padding to the longest costs {t.numel() * t.element_size() / own:.1f}×, for "
+          f"{fmt_gb(sum(lengths) * KV)} of KV")
+    display(Markdown(f"The lecture prints 2 KB for the {TABLE_TOKENS:,}-token table; the real cache's is "
+                     f"{batch_table_bytes([TABLE_TOKENS], BLOCK, ENTRY_BYTES):,} B: the lecture's figure takes "
+                     f"{8 * lecture_entry_bytes}-bit entries (an OS page-table entry's width, torch's default int64), "
+                     f"the real cache stores {8 * ENTRY_BYTES}-bit ones (int32, as vLLM does)."))
+
+# %% [markdown]
+# Either way one table is about a millionth of the KV it describes — small enough to send over a
 # network with the request, which is what disaggregation (Oct 14) needs.
 #
 # ## 5. Step two: the block size is a real trade-off — Exercise 3
@@ -408,18 +464,20 @@ check("3.9", sigma)
 # %% [markdown]
 # ### The batch: how many such sequences fit?
 #
-# The lecture's sketch prices the waste "at $B = 199$", the chat workload's count (640-token
-# sequences). A lognormal's mean is not its median: $E[L] = e^{\mu + \sigma^2/2}$, the median times
-# $e^{\sigma^2/2}$. The budget holds, on average, as many of *these* sequences as their mean length's
-# KV divides into it:
+# The lecture's sketch prices the waste "at $B = 199$". A lognormal's mean is not its median:
+# $E[L] = e^{\mu + \sigma^2/2}$, the median times $e^{\sigma^2/2}$. The budget holds, on average,
+# about as many of *these* sequences as it holds sequences of their mean length: your
+# `sequences_that_fit` (3.5) counts them, at the mean length in whole tokens and $b$ = `BLOCK`:
 
 # %%
-if revealed("3.9"):
+if unlocked("3.5", "3.9"):
     mean_len = MEDIAN_TOKENS * math.exp(sigma**2 / 2)
-    FIT = int(BUDGET // (mean_len * KV))
+    FIT = sequences_that_fit(BUDGET, KV, BLOCK, math.ceil(mean_len))
     print(f"median {MEDIAN_TOKENS:,} tokens, mean {mean_len:,.0f} tokens ({mean_len / MEDIAN_TOKENS:.1f}× the median): "
-          f"the budget holds {BUDGET / (mean_len * KV):.2f} of them on average, so B = {FIT} whole sequences, "
-          f"not 199")
+          f"sequences_that_fit(BUDGET, KV, {BLOCK}, {math.ceil(mean_len):,}) = {FIT}")
+    display(Markdown(f"The lecture's sketch prices the waste at B = 199, the chat workload's count (640-token "
+                     f"sequences; whole blocks give {sequences_that_fit(BUDGET, KV, 16, 640)}); this workload's "
+                     f"mean length fits B = {FIT}."))
 else:
     FIT = None
 
@@ -460,8 +518,7 @@ if revealed("3.10") and FIT is not None:
               f"|| {s[0]:>7}, {s[1]:>5}, {s[2]:>3}, {s[3]:>5,}")
     display(Markdown("Mean tail $(b-1)/2$ tokens (lengths spread evenly modulo $b$; the lecture rounds to $b/2$), "
                      "times the bytes per token; the waste is the batch times that over the budget; the entries "
-                     "are $\\lceil L / b \\rceil$. The sketch's $b = 8$ row breaks its own $b/2$ rule, and its "
-                     "batch of 199 is the chat workload's ([LEDGER.md](../LEDGER.md), errata)."))
+                     "are $\\lceil L / b \\rceil$."))
 
 # %% [markdown]
 # The sketch's $b = 8$ row does not follow its own rule: the mean tail is "about $b/2$", 4 tokens at
@@ -484,7 +541,7 @@ if revealed("3.10") and FIT is not None:
 # ## 6. Measured, on real traces
 #
 # The lecture's §10.3 table, regenerated by the ledger for the chat workload (3.4's mean tail at
-# each $b$; waste of 199 sequences as a share of the 62.52 GB budget; table entries of a 4,096-token
+# each $b$; waste of 199 sequences as a share of the budget; table entries of a 4,096-token
 # sequence), beside what the lecture prints, once 3.4 and 3.10 pass:
 
 # %%
@@ -498,9 +555,10 @@ if revealed("3.4", "3.10"):
         print(f"{r.block_size:>4} | {r.mean_tail_tokens:>5.1f} tokens = {r.mean_tail_bytes / 1e6:>7.2f} MB | "
               f"{fmt_pct(r.waste_fraction_of_budget):>14} | {r.table_entries:>13,} | {r.contiguous_run_tokens:>5} | "
               f"{lecture}")
-    display(Markdown("The lecture's waste column keeps its $b/2$ tail and reads its MB column (exact MiB) as decimal "
-                     "MB over the budget plus the waste; its 17.0% should read 16.9% ([LEDGER.md](../LEDGER.md), "
-                     "errata)."))
+    lecture_waste = 199 * (256 // 2 * KV / 2**20) * 1e6  # b = 256: 199 tails of 128 tokens, its MiB read as MB
+    display(Markdown(f"The lecture prints 17.0% at $b = 256$; its own reading gives "
+                     f"{fmt_pct(lecture_waste / (62.5e9 + lecture_waste), 1)}: 199 × 64 MB (exact MiB written MB, a "
+                     "$b/2$ tail) over 62.5 GB plus the waste."))
 
 # %% [markdown]
 # Read the last two columns of the
@@ -547,13 +605,16 @@ measured = measure_workloads(measured_workloads, BLOCK_SIZES, KV, BUDGET, batch=
 
 # %% tags=["needs-traces"]
 if revealed("3.4", "3.10"):
-    print(f"{'workload':>18} {'b':>4} | {'mean tail':>9} | {'B':>4} | {'waste at B':>10} | {'median → entries':>17} | "
-          f"{'p95 → entries':>16} | {'mean run':>9} | resident")
+    print("table entries: the median length → its entries, the p95 length → its entries; contiguous run: the mean, "
+          "in tokens; B: the batch that fits the workload")
+    print(f"{'workload':>18} {'b':>4} | {'mean tail':>9} | {'B':>4} | {'waste at the batch':>18} | "
+          f"{'table entries':>29} | {'contiguous run':>14} | resident")
     for name, per_b in measured.items():
         for b, m in per_b.items():
-            print(f"{name:>18} {b:>4} | {m.mean_tail_tokens:>9.2f} | {m.batch:>4} | {fmt_pct(m.waste_at_batch_fraction):>10} | "
-                  f"{m.median_tokens:>7,} → {m.entries_at_median:>6,} | {m.p95_tokens:>6,} → {m.entries_at_p95:>6,} | "
-                  f"{m.mean_run_tokens:>9,.0f} | {m.resident:>6.1f}")
+            entries = f"{m.median_tokens:,} → {m.entries_at_median:,}, {m.p95_tokens:,} → {m.entries_at_p95:,}"
+            print(f"{name:>18} {b:>4} | {m.mean_tail_tokens:>9.2f} | {m.batch:>4} | "
+                  f"{fmt_pct(m.waste_at_batch_fraction):>18} | {entries:>29} | {m.mean_run_tokens:>14,.0f} | "
+                  f"{m.resident:>8.1f}")
 
 # %% [markdown]
 # ### Exercise 3.11 — what the workload sets, and what the block size sets
@@ -607,35 +668,28 @@ if revealed("3.4", "3.10"):
 # ## 7. Forks: what a large block costs when sequences share
 #
 # Block size also interacts with sharing (§10.4, lab 05): copy-on-write duplicates a *whole block*
-# on the first divergent token. How many branches copy depends on who holds the prompt, and both
-# ways are real:
-#
-# * **the prompt stays alive** — a prompt sequence is prefilled and 8 branches are forked off it: 9
-#   holders, so all 8 branches copy the shared tail block when they write;
-# * **the parent is branch 1** — the prompt's own sequence becomes the first branch and the others
-#   are forked off it (the vLLM paper's §4.4): fewer holders, so fewer copies; lab 05's Exercise 5.3
-#   counts them.
-#
-# The first convention on the real allocator, a 4,010-token prompt (its last block partly filled),
-# each branch writing one token:
+# on the first divergent token. Count it as the vLLM paper does (its §4.4), and as lab 05's
+# Exercise 5.3 will: the prompt's own sequence is branch 1, and the other 7 of a fan-out of 8 are
+# forked off it. On the real allocator, a 4,010-token prompt (its last block partly filled), each of
+# the 8 branches writing one token:
 
 # %%
 PROMPT_FORK = 4010
+fork_copies = {}
 for b in (16, 256):
     fan = BlockAllocator(ledger.blocks_for(PROMPT_FORK, b) + 16, b)
-    fan.allocate("prompt", PROMPT_FORK)
-    branches = [f"branch {i}" for i in range(8)]
-    for name in branches:
-        fan.fork("prompt", name)
-    n_copies = sum(fan.append_slot(name).cow is not None for name in branches)
-    print(f"b = {b:>3}, prompt kept alive (9 holders): last block holds {PROMPT_FORK % b:>3} of {b} tokens; "
-          f"{n_copies} copies of {b * KV / 2**20:,.0f} MiB = {fmt_gb(n_copies * b * KV)} allocated and copied")
-
-# %% [markdown]
-# The lecture's "8 × 64 MB = 512 MB" is the first convention, counted in bytes *copied*: 8 copies of
-# the filled part of a 256-token block, on average 128 tokens × 512 KiB = 64 MiB (written MB). The
-# blocks *allocated* are whole: 8 × 134.2 MB = 1.07 GB. Lab 05 prices the other convention, after its
-# Exercise 5.3, with the ledger's note on this figure.
+    fan.allocate("branch 1", PROMPT_FORK)
+    branches = [f"branch {i}" for i in range(1, 9)]
+    for name in branches[1:]:
+        fan.fork("branch 1", name)
+    fork_copies[b] = sum(fan.append_slot(name).cow is not None for name in branches)
+    print(f"b = {b:>3}, 8 branches: last block holds {PROMPT_FORK % b:>3} of {b} tokens; {fork_copies[b]} copies of "
+          f"{b * KV / 2**20:,.0f} MiB = {fmt_gb(fork_copies[b] * b * KV)} allocated and copied")
+display(Markdown(f"The lecture's \"8 × 64 MB = 512 MB\" counts 8 copies of the filled half of a 256-token block "
+                 f"({256 // 2} tokens × {KV // KiB} KiB = {256 // 2 * KV // 2**20} MiB, written MB); the allocator "
+                 f"copies whole blocks, "
+                 f"{fork_copies[256]} of them: {fork_copies[256]} × {fmt_gb(256 * KV)} = "
+                 f"{fmt_gb(fork_copies[256] * 256 * KV)}."))
 
 # %% [markdown]
 # ## Self-check
@@ -647,21 +701,26 @@ for b in (16, 256):
 #    paging go?
 # 5. Which fragmentation does paging eliminate, and which does it bound — to what?
 #
-# <details><summary>Answers</summary>
-#
-# 1. No: 512 KiB per token, paged or not (the two caches above report the same bytes per token). It
-#    reduces reserved-and-unused bytes: 84% of the budget under reserve-to-max, less than one block
-#    per sequence under paging.
-# 2. $\lceil 4{,}097 / 16 \rceil = 257$ blocks and table entries; tail $257 \times 16 - 4{,}097 = 15$
-#    tokens, the worst case.
-# 3. Its table has one entry per token (4,096 for a 4K sequence), and the kernel's contiguous run is a
-#    single token: every key is a separate indirect load. Memory is not the only column.
-# 4. Gather: read each sequence's keys and values through its block table instead of one strided
-#    load. The FLOPs and bytes are unchanged; the cost moved into the kernel's access pattern, and a
-#    naive gather can lose enough bandwidth to eat the win (lab 04).
-# 5. External fragmentation is eliminated — any free block serves any request. Internal
-#    fragmentation is bounded to at most $b - 1$ tokens per sequence, 3.4's mean on average.
-#
-# </details>
-#
+# The answers show once 3.1, 3.3, 3.4 and 3.7 pass:
+
+# %%
+if revealed("3.1", "3.3", "3.4", "3.7"):
+    blocks_4097 = ledger.blocks_for(4097, 16)
+    display(Markdown(f"""1. No: {KV // KiB:,} KiB per token, paged or not (the two caches above report the same bytes
+   per token). It reduces reserved-and-unused bytes:
+   {fmt_pct(1 - ledger.naive_utilization(BUDGET, 4096, 640, KV), 0)} of the budget under reserve-to-max, less
+   than one block per sequence under paging.
+2. $\\lceil 4{{,}}097 / 16 \\rceil = {blocks_4097}$ blocks and as many table entries; tail
+   ${blocks_4097} \\times 16 - 4{{,}}097 = {blocks_4097 * 16 - 4097}$ tokens, the worst case.
+3. Its table has one entry per token ({ledger.block_table_entries(4096, 1):,} for a 4K sequence), and the
+   kernel's contiguous run is a single token: every key is a separate indirect load. Memory is not the only
+   column.
+4. Gather: read each sequence's keys and values through its block table instead of one strided load. The FLOPs
+   and bytes are unchanged; the cost moved into the kernel's access pattern, and a naive gather can lose enough
+   bandwidth to eat the win (lab 04).
+5. External fragmentation is eliminated — any free block serves any request. Internal fragmentation is bounded
+   to at most $b - 1$ tokens per sequence, $(b - 1)/2$ on average: {ledger.mean_tail_waste_tokens(16):g} tokens
+   at $b = 16$ (3.4)."""))
+
+# %% [markdown]
 # Next: **Lab 04 — the paged attention kernel.**

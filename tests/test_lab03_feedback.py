@@ -14,8 +14,8 @@ import pytest
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course import checkoff as C
 from labsupport.course.checkoff import check, results
-from labsupport.course.checkoffs import load_lab
-from labsupport.course.registry import GIVENS, namespace
+from labsupport.course.checkoffs import get, load_lab
+from labsupport.course.registry import GIVENS, case_rng, namespace
 
 KV, BUDGET, BLOCKS = 524_288, 62_520_000_000, 7_452
 
@@ -39,45 +39,105 @@ def _fails(cid, answer, *words):
         assert word in problem, problem
 
 
+def _fit_blocks(budget, kv, b, seq):
+    return (budget // (b * kv)) // math.ceil(seq / b)  # whole blocks in the pool, whole blocks a sequence
+
+
+def _fit_bytes(budget, kv, b, seq):
+    return budget // (math.ceil(seq / b) * b * kv)  # the bytes of one sequence's whole blocks, whole sequences
+
+
 def test_3_5_whole_blocks_then_whole_sequences():
-    _passes("3.5", BLOCKS // 40)
-    pool = BlockAllocator(BLOCKS, 16)  # the other derivation: admit 640-token sequences until one is refused
+    assert get("3.5").cases(case_rng("3.5"))[0].want == 186  # 62.52e9 // 8 MiB = 7,452 blocks; 640 tokens hold 40
+    pool = BlockAllocator(BLOCKS, 16)  # the real allocator agrees: admit 640-token sequences until one is refused
     while pool.can_allocate(pool.blocks_needed(640)):
         pool.allocate(len(pool.block_tables), 640)
-    _passes("3.5", len(pool.block_tables))
-    _fails("3.5", 199, "printed figure")
-    _fails("3.5", BUDGET / (640 * KV), "fraction of a sequence")
-    _fails("3.5", 62_520_000_000 // ((640 + 8) * 524_288), "640 fills 40 blocks exactly")  # 184: a b/2 tail each
+    assert len(pool.block_tables) == 186
+    _passes("3.5", _fit_blocks)
+    _passes("3.5", _fit_bytes)
+    # the tokens alone: 62.52e9 // (640 x 524,288) = 186 too (640 fills 40 blocks exactly), so a later case names it
+    _fails("3.5", lambda budget, kv, b, seq: budget // (seq * kv), "the sequence's tokens")
+    _fails("3.5", lambda budget, kv, b, seq: budget / (b * kv) / math.ceil(seq / b), "whole things")
+    _fails("3.5", lambda budget, kv, b, seq: budget // ((seq + b / 2) * kv), "b/2 tail")  # 184 on the lecture's
+    _fails("3.5", lambda budget, kv, b, seq: (budget // (b * kv)) // (seq // b + 1), "S // b + 1")  # 7,452 // 41 = 181
+    _fails("3.5", lambda budget, kv, b, seq: 199, "printed figure")
 
 
-def test_3_6_over_the_life_two_ways_and_the_lecture_shortcuts_named():
-    # 1. stepped on a real allocator: read each step's fill, then the pool's whole-block share
-    life = BlockAllocator(40, 16)
+def test_3_5_the_sloppy_count_passes_the_lecture_and_only_other_cases_catch_it():
+    """640 tokens fill 40 blocks exactly, so BUDGET // (640 x KV) = 186 is right on the lecture's case; the cases with a
+    sequence a token past whole blocks catch it, the public ones and every secret draw."""
+    from labsupport.course.judge import Mismatch
+
+    sloppy = lambda budget, kv, b, seq: budget // (seq * kv)  # noqa: E731
+    checkoff = get("3.5")
+    first = checkoff.cases(case_rng("3.5"))[0]
+    assert sloppy(*first.args) == first.want
+    for secret in (b"a", b"b", b"c"):
+        with pytest.raises(Mismatch):
+            checkoff.grade(sloppy, case_rng("3.5", secret))
+        checkoff.grade(_fit_bytes, case_rng("3.5", secret))
+
+
+# the busy pool by hand: 128 sequences of 512 ... 639 tokens hold 128 x 575.5 = 73,664 tokens; their blocks reserve
+# 512 (n = 512: 32 blocks) + 16 x 16 x (33 + ... + 39) + 15 x 16 x 40 = 512 + 64,512 + 9,600 = 74,624 slots;
+# the pool's 7,452 whole blocks of 8 MiB cover 62,511,644,672 / 62.52e9 = 99.987% of the budget
+BUSY = 7_452 * 16 * KV / BUDGET * 73_664 / 74_624  # 0.987008
+
+
+def test_3_6_the_busy_pool_two_ways_and_the_other_readings_named():
+    assert abs(get("3.6").expect() - BUSY) < 1e-12 and f"{BUSY:.4%}" == "98.7008%"
+    # 1. one sequence at each step of the life, on a real allocator, read at once
+    ages = BlockAllocator(128 * 40, 16)
+    for k in range(128):
+        ages.allocate(k, 512 + k)
+    st = ages.stats()
+    _passes("3.6", st.occupied_tokens / st.reserved_tokens * BLOCKS * 16 * KV / BUDGET)
+    # 2. one sequence stepped through its life, its tokens and slots summed over the steps
+    life, tokens, slots = BlockAllocator(40, 16), 0, 0
     life.allocate("s", 512)
-    fills = []
     for _ in range(128):
         st = life.stats()
-        fills.append(st.occupied_tokens / st.reserved_tokens)
+        tokens, slots = tokens + st.occupied_tokens, slots + st.reserved_tokens
         life.append_slot("s")
-    _passes("3.6", sum(fills) / 128 * BLOCKS * 16 * KV / BUDGET)
-    # 2. closed form: each length's fill of its whole blocks, times the whole blocks' share of the budget
-    _passes("3.6", sum(n / (math.ceil(n / 16) * 16) for n in range(512, 640)) / 128 * (BLOCKS * 16 * KV / BUDGET))
-    _fails("3.6", sum(n / (math.ceil(n / 16) * 16) for n in range(512, 640)) / 128, "pool's whole blocks")
-    # (read after each step's token lands, 513 ... 640, is the same here: 512 and 640 both fill whole blocks; the
-    # hidden givens, never whole blocks, tell the two readings apart: test_dropping_a_named_step_fails...)
-    _fails("3.6", 640 / 648, "rule of thumb", "b/2 = 8-token")  # 98.77%: the final length plus a b/2 tail
+    _passes("3.6", tokens / slots * (BLOCKS * 16 * KV / BUDGET))
+    fills = [n / (math.ceil(n / 16) * 16) for n in range(512, 640)]
+    _fails("3.6", sum(fills) / 128 * BLOCKS * 16 * KV / BUDGET, "one step's", "every step at once")  # 0.986979
+    _fails("3.6", 73_664 / 74_624, "pool's whole blocks")  # 0.987136: the blocks' own fill
+    _fails("3.6", 186 * 575.5 * KV / BUDGET, "lab 02's 2.4")  # 0.8977: 3.5's count filled once, then decoded
+    _fails("3.6", 186 * 640 * KV / BUDGET, "end of life")  # 0.9983
+    _fails("3.6", BLOCKS * 16 * KV / BUDGET * (73_664 + 128) / (74_624 + 128), "after its token lands")  # 513 ... 640
+    _fails("3.6", 640 / 648, "rule of thumb", "b/2 tail")  # 98.77%: the final length plus a b/2 tail
     _fails("3.6", 1 - 199 * 8 * KV / BUDGET, "1.3%")  # 98.67%: 100% less the lecture's internal fragmentation
-    _fails("3.6", 186 * 640 * KV / BUDGET, "end of life")  # 99.83%
 
 
-def test_3_7_and_3_8_from_what_an_entry_names():
-    _passes("3.7", 256 * 4)  # ceil(4,096 / 16) entries of int32
-    _passes("3.7", len(BlockAllocator(256, 16).allocate("s", 4096)) * 4)  # the real allocator's table
-    _fails("3.7", 256, "number of entries")
-    _fails("3.7", 2048, "lecture's 2 KB")
+def _table_closed(seq_lens, b, width):
+    return len(seq_lens) * max(math.ceil(n / b) for n in seq_lens) * width  # rows x the widest table x bytes
+
+
+def _table_measured(seq_lens, b, width):
+    alloc = BlockAllocator(sum(math.ceil(n / b) for n in seq_lens), b)
+    tables = [alloc.allocate(i, n) for i, n in enumerate(seq_lens)]  # the real allocator's tables, padded by hand
+    return sum(max(map(len, tables)) * width for _ in tables)
+
+
+def test_3_7_the_padded_tensor_two_ways_and_the_slips_named():
+    cases = get("3.7").cases(case_rng("3.7"))
+    assert cases[0].want == 256 * 4  # ceil(4,096 / 16) = 256 int32 entries, one row
+    assert cases[1].want == 2 * 3 * 4  # the board: A's 9 tokens take 3 blocks of 4, B's 5 take 2, padded to 3
+    _passes("3.7", _table_closed)
+    _passes("3.7", _table_measured)
+    _fails("3.7", lambda seq_lens, b, width: sum(math.ceil(n / b) for n in seq_lens) * width, "own length")  # 20 B
+    _fails("3.7", lambda seq_lens, b, width: len(seq_lens) * max(math.ceil(n / b) for n in seq_lens), "entries")
+    _fails("3.7", lambda seq_lens, b, width: len(seq_lens) * max(n // b for n in seq_lens) * width, "rounded up")
+    _fails("3.7", lambda seq_lens, b, width: len(seq_lens) * max(seq_lens) * width, "not per token")
+
+
+def test_3_8_the_lectures_entry_width():
+    assert get("3.8").expect() == 8  # 2,048 B over ceil(4,096 / 16) = 256 entries
     _passes("3.8", 2048 // 256)
     _passes("3.8", int(2048 / math.ceil(4096 / 16)))
     _fails("3.8", 64, "bits")
+    _fails("3.8", 2048 / 4096, "every token")
 
 
 def test_3_9_sigma_two_ways_and_the_two_sided_z_named():
@@ -152,26 +212,30 @@ def _g(g):
     n.seq = n.PROMPT + n.OUTPUT
     n.blocks = n.budget // (n.BLOCK * n.kv)
     n.share = n.blocks * n.BLOCK * n.kv / n.budget
+    n.paged = n.blocks // math.ceil(n.seq / n.BLOCK)
     return n
 
 
-def _fill(g, first):
-    return sum(n / (math.ceil(n / g.BLOCK) * g.BLOCK) for n in range(first, first + g.OUTPUT)) / g.OUTPUT
+def _busy(g, first):
+    """The busy pool's share of the budget holding tokens, its sequences holding first ... first + OUTPUT - 1 tokens."""
+    lengths = range(first, first + g.OUTPUT)
+    return g.share * sum(lengths) / sum(math.ceil(n / g.BLOCK) * g.BLOCK for n in lengths)
+
+
+def _mean_fill(g):
+    return sum(n / (math.ceil(n / g.BLOCK) * g.BLOCK) for n in range(g.PROMPT, g.PROMPT + g.OUTPUT)) / g.OUTPUT
 
 
 # (checkoff, the step its prompt names, the answer without it), by hand from the prompt's words
 DROPPED = [
     ("3.4", "lengths spread evenly modulo b (remainder 0 leaves no tail)", lambda g: g.BLOCK / 2),
     ("3.4", "the mean, not the worst case", lambda g: g.BLOCK - 1),
-    ("3.5", "blocks at all (the issue's sloppy derivation)", lambda g: g.budget // (g.seq * g.kv)),
-    ("3.5", "a sequence holds whole blocks", lambda g: g.blocks // (g.seq / g.BLOCK)),
-    ("3.5", "whole sequences", lambda g: g.blocks / math.ceil(g.seq / g.BLOCK)),
-    ("3.6", "the pool's whole blocks' share of the budget", lambda g: _fill(g, g.PROMPT)),
-    ("3.6", "read before the step's token lands", lambda g: _fill(g, g.PROMPT + 1) * g.share),
-    ("3.6", "averaged over the life", lambda g: g.seq / (math.ceil(g.seq / g.BLOCK) * g.BLOCK) * g.share),
-    ("3.7", "whole blocks (ceil)", lambda g: g.TABLE_TOKENS // g.BLOCK * g.ENTRY_BYTES),
-    ("3.7", "bytes per entry", lambda g: math.ceil(g.TABLE_TOKENS / g.BLOCK)),
-    ("3.7", "one entry per block, not per token", lambda g: g.TABLE_TOKENS * g.ENTRY_BYTES),
+    ("3.6", "the pool's whole blocks' share of the budget", lambda g: _busy(g, g.PROMPT) / g.share),
+    ("3.6", "read while a step runs, before its token lands", lambda g: _busy(g, g.PROMPT + 1)),
+    ("3.6", "every step of the life at once (all tokens over all slots)", lambda g: _mean_fill(g) * g.share),
+    ("3.6", "the busy pool, every block held (not lab 02's fill-once)",
+     lambda g: g.paged * (g.PROMPT + (g.OUTPUT - 1) / 2) * g.kv / g.budget),
+    ("3.6", "over the life, not at its end", lambda g: g.seq / (math.ceil(g.seq / g.BLOCK) * g.BLOCK) * g.share),
     ("3.8", "whole blocks (ceil)", lambda g: g.PRINTED_TABLE_BYTES / (g.TABLE_TOKENS // g.BLOCK)),
     ("3.8", "one entry per block", lambda g: g.PRINTED_TABLE_BYTES / g.TABLE_TOKENS),
     ("3.9", "one-sided: all of TAIL_SHARE above TAIL_TOKENS", lambda g: math.log(g.TAIL_TOKENS / g.MEDIAN_TOKENS)
@@ -193,13 +257,10 @@ def test_dropping_a_named_step_fails_on_every_hidden_set(cid, step, sloppy):
             checkoff.verdict(sloppy(_g(g)), checkoff.expect(namespace(g)))
 
 
-def test_the_sloppy_3_5_passes_the_lecture_and_only_hidden_givens_catch_it():
-    """640 tokens fill 40 blocks exactly, so BUDGET // (640 x KV) = 186 is right on the lecture's givens; every
-    hidden set has a sequence that is not a whole number of blocks and catches it (the test above)."""
-    _passes("3.5", BUDGET // (640 * KV))
+def test_the_hidden_sets_tell_the_3_6_readings_apart():
+    """Every hidden set has a pool visibly short of the budget (the lecture's covers 99.987% of it)."""
     for g in GIVENS[3].draw(__import__("random").Random(3), 10):
-        n = _g(g)
-        assert n.seq % n.BLOCK and 1 - n.share > 1e-3  # not whole blocks; a pool visibly short of the budget
+        assert 1 - _g(g).share > 1e-3
 
 
 def test_every_value_checkoff_has_a_dropped_step():

@@ -9,7 +9,8 @@ from statistics import NormalDist
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course.checkoffs._hidden import givens_kv as _kv
 from labsupport.course.harness import HARNESSES
-from labsupport.course.registry import DRAW_TRIES, case, choice, function, givens, namespace, value
+from labsupport.course.registry import DRAW_TRIES, case, choice, function, givens, namespace, shown, value
+from labsupport.kvcache import PagedKVCache
 
 
 def _budget(g) -> int:
@@ -28,16 +29,15 @@ def _hidden(rng):
                  DTYPE_BYTES=rng.choice((1, 4)), HBM_BYTES=rng.choice((40, 94, 141)) * 10**9,
                  PARAMS=rng.choice((1_300_000_000, 2_700_000_000, 3_800_000_000)), WEIGHT_BYTES=rng.choice((1, 4)),
                  RESERVE_BYTES=rng.choice((2, 3, 6)) * 10**9, PROMPT=rng.randint(100, 3000),
-                 OUTPUT=rng.randint(20, 1000), BLOCK=rng.choice((8, 32, 128)),  # 128, not 64: see below
+                 OUTPUT=rng.randint(20, 1000), BLOCK=rng.choice((8, 32, 128)),
                  TABLE_TOKENS=rng.choice((2048, 8192, 32_768)) + rng.randint(1, 7), ENTRY_BYTES=rng.choice((2, 8)),
                  MEDIAN_TOKENS=rng.randint(300, 3000), TAIL_SHARE=rng.choice((0.01, 0.02, 0.1)))
         entries = -(-g["TABLE_TOKENS"] // g["BLOCK"])
         g["PRINTED_TABLE_BYTES"] = entries * rng.choice((2, 4, 16))  # a printed table size some entry width gives
         g["TAIL_TOKENS"] = g["MEDIAN_TOKENS"] * rng.choice((10, 40, 60))
-        # (b = 64 with 8-byte entries gives COURSE_AUTHORING.md's 3.12 the lecture's 8,192 B at 65,536 tokens)
         ns = namespace(g)
-        if (_budget(ns) > 0 and _paged_seqs(ns) >= 4 and entries * g["ENTRY_BYTES"] != 1024
-                and g["TABLE_TOKENS"] % g["BLOCK"] and _every_step_counts(ns)):
+        if (_budget(ns) > 0 and _paged_seqs(ns) >= 4 and g["TABLE_TOKENS"] % g["BLOCK"]
+                and _every_step_counts(ns)):
             return g
     return None
 
@@ -48,14 +48,37 @@ def _pool_share(g) -> float:
     return (_budget(g) // block_bytes) * block_bytes / _budget(g)
 
 
+def _life(g, first=None) -> tuple[int, int]:
+    """(tokens, slots) of the busy pool's sequences, one at each step of the life: PROMPT ... PROMPT + OUTPUT - 1 tokens
+    held while the steps run (`first` = PROMPT + 1 reads each step after its token lands instead); whole blocks."""
+    first = g.PROMPT if first is None else first
+    lengths = range(first, first + g.OUTPUT)
+    return sum(lengths), sum(-(-n // g.BLOCK) * g.BLOCK for n in lengths)
+
+
+def _mean_of_fills(g) -> float:
+    """Each step's fill averaged, every step once: the reading of one step's sequences at a time, not the pool's."""
+    return sum(n / (-(-n // g.BLOCK) * g.BLOCK) for n in range(g.PROMPT, g.PROMPT + g.OUTPUT)) / g.OUTPUT
+
+
+def _busy_pool(g, first=None) -> float:
+    tokens, slots = _life(g, first)
+    return _pool_share(g) * tokens / slots  # every whole block held, filled as the sequences of every age fill theirs
+
+
+def _filled_once(g, first=None) -> float:
+    """Lab 02's 2.4 on a paged pool: 3.5's count of sequences prefilled once, then decoded, their tokens over BUDGET."""
+    first = g.PROMPT if first is None else first
+    return _paged_seqs(g) * sum(range(first, first + g.OUTPUT)) / g.OUTPUT * _kv(g) / _budget(g)
+
+
 def _every_step_counts(g) -> bool:
-    """Item 4: on these givens the steps 3.5 and 3.6 name each move the answer. A sequence that is not a whole
-    number of blocks (so counting its tokens alone, without blocks, gives another count), and a pool whose whole
-    blocks cover visibly less than the budget (3.6's share, 0.99986 on the lecture's)."""
-    seq, kv = g.PROMPT + g.OUTPUT, _kv(g)
-    blocks, per_seq = _budget(g) // (g.BLOCK * kv), -(-seq // g.BLOCK)
-    return (seq % g.BLOCK != 0 and _budget(g) // (seq * kv) != _paged_seqs(g) and blocks % per_seq
-            and blocks // (seq / g.BLOCK) != _paged_seqs(g) and 1 - _pool_share(g) > 1e-3)
+    """Item 4: on these givens each step 3.6 names moves its answer: a pool whose whole blocks cover visibly less than
+    the budget (0.99987 on the lecture's), a reading before a step's token lands that differs from one after it,
+    and a pool of every age at once that differs from one step's sequences averaged."""
+    want = _busy_pool(g)
+    return (1 - _pool_share(g) > 1e-3 and abs(_busy_pool(g, g.PROMPT + 1) / want - 1) > 1e-5
+            and abs(_mean_of_fills(g) * _pool_share(g) / want - 1) > 1e-5)
 
 
 _FALLBACKS = (dict(LAYERS=40, KV_HEADS=40, HEAD_DIM=256, DTYPE_BYTES=4, HBM_BYTES=94 * 10**9, PARAMS=3_800_000_000,
@@ -175,57 +198,161 @@ value(
     derive="average the tails the remainders 0 .. b - 1 leave",
 )
 
-value(
-    "3.5", "Paged concurrency at b = 16",
-    expected=_paged_seqs,
-    hint="What does a sequence actually hold in a paged pool, and what does the pool hand out? A sequence whose "
-         "length is not a whole number of blocks still takes its last block whole.",
-    mistakes=[(199, "199 is the lecture's printed figure, which its own inputs cannot reproduce (see the errata "
-               "note); count the blocks exactly."),
-              (190, "62.5 GB / 0.328 GB takes 512 KiB as 512,000 B and ignores whole blocks."),
-              (BUDGET / (SEQ * KV_MHA), "A fraction of a sequence does not run: whole blocks, whole sequences."),
-              (BUDGET // ((SEQ + G.BLOCK // 2) * KV_MHA), "That gives every sequence the lecture's mean b/2 = 8-token "
-               "tail. 640 fills 40 blocks exactly: no tail at end of life, so count whole blocks.")],
-    forbid=("labsupport.ledger.paged_concurrency", "labsupport.ledger.num_blocks",
-            "labsupport.slo.memory_ceiling", "labsupport.viz.slo.memory_ceiling"),
-    derive="count the whole blocks in the budget and divide by the blocks one sequence holds",
+def _fit_by_hand(budget: int, kv: int, block_size: int, seq_tokens: int) -> int:
+    """§10.3 by hand: the pool is whole blocks of the budget, and a sequence holds ceil(S / b) of them."""
+    return (budget // (block_size * kv)) // -(-seq_tokens // block_size)
+
+
+def _fit_mistakes(budget: int, kv: int, block_size: int, seq_tokens: int, want: int) -> list:
+    per_seq = -(-seq_tokens // block_size)
+    found = [(budget // (seq_tokens * kv), "You divided the budget by the sequence's tokens: a paged pool hands out "
+              "whole blocks, and a sequence takes its last block whole however little of it is filled."),
+             ((budget // (block_size * kv)) // (seq_tokens / block_size), "A sequence holds whole blocks: one that "
+              "is not a whole number of blocks still takes its last block."),
+             (budget // ((seq_tokens + block_size / 2) * kv), "That gives every sequence the lecture's mean b/2 tail; "
+              "a sequence of known length has a known tail: count its whole blocks."),
+             ((budget // (block_size * kv)) // (seq_tokens // block_size + 1), "A sequence that fills its last block "
+              "exactly needs no extra one: count ceil(S / b) blocks, not S // b + 1.")]
+    if (budget, kv, block_size, seq_tokens) == (BUDGET, KV_MHA, G.BLOCK, SEQ):
+        found.append((199, "199 is the lecture's printed figure: no reading of its own inputs gives it (512 KiB read "
+                      "as 512,000 B gives 190). Count whole blocks."))
+    kept, seen = [], {want}
+    for wrong, remark in found:
+        if wrong == wrong // 1 and wrong not in seen:  # a fraction is caught as one (whole=True); equal ones once
+            kept.append((int(wrong), remark))
+            seen.add(wrong)
+    return kept
+
+
+@function(
+    "3.5", "How many sequences a paged pool holds",
+    hint="What does the pool hand out, and what does one sequence hold of it? Try your function on a sequence one "
+         "token longer than a whole number of blocks, on one that fills its blocks exactly, and on a budget that is "
+         "not a whole number of blocks.",
+    forbid=("labsupport.ledger.paged_concurrency", "labsupport.ledger.num_blocks", "labsupport.ledger.blocks_for",
+            "labsupport.block_allocator.BlockAllocator.blocks_needed", "labsupport.slo.memory_ceiling",
+            "labsupport.viz.slo.memory_ceiling"),
+    derive="count the whole blocks in the budget and the whole blocks one sequence holds",
+    name="sequences_that_fit",
 )
-
-
-def _fill_over_life(g, first=None) -> float:
-    """How full one sequence's blocks are, averaged over its decode steps, read while each runs (PROMPT ... PROMPT +
-    OUTPUT - 1 tokens held; `first` = PROMPT + 1 reads each step after its token lands instead)."""
-    first = g.PROMPT if first is None else first
-    return sum(n / (-(-n // g.BLOCK) * g.BLOCK) for n in range(first, first + g.OUTPUT)) / g.OUTPUT
-
-
-def _paged_over_life(g) -> float:
-    return _fill_over_life(g) * _pool_share(g)  # the pool's whole blocks cover a little less than the budget
+def _sequences_that_fit(rng):
+    """The lecture's pool first (its 640-token chat sequences at b = 16), then other models, cards and lengths: a
+    sequence a token past whole blocks, one exactly whole, one shorter than a block, a pool that holds none."""
+    models = [(G.LAYERS, G.KV_HEADS, G.HEAD_DIM, G.DTYPE_BYTES), (32, 8, 128, 2), (16, 16, 64, 1), (40, 40, 96, 4),
+              (rng.choice((12, 24, 48)), rng.choice((4, 8, 32)), rng.choice((64, 128)), rng.choice((1, 2)))]
+    want = _fit_by_hand(BUDGET, KV_MHA, G.BLOCK, SEQ)  # 7,452 blocks of 8 MiB // 40 a sequence = 186
+    yield case(BUDGET, KV_MHA, G.BLOCK, SEQ, want=want, whole=True,
+               mistakes=_fit_mistakes(BUDGET, KV_MHA, G.BLOCK, SEQ, want),
+               what=f"sequences_that_fit({BUDGET:_}, {KV_MHA:_}, {G.BLOCK}, {SEQ})")
+    for block_size in (1, 8, 16, 32, 128, 256, rng.randint(2, 300)):
+        layers, heads, dim, width = rng.choice(models)
+        kv = 2 * layers * heads * dim * width
+        budget = rng.choice((20, 40, 62, 94, 141)) * 10**9 + rng.randint(1, block_size * kv - 1)  # not whole blocks
+        k = rng.randint(2, 60_000 // block_size + 2)
+        for seq in sorted({k * block_size + 1, k * block_size, max(1, block_size - 1), rng.randint(1, 40_000)}):
+            want = _fit_by_hand(budget, kv, block_size, seq)
+            yield case(budget, kv, block_size, seq, want=want, whole=True,
+                       mistakes=_fit_mistakes(budget, kv, block_size, seq, want),
+                       what=f"sequences_that_fit({budget:_}, {kv:_}, {block_size}, {seq})")
+    kv = 2 * 32 * 32 * 128 * 2
+    small = rng.randint(16 * kv, 50 * 16 * kv)  # a pool of a few dozen blocks at most
+    for seq in (51 * 16, 51 * 16 - 1):  # longer than the pool: nothing fits
+        yield case(small, kv, 16, seq, want=0, whole=True, what=f"sequences_that_fit({small:_}, {kv:_}, 16, {seq})")
 
 
 value(
-    "3.6", "Paged utilization averaged over a sequence's life",
-    expected=_paged_over_life,
+    "3.6", "The busy paged pool: the share of the budget holding tokens",
+    expected=lambda g: _busy_pool(g),
     rel_tol=1e-6,
-    hint="Two things stand between the budget and the tokens: what the pool is made of, and how full a sequence's "
-         "blocks are at a random moment of its life. Measure the second on a real allocator; work out the first.",
-    mistakes=[(_fill_over_life(G), "That is how full the blocks are; as a share of the budget, count only what the "
-               "pool's whole blocks cover."),
-              (_paged_seqs(G) * SEQ * KV_MHA / BUDGET,
-               "That is the end of life, every sequence at its final length in full blocks: 3.5's reading. "
-               "Average over the steps instead."),
-              (SEQ / (math.ceil(SEQ / G.BLOCK) * G.BLOCK), "That is one sequence's blocks at the end of its life; "
-               "average over the steps instead."),
-              (SEQ / (SEQ + G.BLOCK / 2), "That is the final length over the final length plus a b/2 = 8-token "
-               "tail: the lecture's rule of thumb for lengths spread evenly modulo b. This workload's lengths are "
-               "not spread: every sequence runs through the same 512 ... 639, so step one through its life and "
-               "average what its blocks hold."),
-              (1 - 199 * G.BLOCK / 2 * KV_MHA / BUDGET, "That is 100% less the lecture's 1.3% (199 sequences, each "
-               "with an 8-token tail): the lecture's rule of thumb, not this pool. Step one sequence through its "
-               "life and average what its blocks hold.")],
+    hint="The busy pool holds sequences of every age at once, in equal numbers, and none of its blocks is free. What "
+         "do all of them hold together, and what do all their blocks reserve? Then ask how much of the budget the "
+         "pool's blocks are.",
+    mistakes=lambda g: [
+        (_busy_pool(g) / _pool_share(g), "That is how full the held blocks are; as a share of the budget, count only "
+         "what the pool's whole blocks cover."),
+        (_mean_of_fills(g) * _pool_share(g), "That averages each step's fill, as if the pool held one step's "
+         "sequences at a time. The busy pool holds every step at once: its fill is all their tokens over all the "
+         "slots of their blocks."),
+        (_mean_of_fills(g), "That averages each step's fill, as if the pool held one step's sequences at a time (the "
+         "busy pool's fill is all their tokens over all their slots), and leaves out what the pool's whole blocks "
+         "cover of the budget."),
+        (_busy_pool(g, g.PROMPT + 1), "That reads each step after its token lands; the question reads while the "
+         "step runs, the new token not yet written (PROMPT ... PROMPT + OUTPUT - 1 tokens)."),
+        (_filled_once(g), "That is 3.5's count of sequences filled once and decoded, as lab 02's 2.4 filled its "
+         "slots: the blocks for tokens not yet written sit free. The busy pool hands them out, so every block is "
+         "held."),
+        (_filled_once(g, g.PROMPT + 1), "That is 3.5's count of sequences filled once and decoded, as lab 02's 2.4 "
+         "did (read after each token lands): the blocks for tokens not yet written sit free. The busy pool hands "
+         "them out, so every block is held."),
+        (_paged_seqs(g) * (g.PROMPT + g.OUTPUT) * _kv(g) / _budget(g),
+         "That is the end of life, every sequence at its final length: 3.5's reading. The busy pool holds every "
+         "step of the life at once."),
+        ((g.PROMPT + g.OUTPUT) / (-(-(g.PROMPT + g.OUTPUT) // g.BLOCK) * g.BLOCK), "That is one sequence's blocks at "
+         "the end of its life; the busy pool holds sequences at every step."),
+        ((g.PROMPT + g.OUTPUT) / (g.PROMPT + g.OUTPUT + g.BLOCK / 2), "That is the final length over the final "
+         "length plus a b/2 tail: the lecture's rule of thumb for lengths spread evenly modulo b. This workload's "
+         "lengths are not spread: every sequence runs through the same PROMPT ... PROMPT + OUTPUT - 1 tokens."),
+        (1 - 199 * g.BLOCK / 2 * _kv(g) / _budget(g), "That is 100% less the lecture's 1.3% (199 sequences, each "
+         "with a b/2 tail): the lecture's rule of thumb, not this pool. Count what the sequences of every step hold "
+         "and reserve.")],
     forbid=("labsupport.ledger.paged_utilization_time_avg",),
-    derive="step one sequence through its life on a BlockAllocator and average how full its blocks are",
+    derive="put a sequence of every step on a BlockAllocator and read what they hold against what they reserve",
 )
+
+
+def _padded_entries(seq_lens, block_size: int) -> int:
+    """Measured: the entries of the block-table tensor the real cache hands the kernel for these sequences."""
+    cache = PagedKVCache(num_blocks=sum(-(-n // block_size) for n in seq_lens), block_size=block_size, num_layers=1,
+                         num_kv_heads=1, head_dim=1)
+    for i, n in enumerate(seq_lens):
+        cache.allocator.allocate(i, n)
+    return cache.block_table_tensor(list(range(len(seq_lens)))).numel()
+
+
+def _table_mistakes(seq_lens, block_size: int, entry_bytes: int, want: int) -> list:
+    rows = len(seq_lens)
+    found = [(sum(-(-n // block_size) for n in seq_lens) * entry_bytes, "That prices each table at its own length. "
+              "The kernel is handed one tensor, and its rows are all as wide (look at block_table_tensor's shape)."),
+             (want // entry_bytes, "That counts the entries; each takes entry_bytes bytes."),
+             (rows * max(n // block_size for n in seq_lens) * entry_bytes, "A partly filled last block is still a "
+              "block the table must name: whole blocks, rounded up."),
+             (rows * max(seq_lens) * entry_bytes, "One entry per block, not per token.")]
+    kept, seen = [], {want}
+    for wrong, remark in found:
+        if wrong not in seen:
+            kept.append((wrong, remark))
+            seen.add(wrong)
+    return kept
+
+
+@function(
+    "3.7", "The block-table tensor of a batch",
+    hint="Make a small cache, put two sequences of different lengths in it and print block_table_tensor for them: "
+         "how many rows, how many columns, and which sequence sets the width? Then what one entry costs.",
+    forbid=("labsupport.ledger.block_table_bytes", "labsupport.ledger.block_table_entries",
+            "labsupport.ledger.blocks_for", "labsupport.block_allocator.BlockAllocator.blocks_needed",
+            "labsupport.kvcache.PagedKVCache.block_table_tensor"),
+    derive="count the rows and the widest table's whole blocks, and price each entry",
+    name="batch_table_bytes",
+)
+def _batch_table_bytes(rng):
+    """The lecture's TABLE_TOKENS-token sequence first, the board's two sequences, then random batches at the real
+    cache's block sizes (powers of two), each against the tensor the real PagedKVCache builds."""
+    for lens, b, width in (([G.TABLE_TOKENS], G.BLOCK, G.ENTRY_BYTES), ([9, 5], 4, 4)):
+        want = _padded_entries(lens, b) * width
+        yield case(lens, b, width, want=want, whole=True, mistakes=_table_mistakes(lens, b, width, want),
+                   what=f"batch_table_bytes({lens}, {b}, {width})")
+    for b in (1, 2, 16, 64, 256, 2 ** rng.randint(3, 9)):
+        width = rng.choice((2, 4, 8))
+        k = rng.randint(2, 3000 // b + 2)
+        batches = [[k * b], [k * b + 1], [rng.randint(1, b)],  # a table exactly full, one past, one short block
+                   [rng.randint(1, 4000) for _ in range(rng.randint(2, 8))],
+                   [k * b] + [rng.randint(1, k * b) for _ in range(rng.randint(1, 6))]]  # the longest exactly full
+        for lens in batches:
+            rng.shuffle(lens)
+            want = _padded_entries(lens, b) * width
+            yield case(lens, b, width, want=want, whole=True, mistakes=_table_mistakes(lens, b, width, want),
+                       what=f"batch_table_bytes({shown((lens,))}, {b}, {width})")
 
 
 def _table_entries(g) -> int:
@@ -233,24 +360,14 @@ def _table_entries(g) -> int:
 
 
 value(
-    "3.7", "Block-table bytes of a 4,096-token sequence",
-    expected=lambda g: _table_entries(g) * g.ENTRY_BYTES,
-    hint="What does one entry of the table name, and how many of them does a sequence of TABLE_TOKENS tokens need? "
-         "The real cache stores each as an int32 (look at `block_table_tensor`'s dtype).",
-    mistakes=[(_table_entries(G), "That is the number of entries; each entry takes several bytes."),
-              (G.PRINTED_TABLE_BYTES, "That is the lecture's 2 KB; it assumes a different entry width than int32.")],
-    unit=" B",
-    forbid=_ENTRIES,
-    derive="multiply the table's entries by the bytes of one int32 entry",
-)
-
-value(
     "3.8", "The entry width behind the lecture's 2 KB",
     expected=lambda g: g.PRINTED_TABLE_BYTES // _table_entries(g),
-    hint="The lecture's figure is the bytes of the whole table of a TABLE_TOKENS-token sequence at b = BLOCK. How "
-         "many entries share those bytes, and which integer type has the width that leaves each?",
+    hint="Work backwards from what the printed bytes hold: what does one entry of the table name, and how many of "
+         "them does a TABLE_TOKENS-token sequence need at b = BLOCK?",
     mistakes=[(G.PRINTED_TABLE_BYTES // _table_entries(G) * 8, "That is the width in bits; the question asks for "
-               "bytes.")],
+               "bytes."),
+              (G.PRINTED_TABLE_BYTES / G.TABLE_TOKENS, "That gives every token an entry; the table has one per "
+               "block.")],
     unit=" B",
     forbid=_ENTRIES,
     derive="count the table's entries (whole blocks of TABLE_TOKENS) and divide the printed bytes by them",
