@@ -24,7 +24,7 @@
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
 import torch
 
-from labsupport import ledger, viz
+from labsupport import ledger
 from labsupport.course.checkoff import check, revealed, unlocked
 from IPython.display import Markdown, display
 from labsupport.engine import Engine
@@ -58,7 +58,8 @@ WRITERS = 5  # Exercise 5.3: branches 0 .. WRITERS - 1 have written their first 
 # %% [markdown]
 # ## 1. One prompt, eight branches: the board
 #
-# Prefill one prompt into a real `PagedKVCache`, then **fork** it seven times. A fork copies no
+# Prefill one prompt into a real `PagedKVCache` as branch 0, then **fork** the other branches off it
+# (the vLLM paper's convention: the prompt's own sequence is the first branch). A fork copies no
 # tensor at all: the child gets a copy of the parent's *block table*, and every block it names gets
 # one more reference. The prompt below is 41 characters — 41 tokens for the character-level model —
 # so at block size 16 it fills two blocks and 9 slots of a third.
@@ -76,10 +77,11 @@ print("ref counts:", {b: alloc.ref_count(b) for b in alloc.table(0)}, "| blocks 
 viz_sharing.refcount_board_figure(alloc, range(N_BRANCHES), title="One prompt's blocks, eight arrows each: refcount 8").show()
 
 # %% [markdown]
-# Now **one branch writes a token**. Its next token belongs in slot 9 of block 2 — a block seven other
+# Now **one branch writes a token**. Its next token belongs in slot 9 of block 2 — a block the other
 # branches still read. Writing in place would change their history, so the allocator takes a fresh
 # block, the cache copies the shared block into it (the 9 prompt tokens come along), and the branch's
-# table now names the copy. Block 2 drops to refcount 7; the copy has refcount 1.
+# table now names the copy. What that does to the reference counts is Exercise 5.3's question: the
+# board after this write shows once 5.3 passes.
 
 # %%
 writer = 3
@@ -88,16 +90,14 @@ token = sample_token(first_logits[0], SamplingParams(temperature=0.8), seed=7, b
 model.forward_paged(cache, decodes=[(writer, token)])  # one decode step for branch 3 alone
 after = alloc.table(writer)
 src, dst = before[-1], after[-1]
-print(f"branch {writer}: table {before} → {after}; block {src} ref {alloc.ref_count(src)}, block {dst} ref {alloc.ref_count(dst)}")
+print(f"branch {writer}: table {before} → {after}: its last entry now names block {dst}, a copy of block {src}")
 same = all(torch.equal(pool[dst, :9], pool[src, :9]) for pool in (*cache.k_cache, *cache.v_cache))
 print(f"the copy holds the same 9 prompt tokens' K and V, bit for bit: {same}")
-viz_sharing.refcount_board_figure(alloc, range(N_BRANCHES), highlight={src, dst},
-                                  title="One branch wrote a token: new block, refcount 7 + 1").show()
 
 # %% [markdown]
 # Two things to notice. The **full** blocks 0 and 1 were not touched: nobody ever writes into a full
 # block again, so they stay shared for as long as the branches live. And only the writer paid: the
-# other seven branches did not copy anything, and will not until they write.
+# other branches did not copy anything.
 #
 # ### Exercise 5.1 — the copy-on-write append
 #
@@ -152,7 +152,7 @@ if unlocked("5.1"):
     ref_counts = [N_BRANCHES] * 3 + [0] * 29
     free_blocks = list(range(3, 32))
     print("append to branch 3 →", cow_append(writer, tables, seq_lens, ref_counts, free_blocks, BLOCK),
-          "| ref counts", ref_counts[:4])
+          "| its table", tables[writer])
     print("append to branch 3 again →", cow_append(writer, tables, seq_lens, ref_counts, free_blocks, BLOCK),
           "(its block is private now: no copy)")
 
@@ -205,6 +205,12 @@ for n, p, o in ((8, 4096, 256), (16, 8192, 512)):
     print(f"n = {n} off {p:,}, {o} each: tokens {unshared_tok:,} → {shared_tok:,} = {unshared_tok / shared_tok:.4f}×; "
           f"allocator blocks {m.unshared_blocks:,} → {m.shared_blocks:,} = {m.factor:.4f}×; "
           f"{fmt_gb(m.unshared_blocks * kv_block, 2)} → {fmt_gb(m.shared_blocks * kv_block, 2)}")
+kv7b = LECTURE_7B.kv_bytes_per_token
+unshared_8, shared_8 = ledger.fanout_tokens(8, 4096, 256)
+print(f"Erratum: the lecture's board prints 17.9 GB against 3.2 GB for n = 8; the bytes are "
+      f"{fmt_gb(unshared_8 * kv7b, 2)} against {fmt_gb(shared_8 * kv7b, 2)}: 17.9 is no reading of "
+      f"{unshared_8:,} × {kv7b:,} B ({unshared_8 * kv7b / 2**30:.1f} GiB; 512 KiB as 512,000 B gives "
+      f"{unshared_8 * 512_000 / 1e9:.1f} GB).")
 
 # %% [markdown]
 # The second line is the lecture's other row: **n = 16 off 8K, 73.0 GB → 8.6 GB**, and the unshared
@@ -221,20 +227,14 @@ for share in (False, True):
           f"in use: {outcome}")
 
 # %% [markdown]
-# The board's version of the lecture prints "17.9 GB against 3.2 GB" for the n = 8 case; the exact
-# bytes are 18.25 GB against 3.22 GB:
-
-# %%
-viz.errata_note("Unshared fan-out")
-
-# %% [markdown]
 # ### Exercise 5.2 — the fan-out in blocks
 #
-# The token formula ignores blocks. The allocator does not: the prompt's **full** blocks are shared
-# for ever, but a partly filled last prompt block is written into by every branch's first token. Write
+# The token formula ignores blocks; the allocator does not. Which of the prompt's blocks can the forks
+# keep naming for as long as they live, and which does each branch end up holding on its own? Write
 # `fanout_blocks(n, prompt, output, block_size)` returning `(unshared_blocks, shared_blocks)` — the
 # blocks in use once each of the n branches holds `prompt + output` tokens, without and with sharing.
-# The checkoff compares with the real allocator on twelve cases, including prompts that end mid-block.
+# The checkoff compares with the real allocator on twelve cases and on hidden ones, including prompts
+# that end mid-block; the cell after it sets your count beside the engine's run of section 2.
 
 # %%
 def fanout_blocks(n, prompt, output, block_size):
@@ -262,7 +262,7 @@ if unlocked("5.2"):
     block_bytes = BLOCK * model.spec().kv_bytes_per_token
     print(f"prompt {P} tokens, {O} cached output tokens per branch, block size {BLOCK}")
     print(f"engine peak blocks:           {result.counters.peak_blocks}")
-    print(f"allocator, forked:            {measured.shared_blocks} blocks ({measured.cow_copies} copy-on-write copies)")
+    print(f"allocator, forked:            {measured.shared_blocks} blocks")
     print(f"allocator, unshared:          {measured.unshared_blocks} blocks")
     print(f"your fanout_blocks:           {yours[1]} shared, {yours[0]} unshared")
     print(f"at the tiny model's size:     {measured.shared_blocks * block_bytes / MiB:.2f} MiB shared vs "
@@ -280,16 +280,19 @@ viz_sharing.fanout_panel()
 # %% [markdown]
 # ### Exercise 5.3 — reference counts after a divergence
 #
-# `N_BRANCHES` branches (the givens cell) share a `PROMPT_TOKENS`-token prompt at block size `BLOCK`:
-# forked, so every block of the prompt is named by every branch. Now branches 0 to `WRITERS` − 1, one
-# after the other, each write one token. A written token goes into the slot after the branch's last
-# token; a branch may write into a block only if no other branch still names it. Give
+# `N_BRANCHES` branches (the givens cell) share a `PROMPT_TOKENS`-token prompt at block size `BLOCK`,
+# forked as in section 1 — the vLLM paper's convention: the prompt's own sequence is the first branch,
+# and the others are forked off it — so every block of the prompt is named by every branch and by
+# nothing else. Now branches 0 to `WRITERS` − 1, one after the other, each write one token. A written
+# token goes into the slot after the branch's last token; a branch may write into a block only if no
+# other branch still names it. Give
 #
 # * `refcounts`: the ref_count of every block in use at that moment (any order), and
 # * `copies`: how many block copies copy-on-write will have made once **all** `N_BRANCHES` branches
 #   have written one token each.
 #
-# Work it out on paper first, from the four names; the board at the top of the lab is the picture.
+# Work it out on paper first, from the four names; section 1's first board is the picture before anyone
+# writes.
 
 # %%
 ### BEGIN SOLUTION 5.3: set refcounts (every in-use block's ref_count after branches 0 .. WRITERS - 1 write) and copies (after all write)
@@ -304,6 +307,30 @@ else:  # every prompt block is full: each first token starts a fresh block, noth
     copies = 0
 ### END SOLUTION
 check("5.3", {"refcounts": refcounts, "copies": copies})
+
+# %% [markdown]
+# Section 1's write on the board, the copies of section 2's fan-out, and — once 5.1 passes too — 5.3's
+# divergence replayed through your own `cow_append`:
+
+# %%
+if revealed("5.3"):
+    viz_sharing.refcount_board_figure(alloc, range(N_BRANCHES), highlight={src, dst},
+                                      title=f"One branch wrote a token: new block, refcount "
+                                            f"{alloc.ref_count(src)} + {alloc.ref_count(dst)}").show()
+    fanned = measure_fanout(N_BRANCHES, len(fanout_prompt), NEW_TOKENS - 1, BLOCK)
+    print(f"section 2's fan-out, replayed on the allocator: {fanned.cow_copies} copy-on-write copies for "
+          f"{N_BRANCHES} branches off its {len(fanout_prompt)}-token prompt")
+    if unlocked("5.1"):
+        prompt_blocks = -(-PROMPT_TOKENS // BLOCK)
+        tables = {b: list(range(prompt_blocks)) for b in range(N_BRANCHES)}
+        seq_lens = dict.fromkeys(range(N_BRANCHES), PROMPT_TOKENS)
+        ref_counts = [N_BRANCHES] * prompt_blocks + [0] * (N_BRANCHES + 1)
+        free_blocks = list(range(prompt_blocks, prompt_blocks + N_BRANCHES + 1))
+        cows = [cow_append(b, tables, seq_lens, ref_counts, free_blocks, BLOCK)[1] for b in range(WRITERS)]
+        after_writers = sorted((r for r in ref_counts if r), reverse=True)
+        cows += [cow_append(b, tables, seq_lens, ref_counts, free_blocks, BLOCK)[1] for b in range(WRITERS, N_BRANCHES)]
+        print(f"your cow_append on 5.3's givens: ref counts {after_writers} once {WRITERS} branches wrote; "
+              f"{sum(c is not None for c in cows)} copies once all {N_BRANCHES} did")
 
 # %% [markdown]
 # ## 4. Block size × fork cost
@@ -323,26 +350,23 @@ of the block, copied anyway."""))
 # %% [markdown]
 #
 # The allocator's copy-on-write events, counted at each block size (n = 8, prompts of 4,096 … 4,096 + b − 1
-# tokens), priced at the lecture's 512 KiB per token:
-
-# %%
-costs = [measure_fork_cost(b, n=8) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
-kv = LECTURE_7B.kv_bytes_per_token
-for c in costs:
-    print(f"b = {c.block_size:>3}: {c.copies:5.3f} copies per divergence, "
-          f"{c.copied_bytes(kv) / 1e6:8.1f} MB copied, of which {c.filled_bytes(kv) / 1e6:7.1f} MB prompt tokens")
-viz_sharing.fork_cost_figure(costs, kv, "MB", title="Fork cost grows with the block (lecture's 7B, n = 8)").show()
-
-# %% [markdown]
-# Exercise 3 of the lecture prices $b = 256$ at "8 × 64 MB = 512 MB" per fan-out of 8; the table above
-# counts differently, and once 5.3 passes the next cell says how (the whole story: LEDGER.md, *Fork cost*).
+# tokens), priced at the lecture's 512 KiB per token, and the lecture's own price of $b = 256$ (its
+# Exercise 3) beside them — once 5.3 passes, since each row is a count of 5.3's copies:
 
 # %%
 if revealed("5.3"):
-    display(Markdown("""The lecture counts 8 copies of the *filled half* of a block (128 tokens × 512 KiB = 64 MiB,
-written MB); the engine makes the 7 copies you counted in 5.3 and allocates *whole* blocks, 256 × 512 KiB =
-134.2 MB each: 939.5 MB when the tail is partly filled."""))
-    viz.errata_note("Fork cost")
+    costs = [measure_fork_cost(b, n=8) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    kv = LECTURE_7B.kv_bytes_per_token
+    for c in costs:
+        print(f"b = {c.block_size:>3}: {c.copies:5.3f} copies per divergence, "
+              f"{c.copied_bytes(kv) / 1e6:8.1f} MB copied, of which {c.filled_bytes(kv) / 1e6:7.1f} MB prompt tokens")
+    viz_sharing.fork_cost_figure(costs, kv, "MB", title="Fork cost grows with the block (lecture's 7B, n = 8)").show()
+    half = measure_fork_cost(256, n=8, prompts=4096 + 128)  # one prompt whose last block is half filled
+    display(Markdown(f"Erratum: the lecture prints 8 × 64 MB = 512 MB; the allocator copies {half.copies:.0f} × "
+                     f"{256 * kv / 1e6:.1f} MB = {half.copied_bytes(kv) / 1e6:.1f} MB: a copy takes a whole block, "
+                     f"not its filled half ({half.filled_tokens / half.copies:.0f} tokens × 512 KiB = "
+                     f"{half.filled_bytes(kv) / half.copies / 2**20:.0f} MiB, written MB), and in the vLLM paper's "
+                     "convention the prompt's own sequence is the first branch, so the last writer copies nothing."))
 
 # %% [markdown]
 # On this machine, with the tiny model's real tensors, the copy is a real `index_copy_` per layer.
@@ -420,64 +444,28 @@ for b in range(3):
 #
 # How much would it save on real traffic? The Mooncake FAST'25 **conversation** trace is an hour of
 # production requests; each prompt is described by `hash_ids`, one id per 512-token block, equal ids
-# meaning equal content *and* equal prefix. We replay every request's blocks, in arrival order,
-# through a prefix-caching `BlockAllocator` (one allocator block per 512-token trace block, the hash
-# id as its content), with a pool large enough that nothing is ever evicted:
+# meaning equal content *and* equal prefix. The trace, and its citation as `labsupport` records it (the
+# README's *Data and citations* lists it too):
 
 # %% tags=["needs-traces"]
 trace = load_mooncake("conversation")
 summary = trace.summary()
 print(f"{trace.name} ({'SYNTHETIC stand-in: the real file is missing' if trace.synthetic else 'real trace'}): "
       f"{summary['count']:,} requests over {summary['duration_s']:,.0f} s; prompt median {summary['prompt_median']:,.0f} "
-      f"/ p99 {summary['prompt_p99']:,.0f} tokens")
-replay = replay_prefix_cache(trace)
-print(f"prompt blocks requested: {replay.requested_blocks:,}; served by the prefix index: {replay.hit_blocks:,} "
-      f"= {100 * replay.hit_rate:.2f}%; allocated: {replay.allocated_blocks:,}")
-saved_tokens = replay.hit_blocks * replay.block_tokens
-saved_flops = 2 * LECTURE_7B.num_params * saved_tokens  # the weights' FLOPs alone
-print(f"prefill not redone: {saved_tokens:,} tokens ≈ {saved_flops / 1e18:.2f} EFLOP of the lecture's 7B, "
-      f"{saved_flops / (0.5 * LECTURE_GPU.peak_flops) / 3600:.2f} H100-hours at 50% of peak, over a one-hour trace")
-viz_sharing.prefix_sharing_figure(replay, title="Mooncake conversation trace: blocks a prefix index serves").show()
-
-# %% [markdown]
-# With an unbounded cache, **36.6%** of the conversation trace's requested blocks hit an already-seen
-# prefix: the course's reference figure for this trace, which the allocator's index reproduces. The
-# trace's citation, as `labsupport` records it (the README's *Data and citations* lists it too):
-
-# %% tags=["needs-traces"]
+      f"/ p99 {summary['prompt_p99']:,.0f} tokens; {sum(len(r.hash_ids) for r in trace):,} prompt blocks in all")
 print(trace.citation)
-
-# %% [markdown]
-# An unbounded index is the best case. A 512-token block of the lecture's 7B is 512 × 512 KiB =
-# 268 MB of KV, so one H100's whole 62.52 GB budget holds only 232 of them — and it is also where the
-# running sequences live. The allocator keeps freed indexed blocks until the pool needs them (least
-# recently freed first). Give the index the KV budget of one H100, of a host's DRAM (ten times that)
-# and of an SSD (a hundred times), and watch the hit rate (first 3,000 requests, to keep this quick).
-# That is the trade in Mooncake's title — *more storage for less computation* — and the Nov 9 lecture.
-
-# %% tags=["needs-traces"]
-block_bytes_7b = 512 * LECTURE_7B.kv_bytes_per_token
-h100_blocks = int(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU) // block_bytes_7b)
-head = trace.head(3000)
-tiers = {"one H100's KV budget": h100_blocks, "× 10 (a host's DRAM)": 10 * h100_blocks,
-         "× 100 (an SSD)": 100 * h100_blocks}
-bounded = [replay_prefix_cache(head, num_blocks=cap) for cap in tiers.values()]
-head_unbounded = replay_prefix_cache(head)
-for name, r in zip(tiers, bounded):
-    print(f"{name:>22}: {r.num_blocks:>6,} blocks = {r.num_blocks * block_bytes_7b / GB:7.1f} GB → {100 * r.hit_rate:5.2f}% hit")
-print(f"{'unbounded':>22}: {100 * head_unbounded.hit_rate:5.2f}% hit")
-viz_sharing.prefix_capacity_figure(bounded, head_unbounded).show()
 
 # %% [markdown]
 # ### Exercise 5.4 — count the prefix hits yourself
 #
-# Reproduce the 36.6% without the allocator. Write `prefix_hit_blocks(requests)`: `requests` is a list
-# of requests in arrival order, each a list of block ids; return how many blocks an unbounded prefix
-# index would serve. A block counts only if the request's **whole prefix** up to and including it was
-# seen before — an id seen after a *different* prefix is a different block. Keep it linear in the
-# number of blocks (chain a hash rather than storing whole prefixes). The checkoff compares with the
-# allocator's index on small tricky lists and on a 2,000-request history shaped like the trace's
-# conversations (shared system prompts, multi-turn sessions); the cell after it runs yours on the trace.
+# How many of those prompt blocks would an unbounded prefix index serve? Write
+# `prefix_hit_blocks(requests)`: `requests` is a list of requests in arrival order, each a list of block
+# ids; return how many blocks an unbounded prefix index would serve. A block counts only if the
+# request's **whole prefix** up to and including it was seen before — an id seen after a *different*
+# prefix is a different block. Keep it linear in the number of blocks. The checkoff compares with the
+# allocator's index on small tricky lists, on a 2,000-request history shaped like the trace's
+# conversations (shared system prompts, multi-turn sessions) and on hidden histories; the cell after it
+# runs yours on the trace, and the allocator's own index follows.
 
 # %%
 def prefix_hit_blocks(requests):
@@ -504,8 +492,46 @@ check("5.4", prefix_hit_blocks)
 # %% tags=["needs-traces"]
 if unlocked("5.4"):
     mine = prefix_hit_blocks([list(r.hash_ids) for r in trace])
-    print(f"your count on the whole trace: {mine:,} of {replay.requested_blocks:,} blocks = "
-          f"{100 * mine / replay.requested_blocks:.2f}% (the allocator's index: {replay.hit_blocks:,})")
+    requested = sum(len(r.hash_ids) for r in trace)
+    print(f"your count on the whole trace: {mine:,} of {requested:,} prompt blocks = {100 * mine / requested:.2f}%")
+
+# %% [markdown]
+# The allocator's own index on the same trace: every request's blocks replayed, in arrival order,
+# through a prefix-caching `BlockAllocator` (one allocator block per 512-token trace block, the hash id
+# as its content), with a pool large enough that nothing is ever evicted — the course's reference figure
+# for this trace — and the prefill its hits spare:
+
+# %% tags=["needs-traces"]
+if revealed("5.4"):
+    replay = replay_prefix_cache(trace)
+    print(f"prompt blocks requested: {replay.requested_blocks:,}; served by the prefix index: {replay.hit_blocks:,} "
+          f"= {100 * replay.hit_rate:.2f}%; allocated: {replay.allocated_blocks:,}")
+    saved_tokens = replay.hit_blocks * replay.block_tokens
+    saved_flops = 2 * LECTURE_7B.num_params * saved_tokens  # the weights' FLOPs alone
+    print(f"prefill not redone: {saved_tokens:,} tokens ≈ {saved_flops / 1e18:.2f} EFLOP of the lecture's 7B, "
+          f"{saved_flops / (0.5 * LECTURE_GPU.peak_flops) / 3600:.2f} H100-hours at 50% of peak, over a one-hour trace")
+    viz_sharing.prefix_sharing_figure(replay, title="Mooncake conversation trace: blocks a prefix index serves").show()
+
+# %% [markdown]
+# An unbounded index is the best case. A 512-token block of the lecture's 7B is 512 × 512 KiB =
+# 268 MB of KV, so one H100's whole 62.52 GB budget holds only 232 of them — and it is also where the
+# running sequences live. The allocator keeps freed indexed blocks until the pool needs them (least
+# recently freed first). Give the index the KV budget of one H100, of a host's DRAM (ten times that)
+# and of an SSD (a hundred times), and watch the hit rate (first 3,000 requests, to keep this quick).
+# That is the trade in Mooncake's title — *more storage for less computation* — and the Nov 9 lecture.
+
+# %% tags=["needs-traces"]
+block_bytes_7b = 512 * LECTURE_7B.kv_bytes_per_token
+h100_blocks = int(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU) // block_bytes_7b)
+head = trace.head(3000)
+tiers = {"one H100's KV budget": h100_blocks, "× 10 (a host's DRAM)": 10 * h100_blocks,
+         "× 100 (an SSD)": 100 * h100_blocks}
+bounded = [replay_prefix_cache(head, num_blocks=cap) for cap in tiers.values()]
+head_unbounded = replay_prefix_cache(head)
+for name, r in zip(tiers, bounded):
+    print(f"{name:>22}: {r.num_blocks:>6,} blocks = {r.num_blocks * block_bytes_7b / GB:7.1f} GB → {100 * r.hit_rate:5.2f}% hit")
+print(f"{'unbounded':>22}: {100 * head_unbounded.hit_rate:5.2f}% hit")
+viz_sharing.prefix_capacity_figure(bounded, head_unbounded).show()
 
 # %% [markdown]
 # ## Self-check
@@ -517,18 +543,23 @@ if unlocked("5.4"):
 # 4. Raising the block size from 16 to 256 barely changes the 5.67× — so what does it cost a fan-out?
 # 5. Does prefix sharing across requests change any request's output tokens? Why not?
 #
-# The answers show once 5.2 and 5.3 pass (answer 2 is 5.3's count):
+# The answers show once 5.1, 5.2 and 5.3 pass (answer 2 is 5.3's count), worked on the real allocator:
 
 # %%
-if revealed("5.2", "5.3"):
-    display(Markdown("""1. None. A fork copies the block table (256 entries) and bumps 256 reference counts; K/V is copied
-   later, one block at a time, only when a branch writes into a block others still name.
-2. Seven copies; the eighth branch finds refcount 1 and writes in place, so the original ends with
-   refcount 1 (held by that last branch).
-3. Only the prompt is shared; each branch's 256 output tokens are its own. 34,816 / 6,144 = 5.67,
-   tending to (P + O)/O = 17 as n grows.
-4. Each divergence copies whole blocks: up to (n − 1) × 256 × 512 KiB ≈ 940 MB instead of ≈ 59 MB at
-   b = 16, and the tail waste of every sequence grows too.
+if revealed("5.1", "5.2", "5.3"):
+    entries = -(-4096 // 16)
+    kv = LECTURE_7B.kv_bytes_per_token
+    half = {b: measure_fork_cost(b, n=8, prompts=4096 + b // 2) for b in (16, 256)}  # 8 branches, half-full tails
+    unshared_tok, shared_tok = ledger.fanout_tokens(8, 4096, 256)
+    display(Markdown(f"""1. None. A fork copies the block table ({entries} entries) and bumps {entries} reference counts; K/V
+   is copied later, one block at a time, only when a branch writes into a block others still name.
+2. {half[16].copies:.0f} copies; the last branch to write finds refcount 1 and writes in place, so the original ends
+   with refcount 1, held by that branch (the vLLM paper's convention: the prompt's own sequence is the first branch).
+3. Only the prompt is shared; each branch's 256 output tokens are its own. {unshared_tok:,} / {shared_tok:,} =
+   {unshared_tok / shared_tok:.2f}, tending to (P + O)/O = {(4096 + 256) / 256:.0f} as n grows.
+4. Each divergence copies whole blocks: {half[256].copied_bytes(kv) / 1e6:.1f} MB at b = 256 against
+   {half[16].copied_bytes(kv) / 1e6:.1f} MB at b = 16 (8 branches, a half-full tail), and the tail waste of every
+   sequence grows too.
 5. No: a block is shared only when its content — the same tokens after the same prefix — is
    identical, so its K and V are identical; the outputs are bit-for-bit the same (section 5)."""))
 

@@ -4,8 +4,9 @@
 # An engine admits a sequence knowing its prompt and not its output length, hands out blocks on
 # demand, and can therefore be fully admitted and still run out when the resident sequences keep
 # going. This lab runs the loop for real on the tiny model and watches it stream; overloads it with a
-# real trace to see the watermark trade refusals for preemptions; derives the lecture's **67 ms swap
-# against 129 ms recompute** live; and then measures *your* machine to find your own break-even.
+# real trace to see the watermark trade refusals for preemptions; has you derive the break-even between
+# swapping a preempted sequence and recomputing it — the rule that then decides the engine's
+# preemptions; and then measures *your* machine to find your own break-even.
 #
 # **Learning objectives served** (the lecture's numbering)
 #
@@ -208,27 +209,23 @@ viz_engine.watermark_panel(sweep, watermark=0.01)
 # ## 3. Two ways to break a promise: swap or recompute
 #
 # Evict a sequence's KV and you must either **swap** it to host memory and bring it back, or
-# **discard** it and redo its prefill when it is rescheduled. What each way spends, for one sequence of
-# $S$ tokens:
-#
-# * **swap** — moves the sequence's cache, all of it, over the host link: out to host memory now, and
-#   back before the sequence can decode again;
-# * **recompute** — moves nothing; it rebuilds the cache by running the sequence's prefill again, at the
-#   rate a prefill actually achieves, `mfu` × the card's peak. Count its arithmetic as the lecture (and
-#   Lecture 2) counts a prefill: the weights' work for every token, plus attention's $QK^\top$ and $PV$
-#   with every one of the $S$ queries meeting all $S$ keys (not only the earlier ones, as a causal
-#   kernel would).
-#
-# The swap's cost grows as the link gets slower; the recompute's does not depend on the link at all.
-# So there is one link bandwidth $W^\ast$ at which the two stalls are equal: on any faster link swap
-# wins, on any slower one recompute does.
+# **discard** it and recompute its prefill when the sequence is rescheduled (§10.5). Which way is
+# cheaper is an arithmetic problem, and its answer is a link bandwidth: the swap's stall depends on the
+# host link, the recompute's does not.
 #
 # ### Exercise 6.1 — the break-even bandwidth
 #
-# Write `breakeven_bandwidth(model, seq_tokens, peak_flops, mfu)` in bytes/s, from the model's fields
-# (`num_layers`, `num_heads`, `num_kv_heads`, `head_dim`, `dtype_bytes`, `num_params`): write the two
-# stalls as functions of the link bandwidth, set them equal, and solve. The checkoff tries ten models,
-# lengths and GPUs, including GQA and an fp8 cache.
+# A sequence of `seq_tokens` tokens of `model` is preempted on a card of `peak_flops` FLOP/s whose
+# prefills run at the fraction `mfu` of that peak. At what host-link bandwidth $W^\ast$ (bytes/s) do
+# its two ways back cost it the same time? Write `breakeven_bandwidth(model, seq_tokens, peak_flops,
+# mfu)` from the model's fields (`num_layers`, `num_heads`, `num_kv_heads`, `head_dim`, `dtype_bytes`,
+# `num_params`). Count a prefill's arithmetic as the lecture does: the weights for every token, and
+# attention with each of the $S$ queries meeting all $S$ keys (not only the earlier ones, as a causal
+# kernel would).
+#
+# The checkoff tries ten models, lengths and GPUs, including GQA and an fp8 cache, and hidden ones.
+# Your function then decides preemptions in the engine (section 4): a victim is swapped when the link
+# is faster than your $W^\ast$ at its length, and recomputed otherwise.
 
 # %%
 def breakeven_bandwidth(model, seq_tokens, peak_flops, mfu=LECTURE_MFU):
@@ -257,7 +254,7 @@ if revealed("6.1"):  # the formula, once your own derivation has passed
 $\text{KV} = S \cdot 2\,L\,n_{kv}\,d_{head}\,b$, $\;t_{swap} = 2\,\text{KV}/W_{link}$,
 $\;t_{recompute} = (2NS + 4\,L\,n_{heads}\,d_{head}\,S^2)/(\text{MFU} \cdot F_{peak})$; setting them equal,
 $W^\ast = 2\,\text{KV}\cdot\text{MFU}\cdot F_{peak}/(2NS + 4\,L\,n_{heads}\,d_{head}\,S^2)$.
-Swap wins at 4K on the H100 by 1.9×; with the causal count the recompute would be 121 ms."""))
+"""))
     kv = S * kv_per_token
     weight_flops = 2 * m.num_params * S
     attention_flops = 4 * m.num_layers * m.num_heads * m.head_dim * S ** 2
@@ -268,18 +265,23 @@ Swap wins at 4K on the H100 by 1.9×; with the causal count the recompute would 
           f"= {1e3 * recompute_s:.1f} ms")
     print(f"ledger:     swap {1e3 * ledger.swap_round_trip_s(kv, H100.link_bandwidth):.1f} ms, "
           f"recompute {1e3 * ledger.recompute_s(m, S, H100.peak_flops):.1f} ms")
+    print(f"swap wins at 4K on the H100 by {recompute_s / swap_s:.1f}×; counted causally (each query against the "
+          f"keys before it) the recompute would be {1e3 * (weight_flops + attention_flops / 2) / rate:.1f} ms")
 
 # %% [markdown]
-# Look at how your $W^\ast$ depends on $S$: the swap side is linear in the sequence length, the
-# recompute side has a quadratic term, so $W^\ast$ *falls* as sequences grow — attention is quadratic
-# while the cache is linear.
+# Your $W^\ast$ on the lecture's model, MHA and GQA-8. Before the figure below draws it against $S$: does
+# it rise or fall as sequences grow, and which term of your function decides that? (Self-check 4.)
 
 # %%
 if unlocked("6.1"):
     for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
         mine = breakeven_bandwidth(mdl, 4096, H100.peak_flops)
         print(f"{mdl.name:>16}, 4K: W* = {mine / GB:.2f} GB/s (ledger {ledger.breakeven_link_bandwidth(mdl, 4096, H100.peak_flops) / GB:.2f})")
-    print("The lecture prints 33.3 GB/s (exact: 33.18): it divides 2 × 2.147 GB by the rounded 129 ms (LEDGER.md, §10.5).")
+    kv_4k, rec_4k = 4096 * LECTURE_7B.kv_bytes_per_token, ledger.recompute_s(LECTURE_7B, 4096, H100.peak_flops)
+    print(f"Erratum: the lecture prints 33.3 GB/s; exact arithmetic gives "
+          f"{ledger.breakeven_link_bandwidth(LECTURE_7B, 4096, H100.peak_flops) / GB:.2f} GB/s: it divides 2 × "
+          f"{kv_4k / GB:.3f} GB by the recompute rounded to {1e3 * rec_4k:.0f} ms "
+          f"({2 * kv_4k / (round(1e3 * rec_4k) / 1e3) / GB:.1f} GB/s), not by {1e3 * rec_4k:.1f} ms.")
 
 # %% [markdown]
 # The lecture's three remarks, each checkable here:
@@ -287,7 +289,7 @@ if unlocked("6.1"):
 # 1. *The threshold is a property of the model and the machine, not of the request*: the curve
 #    $W^\ast(S)$ is fixed by the model's fields and the card's FLOP rate, so it can be computed offline,
 #    once. A request enters only through its length $S$, the point at which the curve is read: every 4K
-#    MHA sequence on this card has the same 67 ms against 129 ms, whoever sent it. (Exercise 4 below says
+#    MHA sequence on this card has the same pair of stalls, whoever sent it. (Exercise 4 below says
 #    "a single global policy is wrong": the same statement seen from the link's side — one fixed link
 #    crosses the falling curve $W^\ast(S)$ at some length, so sequences on either side of it get
 #    different answers. One rule, "compare the link with $W^\ast$ at this sequence's length", is right
@@ -296,25 +298,30 @@ if unlocked("6.1"):
 #    prefill's FLOPs alone. On a 16 GB/s link (PCIe Gen3 x16, a T4's), a 4K MHA sequence should be
 #    recomputed and the same-length GQA-8 sequence swapped — a pretraining decision rewrote the
 #    engine's preemption policy.
-# 3. *Both are stalls*: 67 ms is nearly three decode steps of the ambient batch (lab 07 prices a step).
+# 3. *Both are stalls*: the swap alone lasts about three decode steps of the ambient batch (lab 07 prices
+#    a step).
+#
+# Once 6.1 passes, the cell below checks the second and third on the lecture's model, and draws
+# $W^\ast(S)$ for MHA and GQA-8:
 
 # %%
-for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
-    sw = ledger.swap_round_trip_s(4096 * mdl.kv_bytes_per_token, 16 * GB)
-    rc = ledger.recompute_s(mdl, 4096, H100.peak_flops)
-    print(f"{mdl.name:>16} on 16 GB/s: swap {1e3 * sw:6.1f} ms, recompute {1e3 * rc:6.1f} ms → "
-          f"{ledger.preempt_choice(mdl, 4096, 16 * GB, H100.peak_flops)}")
-tpot = ledger.tpot_s(LECTURE_7B, 186, 640, H100.hbm_bandwidth)
-print(f"the 4K swap lasts {swap_s / tpot:.1f} decode steps of a B = 186 batch of 640-token sequences")
-viz_engine.breakeven_figure([LECTURE_7B, LECTURE_7B_GQA8], H100).show()
+if revealed("6.1"):
+    for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
+        sw = ledger.swap_round_trip_s(4096 * mdl.kv_bytes_per_token, 16 * GB)
+        rc = ledger.recompute_s(mdl, 4096, H100.peak_flops)
+        print(f"{mdl.name:>16} on 16 GB/s: swap {1e3 * sw:6.1f} ms, recompute {1e3 * rc:6.1f} ms → "
+              f"{ledger.preempt_choice(mdl, 4096, 16 * GB, H100.peak_flops)}")
+    tpot = ledger.tpot_s(LECTURE_7B, 186, 640, H100.hbm_bandwidth)
+    print(f"the 4K swap lasts {swap_s / tpot:.1f} decode steps of a B = 186 batch of 640-token sequences")
+    viz_engine.breakeven_figure([LECTURE_7B, LECTURE_7B_GQA8], H100).show()
 
 # %% [markdown]
 # ## 4. Which sequence, and how: preemption in the engine
 #
 # When a running sequence needs a block and none is free, `labsupport`'s engine (like vLLM) gives up on
 # the sequence of the **latest-arriving** request — the one first-come-first-served ranks last — and
-# repeats until the blocks are there. `preemption="auto"` then decides *per victim* from the
-# break-even: swap when $2\,\text{KV}/W < \text{FLOPs}/F$, else recompute.
+# repeats until the blocks are there. `preemption="auto"` then decides *per victim*, at the victim's
+# length, which of the two stalls is smaller: the comparison your 6.1 settles.
 #
 # ### Exercise 6.2 — the preemption plan
 #
@@ -408,24 +415,42 @@ for label, seconds in wall.items():
 # The tokens cannot tell swap from recompute; the clock can. Forty requests with 4,096-token prompts
 # and 256-token outputs arrive at once on the lecture's H100 (7,452 blocks): 29 prompts fit, they
 # grow, and the engine must preempt. Price the same burst on the H100's 64 GB/s link and on a
-# 32 GB/s one:
+# 32 GB/s one, three ways: always swap, always recompute, and victim by victim from the break-even —
+# **your `breakeven_bandwidth`** once 6.1 passes (a victim is swapped when the link is faster than your
+# $W^\ast$ at its length), the engine's own `auto` until then:
 
 # %%
 lecture_burst = [dict(prompt_len=4096, max_new_tokens=256, arrival_time=0.0) for _ in range(40)]
+
+
+def by_your_breakeven(link):
+    """A preemption policy from your 6.1: swap when the link beats your W* at the victim's cached length."""
+    return lambda num_tokens: ("swap" if link > breakeven_bandwidth(LECTURE_7B, max(1, num_tokens), H100.peak_flops)
+                               else "recompute")
+
+
+ways = {"swap": "swap", "recompute": "recompute", "auto": "auto"}
+if unlocked("6.1"):  # from here on, your break-even chooses in the engine
+    ways = {"swap": "swap", "recompute": "recompute", "your W*": by_your_breakeven}
 rows = []
 for link in (64 * GB, 32 * GB):
     cm = CostModel(LECTURE_7B, H100, link_bandwidth=link)
     roomy = run_requests(lecture_burst, num_blocks=40 * 272, cost_model=cm)
-    runs = {f"{mode}, {link / GB:.0f} GB/s": run_requests(lecture_burst, num_blocks=pool, cost_model=cm,
-                                                                    preemption=mode)
-            for mode in ("swap", "recompute", "auto")}
+    runs = {f"{label}, {link / GB:.0f} GB/s": run_requests(lecture_burst, num_blocks=pool, cost_model=cm,
+                                                           preemption=way(link) if callable(way) else way)
+            for label, way in ways.items()}
     for row in viz_engine.stall_rows(runs, roomy):
         rows.append(row)
         print(f"{row['label']:>19}: {row['swap']} swap + {row['recompute']} recompute; run took {row['clock_s']:.3f} s, "
-              f"{1e3 * row['stall_s']:6.1f} ms more than with room for all 40")
-swap64, rec64 = rows[0]["clock_s"], rows[1]["clock_s"]
-print(f"recompute − swap on 64 GB/s: {1e3 * (rec64 - swap64):.1f} ms for 2 preemptions = "
-      f"{1e3 * (rec64 - swap64) / 2:.1f} ms each (the derivation: 129.4 − 67.1 = 62.3 ms, at 4,096 tokens)")
+              f"{1e3 * row['stall_s']:6.1f} ms more than with room for all {len(lecture_burst)}")
+swap64, rec64, victims = rows[0]["clock_s"], rows[1]["clock_s"], rows[0]["swap"]
+print(f"recompute − swap on 64 GB/s: {1e3 * (rec64 - swap64):.1f} ms for {victims} preemptions = "
+      f"{1e3 * (rec64 - swap64) / victims:.1f} ms each")
+if revealed("6.1"):
+    one_swap = ledger.swap_round_trip_s(4096 * LECTURE_7B.kv_bytes_per_token, 64 * GB)
+    one_recompute = ledger.recompute_s(LECTURE_7B, 4096, H100.peak_flops)
+    print(f"the derivation at 4,096 tokens: {1e3 * one_recompute:.1f} − {1e3 * one_swap:.1f} = "
+          f"{1e3 * (one_recompute - one_swap):.1f} ms (one of the engine's victims had already grown past 4,096 tokens)")
 viz_engine.stall_figure(rows, "ms", title="Extra time the burst took because memory ran out").show()
 cm64 = CostModel(LECTURE_7B, H100)
 timeline = {"room for all 40": run_requests(lecture_burst, num_blocks=40 * 272, cost_model=cm64),
@@ -435,11 +460,11 @@ timeline = {"room for all 40": run_requests(lecture_burst, num_blocks=40 * 272, 
 viz_engine.blocks_figure(timeline, pool, title="Blocks in use: the burst on the H100's pool (64 GB/s link)").show()
 
 # %% [markdown]
-# On 64 GB/s swapping is cheaper, and `auto` swaps. On 32 GB/s the stalls above favour recompute,
-# barely, and `auto` recomputes; at what length the two costs cross on that link is Exercise 4's
-# question (6.3). And the extra time is
-# more than the 67 or 129 ms of the mechanism: a preempted sequence also waits for blocks to come
-# back — which is why the right goal is to preempt *rarely*, not cheaply.
+# On 64 GB/s swapping is cheaper, and the break-even swaps. On 32 GB/s the stalls above favour
+# recompute, barely, and the break-even recomputes; at what length the two costs cross on that link is
+# Exercise 4's question (6.3). And the extra time is more than the two stalls of the mechanism: a
+# preempted sequence also waits for blocks to come back — which is why the right goal is to preempt
+# *rarely*, not cheaply.
 
 # %% [markdown]
 # ### Your policy in the engine
@@ -463,6 +488,7 @@ if unlocked("6.2"):
         return "swap" if your_policy(num_tokens) == "recompute" else "recompute"
 
     room = run_requests(mixed, num_blocks=sum(-(-(r["prompt_len"] + 1024) // 16) for r in mixed), cost_model=cm32)
+    print(f"with room for all, the burst takes {room.clock_s:.1f} s")
     for label, policy in (("always swap", "swap"), ("always recompute", "recompute"), ("your policy", your_policy),
                           ("yours, flipped", flipped)):
         res = run_requests(mixed, num_blocks=pool, cost_model=cm32, preemption=policy)
@@ -471,9 +497,9 @@ if unlocked("6.2"):
 
 # %% [markdown]
 # Which of the four is cheapest, and by how much? A correct plan picks the smaller stall victim by
-# victim, so no single answer can beat it on this burst. Set the margins beside the run's length (the
-# burst takes about 46 s with room for all): §10.5's third remark again — the goal is to preempt
-# *rarely*, which the watermark does, more than to preempt cheaply.
+# victim, so no single answer can beat it on this burst. Set the margins beside the run's length with
+# room for all (the first line): §10.5's third remark again — the goal is to preempt *rarely*, which
+# the watermark does, more than to preempt cheaply.
 #
 # ### What the paper found: the block size changes the answer (§7.3)
 #
@@ -486,17 +512,20 @@ if unlocked("6.2"):
 # $t_0$ in the model, a 4K MHA sequence of the 7B on the H100's 64 GB/s link:
 #
 # $$t_{swap} = 2\left(\frac{\text{KV}}{W} + 2L\left\lceil \frac{S}{b} \right\rceil t_0\right)$$
+#
+# The table shows once 6.1 passes: its first row is the derivation's pair.
 
 # %%
-rec_4k = ledger.recompute_s(LECTURE_7B, 4096, H100.peak_flops)
-print(f"{'t0':>6} | " + " | ".join(f"b = {b:>3}" for b in (1, 4, 16, 64, 256)) + f" | recompute {1e3 * rec_4k:.1f} ms")
-for t0 in (0.0, 1e-6, 5e-6, 20e-6):
-    cells = []
-    for b in (1, 4, 16, 64, 256):
-        sw = ledger.swap_round_trip_s(4096 * kv_per_token, H100.link_bandwidth,
-                                      ledger.swap_transfers(LECTURE_7B, 4096, b), t0)
-        cells.append(f"{1e3 * sw:5.0f} ms {'S' if sw < rec_4k else 'R'}")
-    print(f"{1e6 * t0:4.0f} µs | " + " | ".join(cells))
+if revealed("6.1"):
+    rec_4k = ledger.recompute_s(LECTURE_7B, 4096, H100.peak_flops)
+    print(f"{'t0':>6} | " + " | ".join(f"b = {b:>3}" for b in (1, 4, 16, 64, 256)) + f" | recompute {1e3 * rec_4k:.1f} ms")
+    for t0 in (0.0, 1e-6, 5e-6, 20e-6):
+        cells = []
+        for b in (1, 4, 16, 64, 256):
+            sw = ledger.swap_round_trip_s(4096 * kv_per_token, H100.link_bandwidth,
+                                          ledger.swap_transfers(LECTURE_7B, 4096, b), t0)
+            cells.append(f"{1e3 * sw:5.0f} ms {'S' if sw < rec_4k else 'R'}")
+        print(f"{1e6 * t0:4.0f} µs | " + " | ".join(cells))
 
 # %% [markdown]
 # (S: swap is cheaper, R: recompute.) With no per-copy cost, swap wins at every block size; at a few
@@ -525,20 +554,23 @@ for b in (16, 256):
 # each generated, both ways back, as a group and one branch at a time:
 
 # %%
+group_cost = {}
 for together in (True, False):
     swap_b = ledger.group_swap_bytes(8, 4096, 256, 16, LECTURE_7B.kv_bytes_per_token, together)
     rec_f = ledger.group_recompute_flops(LECTURE_7B, 8, 4096, 256, together)
+    group_cost[together] = swap_b, rec_f
     w_star = ledger.group_breakeven_link_bandwidth(LECTURE_7B, 8, 4096, 256, 16, H100.peak_flops, together=together)
     print(f"{'as one group' if together else 'branch by branch':>17}: swap {swap_b / GB:6.2f} GB each way = "
           f"{1e3 * ledger.swap_round_trip_s(swap_b, H100.link_bandwidth):6.1f} ms; recompute {rec_f / 1e12:6.1f} TFLOP "
           f"= {1e3 * rec_f / rate:7.1f} ms; break-even {w_star / GB:.1f} GB/s")
 print(f"one 4,352-token sequence alone: break-even "
       f"{ledger.breakeven_link_bandwidth(LECTURE_7B, 4352, H100.peak_flops) / GB:.1f} GB/s")
+print(f"the group together moves {group_cost[False][0] / group_cost[True][0]:.1f}× fewer bytes and computes "
+      f"{group_cost[False][1] / group_cost[True][1]:.1f}× fewer FLOPs than branch by branch")
 
 # %% [markdown]
 # Evicting the group together moves and recomputes the shared prompt once instead of eight times —
-# 5.7× fewer bytes, 5.4× fewer FLOPs — and its break-even is within a few percent of a single
-# sequence's: so the paper's all-or-nothing group policy and §10.5's per-sequence arithmetic agree, the
+# the last line's ratios — and its break-even is within a few percent of a single sequence's: so the paper's all-or-nothing group policy and §10.5's per-sequence arithmetic agree, the
 # group just costs less. Branch by branch (what `labsupport`'s engine does: it evicts one sequence at a
 # time) pays the unshared price, and the branches come back as private copies. What does *not* match
 # the break-even is vLLM's default choice between the two: it recomputes every single-sequence group
@@ -593,15 +625,15 @@ exercise4 = {
 check("6.3", exercise4)
 
 # %% [markdown]
-# Once 6.3 passes, the cell below shows the derivation term by term on the lecture's numbers, and the
-# one place where the lecture's printed figure parts from it.
+# Once 6.1 and 6.3 pass, the cell below shows the derivation term by term on the lecture's numbers,
+# and the one place where the lecture's printed figure parts from it.
 
 # %%
-if revealed("6.3"):
+if revealed("6.1", "6.3"):
     display(Markdown(r"""Setting $2 S\,\text{kv}/W = (2NS + 4LHdS^2)/F$ and dividing by $S$ leaves a linear
 equation, $S^\ast = (2\,\text{kv}\,F/W - 2N)/(4\,L\,H\,d)$. The lecture's 16K GQA-8 sequence holds
-$16{,}384 \times 128$ KiB, exactly the bytes of a 4K MHA sequence, so its swap is the same 67 ms, while its
-prefill's weights term grows 4× and its attention 16×."""))
+$16{,}384 \times 128$ KiB, exactly the bytes of a 4K MHA sequence, so its swap is the 4K MHA sequence's,
+while its prefill's weights term grows 4× and its attention 16×."""))
     kv16 = 16_384 * LECTURE_7B_GQA8.kv_bytes_per_token
     swap16 = ledger.swap_round_trip_s(kv16, H100.link_bandwidth)
     recompute16 = ledger.recompute_s(LECTURE_7B_GQA8, 16_384, H100.peak_flops)
@@ -610,9 +642,12 @@ prefill's weights term grows 4× and its attention 16×."""))
           f"({w16 / 1e12:.1f} + {(ledger.prefill_flops(LECTURE_7B_GQA8, 16_384) - w16) / 1e12:.1f}) TFLOP ÷ "
           f"{rate / 1e12:.1f} TFLOP/s = {1e3 * recompute16:.1f} ms; swap wins {recompute16 / swap16:.1f}×; "
           f"W* = {ledger.breakeven_link_bandwidth(LECTURE_7B_GQA8, 16_384, H100.peak_flops) / GB:.2f} GB/s (printed 5.9)")
-    print(f"MHA crossover on 32 GB/s: {ledger.crossover_tokens(LECTURE_7B, 32 * GB, H100.peak_flops):,.2f} tokens")
-    print("The lecture prints S ≈ 2,600: half the root, what twice the attention term (8·L·H·d·S²) gives "
-          "(LEDGER.md, Exercise 4).")
+    crossover_32 = ledger.crossover_tokens(LECTURE_7B, 32 * GB, H100.peak_flops)
+    print(f"MHA crossover on 32 GB/s: {crossover_32:,.2f} tokens")
+    attention_per_s2 = 4 * LECTURE_7B.num_layers * LECTURE_7B.num_heads * LECTURE_7B.head_dim
+    doubled = (2 * LECTURE_7B.kv_bytes_per_token * rate / (32 * GB) - 2 * LECTURE_7B.num_params) / (2 * attention_per_s2)
+    print(f"Erratum: the lecture prints S ≈ 2,600; the root of its own equation is {crossover_32:,.0f}: ≈ 2,600 is "
+          f"what twice the attention term (8·L·H·d·S²) gives, {doubled:,.0f} tokens.")
 
 # %% [markdown]
 # Either way the lesson of the exercise survives, and is sharper with the exact number: on a 32 GB/s
@@ -625,12 +660,12 @@ prefill's weights term grows 4× and its attention 16×."""))
 
 # %% [markdown]
 # Now explore. The panel draws both stalls against $S$ for the chosen model, GPU and link, marks the
-# crossover, and states the derivation at the chosen $S$ (it opens once 6.3 passes: it marks 6.3's
-# crossover). Try: MHA on 32 GB/s at 4K, then at your crossover, then 8K; switch to GQA-8 (does a
+# crossover, and states the derivation at the chosen $S$ (it opens once 6.1 and 6.3 pass: it prices
+# 6.1's pair and marks 6.3's crossover). Try: MHA on 32 GB/s at 4K, then at your crossover, then 8K; switch to GQA-8 (does a
 # crossover remain?); put the 70B on an A100's 32 GB/s link.
 
 # %%
-if revealed("6.3"):
+if revealed("6.1", "6.3"):
     display(viz_engine.swap_recompute_panel(seq_tokens=4096, link_gbs=32))
 
 # %% [markdown]
@@ -645,9 +680,9 @@ if revealed("6.3"):
 #   stand-in;
 # * **the tiny model's prefill rate** — what a recompute redoes, timed through a fresh paged cache.
 #
-# Your break-even for a sequence of $S$ tokens is then the KV round trip over the measured recompute
-# time, $W^\ast(S) = 2\,S\,\text{kv}/t_{prefill}(S)$. These numbers are measurements: they differ on
-# every machine and from run to run.
+# Your break-even for a sequence of $S$ tokens then follows from 6.1's reasoning, with the timed
+# prefill in place of a FLOP count. These numbers are measurements: they differ on every machine and
+# from run to run.
 
 # %% tags=["nbval-ignore-output"]
 bandwidths = measure_copy_bandwidth()
@@ -672,37 +707,46 @@ if unlocked("6.1"):  # your formula on the tiny model, at the FLOP rate this mac
 viz_engine.personal_breakeven_figure(prefill, link).show()
 
 # %% [markdown]
-# Compare with the lecture's H100: there a 4K MHA sequence's break-even is 33 GB/s against a 64 GB/s
-# link, a factor of 2. For the tiny model on a CPU the factor is far larger: its "link" is memory
-# itself, and its prefill runs at a few GFLOP/s. Same formula, different machine,
-# different answer — which is the point of objective 6.
-#
+# Compare with the lecture's H100 (the cell below, once 6.1 passes). For the tiny model on a CPU the
+# factor between link and break-even is far larger: its "link" is memory itself, and its prefill runs
+# at a few GFLOP/s. Same formula, different machine, different answer — which is the point of
+# objective 6.
+
+# %%
+if revealed("6.1"):
+    w_h100 = ledger.breakeven_link_bandwidth(LECTURE_7B, 4096, H100.peak_flops)
+    print(f"the lecture's H100: a 4K MHA sequence breaks even at {w_h100 / GB:.2f} GB/s against its "
+          f"{H100.link_bandwidth / GB:.0f} GB/s link, a factor of {H100.link_bandwidth / w_h100:.2f}")
+
+# %% [markdown]
 # ## Self-check
 #
 # 1. The engine admitted 199 sequences and they all keep generating. What breaks, and which of the
 #    three moves is cheapest for the user?
 # 2. Why does a watermark reduce preemptions, and what does it cost instead?
-# 3. Derive the 67 ms and the 129 ms. Which term of the 129 ms does GQA-8 change?
+# 3. Derive the swap and the recompute stalls of a 4K MHA sequence of the 7B on the H100. Which term of
+#    the recompute does GQA-8 change?
 # 4. Why does $W^\ast$ fall as $S$ grows?
 # 5. A preempted sequence resumes. Can its next token differ from the one it would have produced?
 #
-# <details><summary>Answers</summary>
-#
-# 1. Blocks run out mid-decode. Refusing new arrivals is cheapest: nobody resident is hurt; it costs
-#    the newcomers queueing time (TTFT).
-# 2. Admission stops while the free blocks would drop below the watermark, so the residents have room
-#    to grow before anyone must be evicted. It costs refusals: requests wait longer to be admitted.
-# 3. and 4. are in the cell below, once 6.1 passes.
-# 5. No. Preemption loses the cache, never the tokens; the engine's sampling depends only on the
-#    request, the branch and the position, so the resumed sequence continues exactly (section 4).
-#
-# </details>
-#
+# The answers show once 6.1 passes (3 and 4 are its derivation):
+
 # %%
 if revealed("6.1"):
-    display(Markdown(r"""3. 2 × 4,096 × 512 KiB ÷ 64 GB/s = 67.1 ms; (2 × 6.74e9 × 4,096 + 4 × 32 × 32 × 128 × 4,096²) FLOP
-÷ 494.5 TFLOP/s = 129.4 ms. None of it: GQA shrinks the KV (so the swap), not the prefill FLOPs.
-4. The KV (numerator) is linear in S, the prefill FLOPs (denominator) quadratic, because of attention."""))
+    kv_4k = 4096 * LECTURE_7B.kv_bytes_per_token
+    weights_4k = 2 * LECTURE_7B.num_params * 4096
+    attention_4k = 4 * LECTURE_7B.num_layers * LECTURE_7B.num_heads * LECTURE_7B.head_dim * 4096 ** 2
+    display(Markdown(f"""1. Blocks run out mid-decode. Refusing new arrivals is cheapest: nobody resident is hurt; it costs
+   the newcomers queueing time (TTFT).
+2. Admission stops while the free blocks would drop below the watermark, so the residents have room
+   to grow before anyone must be evicted. It costs refusals: requests wait longer to be admitted.
+3. Swap: 2 × 4,096 × 512 KiB ÷ {H100.link_bandwidth / GB:.0f} GB/s =
+   {1e3 * ledger.swap_round_trip_s(kv_4k, H100.link_bandwidth):.1f} ms. Recompute: ({weights_4k / 1e12:.1f} +
+   {attention_4k / 1e12:.1f}) TFLOP ÷ {rate / 1e12:.1f} TFLOP/s = {1e3 * (weights_4k + attention_4k) / rate:.1f} ms.
+   GQA-8 changes none of the recompute's terms: it shrinks the KV (so the swap), not the prefill FLOPs.
+4. The KV (numerator) is linear in S, the prefill FLOPs (denominator) quadratic, because of attention.
+5. No. Preemption loses the cache, never the tokens; the engine's sampling depends only on the
+   request, the branch and the position, so the resumed sequence continues exactly (section 4)."""))
 
 # %% [markdown]
 # Next: **Lab 07 — sizing, SLOs, and where the time actually goes.**

@@ -91,7 +91,9 @@ def test_a_typed_lecture_answer_fails_on_hidden_givens():
     ({"refcounts": [8] * 7 + [1] * 5, "copies": 7}, "each copy moves one reference off the original"),
     ({"refcounts": [8] * 6 + [1] * 5, "copies": 7}, "original tail block is missing"),
     ({"refcounts": [3] * 7 + [1] * 35, "copies": 7}, "copied the full blocks too"),
-    ({"refcounts": [8] * 6 + [3] + [1] * 5, "copies": 8}, "writes in place"),
+    # 8 copies is the lecture's Exercise 3 count (the prompt kept alive as a ninth holder): the remark names the
+    # convention of this lab, where the prompt's own sequence is the first branch and the last writer copies nothing
+    ({"refcounts": [8] * 6 + [3] + [1] * 5, "copies": 8}, "prompt's own sequence is the first branch.*writes in place"),
     ({"refcounts": [8] * 6 + [3] + [1] * 5, "copies": 5}, "once every branch has written"),
     ({"refcounts": [8] * 6 + [3] + [1] * 5, "copies": 56}, "full blocks are never written again"),
     ({"refcounts": [8] * 6 + [3] + [1] * 5, "copies": 0}, "needs a private copy"),
@@ -382,3 +384,37 @@ def test_5_3_hidden_sets_end_the_prompt_both_ways():
     sets = GIVENS[5].draw(case_rng("givens", b"lab05 shapes", "x"), 12)
     assert any(g["PROMPT_TOKENS"] % g["BLOCK"] == 0 for g in sets)
     assert any(g["PROMPT_TOKENS"] % g["BLOCK"] for g in sets)
+
+
+# --- issue 35: no readout answers 5.3 or 5.4 before its checkoff ----------------------------------------------
+
+def _outputs_before(check_id):
+    """The text of every executed solution cell above the one that calls check(check_id)."""
+    import nbformat
+    from pathlib import Path
+
+    nb = nbformat.read(Path(__file__).resolve().parents[1] / "solutions" / "05_copy_on_write.ipynb", as_version=4)
+    out = []
+    for cell in nb.cells:
+        if f'check("{check_id}"' in cell.source:
+            return "\n".join(out)
+        out.append(cell.source)
+        for o in cell.get("outputs", []):
+            out.append(o.get("text", "") + "".join(str(v) for v in (o.get("data") or {}).values()))
+    raise AssertionError(f"no check({check_id!r}) cell")
+
+
+def test_5_3_refcounts_and_copies_show_only_after_it():
+    """Section 1's write leaves block 2 at refcount 7 and its copy at 1 (8 holders, 1 wrote), and the fan-out of
+    section 2 makes 7 copies (8 branches off a prompt ending mid-block, the last writes in place): both are 5.3's
+    picture, so neither shows above 5.3's checkoff."""
+    text = _outputs_before("5.3")
+    assert not re.search(r"7 \+ 1|ref 7\b|refcount 7|copy-on-write copies|ref counts \[", text), text[-2000:]
+    assert "LEDGER" not in text
+
+
+def test_5_4_hit_rate_shows_only_after_it():
+    """The conversation trace's unbounded prefix hits (105,710 of 288,500 blocks = 36.64%, the allocator's
+    replay) are 5.4's answer on the trace: nothing above 5.4's checkoff prints or states them."""
+    text = _outputs_before("5.4")
+    assert not re.search(r"36\.6|105,710|served by the prefix index", text)

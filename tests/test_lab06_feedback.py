@@ -256,3 +256,39 @@ def test_6_3_each_named_step_changes_the_answer_on_hidden_givens(step):
         assert any(_fails(c, _DROPS_6_3[step](g), g) for g in (LECTURE, g1, g2)), step
     if step != "exact, not rounded":
         assert all(_fails(c, _DROPS_6_3[step](g), g) for g in drawn), step
+
+
+# --- issue 35: 6.1 is a build the engine then uses, posed without its recipe -------------------------------
+
+def test_6_1_lecture_case_by_hand_is_what_the_answer_scan_looks_for():
+    """The record's first 6.1 case is the lecture's 4K MHA sequence on the H100, and the answer scan reads its
+    result (LECTURE_RESULT): 2 x (4,096 x 524,288 B) x 0.5 x 989e12 / (2 x 6.74e9 x 4,096 + 4 x 32 x 32 x 128 x
+    4,096^2) = 4.295e9 x 494.5e12 / 64.010e12 = 33.18 GB/s (the lecture prints 33.3)."""
+    from labsupport.course import record
+
+    (c,) = [c for c in record.read(6)["checkoffs"] if c["id"] == "6.1"]
+    want = c["cases"][0]["spec"]["want"]
+    assert want == pytest.approx(2 * 4096 * 524_288 * 0.5 * 989e12 / (2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2))
+    assert round(want / 1e9, 2) == 33.18
+
+
+def test_6_1_is_posed_without_its_recipe_or_its_numbers():
+    """Before 6.1's solution region: no "set them equal and solve", no formula for the stalls, none of the
+    lecture's 67 ms / 129 ms / 33.3 GB/s; the hint after a wrong check asks, it does not write the equation."""
+    import re
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[1] / "solutions" / "06_engine_loop.py").read_text()
+    before = source[:source.index("### BEGIN SOLUTION 6.1")]
+    for giveaway in (r"set them equal", r"\bsolve\b", r"67(\.1)? ms", r"129(\.4)? ms", r"33\.\d", r"\\text\{KV\}/W",
+                     r"LEDGER"):
+        assert not re.search(giveaway, before), giveaway
+    after = source[source.index("### END SOLUTION", source.index("### BEGIN SOLUTION 6.1")):]
+    assert "breakeven_bandwidth(LECTURE_7B, max(1, num_tokens)" in after  # the engine's policy calls it
+    assert "equal and solve" not in get("6.1").hint
+
+
+def test_no_lab_06_text_sends_the_student_to_the_ledger():
+    from pathlib import Path
+
+    assert "LEDGER" not in (Path(__file__).resolve().parents[1] / "solutions" / "06_engine_loop.py").read_text()

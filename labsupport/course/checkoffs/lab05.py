@@ -176,7 +176,9 @@ def _divergence_keys(g) -> dict:
                  "You copied the full blocks too: a full block is never written again, so it stays shared by all "
                  "the branches — only the partly filled tail is copied.")]
         only_tail = "Only the partly filled tail block is copied; the full blocks are never written again."
-        copies = [(n, "That counts a copy for every branch; the last branch to write finds the original tail with "
+        copies = [(n, "That counts a copy for every branch, as if one more sequence still held the prompt (the "
+                      "lecture's Exercise 3 counts 8 copies so); in the vLLM paper's convention the prompt's own "
+                      "sequence is the first branch, so the last branch to write finds the original tail with "
                       "ref_count 1 (everyone else has copied away) and writes in place."),
                   (writers, "That is the copies after the first writers; the question asks once every branch has "
                             "written."),

@@ -43,11 +43,11 @@ _CAUSAL_61 = ("You counted attention causally, each query against only the keys 
 
 @function(
     "6.1", "The swap/recompute break-even bandwidth",
-    hint="Write both stalls as functions of the link bandwidth W. Swapping moves the sequence's KV bytes out and "
-         "later back in over the link. Recomputing redoes the prefill: 2 FLOP per parameter per token, plus "
-         "attention's QK^T and PV, which every query head does against the keys, counted as the lecture does: "
-         "each of the S tokens against all S keys (grouped-query attention shrinks the cache, not that arithmetic). "
-         "Divide the FLOPs by the rate you actually achieve (mfu × peak). Set the two times equal and solve for W.",
+    hint="Price each way back as a time, on a link of W bytes/s. Swapping: which bytes cross the link, and how "
+         "many times, before the sequence can decode again? Recomputing: what does rebuilding the cache compute — "
+         "the weights for every token, and attention for every query head, each of the S queries against all S "
+         "keys (grouped-query attention shrinks the cache, not that arithmetic) — and at what rate does a prefill "
+         "actually run? One of the two times falls as W grows and the other does not: W* is where they meet.",
     forbid=(_BREAKEVEN, "labsupport.ledger.group_breakeven_link_bandwidth", *_RECOMPUTE),
     derive="write the swap round trip and the recompute time from the model's fields, set them equal, solve for W",
     name="breakeven_bandwidth",
