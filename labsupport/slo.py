@@ -209,24 +209,52 @@ class Column:
         return ledger.goodput_tok_s(self.batch, self.tpot_s, self.tpot_slo_s) if self.batch else 0.0
 
 
+def largest_batch_meeting(tpot_fn, model: ModelSpec, gpu: GPUSpec, seq_tokens: int, tpot_slo_s: float,
+                          limit: int = 1 << 24) -> int:
+    """The largest B <= `limit` whose `tpot_fn(model, gpu, B, seq_tokens)` clears the SLO (0 when B = 1 does
+    not), by doubling then bisection: a step's TPOT grows with B.  Lab 07 runs it on the student's own TPOT
+    (Exercise 7.1), so the SLO-limited batch of its chart and table is what their function says."""
+    def ok(b: int) -> bool:
+        return tpot_fn(model, gpu, b, seq_tokens) <= tpot_slo_s
+
+    if limit < 1 or not ok(1):
+        return 0
+    lo, hi = 1, 2  # lo meets the SLO; hi is the next batch to try
+    while hi <= limit and ok(hi):
+        lo, hi = hi, 2 * hi
+    hi = min(hi, limit + 1)  # the first batch that misses (or is past the limit)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
 def three_columns(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seq_tokens: int = 640,
                   s_max: int = 4096, block_size: int = 16, tpot_slo_s: float = 0.020,
-                  kv_budget: float | None = None) -> list[Column]:
+                  kv_budget: float | None = None, tpot_fn=None) -> list[Column]:
     """§10.6's table from the ledger: naive (reserve-to-max), paged at the memory ceiling, paged at
     the largest B whose TPOT clears the SLO (never above the ceiling).  Every sequence is
-    `seq_tokens` long; the step is memory-bound (the ledger's TPOT)."""
+    `seq_tokens` long; the step is memory-bound (the ledger's TPOT, or `tpot_fn(model, gpu, B, seq_tokens)`
+    when given: lab 07 prices every column, and finds the SLO-limited B, with the student's own TPOT)."""
     budget = ledger.kv_budget_bytes(model, gpu) if kv_budget is None else kv_budget
     if budget <= 0:
         raise ValueError(f"the weights ({model.weight_bytes / GB:.2f} GB) leave no KV budget on {gpu.name}")
     kv = model.kv_bytes_per_token
     naive = ledger.naive_concurrency(budget, s_max, kv) if seq_tokens <= s_max else 0
     ceiling = ledger.paged_concurrency(budget, seq_tokens, block_size, kv)
-    slo_b = min(ceiling, ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth))
+    if tpot_fn is None:
+        slo_b = min(ceiling, ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth))
+    else:
+        slo_b = largest_batch_meeting(tpot_fn, model, gpu, seq_tokens, tpot_slo_s, limit=ceiling)
     lecture = (model, gpu, seq_tokens, s_max, block_size, tpot_slo_s) == (LECTURE_7B, LECTURE_GPU, 640, 4096, 16, 0.020)
     printed = [("29", "'a third of the throughput'"), ("199", "8,470 tok/s"), ("164", "—")] if lecture else [("", "")] * 3
     cols = []
     for name, b, (pb, pt) in zip(("naive (reserve-to-max)", "paged, memory ceiling", "paged, SLO-limited B"),
                                  (naive, ceiling, slo_b), printed):
-        tpot = ledger.tpot_s(model, b, seq_tokens, gpu.hbm_bandwidth) if b else math.inf
+        if not b:
+            tpot = math.inf
+        else:
+            tpot = ledger.tpot_s(model, b, seq_tokens, gpu.hbm_bandwidth) if tpot_fn is None else \
+                float(tpot_fn(model, gpu, b, seq_tokens))
         cols.append(Column(name, b, tpot, tpot_slo_s, pb, pt))
     return cols

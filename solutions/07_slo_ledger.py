@@ -77,8 +77,8 @@ print(f"ledger: prefill of 4,096 tokens = {ledger.prefill_flops(MHA, 4096) / 1e1
 # On an idle card the TTFT *is* the prefill. Now load the card. The panel below runs the engine on
 # the lecture's chat workload (512-token prompts, 128-token outputs, Poisson arrivals for 10 s)
 # and drops **your** request — a 4,096-token prompt — into it at t = 8 s. The bars are real requests'
-# splits: yours, the median chat request's, and the p99 one's. The card's decode capacity is about
-# 8,210 tok/s ÷ 128 tokens ≈ 64 requests/s; move the load across it.
+# splits: yours, the median chat request's, and the p99 one's. The panel opens at 62 requests/s, near
+# what the card can decode (section 3 counts its throughput); move the load across it.
 #
 # *Board (minutes 58–68): TTFT as three stacked bars, queueing biggest.*
 
@@ -168,22 +168,25 @@ if unlocked("7.7"):
 # %% [markdown]
 # ## 2. TPOT is a property of the batch, not of the request
 #
-# Lecture 2 §2.15: a decode step is memory-bound — its time is the bytes it must read from HBM over the
-# card's bandwidth. In one step each of the $B$ sequences pushes its newest token through every layer of
-# the model, and in every layer that token's attention looks back over everything its own sequence has
-# cached. Your own sequence is one of the $B$.
+# After its first token, your request gets one token per decode step, and the engine runs each step for
+# the whole batch at once: your time per output token is the length of a step you share with everyone
+# else in the batch. How long is that step?
 #
 # ### Exercise 7.1 — TPOT at B
 #
-# Write `tpot(model, gpu, batch, seq_tokens)` returning seconds: work out what one step must read, and
-# which of it the $B$ sequences share (the engine below checks your formula against its own clock). Use the spec fields
-# (`model.num_params`, `model.dtype_bytes`, `model.num_layers`, `model.num_kv_heads`, `model.head_dim`,
-# `gpu.hbm_bandwidth` in bytes/s); the checkoff tries other models and cards.
+# Write `tpot(model, gpu, batch, seq_tokens)`: the seconds one decode step takes when `batch` sequences,
+# each holding `seq_tokens` tokens, produce their next token together on `gpu`. You have the model's and
+# the card's specs: `model.num_params`, `model.dtype_bytes`, `model.num_layers`, `model.num_heads`,
+# `model.num_kv_heads`, `model.head_dim`, `gpu.hbm_bandwidth` (bytes/s) and `gpu.peak_flops` (FLOP/s).
+# Lab 01 placed a decode step against this card's ridge point; start from what it found, and decide which
+# of the specs the answer needs. The checkoff tries other models and cards. Once it passes, your function
+# prices every step in the rest of this section: the engine's clock is compared with it, the TPOT chart
+# draws it, 7.2 searches it for the largest batch under the SLO, and it prices the columns of section 3.
 
 # %%
 def tpot(model, gpu, batch, seq_tokens):
-    """Seconds per output token of a memory-bound decode step of `batch` sequences of `seq_tokens` tokens."""
-    ### BEGIN SOLUTION 7.1: return the seconds one memory-bound decode step of `batch` sequences takes
+    """Seconds per output token when `batch` sequences of `seq_tokens` tokens each decode one step together."""
+    ### BEGIN SOLUTION 7.1: return the seconds one decode step of `batch` sequences of `seq_tokens` tokens takes on `gpu`
     kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
     return (model.num_params * model.dtype_bytes + batch * seq_tokens * kv_per_token) / gpu.hbm_bandwidth
     ### END SOLUTION
@@ -194,37 +197,40 @@ check("7.1", tpot)
 # %% [markdown]
 # Does the engine agree with you? Below, B sequences that each hold 640 tokens decode one step together
 # on the cost-model clock (`steady_batch_tpot`: a 639-token prompt, then one pure decode step), and each
-# request's TPOT is read off its timeline — shown beside your formula once 7.1 passes.
+# request's TPOT is read off its timeline — shown beside your function once 7.1 passes.
 
 # %%
 measured = steady_batch_tpot([1, 29, 100, 186], seq_tokens=SEQ)
-if revealed("7.1"):
+if unlocked("7.1"):
     display(Markdown("The step streams every weight once, shared by the whole batch, plus the KV of **every** "
                      "sequence in it — the rest of your step is your **neighbours'** KV."))
     for b, t in measured.items():
-        print(f"B = {b:3d}: engine {1e3 * t:6.3f} ms, your formula {1e3 * tpot(MHA, H100, b, SEQ):6.3f} ms")
-    print("The lecture prints 23.5 ms at B = 199 (exact: 23.96 ms): its 0.328 GB per sequence reads 512 KiB as "
-          "512,000 B (LEDGER.md, §10.6).")
+        print(f"B = {b:3d}: engine {1e3 * t:6.3f} ms, your tpot() {1e3 * tpot(MHA, H100, b, SEQ):6.3f} ms")
+    lecture_gb = 640 * 512_000 / 1e9  # the lecture's "0.328 GB" per sequence: 512 KiB read as 512,000 B
+    print(f"The lecture prints 23.5 ms at B = 199; exact, {1e3 * tpot(MHA, H100, 199, SEQ):.2f} ms: its "
+          f"{lecture_gb:.3f} GB per 640-token sequence reads 512 KiB as 512,000 B.")
 
 # %% [markdown]
 # ### Exercise 7.2 — the largest B that meets the SLO
 #
 # The operating point to deploy is the largest B that fits in the paged pool (the KV budget is
-# $\text{HBM} - W - 4$ GB, as in §10.2, cut into whole blocks) **and** whose TPOT, from your 7.1, clears
-# the SLO. Write `max_batch(model, gpu, seq_tokens, tpot_slo_s, block_size)`; return 0 when nothing
-# meets the SLO or nothing fits.
+# $\text{HBM} - W - 4$ GB, as in §10.2, cut into whole blocks) **and** whose TPOT clears the SLO. Write
+# `max_batch(model, gpu, seq_tokens, tpot_slo_s, block_size)`; return 0 when nothing meets the SLO or
+# nothing fits. You have a TPOT: your own `tpot` from 7.1, which a function here may call (the checkoff
+# runs yours).
 
 # %%
 def max_batch(model, gpu, seq_tokens, tpot_slo_s, block_size=16):
     """Largest B of `seq_tokens`-token sequences that fits the paged pool and meets the TPOT SLO."""
     ### BEGIN SOLUTION 7.2: return the largest whole batch that both fits the paged pool and meets the TPOT SLO (0 if none)
     kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
-    weights = model.num_params * model.dtype_bytes
-    budget = gpu.hbm_bytes - weights - 4 * GB
-    blocks = max(0, math.floor(budget / (block_size * kv)))
-    by_memory = blocks // math.ceil(seq_tokens / block_size)
-    by_slo = max(0, math.floor((tpot_slo_s * gpu.hbm_bandwidth - weights) / (seq_tokens * kv)))
-    return min(by_memory, by_slo)
+    budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4 * GB
+    fits = max(0, math.floor(budget / (block_size * kv))) // math.ceil(seq_tokens / block_size)
+    lo, hi = 0, fits + 1  # B = lo meets the SLO (none trivially does); B = hi does not fit
+    while hi - lo > 1:  # your tpot grows with B: bisect for the last batch it clears
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if tpot(model, gpu, mid, seq_tokens) <= tpot_slo_s else (lo, mid)
+    return lo
     ### END SOLUTION
 
 
@@ -232,12 +238,13 @@ check("7.2", max_batch)
 
 # %% [markdown]
 # Slide B. The stack shows whose bytes the step is moving: the weights (paid once, shared by
-# everyone), your KV (a sliver), and your neighbours'. The white circles are the engine's
-# measurements from above. *Your neighbours set your cadence.*
+# everyone), your KV (a sliver), and your neighbours'. The dotted line is your `tpot`, and the SLO's
+# batch is searched on it; the white circles are the engine's measurements from above. *Your neighbours
+# set your cadence.*
 
 # %%
-if revealed("7.1", "7.2"):  # the panel draws TPOT(B) and the largest B under the SLO: it opens once both pass
-    display(viz_slo.tpot_panel(batch=186, seq_tokens=SEQ, tpot_slo_ms=20, measured=measured))
+if unlocked("7.1", "7.2"):  # the panel draws your TPOT(B) and the largest B under the SLO: it opens once both pass
+    display(viz_slo.tpot_panel(batch=186, seq_tokens=SEQ, tpot_slo_ms=20, measured=measured, tpot_fn=tpot))
 
 # %% [markdown]
 # ## 3. Goodput is the metric; throughput is not
@@ -253,11 +260,15 @@ if revealed("7.1", "7.2"):  # the panel draws TPOT(B) and the largest B under th
 #
 # Throughput of a steady batch is $B / \text{TPOT}(B)$; its goodput is the same number if
 # TPOT ≤ SLO and **zero** if not — every request in the step gets the same TPOT, so a steady batch
-# meets the SLO together or misses it together.
+# meets the SLO together or misses it together. Each column's TPOT is your `tpot` once 7.1 passes (the
+# library's stand-in until then), and the SLO-limited B is searched on it.
 
 # %%
-columns = three_columns(MHA, H100, SEQ, s_max=4096, block_size=16, tpot_slo_s=0.020)
-if revealed("7.2"):  # the table's third column is 7.2's answer
+if unlocked("7.1"):  # your TPOT prices every column, and the SLO-limited B is searched on it
+    columns = three_columns(MHA, H100, SEQ, s_max=4096, block_size=16, tpot_slo_s=0.020, tpot_fn=tpot)
+else:  # the library's stand-in until 7.1 passes
+    columns = three_columns(MHA, H100, SEQ, s_max=4096, block_size=16, tpot_slo_s=0.020)
+if revealed("7.1", "7.2"):  # the table's TPOTs are 7.1's answers and its third column is 7.2's
     display(HTML(viz_slo.goodput_table_html(columns)))
 
 # %% [markdown]
@@ -267,28 +278,34 @@ if revealed("7.2"):  # the table's third column is 7.2's answer
 # the only correct first answer is a question: *what is the SLO?* Move it:
 
 # %%
-if revealed("7.2"):
-    display(viz_slo.goodput_table_panel(tpot_slo_ms=20))
+if unlocked("7.1", "7.2"):  # every column priced by your tpot
+    display(viz_slo.goodput_table_panel(tpot_slo_ms=20, tpot_fn=tpot))
 
 # %% [markdown]
-# At 25 ms the middle column is the best; at 20 ms it is worthless; below 6.9 ms even the naive
-# column fails. Neither configuration is wrong — *"what is this engine's throughput?"* is the wrong
+# At 25 ms the middle column is the best; at 20 ms it is worthless; below the naive column's own TPOT
+# (the table gives it) even the naive column fails. Neither configuration is wrong — *"what is this
+# engine's throughput?"* is the wrong
 # question, because throughput without a latency constraint can always be raised by making the
 # service worse.
 #
 # Where does the SLO bind, against the memory ceiling — for the MHA model, and for GQA-8, whose
-# sequences are 4× smaller? Once 7.2 passes:
+# sequences are 4× smaller? Once 7.1 and 7.2 pass, on your functions:
 
 # %%
-if revealed("7.2"):
+if unlocked("7.1", "7.2"):
     for model in (MHA, LECTURE_7B_GQA8):
         ceiling = memory_ceiling(model, H100, SEQ)
         print(f"{model.name:>16}: memory ceiling {ceiling:4d}, largest B under 20 ms {max_batch(model, H100, SEQ, 0.020):4d}")
     display(Markdown("*After paging, the SLO usually binds before the memory does* — the clearest sign that the "
                      "allocator problem is solved, and why the next eight weeks are about scheduling, kernels and bytes."))
-    print(f"The lecture prints 164 (exact: {max_batch(MHA, H100, SEQ, 0.020)}): its 0.328 GB per sequence reads 512 KiB "
-          "as 512,000 B, giving 163.1, rounded up (LEDGER.md, §10.6).")
-    print("Its 'a third of the throughput' for the naive column is about half under every reading (LEDGER.md, §10.6).")
+    printed = (0.020 * H100.hbm_bandwidth - 13.5e9) / 0.328e9  # the lecture's sum, on its own printed figures
+    print(f"The lecture prints 164; exact, {max_batch(MHA, H100, SEQ, 0.020)}: its 0.328 GB per sequence reads 512 KiB "
+          f"as 512,000 B, and (20 ms × 3,350 GB/s − 13.5 GB) ÷ 0.328 GB = {printed:.1f} is then rounded up.")
+    naive, ceiling_col = columns[0], columns[1]
+    print(f"The lecture gives the naive column a third of the middle column's throughput; here it has "
+          f"{naive.throughput_tok_s / ceiling_col.throughput_tok_s:.2f} of it: its {naive.batch} sequences share a "
+          f"{1e3 * naive.tpot_s:.2f} ms step, mostly the weights, against {1e3 * ceiling_col.tpot_s:.2f} ms for "
+          f"{ceiling_col.batch}.")
 
 # %% [markdown]
 # ## 4. Your workload: the Azure conversation trace, replayed at H100 scale
@@ -588,7 +605,7 @@ def sessions_held(model, hbm_scale=1.0, block_size=16, s_max=16_384, context=7_7
 
 
 gqa = LECTURE_7B_GQA8
-if revealed("7.5", "7.6"):
+if unlocked("7.5") and revealed("7.6"):  # runs your 7.5 and prints each change's gain, 7.6's answer
     ex5 = agent_session_ledger(gqa, H100, [q.prompt_tokens for q in session])
     print(f"peak KV {fmt_bytes(ex5['peak_kv_bytes'])}; prefill {ex5['prefill_s']:.2f} s of exclusive H100 time "
           f"(the lecture's weights-only count: {submitted * 2 * gqa.num_params / (0.5 * H100.peak_flops):.2f} s)")
@@ -600,8 +617,9 @@ if revealed("7.5", "7.6"):
 a session uses. Bytes per token and the budget scale both counts alike. Paging did nothing to the prefill
 time — and most of it is re-sent prompt, because every step re-prefills a context the card already
 computed. That is the whole argument for the prefix cache (Nov 9)."""))
-    print(f"The lecture prints 0.985 GB and 63 sessions (exact: {ex5['peak_kv_bytes'] / 1e9:.3f} GB, {ex5['sessions']}): "
-          "128 KiB read as 128,000 B, and 62.5 / 0.985 = 63 follows from it (LEDGER.md, Exercise 5).")
+    print(f"The lecture prints 0.985 GB and 63 sessions; exact, {ex5['peak_kv_bytes'] / 1e9:.3f} GB and "
+          f"{ex5['sessions']}: it reads 128 KiB as 128,000 B ({distinct:,} × 128,000 B = {distinct * 128_000 / 1e9:.4f} "
+          "GB), and its 62.5 / 0.985 = 63 sessions follows from that.")
 
 # %% [markdown]
 # ## Self-check
@@ -614,18 +632,23 @@ computed. That is the whole argument for the prefix cache (Nov 9)."""))
 #    `max_num_seqs` be, and what does it mean that the second is smaller?
 # 5. On the Azure replay, capping B did not raise goodput at 20 ms. Why not, and what would?
 #
-# <details><summary>Answers</summary>
-#
-# 1. Prefill (129 ms for 4,096 tokens at 50% of peak). Queueing — waiting for blocks and a slot.
-# 2. The batch: more neighbours, or longer ones, in the same step (your 7.1 says by how much).
-# 3. Yes: the three-column table. At a 20 ms SLO the paged-at-ceiling column (8,210 tok/s) has
-#    goodput 0 and the naive column (4,186 tok/s) keeps all of its throughput as goodput.
-# 4. The SLO-limited one (for that workload and SLO): the SLO binds before memory does — after paging,
-#    the allocator is no longer the constraint.
-# 5. The misses came from prefills sharing steps with decodes, not from the batch size. Bounding the
-#    tokens per step (chunked prefill, `max_num_batched_tokens`) or separating prefill from decode
-#    addresses it (lab 08 places both on the map).
-#
-# </details>
-#
+# The answers show once the checkoffs they lean on pass (7.7's TTFT terms, 7.1's TPOT, 7.2's batch, 7.3's
+# goodput):
+
+# %%
+if revealed("7.1", "7.2", "7.3", "7.7"):
+    naive, ceiling_col, slo_col = columns
+    display(Markdown(f"""1. Prefill ({1e3 * prefill_4k:.0f} ms for 4,096 tokens at 50% of peak). Queueing — waiting for blocks
+   and a slot.
+2. The batch: more neighbours, or longer ones, in the same step (your 7.1 says by how much).
+3. Yes: the three-column table. At a {1e3 * naive.tpot_slo_s:g} ms SLO the paged-at-ceiling column
+   ({ceiling_col.throughput_tok_s:,.0f} tok/s) has goodput {ceiling_col.goodput_tok_s:,.0f} and the naive column
+   ({naive.throughput_tok_s:,.0f} tok/s) keeps all of its throughput as goodput.
+4. The SLO-limited one, {slo_col.batch} (for that workload and SLO), not the memory ceiling of {ceiling_col.batch}: the
+   SLO binds before memory does — after paging, the allocator is no longer the constraint.
+5. The misses came from prefills sharing steps with decodes, not from the batch size. Bounding the
+   tokens per step (chunked prefill, `max_num_batched_tokens`) or separating prefill from decode
+   addresses it (lab 08 places both on the map)."""))
+
+# %% [markdown]
 # Next: **Lab 08 — the map of Part II: what paging did not fix.**

@@ -8,9 +8,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from labsupport import replay as R
 from labsupport.course.checkoff import check
+from labsupport.specs import LECTURE_7B, LECTURE_GPU
 
 GB = 1e9
 # §10.7's second column, row by row, as the lecture prints it.
@@ -506,3 +508,115 @@ def test_7_2_each_named_step_fails_on_hidden_cases():
         for name, wrong in drops.items():
             with pytest.raises(Mismatch):
                 c.verdict(wrong, hidden)
+
+
+# --- issue 35: 7.1 is a build the lab runs on, posed without its formula --------------------------------------------
+
+def test_7_1_by_hand():
+    """The lecture's case, the first of 7.1's own: B = 186 sequences of 640 tokens, the lecture's 7B on the H100.
+    Weights 6.74e9 x 2 B = 13.48e9 B; KV 186 x 640 x 524,288 B = 62,411,243,520 B; the step reads both once:
+    (13.48e9 + 62,411,243,520) B / 3.35e12 B/s = 75,891,243,520 / 3.35e12 = 0.0226541 s."""
+    from labsupport.course.checkoffs import get
+    from labsupport.course.registry import case_rng
+
+    first = get("7.1").cases(case_rng("7.1"))[0]
+    assert tuple(first.args[2:]) == (186, 640)
+    assert abs(first.want - 0.0226541) < 1e-7
+
+
+def test_7_1_is_posed_without_its_formula():
+    """Item 1: from section 2's heading to 7.1's checkoff the student copy names no term of the answer (what binds a
+    step, the weights, the KV), and the hint shown after a wrong check says how to think, not what to add up."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+
+    from labsupport.course.checkoffs import get
+
+    nb = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "07_slo_ledger.ipynb", as_version=4)
+    start = next(i for i, c in enumerate(nb.cells) if c.source.startswith("## 2. TPOT"))
+    end = next(i for i, c in enumerate(nb.cells) if 'check("7.1"' in c.source)
+    text = "\n".join(c.source for c in nb.cells[start:end + 1]).lower()
+    for term in ("memory-bound", r"weights?\b", r"\bkv\b", "cached", r"hbm_bandwidth \*", "/ gpu.hbm_bandwidth",
+                 "bytes it must"):  # the spec fields are named (num_kv_heads, hbm_bandwidth); no term of the sum is
+        assert not re.search(term, text), term
+    hint = get("7.1").hint.lower()
+    for recipe in ("num_params", "dtype_bytes", "hbm_bandwidth", "divide", "memory-bound", r"\bkv\b"):
+        assert not re.search(recipe, hint), recipe
+
+
+def test_7_2_searches_the_students_tpot():
+    """7.2 passes as a bisection over the student's own 7.1 (the lab's solution), and a slip in that 7.1 makes the
+    search fail: the later exercise runs on the earlier build.  Lecture, by hand: (0.020 x 3.35e12 - 13.48e9) /
+    (640 x 524,288) = 53.52e9 / 335,544,320 = 159.50 -> 159 (under the pool's 7,452 // 40 = 186); without the
+    weights it would be 0.020 x 3.35e12 / 335,544,320 = 199.68 -> 199, capped at 186."""
+    from labsupport.course.checkoffs import get
+    from labsupport.course.judge import Mismatch
+    from labsupport.course.registry import case_rng
+
+    def searching(step):
+        def max_batch_by_search(m, g, s, slo, bs=16):
+            lo, hi = 0, blocks(m, g, 1.0, bs) // math.ceil(s / bs) + 1
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if step(m, g, mid, s) <= slo else (lo, mid)
+            return lo
+        return max_batch_by_search
+
+    c = get("7.2")
+    assert c.cases(case_rng("7.2"))[0].want == 159
+    for rng in (case_rng("7.2"), case_rng("7.2", b"issue 35 a"), case_rng("7.2", b"issue 35 b")):
+        c.verdict(searching(tpot), c.cases(rng))
+    no_weights = lambda m, g, b, s: b * s * kv(m) / g.hbm_bandwidth  # noqa: E731
+    assert searching(no_weights)(LECTURE_7B, LECTURE_GPU, 640, 0.020) == 186
+    with pytest.raises(Mismatch):
+        c.verdict(searching(no_weights), c.cases(case_rng("7.2")))
+
+
+
+def test_the_columns_and_the_chart_run_on_the_students_tpot():
+    """Section 3's table and the TPOT chart take the student's tpot: a right one gives the library's table
+    (naive 29 at (13.48e9 + 29 x 335,544,320) / 3.35e12 = 6.929 ms, ceiling 186, SLO-limited 159), a slipped one
+    moves the SLO-limited column (without the weights: 186, the pool's ceiling) and the chart's line."""
+    from labsupport import ledger
+    from labsupport.course.checkoffs._hidden import random_pair
+    from labsupport.slo import largest_batch_meeting, three_columns
+    from labsupport.viz import slo as viz_slo
+    import random
+
+    library = three_columns()
+    mine = three_columns(tpot_fn=tpot)
+    assert [c.batch for c in mine] == [c.batch for c in library] == [29, 186, 159]
+    assert all(abs(a.tpot_s - b.tpot_s) < 1e-15 for a, b in zip(mine, library))
+    assert abs(mine[0].tpot_s - 0.006929) < 1e-6
+    slipped = three_columns(tpot_fn=lambda m, g, b, s: b * s * kv(m) / g.hbm_bandwidth)
+    assert slipped[2].batch == 186
+    rng = random.Random(35)
+    for _ in range(40):  # the search on a right TPOT is the ledger's closed form, on cards nobody has seen
+        m, g = random_pair(rng)
+        s, slo = rng.randint(16, 50_000), rng.uniform(1e-4, 0.5)
+        assert largest_batch_meeting(tpot, m, g, s, slo) == ledger.max_batch_for_tpot(m, s, slo, g.hbm_bandwidth)
+    fig = viz_slo.tpot_vs_batch_figure(LECTURE_7B, LECTURE_GPU, 640, 186, 0.020, tpot_fn=tpot)
+    assert any(t.name == "your tpot()" for t in fig.data)
+    assert "your tpot(): 22.65 ms" in viz_slo.tpot_readout(LECTURE_7B, LECTURE_GPU, 640, 186, 0.020, tpot_fn=tpot)
+
+
+# --- issue 35 item 6: every lab runs one of its builds in a later cell -----------------------------------------------
+
+
+@pytest.mark.parametrize("stem, checkoff, name", [
+    ("00_setup", "0.2", "kv_bytes_per_token"), ("01_five_jobs", "1.5", "job_ledger"),
+    ("04_paged_kernel", "4.1", "kv_offsets"), ("07_slo_ledger", "7.1", "tpot"), ("07_slo_ledger", "7.2", "max_batch"),
+    ("08_map_of_part_two", "8.3", "num_gpu_blocks")])
+def test_a_later_cell_runs_the_students_build(stem, checkoff, name):
+    """After the function checkoff's cell, a cell behind `unlocked(<it>)` calls the student's function."""
+    import re
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parents[1] / "solutions" / f"{stem}.py").read_text(encoding="utf-8")
+    cells = re.split(r"^# %%.*$", src, flags=re.M)
+    at = next(i for i, c in enumerate(cells) if re.search(rf'check\("{re.escape(checkoff)}", {name}\)', c))
+    later = [c for c in cells[at + 1:] if re.search(rf'unlocked\([^)]*"{re.escape(checkoff)}"', c)
+             and re.search(rf"\b{name}\(", c)]
+    assert later, f"no cell after {checkoff}'s checkoff runs {name} behind unlocked({checkoff!r})"

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 
 from labsupport import ledger
 from labsupport.replay import ProbeRun, Replay, UtilizationRun, chat_with_probe
-from labsupport.slo import TTFT_PARTS, Column, TTFTSplit, memory_ceiling, three_columns, tpot_terms
+from labsupport.slo import TTFT_PARTS, Column, TTFTSplit, largest_batch_meeting, memory_ceiling, three_columns, tpot_terms
 from labsupport.specs import GB, GPUSpec, ModelSpec, get_gpu, get_model
 from labsupport.viz import reopen
 from labsupport.viz import (FONT_SIZE, PALETTE, Panel, a11y, dropdown, fit_width, gpu_options, live_figure,
@@ -74,14 +74,16 @@ def ttft_bars_figure(splits: Sequence[TTFTSplit], title: str = "TTFT = queueing 
 
 def tpot_vs_batch_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch: int, tpot_slo_s: float = 0.020,
                          block_size: int = 16, measured: Mapping[int, float] | None = None,
-                         height: int = 480) -> go.Figure:
+                         height: int = 480, tpot_fn=None) -> go.Figure:
     """"Your neighbours set your cadence": TPOT against B, stacked by whose bytes the step moves.
 
     `measured` maps B to a TPOT (s) read off the engine's cost-model clock; drawn as markers over
-    the closed form so a lab can show the two agree.
+    the closed form so a lab can show the two agree.  `tpot_fn(model, gpu, B, seq_tokens)` (lab 07: the
+    student's Exercise 7.1) draws its own line over the stack and sets the marker and the SLO's batch.
     """
     ceiling = memory_ceiling(model, gpu, seq_tokens, block_size)
-    slo_b = ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth)
+    slo_b = ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth) if tpot_fn is None else \
+        largest_batch_meeting(tpot_fn, model, gpu, seq_tokens, tpot_slo_s)
     b_max = max(batch, ceiling, slo_b, 8) * 6 // 5
     bs = list(range(1, b_max + 1, max(1, b_max // 200))) + [b_max]
     per_seq_ms = 1e3 * seq_tokens * model.kv_bytes_per_token / gpu.hbm_bandwidth
@@ -96,7 +98,15 @@ def tpot_vs_batch_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch:
     fig.add_trace(go.Scatter(x=bs, y=[(b - 1) * per_seq_ms for b in bs], name="neighbours' KV", mode="lines",
                              stackgroup="t", line=dict(color=PALETTE["memory"], width=0),
                              hovertemplate="B = %{x}: neighbours %{y:.2f} ms<extra></extra>"))
-    tpot_ms = 1e3 * ledger.tpot_s(model, batch, seq_tokens, gpu.hbm_bandwidth)
+    def step_ms(b: int) -> float:
+        return 1e3 * (ledger.tpot_s(model, b, seq_tokens, gpu.hbm_bandwidth) if tpot_fn is None
+                      else float(tpot_fn(model, gpu, b, seq_tokens)))
+
+    if tpot_fn is not None:
+        fig.add_trace(go.Scatter(x=bs, y=[step_ms(b) for b in bs], name="your tpot()", mode="lines",
+                                 line=dict(color=PALETTE["limit"], width=3, dash="dot"),
+                                 hovertemplate="B = %{x}: your tpot() %{y:.2f} ms<extra></extra>"))
+    tpot_ms = step_ms(batch)
     fig.add_trace(go.Scatter(x=[batch], y=[tpot_ms], mode="markers+text", name=f"you, B = {batch}",
                              marker=dict(size=16, color=PALETTE["limit"], symbol="diamond"),
                              text=[f"  B = {batch}: {tpot_ms:.2f} ms  "],
@@ -116,7 +126,7 @@ def tpot_vs_batch_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch:
         fig.add_vline(x=ceiling, line=dict(color=PALETTE["memory"], width=3))
         fig.add_annotation(x=ceiling, y=0.02, yref="paper", xanchor="right", showarrow=False,
                            text=f"memory ceiling {ceiling} ", font=dict(size=FONT_SIZE, color=PALETTE["memory"]))
-    y_top = max(slo_ms, 1e3 * ledger.tpot_s(model, b_max, seq_tokens, gpu.hbm_bandwidth)) * 1.08
+    y_top = max(slo_ms, 1e3 * ledger.tpot_s(model, b_max, seq_tokens, gpu.hbm_bandwidth), step_ms(b_max)) * 1.08
     return styled(fig, f"Your neighbours set your cadence<br><sup>{seq_tokens:,}-token sequences, {model.name} on {gpu.name}</sup>",
                   height=height, xaxis=dict(title="decode batch B (sequences in the step)", range=[0, b_max]),
                   yaxis=dict(title="TPOT (ms per token)", range=[0, y_top]),
@@ -124,24 +134,27 @@ def tpot_vs_batch_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch:
 
 
 def tpot_readout(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch: int, tpot_slo_s: float,
-                 block_size: int = 16) -> str:
+                 block_size: int = 16, tpot_fn=None) -> str:
     t = tpot_terms(model, gpu, batch, seq_tokens)
     total, others = sum(t.values()), t["neighbours' KV"]
-    slo_b = ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth)
+    slo_b = ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth) if tpot_fn is None else \
+        largest_batch_meeting(tpot_fn, model, gpu, seq_tokens, tpot_slo_s)
     ceiling = memory_ceiling(model, gpu, seq_tokens, block_size)
     if ledger.kv_budget_bytes(model, gpu) <= 0:
         binds = f"the weights ({model.weight_bytes / GB:.1f} GB) leave no room for a KV cache on this card"
     else:
         binds = "the SLO binds before memory" if slo_b < ceiling else "memory binds before the SLO"
+    yours = "" if tpot_fn is None else f"; your tpot(): {1e3 * float(tpot_fn(model, gpu, batch, seq_tokens)):.2f} ms"
     return (f"TPOT at B = {batch}: {1e3 * t['weights']:.2f} ms weights + {1e3 * t['your KV']:.3f} ms yours + "
-            f"{1e3 * others:.2f} ms your {batch - 1} neighbours' = {1e3 * total:.2f} ms "
+            f"{1e3 * others:.2f} ms your {batch - 1} neighbours' = {1e3 * total:.2f} ms{yours} "
             f"({'meets' if total <= tpot_slo_s else 'misses'} the {1e3 * tpot_slo_s:g} ms SLO)\n"
             f"largest B under the SLO: {slo_b}; memory ceiling (b = {block_size}): {ceiling} — {binds}")
 
 
 def tpot_panel(batch: int = 186, seq_tokens: int = 640, tpot_slo_ms: float = 20.0, model: str = "lecture-7b",
-               gpu: str = "h100-sxm-80gb", measured: Mapping[int, float] | None = None) -> Panel:
-    """§10.6: slide B (and the sequence length, the SLO, the card) and watch your own TPOT move."""
+               gpu: str = "h100-sxm-80gb", measured: Mapping[int, float] | None = None, tpot_fn=None) -> Panel:
+    """§10.6: slide B (and the sequence length, the SLO, the card) and watch your own TPOT move; `tpot_fn`
+    (lab 07's Exercise 7.1) draws the student's own TPOT and finds the SLO's batch with it."""
     controls = {
         "batch": number_slider("B (sequences)", batch, 1, 400, 1, integer=True),
         "seq_tokens": number_slider("sequence length (tokens)", seq_tokens, 128, 8192, 64, integer=True),
@@ -154,10 +167,11 @@ def tpot_panel(batch: int = 186, seq_tokens: int = 640, tpot_slo_ms: float = 20.
     def figure(batch, seq_tokens, tpot_slo_ms, model, gpu):
         # engine markers belong to the configuration they were measured in
         same = measured if dict(model=model, gpu=gpu, seq_tokens=seq_tokens) == lecture else None
-        return tpot_vs_batch_figure(get_model(model), get_gpu(gpu), seq_tokens, batch, tpot_slo_ms / 1e3, measured=same)
+        return tpot_vs_batch_figure(get_model(model), get_gpu(gpu), seq_tokens, batch, tpot_slo_ms / 1e3, measured=same,
+                                    tpot_fn=tpot_fn)
 
     def readout(batch, seq_tokens, tpot_slo_ms, model, gpu):
-        return tpot_readout(get_model(model), get_gpu(gpu), seq_tokens, batch, tpot_slo_ms / 1e3)
+        return tpot_readout(get_model(model), get_gpu(gpu), seq_tokens, batch, tpot_slo_ms / 1e3, tpot_fn=tpot_fn)
 
     return Panel(figure, controls, readout, title="TPOT is a property of the batch")
 
@@ -250,8 +264,9 @@ def goodput_table_readout(columns: Sequence[Column]) -> str:
 
 
 def goodput_table_panel(tpot_slo_ms: float = 20.0, seq_tokens: int = 640, model: str = "lecture-7b",
-                        gpu: str = "h100-sxm-80gb") -> Panel:
-    """§10.6: move the SLO and watch which column's throughput survives as goodput."""
+                        gpu: str = "h100-sxm-80gb", tpot_fn=None) -> Panel:
+    """§10.6: move the SLO and watch which column's throughput survives as goodput (each column priced by
+    `tpot_fn` when given: lab 07 passes the student's Exercise 7.1)."""
     controls = {
         "tpot_slo_ms": number_slider("TPOT SLO (ms)", tpot_slo_ms, 5, 60, 0.5, readout_format=".1f"),
         "seq_tokens": number_slider("sequence length (tokens)", seq_tokens, 128, 4096, 64, integer=True),
@@ -260,7 +275,7 @@ def goodput_table_panel(tpot_slo_ms: float = 20.0, seq_tokens: int = 640, model:
     }
 
     def columns(tpot_slo_ms, seq_tokens, model, gpu):
-        return three_columns(get_model(model), get_gpu(gpu), seq_tokens, tpot_slo_s=tpot_slo_ms / 1e3)
+        return three_columns(get_model(model), get_gpu(gpu), seq_tokens, tpot_slo_s=tpot_slo_ms / 1e3, tpot_fn=tpot_fn)
 
     return Panel(lambda **v: goodput_table_figure(columns(**v)), controls,
                  lambda **v: goodput_table_readout(columns(**v)), title="Which column would you deploy?")

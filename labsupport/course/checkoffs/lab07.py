@@ -36,12 +36,14 @@ _TPOT_CASES = [(LECTURE_7B, "h100", 186, 640), (LECTURE_7B, "h100", 1, 640), (LE
 
 @function(
     "7.1", "TPOT at batch B",
-    hint="A decode step is memory-bound: it streams every weight once (num_params × dtype_bytes) and, for each "
-         "of the B sequences in the step, that sequence's whole KV (its tokens × KV bytes per token). Divide the "
-         "bytes by the card's HBM bandwidth. Everyone in the step waits for the same bytes, so everyone gets the "
-         "same TPOT — yours includes your neighbours' KV.",
-    forbid=("labsupport.ledger.tpot_s", "labsupport.ledger.decode_step_bytes"),
-    derive="add the weight bytes and every sequence's KV bytes and divide by the HBM bandwidth",
+    hint="Start from lab 01: is a decode step waiting on the chip's arithmetic or on its memory? Whichever it "
+         "is, the step lasts as long as that work takes. Then list what the step must bring in to give each of "
+         "the B sequences its next token, and ask of each item: does every sequence need it (so one step fetches "
+         "it once for all of them), or only one sequence (so it is fetched once per sequence)? Count each item "
+         "from the spec fields, in the unit the card's rate is given in, as lab 00 counted bytes from a shape.",
+    forbid=("labsupport.ledger.tpot_s", "labsupport.ledger.decode_step_bytes", "labsupport.slo.tpot_terms",
+            "labsupport.viz.slo.tpot_terms"),
+    derive="decide what binds a decode step and count what one step must move yourself, from the spec fields",
     name="tpot",
 )
 def _tpot(rng):
@@ -75,9 +77,11 @@ _MAX_BATCH_CASES = [(LECTURE_7B, "h100", 640, 0.020, 16), (LECTURE_7B, "h100", 6
     hint="Two ceilings, and the batch must fit under both. Memory: the paged pool holds "
          "floor(KV budget / block bytes) blocks and each sequence needs ceil(S / block_size) of them. Latency: "
          "write TPOT(B) from 7.1, set it equal to the SLO and solve for B, rounding the way a count of whole "
-         "sequences must be rounded. When the weights alone take longer than the SLO, no batch meets it.",
+         "sequences must be rounded (or search your 7.1's tpot for the last batch that clears the SLO: it grows "
+         "with B). When the weights alone take longer than the SLO, no batch meets it.",
     forbid=("labsupport.ledger.max_batch_for_tpot", *_POOL, "labsupport.slo.three_columns",
-            "labsupport.viz.slo.three_columns"),
+            "labsupport.viz.slo.three_columns", "labsupport.slo.largest_batch_meeting",
+            "labsupport.viz.slo.largest_batch_meeting"),
     derive="take the smaller of the pool's whole-block ceiling and TPOT(B) = SLO solved for a whole B",
     name="max_batch",
 )
