@@ -25,9 +25,9 @@
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
 from labsupport.cli import doctor
-from labsupport.course.checkoff import check, revealed
+from labsupport.course.checkoff import check, revealed, unlocked
 from IPython.display import Markdown, display
-from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8
+from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 from labsupport.units import fmt_bytes, fmt_gb, fmt_gib
 from labsupport.viz import roofline
 
@@ -182,14 +182,16 @@ if revealed("0.2"):
 $$\text{KV bytes per token} \;=\; 2 \times L \times n_{kv} \times d_{head} \times b$$"""))
 
 # %% [markdown]
-# `labsupport` has the same quantity on every model preset, which is what the later labs use (the
-# cell shows it once 0.1 and 0.2 pass: the lecture's preset is their answer):
+# `labsupport` has the same quantity on every model preset, which is what the later labs use. The cell
+# below runs **your** `kv_bytes_per_token` on the shapes of the course's presets and sets it beside the
+# preset's own count (it waits for 0.1 and 0.2: the lecture's preset is their answer):
 
 # %%
-if revealed("0.1", "0.2"):
-    for model in (LECTURE_7B, LECTURE_7B_GQA8):
-        per_token = model.kv_bytes_per_token
-        print(f"{model.name:>16}: {per_token:,} B per token = {per_token / 2**10:,.0f} KiB; "
+if revealed("0.1") and unlocked("0.2"):
+    for model in (LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B):
+        per_token = kv_bytes_per_token(model.num_layers, model.num_kv_heads, model.head_dim, model.dtype_bytes)
+        agrees = "agrees" if per_token == model.kv_bytes_per_token else f"labsupport has {model.kv_bytes_per_token:,} B"
+        print(f"{model.name:>16}: yours {per_token:,} B per token = {per_token / 2**10:,.0f} KiB ({agrees}); "
               f"a 4,096-token sequence holds {fmt_gb(4096 * per_token)}")
 
 # %% [markdown]
@@ -218,13 +220,15 @@ if revealed("0.2"):  # its readout writes out 0.2's count: it shows once yours p
 # 2. Which is larger, 80 GB or 80 GiB, and by how many bytes?
 # 3. A checkoff prints `⬜ Checkoff 1.2 not attempted — …`. Did something break?
 #
-# <details><summary>Answers</summary>
-#
-# 1. No. It is arithmetic on the lecture's H100 and model (`labsupport.ledger`), identical everywhere.
-#    Only measured timings depend on your machine.
-# 2. 80 GiB = 85,899,345,920 B, larger than 80 GB = 80,000,000,000 B by 5,899,345,920 B (7.4%).
-# 3. No: that is exercise 1.2 waiting for you. Replace the placeholder under its comment with your code.
-#
-# </details>
-#
+# The answers show once 0.1 (the units they lean on) passes:
+
+# %%
+if revealed("0.1"):
+    gib, gb = 80 * 2**30, 80 * 10**9
+    display(Markdown(f"""1. No. It is arithmetic on the lecture's H100 and model (`labsupport.ledger`), identical everywhere.
+   Only measured timings depend on your machine.
+2. 80 GiB = {gib:,} B, larger than 80 GB = {gb:,} B by {gib - gb:,} B ({100 * (gib - gb) / gb:.1f}%).
+3. No: that is exercise 1.2 waiting for you. Replace the placeholder under its comment with your code."""))
+
+# %% [markdown]
 # Next: **Lab 01 — five jobs, and 29 against 295.**

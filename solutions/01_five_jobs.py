@@ -19,6 +19,8 @@
 
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
+from dataclasses import replace
+
 from labsupport import ledger, viz
 from IPython.display import Markdown, display
 
@@ -125,7 +127,7 @@ def job_ledger(trace):
 check("1.5", job_ledger)
 
 # %%
-if revealed("1.5"):
+if unlocked("1.5"):  # your job_ledger, on the run above
     ledger_mha = job_ledger(trace)
     display(Markdown(f"""
 | job | on this run | unit |
@@ -396,17 +398,21 @@ roofline.batch_gap_panel()
 # 4. Raise S_max from 4,096 to 32,768 with the same workload. By what factor does the memory batch
 #    fall, and has anything about the requests changed?
 #
-# <details><summary>Answers</summary>
-#
-# 1. Admit (memory: a promise of KV space), allocate (memory: the KV space itself), batch (the next
-#    forward pass), run (arithmetic and bandwidth), stream (user-visible latency). Admit and allocate.
-# 2. GQA shrinks KV bytes per token (by 4× here); the ridge point depends only on the GPU's peak over
-#    bandwidth and the bytes per weight, which GQA leaves alone.
-# 3. It halves: the card is balanced at a smaller batch. Good news for latency, but only if memory can
-#    hold even that many sequences.
-# 4. The slot grows 8×, so 29 becomes 3 — a factor of about 10 (floors). Nothing about the requests
-#    changed: that is §10.2's point, and lab 02's.
-#
-# </details>
-#
+# The answers show once the checkoffs they lean on (1.1's map, 1.2's ridge, 1.3's memory batch) pass:
+
+# %%
+if revealed("1.1", "1.2", "1.3"):
+    shrink = LECTURE_7B.kv_bytes_per_token / LECTURE_7B_GQA8.kv_bytes_per_token
+    wider = replace(H100, hbm_bandwidth=2 * H100.hbm_bandwidth)  # the same card, twice the bandwidth
+    long_batch = ledger.naive_concurrency(budget, 32_768, kv)
+    display(Markdown(f"""1. Admit (memory: a promise of KV space), allocate (memory: the KV space itself), batch (the next
+   forward pass), run (arithmetic and bandwidth), stream (user-visible latency). Admit and allocate.
+2. GQA shrinks KV bytes per token (by {shrink:g}× here); the ridge point depends only on the GPU's peak over
+   bandwidth and the bytes per weight, which GQA leaves alone.
+3. It halves ({ridge:.1f} → {ledger.ridge_batch(LECTURE_7B, wider):.1f} on the lecture's card): the card is balanced at
+   a smaller batch. Good news for latency, but only if memory can hold even that many sequences.
+4. The slot grows {32_768 // 4096}×, so {memory} becomes {long_batch} — a factor of {memory / long_batch:.1f} (floors).
+   Nothing about the requests changed: that is §10.2's point, and lab 02's."""))
+
+# %% [markdown]
 # Next: **Lab 02 — the naive allocator, and where the cache goes.**

@@ -281,7 +281,7 @@ print("Triton kernel matches the torch reference (|Δ| ≤ 1e-5):", torch.allclo
 # * `stride_block`, `stride_slot`: the pool's element strides, $b_{blk} H_{kv} D$ and $H_{kv} D$;
 # * return int64 `[B, T]`.
 #
-Derive the address from the pool's shape and the table: which entry of the table
+# Derive the address from the pool's shape and the table: which entry of the table
 # holds token $t$'s block, which slot of that block holds it, and how many elements precede it.
 # `torch.gather(table, 1, index)` reads one table entry per position. The checkoff runs your function on random block tables, block sizes 1 to 256, and a
 # pool whose block ids are close to $2^{31}$.

@@ -584,14 +584,20 @@ print(f"at k = 6: prefill {6 * ledger.prefill_flops(gqa, C) / ledger.prefill_flo
 # 4. Your workload's utilization jumps from 15% to 99% under paging and throughput does not move. Was
 #    paging useless?
 #
-# The answers show once the checkoffs they lean on (8.1's map, 8.4's batch) pass:
+# The answers show once the checkoffs they lean on (8.1's map, 8.3's pool, 8.4's batch) pass:
 
 # %%
-if revealed("8.1", "8.4"):
-    display(Markdown("""1. The prefill-in-decode TPOT spike; re-sent identical prefixes (92%); tokens per pass over the
+if revealed("8.1", "8.3", "8.4"):
+    per_seq = math.ceil(640 / 16)  # blocks one 640-token sequence holds
+    pools = {u: num_gpu_blocks(MHA, H100, u) for u in (0.9, 0.95)}
+    seqs = {u: blocks // per_seq for u, blocks in pools.items()}
+    knob = {u: max_num_seqs_for(MHA, H100, u, 640, 0.020) for u in (0.9, 0.95)}
+    moves = ("does not change" if knob[0.9] == knob[0.95] else f"moves from {knob[0.9]} to {knob[0.95]}")
+    display(Markdown(f"""1. The prefill-in-decode TPOT spike; re-sent identical prefixes (92%); tokens per pass over the
    weights (one); bytes per weight and per cached value.
-2. 0.05 × 80 GB = 4 GB more: 477 more blocks (6,499 → 6,976), 12 more sequences (162 → 174 at b = 16) —
-   and `max_num_seqs` does not change, because the SLO binds first.
+2. 0.05 × {H100.hbm_bytes / GB:.0f} GB = {0.05 * H100.hbm_bytes / GB:g} GB more: {pools[0.95] - pools[0.9]:,} more blocks
+   ({pools[0.9]:,} → {pools[0.95]:,}), {seqs[0.95] - seqs[0.9]} more sequences ({seqs[0.9]} → {seqs[0.95]} at b = 16) —
+   and `max_num_seqs` {moves} ({knob[0.95]} at a 20 ms SLO), because the SLO binds first.
 3. The late tokens came from steps that carried prefills, not from large batches; a token budget bounds
    each step's compute, the batch cap does not.
 4. No: the card was not memory-bound at that load. The same change raises throughput as soon as
