@@ -75,8 +75,14 @@ def _case_with(*inputs):
 # Where, among a function checkoff's own cases (the record's), its result on the lecture's inputs is.
 LECTURE_RESULT = {
     "0.2": _first,                                            # KV bytes per token of the lecture's 7B
+    "2.2": _first,                                            # internal fragmentation of the served pool: 84%
     "2.3": _first,                                            # utilization of the lecture-pool allocator
+    "2.6": _first,                                            # utilization at S_max = 32,768: the lecture's 1.9%
+    "2.9": _first,                                            # Exercise 2's mean concurrency: the lecture's ≈ 39
+    "3.5": _first,                                            # 640-token sequences in the lecture's pool: 186
+    "3.7": _first,                                            # the table of a 4,096-token sequence: 1,024 B
     "4.3": _case_with(64, 8192, 32, 8, 128, 2),               # the headline point, GQA-8 (lab 04's givens)
+    "6.1": _first,                                            # W* of the 4K MHA sequence on the H100 (33.18 GB/s)
     "7.1": _first,                                            # TPOT at B = 186, 640 tokens
     "7.2": _first,                                            # the largest B under 20 ms
     "7.5": _first,                                            # Exercise 5 on GQA-8
@@ -91,7 +97,7 @@ LECTURE_RESULT = {
 # 8.8 returns a changed (model, card) pair, not a number.
 # 2.13's result is an offset in an address space taken mid-serve: where a slot goes, no quantity of the lecture.
 # 7.7's TTFT terms are read off each engine run's own step log.
-NO_LECTURE_NUMBER = {"1.2", "1.3", "1.5", "2.13", "5.2", "3.1", "3.2", "3.3", "3.10", "4.1", "4.2", "5.1", "5.4", "6.1",
+NO_LECTURE_NUMBER = {"1.2", "1.3", "1.5", "2.13", "5.2", "3.1", "3.2", "3.3", "3.10", "4.1", "4.2", "5.1", "5.4",
                      "6.2", "7.3", "7.4", "7.7", "8.3", "8.6", "8.7", "8.8"}
 
 
@@ -102,6 +108,7 @@ COINCIDENCES: dict[tuple[str, str], str] = {
     ("0.1", "512 KiB"): "the lecture's per-token KV size is 0.1's question: it is given in KiB and asked in bytes",
     ("0.2", "512 KiB"): "0.2 asks where the lecture's stated 512 KiB comes from: the function is the exercise",
     ("4.3", "2.15 GB"): "lab 02's 4,096-token slot (2,147,483,648 B) is not a decode step's bytes (2,148,532,224 B)",
+    ("3.7", "1,024 MiB"): "lab 00's doctor prints the grading sandbox's 1,024 MiB of scratch disk, not a table's bytes",
 }
 
 
