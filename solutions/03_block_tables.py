@@ -668,28 +668,25 @@ if revealed("3.4", "3.10"):
 # ## 7. Forks: what a large block costs when sequences share
 #
 # Block size also interacts with sharing (§10.4, lab 05): copy-on-write duplicates a *whole block*
-# on the first divergent token. Count it as the vLLM paper does (its §4.4), and as lab 05's
-# Exercise 5.3 will: the prompt's own sequence is branch 1, and the other 7 of a fan-out of 8 are
-# forked off it. On the real allocator, a 4,010-token prompt (its last block partly filled), each of
-# the 8 branches writing one token:
+# on the first divergent token. On the real allocator, a 4,010-token prompt (its last block partly
+# filled) and one branch forked off it; the branch writes its first token:
 
 # %%
 PROMPT_FORK = 4010
-fork_copies = {}
 for b in (16, 256):
-    fan = BlockAllocator(ledger.blocks_for(PROMPT_FORK, b) + 16, b)
-    fan.allocate("branch 1", PROMPT_FORK)
-    branches = [f"branch {i}" for i in range(1, 9)]
-    for name in branches[1:]:
-        fan.fork("branch 1", name)
-    fork_copies[b] = sum(fan.append_slot(name).cow is not None for name in branches)
-    print(f"b = {b:>3}, 8 branches: last block holds {PROMPT_FORK % b:>3} of {b} tokens; {fork_copies[b]} copies of "
-          f"{b * KV / 2**20:,.0f} MiB = {fmt_gb(fork_copies[b] * b * KV)} allocated and copied")
-display(Markdown(f"The lecture's \"8 × 64 MB = 512 MB\" counts 8 copies of the filled half of a 256-token block "
-                 f"({256 // 2} tokens × {KV // KiB} KiB = {256 // 2 * KV // 2**20} MiB, written MB); the allocator "
-                 f"copies whole blocks, "
-                 f"{fork_copies[256]} of them: {fork_copies[256]} × {fmt_gb(256 * KV)} = "
-                 f"{fmt_gb(fork_copies[256] * 256 * KV)}."))
+    fan = BlockAllocator(ledger.blocks_for(PROMPT_FORK, b) + 4, b)
+    fan.allocate("prompt", PROMPT_FORK)
+    fan.fork("prompt", "branch")
+    cow = fan.append_slot("branch").cow  # the shared, partly filled last block: the branch cannot write into it
+    copied = b * KV if cow is not None else 0
+    print(f"b = {b:>3}: the last block holds {PROMPT_FORK % b:>3} of {b} tokens; the branch's first token copies "
+          f"{'one whole block' if cow is not None else 'nothing'}, {fmt_gb(copied)} allocated, "
+          f"{fmt_gb(PROMPT_FORK % b * KV)} of it filled")
+
+# %% [markdown]
+# One divergence, one whole block: at $b = 256$ each copy costs 16× what it costs at $b = 16$. How
+# many copies a fan-out of sampled completions makes depends on who holds the prompt and who writes
+# first; that count is lab 05's Exercise 5.3, where the lecture's "8 × 64 MB = 512 MB" is priced.
 
 # %% [markdown]
 # ## Self-check

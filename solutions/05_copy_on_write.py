@@ -35,7 +35,7 @@ from labsupport.sharing import fanout_in_pool, measure_fanout, measure_fork_cost
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, MiB
 from labsupport.units import fmt_gb
 from labsupport.viz import sharing as viz_sharing
-from labsupport.workloads import load_mooncake
+from labsupport.workloads import FETCH_COMMAND, load_mooncake
 
 # The tiny model's matrices are far too small to gain from several threads, and on a shared
 # machine extra threads only wait for each other: one thread is fastest and reproducible.
@@ -454,6 +454,9 @@ print(f"{trace.name} ({'SYNTHETIC stand-in: the real file is missing' if trace.s
       f"{summary['count']:,} requests over {summary['duration_s']:,.0f} s; prompt median {summary['prompt_median']:,.0f} "
       f"/ p99 {summary['prompt_p99']:,.0f} tokens; {sum(len(r.hash_ids) for r in trace):,} prompt blocks in all")
 print(trace.citation)
+if trace.synthetic:  # the stand-in fits the lengths and the rate, not the sharing: every prompt block is new
+    print(f"The stand-in gives every prompt fresh block ids, so every hit count below is 0; `{FETCH_COMMAND}` "
+          f"fetches the real trace, whose sessions share their prefixes.")
 
 # %% [markdown]
 # ### Exercise 5.4 — count the prefix hits yourself

@@ -37,6 +37,7 @@ from labsupport.sampling import SamplingParams
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LECTURE_MFU, ModelSpec
 from labsupport.viz import engine as viz_engine
 from labsupport.workloads import load_azure
+from IPython.display import Markdown, display
 
 # The tiny model's matrices are far too small to gain from several threads, and on a shared
 # machine extra threads only wait for each other: one thread is fastest and reproducible.
@@ -104,7 +105,6 @@ LONG_SEQ = 16_384  # the long GQA sequence, tokens
 import html as _html
 
 import ipywidgets as widgets
-from IPython.display import Markdown, display
 
 openings = ("Assemble", "The batch", "Paging is", "The engine admits", "Real engines", "Evict a")
 prompts = [LECTURE_TEXT[LECTURE_TEXT.index(w):LECTURE_TEXT.index(w) + 40] for w in openings]

@@ -266,3 +266,19 @@ def test_the_hidden_sets_tell_the_3_6_readings_apart():
 def test_every_value_checkoff_has_a_dropped_step():
     values = {c.id for c in load_lab(3) if c.kind == "value"}
     assert values == {cid for cid, _, _ in DROPPED}, values ^ {cid for cid, _, _ in DROPPED}
+
+
+def test_lab03_prices_one_copy_and_leaves_the_fan_out_count_to_5_3():
+    """Lab 05's 5.3 asks how many copies a fan-out of 8 makes (7, the vLLM paper's way: the prompt's own sequence
+    is the first branch; worked by hand in test_lab05_feedback).  Lab 03 comes first and must not count them: its
+    section 7 prices one divergence on the real allocator (one whole block per copy) and names no fan-out count;
+    a count of 7 is below the answer scan's small-integer floor, so it is checked here."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+
+    nb = nbformat.read(Path(__file__).resolve().parents[1] / "solutions" / "03_block_tables.ipynb", as_version=4)
+    text = "\n".join(c.source + "\n" + "".join(o.get("text", "") for o in c.get("outputs", [])) for c in nb.cells)
+    assert not re.search(r"\b[78]\s+(?:block\s+)?copies\b|\b[78] of them\b", text), "lab 03 counts a fan-out's copies"
+    assert text.count("copies one whole block") == 2  # b = 16 and b = 256: each partly filled last block is copied
