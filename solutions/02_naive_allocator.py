@@ -468,7 +468,8 @@ if unlocked("2.6"):
 # Now paging, with the real block allocator (lab 03 builds it): the same budget cut into whole blocks
 # of `BLOCK` tokens (`BLOCK * KV_GQA` bytes each), a sequence holding whole blocks.
 # `BlockAllocator(num_blocks, BLOCK)` is such a pool; `pool.blocks_needed(n)` is the blocks n tokens
-# take, `pool.can_allocate(k)` says whether k more are free, `pool.allocate(seq_id, n)` takes them.
+# take, `pool.can_allocate(k)` says whether k more are free, `pool.allocate(seq_id, n)` takes the blocks of n
+# tokens (a token count, not a block count).
 #
 # ### Exercise 2.8 — what the marketing claim cost
 #
