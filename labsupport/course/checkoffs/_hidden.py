@@ -70,3 +70,15 @@ def kv_blocks(model: ModelSpec, gpu: GPUSpec, block_size: int, reserve: float = 
 def tpot_batch(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, slo: float) -> int:
     """The largest whole batch whose memory-bound step (every weight, each sequence's KV) meets the TPOT `slo`."""
     return max(0, math.floor((slo * gpu.hbm_bandwidth - weight_bytes(model)) / (seq_tokens * kv_per_token(model))))
+
+
+def distinct_mistakes(want, found, *, rel: float = 0.0, floor: float = 0.0) -> list:
+    """The (value, remark) slips of `found` that give a number other than `want` and than every slip kept before
+    them, within `rel` of max(`floor`, |number|) (0: exactly): a remark on a slip that lands on the right answer, or
+    on an earlier slip's number, would tell the student the wrong story.  A value of None is no slip here."""
+    kept, seen = [], [want]
+    for value, remark in found:
+        if value is not None and all(abs(value - v) > rel * max(floor, abs(v)) for v in seen):
+            kept.append((value, remark))
+            seen.append(value)
+    return kept

@@ -9,7 +9,7 @@ import math
 import random
 
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
-from labsupport.course.checkoffs._hidden import givens_kv as _kv
+from labsupport.course.checkoffs._hidden import distinct_mistakes, givens_kv as _kv
 from labsupport.course.data import live
 from labsupport.fragmentation import run_until_fragmented
 from labsupport.memory_stats import OutOfBlocks
@@ -266,11 +266,7 @@ def _internal_share(rng: random.Random):
                  (never * KV_MHA / budget, "That converts with the lecture's 524,288 B per token; this allocator's "
                   "bytes per token are `alloc.kv_bytes_per_token`."),
                  (100 * want, "Return a fraction (0.8405 for 84.05%), not a percentage.")]
-        mistakes, seen = [], {want}
-        for value_, remark in wrong:  # only the slips that give another number on this allocator
-            if value_ is not None and all(abs(value_ - v) > 1e-9 * max(1.0, abs(v)) for v in seen):
-                mistakes.append((value_, remark))
-                seen.add(value_)
+        mistakes = distinct_mistakes(want, wrong, rel=1e-9, floor=1.0)  # the slips that differ on this allocator
         yield case(alloc, budget, want=want, rel_tol=1e-9, abs_tol=1e-15, mistakes=mistakes,
                    what=f"internal_share(<allocator with {len(record)} live sequences>, budget_bytes={budget:,})")
 
@@ -383,11 +379,7 @@ def _reserve_to_max_utilization(rng: random.Random):
                   "token are kv_bytes, as given."),
                  (100 * want, "Return a fraction (0.0161 for 1.61%), not a percentage.")]
         wrong += lecture_slips.get((s_max, kv), []) if budget == BUDGET and seq == SEQ else []
-        mistakes, seen = [], {want}
-        for value_, remark in wrong:
-            if all(abs(value_ - v) > 1e-9 * max(1e-6, abs(v)) for v in seen):
-                mistakes.append((value_, remark))
-                seen.add(value_)
+        mistakes = distinct_mistakes(want, wrong, rel=1e-9, floor=1e-6)
         yield case(budget, s_max, seq, kv, want=want, rel_tol=1e-9, abs_tol=1e-15, mistakes=mistakes)
 
 

@@ -7,7 +7,7 @@ import random
 from statistics import NormalDist
 
 from labsupport.block_allocator import BlockAllocator
-from labsupport.course.checkoffs._hidden import givens_kv as _kv
+from labsupport.course.checkoffs._hidden import distinct_mistakes, givens_kv as _kv
 from labsupport.course.harness import HARNESSES
 from labsupport.course.registry import DRAW_TRIES, case, choice, function, givens, namespace, shown, value
 from labsupport.kvcache import PagedKVCache
@@ -216,12 +216,8 @@ def _fit_mistakes(budget: int, kv: int, block_size: int, seq_tokens: int, want: 
     if (budget, kv, block_size, seq_tokens) == (BUDGET, KV_MHA, G.BLOCK, SEQ):
         found.append((199, "199 is the lecture's printed figure: no reading of its own inputs gives it (512 KiB read "
                       "as 512,000 B gives 190). Count whole blocks."))
-    kept, seen = [], {want}
-    for wrong, remark in found:
-        if wrong == wrong // 1 and wrong not in seen:  # a fraction is caught as one (whole=True); equal ones once
-            kept.append((int(wrong), remark))
-            seen.add(wrong)
-    return kept
+    # a fraction is caught as one (whole=True): only whole slips get a remark, equal ones once
+    return distinct_mistakes(want, [(int(wrong), remark) for wrong, remark in found if wrong == wrong // 1])
 
 
 @function(
@@ -317,12 +313,7 @@ def _table_mistakes(seq_lens, block_size: int, entry_bytes: int, want: int) -> l
              (rows * max(n // block_size for n in seq_lens) * entry_bytes, "A partly filled last block is still a "
               "block the table must name: whole blocks, rounded up."),
              (rows * max(seq_lens) * entry_bytes, "One entry per block, not per token.")]
-    kept, seen = [], {want}
-    for wrong, remark in found:
-        if wrong not in seen:
-            kept.append((wrong, remark))
-            seen.add(wrong)
-    return kept
+    return distinct_mistakes(want, found)
 
 
 @function(
