@@ -209,8 +209,11 @@ class Column:
         return ledger.goodput_tok_s(self.batch, self.tpot_s, self.tpot_slo_s) if self.batch else 0.0
 
 
+SEARCH_LIMIT = 1 << 24  # the largest batch a TPOT search tries: far past any card's memory ceiling
+
+
 def largest_batch_meeting(tpot_fn, model: ModelSpec, gpu: GPUSpec, seq_tokens: int, tpot_slo_s: float,
-                          limit: int = 1 << 24) -> int:
+                          limit: int = SEARCH_LIMIT) -> int:
     """The largest B <= `limit` whose `tpot_fn(model, gpu, B, seq_tokens)` clears the SLO (0 when B = 1 does
     not), by doubling then bisection: a step's TPOT grows with B.  Lab 07 runs it on the student's own TPOT
     (Exercise 7.1), so the SLO-limited batch of its chart and table is what their function says."""
@@ -229,6 +232,24 @@ def largest_batch_meeting(tpot_fn, model: ModelSpec, gpu: GPUSpec, seq_tokens: i
     return lo
 
 
+def step_tpot_s(model: ModelSpec, gpu: GPUSpec, batch: int, seq_tokens: int, tpot_fn=None) -> float:
+    """One decode step's seconds at `batch`: the ledger's memory-bound TPOT, or `tpot_fn(model, gpu, batch,
+    seq_tokens)`'s when given (lab 07 prices its chart and table with the student's Exercise 7.1)."""
+    if tpot_fn is None:
+        return ledger.tpot_s(model, batch, seq_tokens, gpu.hbm_bandwidth)
+    return float(tpot_fn(model, gpu, batch, seq_tokens))
+
+
+def slo_batch(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, tpot_slo_s: float, tpot_fn=None,
+              limit: int | None = None) -> int:
+    """The largest B (at most `limit`) whose step clears the TPOT SLO: the ledger's closed form, or a search over
+    `tpot_fn` when given (`largest_batch_meeting`)."""
+    if tpot_fn is None:
+        b = ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth)
+        return b if limit is None else min(limit, b)
+    return largest_batch_meeting(tpot_fn, model, gpu, seq_tokens, tpot_slo_s, SEARCH_LIMIT if limit is None else limit)
+
+
 def three_columns(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seq_tokens: int = 640,
                   s_max: int = 4096, block_size: int = 16, tpot_slo_s: float = 0.020,
                   kv_budget: float | None = None, tpot_fn=None) -> list[Column]:
@@ -242,19 +263,12 @@ def three_columns(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seq
     kv = model.kv_bytes_per_token
     naive = ledger.naive_concurrency(budget, s_max, kv) if seq_tokens <= s_max else 0
     ceiling = ledger.paged_concurrency(budget, seq_tokens, block_size, kv)
-    if tpot_fn is None:
-        slo_b = min(ceiling, ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth))
-    else:
-        slo_b = largest_batch_meeting(tpot_fn, model, gpu, seq_tokens, tpot_slo_s, limit=ceiling)
+    slo_b = slo_batch(model, gpu, seq_tokens, tpot_slo_s, tpot_fn, limit=ceiling)
     lecture = (model, gpu, seq_tokens, s_max, block_size, tpot_slo_s) == (LECTURE_7B, LECTURE_GPU, 640, 4096, 16, 0.020)
     printed = [("29", "'a third of the throughput'"), ("199", "8,470 tok/s"), ("164", "—")] if lecture else [("", "")] * 3
     cols = []
     for name, b, (pb, pt) in zip(("naive (reserve-to-max)", "paged, memory ceiling", "paged, SLO-limited B"),
                                  (naive, ceiling, slo_b), printed):
-        if not b:
-            tpot = math.inf
-        else:
-            tpot = ledger.tpot_s(model, b, seq_tokens, gpu.hbm_bandwidth) if tpot_fn is None else \
-                float(tpot_fn(model, gpu, b, seq_tokens))
+        tpot = step_tpot_s(model, gpu, b, seq_tokens, tpot_fn) if b else math.inf
         cols.append(Column(name, b, tpot, tpot_slo_s, pb, pt))
     return cols

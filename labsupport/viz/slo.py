@@ -21,7 +21,8 @@ import plotly.graph_objects as go
 
 from labsupport import ledger
 from labsupport.replay import ProbeRun, Replay, UtilizationRun, chat_with_probe
-from labsupport.slo import TTFT_PARTS, Column, TTFTSplit, largest_batch_meeting, memory_ceiling, three_columns, tpot_terms
+from labsupport.slo import (TTFT_PARTS, Column, TTFTSplit, memory_ceiling, slo_batch, step_tpot_s, three_columns,
+                           tpot_terms)
 from labsupport.specs import GB, GPUSpec, ModelSpec, get_gpu, get_model
 from labsupport.viz import reopen
 from labsupport.viz import (FONT_SIZE, PALETTE, Panel, a11y, dropdown, fit_width, gpu_options, live_figure,
@@ -82,8 +83,7 @@ def tpot_vs_batch_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch:
     student's Exercise 7.1) draws its own line over the stack and sets the marker and the SLO's batch.
     """
     ceiling = memory_ceiling(model, gpu, seq_tokens, block_size)
-    slo_b = ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth) if tpot_fn is None else \
-        largest_batch_meeting(tpot_fn, model, gpu, seq_tokens, tpot_slo_s)
+    slo_b = slo_batch(model, gpu, seq_tokens, tpot_slo_s, tpot_fn)
     b_max = max(batch, ceiling, slo_b, 8) * 6 // 5
     bs = list(range(1, b_max + 1, max(1, b_max // 200))) + [b_max]
     per_seq_ms = 1e3 * seq_tokens * model.kv_bytes_per_token / gpu.hbm_bandwidth
@@ -99,8 +99,7 @@ def tpot_vs_batch_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch:
                              stackgroup="t", line=dict(color=PALETTE["memory"], width=0),
                              hovertemplate="B = %{x}: neighbours %{y:.2f} ms<extra></extra>"))
     def step_ms(b: int) -> float:
-        return 1e3 * (ledger.tpot_s(model, b, seq_tokens, gpu.hbm_bandwidth) if tpot_fn is None
-                      else float(tpot_fn(model, gpu, b, seq_tokens)))
+        return 1e3 * step_tpot_s(model, gpu, b, seq_tokens, tpot_fn)
 
     if tpot_fn is not None:
         fig.add_trace(go.Scatter(x=bs, y=[step_ms(b) for b in bs], name="your tpot()", mode="lines",
@@ -137,8 +136,7 @@ def tpot_readout(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch: int, tp
                  block_size: int = 16, tpot_fn=None) -> str:
     t = tpot_terms(model, gpu, batch, seq_tokens)
     total, others = sum(t.values()), t["neighbours' KV"]
-    slo_b = ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth) if tpot_fn is None else \
-        largest_batch_meeting(tpot_fn, model, gpu, seq_tokens, tpot_slo_s)
+    slo_b = slo_batch(model, gpu, seq_tokens, tpot_slo_s, tpot_fn)
     ceiling = memory_ceiling(model, gpu, seq_tokens, block_size)
     if ledger.kv_budget_bytes(model, gpu) <= 0:
         binds = f"the weights ({model.weight_bytes / GB:.1f} GB) leave no room for a KV cache on this card"

@@ -42,7 +42,7 @@ _TPOT_CASES = [(LECTURE_7B, "h100", 186, 640), (LECTURE_7B, "h100", 1, 640), (LE
          "it once for all of them), or only one sequence (so it is fetched once per sequence)? Count each item "
          "from the spec fields, in the unit the card's rate is given in, as lab 00 counted bytes from a shape.",
     forbid=("labsupport.ledger.tpot_s", "labsupport.ledger.decode_step_bytes", "labsupport.slo.tpot_terms",
-            "labsupport.viz.slo.tpot_terms"),
+            "labsupport.viz.slo.tpot_terms", "labsupport.slo.step_tpot_s", "labsupport.viz.slo.step_tpot_s"),
     derive="decide what binds a decode step and count what one step must move yourself, from the spec fields",
     name="tpot",
 )
@@ -80,8 +80,8 @@ _MAX_BATCH_CASES = [(LECTURE_7B, "h100", 640, 0.020, 16), (LECTURE_7B, "h100", 6
          "sequences must be rounded (or search your 7.1's tpot for the last batch that clears the SLO: it grows "
          "with B). When the weights alone take longer than the SLO, no batch meets it.",
     forbid=("labsupport.ledger.max_batch_for_tpot", *_POOL, "labsupport.slo.three_columns",
-            "labsupport.viz.slo.three_columns", "labsupport.slo.largest_batch_meeting",
-            "labsupport.viz.slo.largest_batch_meeting"),
+            "labsupport.viz.slo.three_columns", "labsupport.slo.largest_batch_meeting", "labsupport.slo.slo_batch",
+            "labsupport.viz.slo.slo_batch"),
     derive="take the smaller of the pool's whole-block ceiling and TPOT(B) = SLO solved for a whole B",
     name="max_batch",
 )
