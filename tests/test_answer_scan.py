@@ -168,13 +168,12 @@ def _readings_of(x: float, kind, scale: float, precision: float, answer_kind, re
     """(value, rel_tol) a printed number may be read as, against an answer of `answer_kind` (None: unknown)."""
     if kind is None:
         return [(x, rel)]
+    if answer_kind is not None and kind != answer_kind:
+        return []  # a byte count is no reading of a time or a count
     if scale == 1:
-        converted = [(x, rel)]  # the base unit: read as printed, like a bare number
-    else:
-        converted = [(x * scale, max(rel, precision))] if precision <= COARSEST else []
-    if answer_kind is not None:
-        return converted if kind == answer_kind else []  # a byte count is no reading of a time or a count
-    return [(x, rel), *(c for c in converted if scale != 1)]
+        return [(x, rel)]  # the base unit: read as printed, like a bare number
+    converted = [(x * scale, max(rel, precision))] if precision <= COARSEST else []
+    return converted if answer_kind is not None else [(x, rel), *converted]
 
 
 def _texts(student_path: Path):
