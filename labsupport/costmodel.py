@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from labsupport import ledger
 from labsupport.checks import as_count, as_flag, as_fraction, as_real
-from labsupport.specs import LECTURE_7B, LECTURE_GPU, LECTURE_MFU, GPUSpec, ModelSpec, get_gpu, get_model
+from labsupport import card
+from labsupport.specs import LECTURE_MFU, GPUSpec, ModelSpec, get_gpu, get_model
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ class CostModel:
     the fixed cost of one block copy over the link; a swapped block of b tokens is 2 * L copies.
     """
 
-    model: ModelSpec = LECTURE_7B
-    gpu: GPUSpec = LECTURE_GPU
+    model: ModelSpec | None = None  # None: the course card's (course.toml)
+    gpu: GPUSpec | None = None
     mfu: float = LECTURE_MFU
     link_bandwidth: float | None = None
     step_overhead_s: float = 0.0
@@ -56,10 +57,14 @@ class CostModel:
     block_transfer_s: float = 0.0
 
     def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        if self.model is None:
+            set_("model", card.model())
+        if self.gpu is None:
+            set_("gpu", card.gpu())
         if not isinstance(self.model, ModelSpec) or not isinstance(self.gpu, GPUSpec):
             raise ValueError(f"CostModel needs a ModelSpec and a GPUSpec, got {type(self.model).__name__} and "
                              f"{type(self.gpu).__name__}")
-        set_ = lambda name, value: object.__setattr__(self, name, value)
         set_("mfu", as_fraction("mfu", self.mfu, include_zero=False, include_one=True))
         if self.link_bandwidth is not None:
             set_("link_bandwidth", as_real("link_bandwidth", self.link_bandwidth, above=0))

@@ -58,7 +58,6 @@ from labsupport.checks import as_count, as_flag, as_fraction, as_real, shown
 from labsupport.costmodel import CostModel
 from labsupport.sampling import GREEDY, SamplingParams, sample_token
 from labsupport.slo import SLOReport, slo_report
-from labsupport.specs import LECTURE_GPU
 
 PREEMPTION_MODES = ("auto", "swap", "recompute")
 
@@ -343,7 +342,7 @@ class Engine:
         self._kv = self.cache if self.cache is not None else self.allocator  # what frees and swaps the KV
         # what preemption prices, and what a swapped block weighs: the cost model's spec, or the
         # model's real shape and dtype (on the lecture GPU)
-        self._pricing = cost_model or CostModel(model.spec(), LECTURE_GPU)
+        self._pricing = cost_model or CostModel(model.spec())
         self.kv_bytes_per_token = self._pricing.model.kv_bytes_per_token
         self.clock = 0.0
         self.counters = Counters()

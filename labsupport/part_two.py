@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from labsupport import ledger
-from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LLAMA3_70B, KiB
+from labsupport import card, ledger
+from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, LLAMA3_70B, KiB
 
 LAB_NAMES = {
     "00": "00_setup", "01": "01_five_jobs", "02": "02_naive_allocator", "03": "03_block_tables",
@@ -20,11 +20,12 @@ LAB_NAMES = {
 }
 
 
-def attention_intensity(model=LECTURE_7B) -> float:
+def attention_intensity(model=None) -> float:
     """FLOP per KV byte of decode attention: QK^T and PV are 4 L H d FLOP per cached token, which
     reads 2 L H_kv d b bytes — 1 FLOP/byte for MHA, the group size for GQA (§2.15, §10.3 step three)."""
     from labsupport.costmodel import CostModel
 
+    model = model or card.model()
     return CostModel(model).attn_flops_per_key / model.kv_bytes_per_token
 
 
@@ -42,8 +43,8 @@ def request_level_batching(output_lengths: Sequence[int], batch: int = 186) -> d
             "median_effective_b": float(np.median(effective)), "mean_output": float(out.mean())}
 
 
-def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool = True, model=LECTURE_7B,
-                       gpu=LECTURE_GPU) -> dict:
+def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool = True, model=None,
+                       gpu=None) -> dict:
     """§2.16 on the engine: `neighbours` chat sequences decode (512-token prompts), one `prompt`-token
     request arrives mid-run; a neighbour's longest gap between tokens against its usual gap.
 
@@ -54,6 +55,7 @@ def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool 
     from labsupport.costmodel import CostModel
     from labsupport.engine import Engine
 
+    model, gpu = model or card.model(), gpu or card.gpu()
     pool = ledger.num_blocks(ledger.kv_budget_bytes(model, gpu), 16, model.kv_bytes_per_token)
     clock = CostModel(model, gpu, overlap=overlap)
     engine = Engine(cost_model=clock, num_blocks=pool, block_size=16, watermark=0.0, max_num_seqs=neighbours + 1)
@@ -63,10 +65,11 @@ def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool 
     engine.add_request(prompt_len=prompt, max_new_tokens=8, arrival_time=first_step + 0.05)
     result = engine.run()
     gaps = np.diff(result.requests[ids[0]].token_times[0])
-    decode = ledger.tpot_s(LECTURE_7B, neighbours, 512 + 64, LECTURE_GPU.hbm_bandwidth)
-    prefill = ledger.recompute_s(LECTURE_7B, prompt, LECTURE_GPU.peak_flops)
+    decode = ledger.tpot_s(model, neighbours, 512 + 64, gpu.hbm_bandwidth)
+    prefill = ledger.recompute_s(model, prompt, gpu.peak_flops)
     return {"usual_gap_s": float(np.median(gaps)), "spike_gap_s": float(gaps.max()),
             "engine_ratio": float(gaps.max() / np.median(gaps)),
+            # §2.16's own figure, on the lecture's card whatever the course's: prefill added to a decode step
             "lecture_additive_ratio": (ledger.recompute_s(LECTURE_7B, 4096, LECTURE_GPU.peak_flops)
                                        + ledger.tpot_s(LECTURE_7B, 186, 640, LECTURE_GPU.hbm_bandwidth))
                                       / ledger.tpot_s(LECTURE_7B, 186, 640, LECTURE_GPU.hbm_bandwidth),
@@ -77,7 +80,7 @@ def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool 
 OUTPUTS = ("memory batch", "TPOT", "longest gap", "prefill")
 
 
-def outputs(model=LECTURE_7B, gpu=LECTURE_GPU, seq_tokens: int = 640, batch: int = 186, prompt: int = 4096) -> dict:
+def outputs(model=None, gpu=None, seq_tokens: int = 640, batch: int = 186, prompt: int = 4096) -> dict:
     """Four outputs of today's arithmetic on `model` and `gpu`, each read off a mechanism.
 
     "memory batch": `seq_tokens`-token sequences a BlockAllocator over the card's KV budget (16-token blocks)
@@ -88,6 +91,7 @@ def outputs(model=LECTURE_7B, gpu=LECTURE_GPU, seq_tokens: int = 640, batch: int
     from labsupport.block_allocator import BlockAllocator
     from labsupport.costmodel import CostModel
 
+    model, gpu = model or card.model(), gpu or card.gpu()
     pool = BlockAllocator(ledger.num_blocks(max(0.0, ledger.kv_budget_bytes(model, gpu)), 16,
                                             model.kv_bytes_per_token), 16)
     held = 0
@@ -135,13 +139,13 @@ def dependent_requests(workload, share: float = 0.5) -> float:
 
 def tlb_bytes(batch: int = 186, seq_tokens: int = 640, block_size: int = 16, entry_bytes: int = 4) -> dict:
     """Seed 3: block-table bytes a decode step reads (one table per sequence, re-read per layer)
-    against the KV bytes it reads — what a KV 'TLB' could save."""
-    m = LECTURE_7B
+    against the KV bytes it reads — what a KV 'TLB' could save (the course card's model and GPU)."""
+    m, gpu = card.model(), card.gpu()
     table = batch * ledger.block_table_bytes(seq_tokens, block_size, entry_bytes) * m.num_layers
     kv = batch * seq_tokens * m.kv_bytes_per_token
-    swap_in = seq_tokens * m.kv_bytes_per_token / LECTURE_GPU.link_bandwidth
+    swap_in = seq_tokens * m.kv_bytes_per_token / gpu.link_bandwidth
     return {"table_bytes": table, "kv_bytes": kv, "ratio": table / kv, "swap_in_one_way_s": swap_in,
-            "step_s": ledger.tpot_s(m, batch, seq_tokens, LECTURE_GPU.hbm_bandwidth)}
+            "step_s": ledger.tpot_s(m, batch, seq_tokens, gpu.hbm_bandwidth)}
 
 
 def length_prediction_cost(workload, sigma: float, margin: float = 1.0, seed: int = 0) -> dict:
@@ -212,16 +216,17 @@ def trace_numbers(azure=None, mooncake=None) -> dict:
 
 def map_rows(numbers: dict) -> list[MapRow]:
     """§10.7's table with each quantity's value: closed forms here, traces and engine runs from
-    `numbers` (see `trace_numbers`)."""
-    m, gpu = LECTURE_7B, LECTURE_GPU
+    `numbers` (see `trace_numbers`).  The titles quote the lecture; the values are the course card's."""
+    c = card.card()
+    m, gpu = c.model, c.gpu
     rb, sp, rt = numbers["request_batching"], numbers["spike"], numbers["routing"]
     w_frac_159 = m.weight_bytes / ledger.decode_step_bytes(m, 159, 640)
     floor = m.weight_bytes / gpu.hbm_bandwidth
     return [
         MapRow("The gather kernel paging created, and attention's 1 FLOP/byte",
                "achieved bandwidth on an indirect access",
-               f"{attention_intensity(m):.0f} FLOP per KV byte (MHA), {attention_intensity(LECTURE_7B_GQA8):.0f} "
-               "(GQA-8): decode attention runs at the gather's bandwidth", "GPU programming Sep 30, kernels Oct 5", "04"),
+               f"{attention_intensity(c.mha):.0f} FLOP per KV byte ({c.mha.attention}), {attention_intensity(c.gqa):.0f} "
+               f"({c.gqa.attention}): decode attention runs at the gather's bandwidth", "GPU programming Sep 30, kernels Oct 5", "04"),
         MapRow("The batch is re-chosen per request, wasting every batch's tail", "effective B over time",
                f"request-level batches of {rb['batch']} Azure requests average B = {rb['mean_effective_b']:.0f}",
                "Batching and scheduling I, Oct 7", "06"),
@@ -233,8 +238,8 @@ def map_rows(numbers: dict) -> list[MapRow]:
                f"Mooncake prefix hits {100 * rt['1']:.1f}% on 1 card, {100 * rt['8']:.1f}% round-robin over 8",
                "Routing and load balancing, Oct 19", "05"),
         MapRow("512 KiB per token, paid in full for every position", "KV bytes per token",
-               f"{m.kv_bytes_per_token:,} B = {m.kv_bytes_per_token // KiB} KiB (GQA-8: "
-               f"{LECTURE_7B_GQA8.kv_bytes_per_token // KiB} KiB; Llama 3 70B: {LLAMA3_70B.kv_bytes_per_token // KiB} KiB)",
+               f"{m.kv_bytes_per_token:,} B = {m.kv_bytes_per_token // KiB} KiB ({c.contrast.attention}: "
+               f"{c.contrast.kv_bytes_per_token // KiB} KiB; Llama 3 70B: {LLAMA3_70B.kv_bytes_per_token // KiB} KiB)",
                "KV-cache optimization, Oct 28", "00"),
         MapRow("Identical prefixes across requests are prefilled twice", "the 92% re-send of Lecture 5",
                f"agent session: {100 * numbers['agent_resend']:.2f}% re-sent; Mooncake: {100 * rt['1']:.1f}% of "

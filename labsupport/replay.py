@@ -21,7 +21,8 @@ from labsupport import ledger
 from labsupport.costmodel import CostModel
 from labsupport.engine import Engine, EngineResult
 from labsupport.slo import SLOReport, TTFTSplit, slo_report
-from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec, ModelSpec
+from labsupport import card
+from labsupport.specs import GB, GPUSpec, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,11 @@ class ReplayConfig:
         return self.block_size if self.s_max is None else self.s_max
 
 
-def lecture_pool(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, block_size: int = 16,
+def lecture_pool(model: ModelSpec | None = None, gpu: GPUSpec | None = None, block_size: int = 16,
                  kv_budget: float | None = None) -> int:
-    """Blocks in the paged pool for the KV budget (7,452 for the lecture at b = 16)."""
+    """Blocks in the paged pool for the KV budget (7,452 for the lecture at b = 16); the card's model and GPU
+    unless told."""
+    model, gpu = model or card.model(), gpu or card.gpu()
     budget = ledger.kv_budget_bytes(model, gpu) if kv_budget is None else kv_budget
     blocks = ledger.num_blocks(max(0.0, budget), block_size, model.kv_bytes_per_token)
     if blocks < 1:
@@ -61,8 +64,9 @@ def lecture_pool(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, bloc
 
 def engine_for(config: ReplayConfig = ReplayConfig(), cost_model: CostModel | None = None,
                num_blocks: int | None = None, record_token_times: bool = False) -> Engine:
-    """A model-free engine for `config`: the lecture's 7B on its H100 and its whole KV pool unless told."""
-    cost_model = cost_model or CostModel(LECTURE_7B, LECTURE_GPU, overlap=config.overlap)
+    """A model-free engine for `config`: the card's model on its GPU (course.toml) and its whole KV pool unless
+    told."""
+    cost_model = cost_model or CostModel(overlap=config.overlap)
     if num_blocks is None:
         num_blocks = lecture_pool(cost_model.model, cost_model.gpu, config.pool_block_size)
     return Engine(cost_model=cost_model, num_blocks=num_blocks, block_size=config.pool_block_size,
@@ -239,10 +243,16 @@ class UtilizationRun:
     utilization: float  # time-averaged over the run's busy steps
     throughput_tok_s: float
     peak_running: int
+    pool_blocks: int = 0  # the blocks the card's KV budget holds: at block_size = S_max, the naive slots
+
+    @property
+    def slots(self) -> int:
+        """Sequences the pool could hold at once if each took one block (reserve-to-max's slots)."""
+        return self.pool_blocks
 
 
-def utilization_run(requests, block_size: int, label: str = "", model: ModelSpec = LECTURE_7B,
-                    gpu: GPUSpec = LECTURE_GPU) -> UtilizationRun:
+def utilization_run(requests, block_size: int, label: str = "", model: ModelSpec | None = None,
+                    gpu: GPUSpec | None = None) -> UtilizationRun:
     """Run the requests on the engine (cost-model clock) and measure, after every step, the tokens held
     against the slots the allocator has handed out.
 
@@ -263,7 +273,7 @@ def utilization_run(requests, block_size: int, label: str = "", model: ModelSpec
         raise ValueError(f"request {rejected[0].request_id} was rejected: {rejected[0].reason}")
     report = result.slo(1e9, 1e9)  # SLOs that everyone meets: this is throughput
     return UtilizationRun(label or f"b = {block_size}", block_size, held / reserved if reserved else math.nan,
-                          report.throughput_tok_s, result.counters.peak_running)
+                          report.throughput_tok_s, result.counters.peak_running, alloc.num_blocks)
 
 
 @dataclass(frozen=True)
@@ -282,9 +292,9 @@ class TLBReplay:
 
 
 def tlb_replay(requests, entries, num_blocks: int = 7452, block_size: int = 16, max_steps: int = 3000,
-               model: ModelSpec = LECTURE_7B) -> TLBReplay:
+               model: ModelSpec | None = None) -> TLBReplay:
     """Seed 3: a KV "TLB" — a cache of block-table entries, keyed by (sequence, logical block) — on a
-    real engine run (cost-model clock, the lecture's pool).
+    real engine run (cost-model clock, the card's pool).
 
     Every decode step reads each resident sequence's whole table once per layer, in the same order:
     L sweeps over the step's working set of W translations.  An LRU cache of E entries serves every
@@ -292,7 +302,8 @@ def tlb_replay(requests, entries, num_blocks: int = 7452, block_size: int = 16, 
     each entry just before it is needed again, so LRU serves none.  The only misses with E >= W are
     translations new in this step, read off the allocator's tables after each step.
     """
-    engine = engine_for(ReplayConfig(block_size=block_size), CostModel(model, LECTURE_GPU), num_blocks)
+    model = model or card.model()
+    engine = engine_for(ReplayConfig(block_size=block_size), CostModel(model), num_blocks)
     load(engine, requests)
     layers = model.num_layers
     hits = {e: 0 for e in entries}
@@ -344,7 +355,7 @@ class OverloadRun:
 def overload_run(requests, watermark: float, num_blocks: int = 7452, block_size: int = 16,
                  cost_model: CostModel | None = None, preemption: str = "swap", speedup: float = 8.0) -> OverloadRun:
     """Replay `requests` `speedup`x faster than recorded (from the first arrival) through a model-free
-    engine on the cost-model clock (the lecture's 7B on an H100 by default)."""
+    engine on the cost-model clock (the course card's model and GPU by default)."""
     import statistics
 
     from labsupport.slo import _pct
@@ -383,8 +394,8 @@ def _engine(model: ModelSpec, gpu: GPUSpec, config: ReplayConfig = ReplayConfig(
     return engine_for(config, CostModel(model, gpu), record_token_times=True)
 
 
-def steady_batch_tpot(batches: Sequence[int], seq_tokens: int = 640, model: ModelSpec = LECTURE_7B,
-                      gpu: GPUSpec = LECTURE_GPU, block_size: int = 16) -> dict[int, float]:
+def steady_batch_tpot(batches: Sequence[int], seq_tokens: int = 640, model: ModelSpec | None = None,
+                      gpu: GPUSpec | None = None, block_size: int = 16) -> dict[int, float]:
     """TPOT measured on the engine for a steady batch: B sequences that each hold `seq_tokens`
     tokens when they decode (prompt seq_tokens - 1, two output tokens: the second token's step is
     a pure decode step of B sequences).  Watermark 0 so that a full pool is admitted at once."""
@@ -428,10 +439,10 @@ class ProbeRun:
 
 
 def chat_with_probe(rate_per_s: float, probe_prompt: int = 4096, duration_s: float = 10.0, probe_at_s: float = 8.0,
-                    model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seed: int = 0) -> ProbeRun:
+                    model: ModelSpec | None = None, gpu: GPUSpec | None = None, seed: int = 0) -> ProbeRun:
     """§10.6's TTFT on a loaded card: the lecture's chat workload arrives at `rate_per_s` for
     `duration_s`; your request (a `probe_prompt`-token prompt, 128 output tokens) arrives at
-    `probe_at_s`.  Engine with the cost-model clock, b = 16, the lecture's pool."""
+    `probe_at_s`.  Engine with the cost-model clock, b = 16, the card's pool."""
     import numpy as np
 
     if not rate_per_s > 0:

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Protocol
 
 from labsupport import ledger
 from labsupport.checks import as_real
+from labsupport import card
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, GPUSpec, ModelSpec
 
 
@@ -250,13 +251,15 @@ def slo_batch(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, tpot_slo_s: float
     return largest_batch_meeting(tpot_fn, model, gpu, seq_tokens, tpot_slo_s, SEARCH_LIMIT if limit is None else limit)
 
 
-def three_columns(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU, seq_tokens: int = 640,
+def three_columns(model: ModelSpec | None = None, gpu: GPUSpec | None = None, seq_tokens: int = 640,
                   s_max: int = 4096, block_size: int = 16, tpot_slo_s: float = 0.020,
                   kv_budget: float | None = None, tpot_fn=None) -> list[Column]:
     """§10.6's table from the ledger: naive (reserve-to-max), paged at the memory ceiling, paged at
     the largest B whose TPOT clears the SLO (never above the ceiling).  Every sequence is
     `seq_tokens` long; the step is memory-bound (the ledger's TPOT, or `tpot_fn(model, gpu, B, seq_tokens)`
-    when given: lab 07 prices every column, and finds the SLO-limited B, with the student's own TPOT)."""
+    when given: lab 07 prices every column, and finds the SLO-limited B, with the student's own TPOT).
+    The course card's model and GPU unless told; the lecture's printed figures stand beside its own card only."""
+    model, gpu = model or card.model(), gpu or card.gpu()
     budget = ledger.kv_budget_bytes(model, gpu) if kv_budget is None else kv_budget
     if budget <= 0:
         raise ValueError(f"the weights ({model.weight_bytes / GB:.2f} GB) leave no KV budget on {gpu.name}")

@@ -45,8 +45,18 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
+    def kv_kib_per_token(self) -> float:
+        """The same in KiB (2**10 B): 512 for the lecture's 7B."""
+        return self.kv_bytes_per_token / KiB
+
+    @property
     def weight_bytes(self) -> float:
         return self.num_params * self.dtype_bytes
+
+    @property
+    def attention(self) -> str:
+        """'MHA', or 'GQA-n' for n KV heads (the lecture's 'GQA-8' keeps 8 KV heads)."""
+        return "MHA" if self.num_kv_heads == self.num_heads else f"GQA-{self.num_kv_heads}"
 
     @property
     def gqa_group(self) -> int:
@@ -85,8 +95,15 @@ LECTURE_7B_GQA8 = LECTURE_7B.with_kv_heads(8, "lecture-7b-gqa8")
 LLAMA3_8B = ModelSpec("llama-3-8b", 32, 32, 8, 128, 8.03e9)
 # Meta Llama 3 70B: 80 layers, 64 query heads, 8 KV heads, head dim 128, 70.6e9 parameters.
 LLAMA3_70B = ModelSpec("llama-3-70b", 80, 64, 8, 128, 70.6e9)
+# Mistral 7B v0.1: 32 layers, 32 query heads, 8 KV heads, head dim 128 (Jiang et al. 2023, "Mistral 7B",
+# Table 1); 7.24e9 parameters (7,241,732,096 in mistralai/Mistral-7B-v0.1's safetensors index).
+MISTRAL_7B = ModelSpec("mistral-7b", 32, 32, 8, 128, 7.24e9)
+# Qwen2.5-7B: 28 layers, 28 query heads, 4 KV heads, hidden 3,584 = 28 x 128, 7.61e9 parameters
+# (Qwen/Qwen2.5-7B model card and config.json; Qwen2.5 Technical Report, 2024, Table 1).
+QWEN25_7B = ModelSpec("qwen2.5-7b", 28, 28, 4, 128, 7.61e9)
 
-MODELS: dict[str, ModelSpec] = {m.name: m for m in (LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B)}
+MODELS: dict[str, ModelSpec] = {m.name: m for m in (LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B, MISTRAL_7B,
+                                                     QWEN25_7B)}
 MODELS["mha"] = LECTURE_7B
 MODELS["gqa8"] = LECTURE_7B_GQA8
 
@@ -105,6 +122,9 @@ GPUS: dict[str, GPUSpec] = {
     "a100-40gb": GPUSpec("a100-40gb", 40 * GB, 1555 * GB, 312 * TFLOP, 32 * GB),
     # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOPS bf16 dense (242 sparse); PCIe Gen4 x16.
     "l4": GPUSpec("l4", 24 * GB, 300 * GB, 121 * TFLOP, 32 * GB),
+    # NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, 362.05 TFLOPS bf16 dense (733 with sparsity);
+    # PCIe Gen4 x16, 64 GB/s bidirectional = 32 GB/s per direction.
+    "l40s": GPUSpec("l40s", 48 * GB, 864 * GB, 362.05 * TFLOP, 32 * GB),
     # NVIDIA T4 datasheet: 16 GB GDDR6, 320 GB/s, 65 TFLOPS fp16 mixed precision; no bf16
     # (sm_75); PCIe Gen3 x16, 16 GB/s per direction.
     "t4": GPUSpec("t4", 16 * GB, 320 * GB, 65 * TFLOP, 16 * GB, bf16=False),

@@ -34,7 +34,7 @@ from labsupport.viz import roofline
 # %% tags=["givens"]
 # The givens: the quantities this lab's exercises are posed on. Compute your answers from these names;
 # the grader re-runs your code on other values of them.
-KV_KIB = 512  # KV per token of the lecture's 7B model, in KiB (binary kilobytes)
+KV_KIB = 512  # card=model.kv_kib_per_token: KV per token of the course's model ({model}), in KiB (binary kilobytes)
 
 # %% tags=["nbval-ignore-output"]
 report = doctor.report()

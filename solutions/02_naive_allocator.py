@@ -51,15 +51,15 @@ MODEL, H100 = LECTURE_7B, LECTURE_GPU  # the lecture's model and card, for the c
 # %% tags=["givens"]
 # The givens: the quantities this lab's exercises are posed on. Compute your answers from these names;
 # the grader re-runs your code on other values of them.
-HBM_BYTES = 80 * 10**9  # the card's memory, decimal GB (one H100)
-PARAMS = 6_740_000_000  # the model's parameters
-DTYPE_BYTES = 2  # bytes per weight and per cached element (bf16)
+HBM_BYTES = 80 * 10**9  # card=gpu.hbm_bytes: the card's memory, decimal GB (one {gpu})
+PARAMS = 6_740_000_000  # card=mha.num_params: the model's parameters
+DTYPE_BYTES = 2  # card=mha.dtype_bytes: bytes per weight and per cached element (bf16)
 RESERVE_BYTES = 4 * 10**9  # activations and workspace, decimal GB
-LAYERS = 32  # transformer layers
-KV_HEADS = 32  # KV heads per layer (MHA: one per query head)
-GQA_KV_HEADS = 8  # KV heads of the GQA variant (Exercise 1)
-HEAD_DIM = 128  # elements per head
-HBM_BW = 3_350 * 10**9  # HBM bandwidth, bytes/s
+LAYERS = 32  # card=mha.num_layers: transformer layers
+KV_HEADS = 32  # card=mha.num_kv_heads: KV heads per layer (MHA: one per query head)
+GQA_KV_HEADS = 8  # card=gqa.num_kv_heads: KV heads of the GQA variant (Exercise 1)
+HEAD_DIM = 128  # card=mha.head_dim: elements per head
+HBM_BW = 3_350 * 10**9  # card=gpu.hbm_bandwidth: HBM bandwidth, bytes/s
 PROMPT = 512  # tokens per prompt (the chat workload)
 OUTPUT = 128  # tokens generated per request
 S_MAX = 4_096  # the allocator's maximum sequence length

@@ -51,13 +51,13 @@ MODEL, H100 = LECTURE_7B, LECTURE_GPU
 # %% tags=["givens"]
 # The givens: the quantities every exercise in this lab is posed on. Compute your answers from these
 # names; the grader re-runs your code on other values of them.
-LAYERS = 32                   # the lecture's 7B (MHA: as many KV heads as query heads)
-KV_HEADS = 32
-HEAD_DIM = 128
-DTYPE_BYTES = 2               # bf16 K and V
-HBM_BYTES = 80 * 10**9        # one H100, decimal GB
-PARAMS = 6_740_000_000        # weights, held in bf16
-WEIGHT_BYTES = 2              # bytes per parameter
+LAYERS = 32                   # card=mha.num_layers: the course's model in its MHA form, {mha} (as many KV heads as query heads)
+KV_HEADS = 32                 # card=mha.num_kv_heads: KV heads per layer
+HEAD_DIM = 128                # card=mha.head_dim: elements per head
+DTYPE_BYTES = 2               # card=mha.dtype_bytes: bf16 K and V
+HBM_BYTES = 80 * 10**9        # card=gpu.hbm_bytes: one {gpu}, decimal GB
+PARAMS = 6_740_000_000        # card=mha.num_params: weights, held in bf16
+WEIGHT_BYTES = 2              # card=mha.dtype_bytes: bytes per parameter
 RESERVE_BYTES = 4 * 10**9     # activations and the runtime's workspace
 PROMPT = 512                  # the chat workload: tokens prefilled
 OUTPUT = 128                  # tokens decoded, one per step

@@ -60,10 +60,10 @@ _ = torch.manual_seed(0)
 # re-runs your code on other values of them.
 BATCH = 64          # sequences in the decode batch
 SEQ_LEN = 8192      # tokens cached per sequence
-Q_HEADS = 32        # query heads
-KV_HEADS = 8        # KV heads (GQA-8: four query heads share each)
-HEAD_DIM = 128      # elements per head
-DTYPE_BYTES = 2     # bf16
+Q_HEADS = 32        # card=gqa.num_heads: query heads
+KV_HEADS = 8        # card=gqa.num_kv_heads: KV heads ({gqa}: several query heads share each)
+HEAD_DIM = 128      # card=gqa.head_dim: elements per head
+DTYPE_BYTES = 2     # card=gqa.dtype_bytes: bf16
 
 # %% tags=["nbval-ignore-output"]
 if GPU:

@@ -67,15 +67,15 @@ print(f"tiny model: {model.cfg.num_params:,} parameters, {'trained on the lectur
 # %% tags=["givens"]
 # The givens: the quantities Exercise 4 (6.3) is posed on. Compute your answers from these names; the
 # grader re-runs your code on other values of them.
-LAYERS = 32  # the lecture's 7B: transformer layers
-HEADS = 32  # query heads per layer (the MHA model also has 32 KV heads)
-GQA_KV_HEADS = 8  # KV heads per layer of its GQA form
-HEAD_DIM = 128  # dimensions per head
-DTYPE_BYTES = 2  # bf16: bytes per weight and per cached value
-PARAMS = 6.74e9  # parameters
-PEAK_FLOPS = 989e12  # the H100's bf16 peak, FLOP/s
+LAYERS = 32  # card=mha.num_layers: the course's model ({mha}): transformer layers
+HEADS = 32  # card=mha.num_heads: query heads per layer (its MHA form has as many KV heads)
+GQA_KV_HEADS = 8  # card=gqa.num_kv_heads: KV heads per layer of its GQA form ({gqa})
+HEAD_DIM = 128  # card=mha.head_dim: dimensions per head
+DTYPE_BYTES = 2  # card=mha.dtype_bytes: bf16: bytes per weight and per cached value
+PARAMS = 6.74e9  # card=mha.num_params: parameters
+PEAK_FLOPS = 989e12  # card=gpu.peak_flops: the {gpu}'s bf16 peak, FLOP/s
 MFU = 0.5  # the share of peak a prefill achieves
-LINK_BW = 64e9  # the H100's host link, B/s per direction
+LINK_BW = 64e9  # card=gpu.link_bandwidth: the {gpu}'s host link, B/s per direction
 SLOW_LINK_BW = 32e9  # the slower link of the crossover question, B/s per direction
 LONG_SEQ = 16_384  # the long GQA sequence, tokens
 

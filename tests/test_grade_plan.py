@@ -69,9 +69,31 @@ def test_every_judge_judges_its_own_expected_answer(lab):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", LABS)
-def test_two_thousand_plans_per_lab_all_build(lab):
-    for plan in _plans(lab, 2000, secrets=20):
+def test_five_hundred_plans_per_lab_all_build(lab):
+    """Whole plans, expected values and all (real engine runs: up to 0.2 s each on 2 cores), 500 a lab over 20
+    secrets.  The 100,000-a-lab sweep is a one-off: `python -m labsupport bench plans --count 100000 --jobs J`."""
+    for plan in _plans(lab, 500, secrets=20):
         _assert_well_formed(lab, plan)
+
+
+def _with_givens() -> list[int]:
+    for lab in LABS:
+        load_lab(lab)  # declares the lab's givens, if it has any
+    return [lab for lab in LABS if lab in GIVENS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", _with_givens())
+def test_five_thousand_hidden_givens_per_lab_are_well_formed(lab):
+    """The givens generator alone, drawn 5,000 times a lab (each a grade's two hidden sets): every set binds every
+    given, differs from the card's in each, and the two of a grade differ from each other."""
+    declared, lecture = GIVENS[lab], GIVENS[lab].lecture
+    for i in range(2_500):
+        sets = declared.draw(random.Random(f"givens draw {lab} {i}"), G.HIDDEN_RUNS)
+        assert sets[0] != sets[1]
+        for g in sets:
+            assert set(g) == set(lecture) and all(g[k] != lecture[k] for k in lecture), g
+            json.dumps(g, allow_nan=False)
 
 
 @pytest.mark.parametrize("lab", LABS)

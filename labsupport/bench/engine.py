@@ -24,7 +24,8 @@ from labsupport.cli.parser import OneLineParser, int_flag
 from labsupport.cli.traces import TRACE_NAMES, load_trace_reporting
 from labsupport.costmodel import CostModel
 from labsupport.replay import ReplayConfig, replay
-from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU
+from labsupport import card
+from labsupport.specs import GB
 from labsupport.workloads import MAX_REQUESTS
 
 
@@ -40,13 +41,14 @@ def bench(argv: list[str] | None = None) -> int:
     if a.nano_vllm and not (Path(a.nano_vllm) / "nanovllm" / "engine" / "scheduler.py").is_file():
         p.error(f"--nano-vllm {a.nano_vllm}: not a nano-vllm checkout (no nanovllm/engine/scheduler.py)")
     w = load_trace_reporting(a.trace, limit=a.limit, prog="bench engine")
-    budget = ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU)
-    nb = ledger.num_blocks(budget, 16, LECTURE_7B.kv_bytes_per_token)
-    cm = CostModel(LECTURE_7B, LECTURE_GPU)
+    model, gpu = card.model(), card.gpu()  # the course card (course.toml)
+    budget = ledger.kv_budget_bytes(model, gpu)
+    nb = ledger.num_blocks(budget, 16, model.kv_bytes_per_token)
+    cm = CostModel(model, gpu)
     rp = replay(w.requests, cost_model=cm, num_blocks=nb)
     r = rp.report(1.0, 0.020)
     print(f"bench engine: {w.describe()}")
-    print(f"  lecture-7b on h100-sxm-80gb, {budget / GB:.2f} GB = {nb:,} blocks of 16, watermark 1%, preemption auto")
+    print(f"  {model.name} on {gpu.name}, {budget / GB:.2f} GB = {nb:,} blocks of 16, watermark 1%, preemption auto")
     print(f"  {r.finished:,} finished + {r.rejected:,} rejected of {r.requests:,}; {r.steps:,} steps; "
           f"{r.output_tokens:,} output tokens; {r.duration_s:,.0f} s simulated")
     cpu = max(rp.cpu_s, 1e-6)  # a tiny --limit can take less than the clock's resolution

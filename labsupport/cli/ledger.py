@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
-from labsupport import checks
+from labsupport import card, checks
 from labsupport import ledger as L
 from labsupport.checks import MAX_TOKENS
 from labsupport.cli.parser import OneLineParser, UsageError, dumps_strict, int_flag, real_flag, run_command, strict_json
-from labsupport.specs import (GB, GPUS, LECTURE_7B, LECTURE_GPU, LECTURE_MFU, MODELS, GPUSpec, ModelSpec, get_gpu,
-                              get_model)
+from labsupport.specs import GB, GPUS, LECTURE_MFU, MODELS, GPUSpec, ModelSpec
 from labsupport.units import fmt_pct
 
 PROG = "ledger"
@@ -28,10 +27,11 @@ PROG = "ledger"
 
 @dataclass(frozen=True)
 class Scenario:
-    """Everything the lecture's "Numbers worth memorizing" depend on; defaults are the lecture's."""
+    """Everything the lecture's "Numbers worth memorizing" depend on; defaults are the lecture's workload on the
+    course card's model and GPU (course.toml)."""
 
-    model: ModelSpec = LECTURE_7B
-    gpu: GPUSpec = LECTURE_GPU
+    model: ModelSpec = field(default_factory=card.model)
+    gpu: GPUSpec = field(default_factory=card.gpu)
     kv_budget: float | None = None  # bytes; None -> HBM - weights - 4 GB
     prompt: int = 512
     output: int = 128
@@ -133,12 +133,12 @@ def compute(sc: Scenario) -> dict:
 
 # --- The exercises ----------------------------------------------------------------------------
 
-def exercise1(model: ModelSpec = LECTURE_7B, gqa_model: ModelSpec | None = None, gpu: GPUSpec = LECTURE_GPU,
+def exercise1(model: ModelSpec | None = None, gqa_model: ModelSpec | None = None, gpu: GPUSpec | None = None,
               s_max: int = 131_072, prompt: int = 512, output: int = 128, block_size: int = 16) -> dict:
-    """Exercise 1, the long-context brochure: S_max = 128K under MHA, then GQA-8, naive vs paged."""
-    from labsupport.specs import LECTURE_7B_GQA8
-
-    gqa_model = gqa_model or LECTURE_7B_GQA8
+    """Exercise 1, the long-context brochure: S_max = 128K under MHA, then GQA-8, naive vs paged (the card's
+    model with more KV heads, then with fewer, unless told)."""
+    c = card.card()
+    model, gqa_model, gpu = model or c.mha, gqa_model or c.gqa, gpu or c.gpu
     budget = L.kv_budget_bytes(model, gpu)
     seq = prompt + output
     out = {"budget_bytes": budget}
@@ -153,9 +153,10 @@ def exercise1(model: ModelSpec = LECTURE_7B, gqa_model: ModelSpec | None = None,
     return out
 
 
-def exercise2(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU,
+def exercise2(model: ModelSpec | None = None, gpu: GPUSpec | None = None,
               mix: tuple[tuple[int, float], ...] = ((512, 0.70), (4096, 0.25), (32_768, 0.05))) -> dict:
     """Exercise 2, per-request S_max: mean slot size and mean concurrency of a declared-length mix."""
+    model, gpu = model or card.model(), gpu or card.gpu()
     total = sum(p for _, p in mix)
     if abs(total - 1) > 1e-9:
         raise ValueError(f"mix proportions must sum to 1, got {total}")
@@ -170,10 +171,11 @@ def exercise2(model: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU,
     }
 
 
-def exercise3(block_sizes=(8, 16, 64, 256), batch: int = 199, model: ModelSpec = LECTURE_7B,
-              gpu: GPUSpec = LECTURE_GPU, median: float = 800, tail_fraction: float = 0.05,
+def exercise3(block_sizes=(8, 16, 64, 256), batch: int = 199, model: ModelSpec | None = None,
+              gpu: GPUSpec | None = None, median: float = 800, tail_fraction: float = 0.05,
               tail_length: float = 20_000) -> list[dict]:
     """Exercise 3: the block-size table for the lognormal workload (median and p95 lengths)."""
+    model, gpu = model or card.model(), gpu or card.gpu()
     mu, sigma = L.lognormal_params(median, tail_length, tail_fraction)
     p95 = math.exp(mu + sigma * 1.6448536269514722)
     budget = L.kv_budget_bytes(model, gpu)
@@ -186,12 +188,12 @@ def exercise3(block_sizes=(8, 16, 64, 256), batch: int = 199, model: ModelSpec =
     return rows
 
 
-def exercise4(model_gqa: ModelSpec | None = None, model_mha: ModelSpec = LECTURE_7B, gpu: GPUSpec = LECTURE_GPU,
+def exercise4(model_gqa: ModelSpec | None = None, model_mha: ModelSpec | None = None, gpu: GPUSpec | None = None,
               seq_tokens: int = 16_384, link: float = 32 * GB, mfu: float = LECTURE_MFU) -> dict:
-    """Exercise 4: 16K GQA-8 swap vs recompute, and the MHA crossover length on a 32 GB/s link."""
-    from labsupport.specs import LECTURE_7B_GQA8
-
-    m = model_gqa or LECTURE_7B_GQA8
+    """Exercise 4: 16K GQA-8 swap vs recompute, and the MHA crossover length on a 32 GB/s link (the card's
+    model with fewer and with more KV heads unless told)."""
+    c = card.card()
+    m, model_mha, gpu = model_gqa or c.gqa, model_mha or c.mha, gpu or c.gpu
     kv = seq_tokens * m.kv_bytes_per_token
     swap = L.swap_round_trip_s(kv, gpu.link_bandwidth)
     rec = L.recompute_s(m, seq_tokens, gpu.peak_flops, mfu)
@@ -206,13 +208,12 @@ def exercise4(model_gqa: ModelSpec | None = None, model_mha: ModelSpec = LECTURE
     }
 
 
-def exercise5(model: ModelSpec | None = None, gpu: GPUSpec = LECTURE_GPU, context_tokens: int = 7_700,
+def exercise5(model: ModelSpec | None = None, gpu: GPUSpec | None = None, context_tokens: int = 7_700,
               submitted_prompt_tokens: int = 97_000, reserve_s_max: int = 16_384, block_size: int = 16,
               mfu: float = LECTURE_MFU) -> dict:
-    """Exercise 5: the 20-step agent session under GQA-8 — peak KV, sessions per card, prefill cost."""
-    from labsupport.specs import LECTURE_7B_GQA8
-
-    m = model or LECTURE_7B_GQA8
+    """Exercise 5: the 20-step agent session under GQA-8 — peak KV, sessions per card, prefill cost (the card's
+    model with fewer KV heads unless told)."""
+    m, gpu = model or card.card().gqa, gpu or card.gpu()
     kv = m.kv_bytes_per_token
     budget = L.kv_budget_bytes(m, gpu)
     weight_flops = submitted_prompt_tokens * 2 * m.num_params  # Lecture 2's flat weight term alone
@@ -243,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m labsupport ledger", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="one flat JSON object, base units (strict JSON)")
     p.add_argument("--markdown", action="store_true", help="the table as Markdown (LEDGER.md's generated section)")
-    p.add_argument("--model", default="lecture-7b", help=f"preset: {', '.join(sorted(MODELS))}")
-    p.add_argument("--gpu", default="h100-sxm-80gb", help=f"preset: {', '.join(sorted(GPUS))}")
+    p.add_argument("--list", action="store_true", help="print the catalogue of models and GPUs, then stop")
+    p.add_argument("--model", help=f"preset: {', '.join(sorted(MODELS))} (default: the course card's)")
+    p.add_argument("--gpu", help=f"preset: {', '.join(sorted(GPUS))} (default: the course card's)")
     for flag, (_, kind) in MODEL_FLAGS.items():
         p.add_argument(flag, type=kind, help="override the model preset")
     p.add_argument("--hbm-gb", type=real_flag(1e-3, 1e9), help="HBM in GB (1e9 B)")
@@ -266,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def scenario_from_args(args) -> Scenario:
     """Turn parsed flags (each already in its range) into a Scenario, checking they agree; UsageError names the flags."""
-    base = get_model(args.model)
+    base = card.model(args.model)
     overrides = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _) in MODEL_FLAGS.items()}
     shape = {field: (base_value if value is None else value)
              for field, value, base_value in ((f, v, getattr(base, f)) for f, v in overrides.items())}
@@ -280,7 +282,7 @@ def scenario_from_args(args) -> Scenario:
         raise UsageError("--fanout-prompt and --fanout-output are both 0: a fan-out needs at least one token")
     custom = any(v is not None for v in overrides.values())
     model = ModelSpec(name="custom" if custom else base.name, **shape)
-    g = get_gpu(args.gpu)
+    g = card.gpu(args.gpu)
     gpu_custom = not (args.hbm_gb is None and args.bandwidth_gbs is None and args.peak_tflops is None)
     gpu = GPUSpec(
         name="custom" if gpu_custom else g.name,
@@ -394,8 +396,26 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(PROG, _main, sys.argv[1:] if argv is None else argv)
 
 
+def catalogue_text() -> str:
+    """The catalogue course.toml names from (its figures; each preset's source is cited in specs.py)."""
+    c = card.card()
+    mark = lambda on: "*" if on else " "
+    lines = [f"models (* the course card's, {c.source}):"]
+    lines += [f" {mark(m == c.model)} {key:<16} {m.num_layers:>3} layers, {m.num_heads:>3} heads, {m.num_kv_heads:>3} KV "
+              f"heads x {m.head_dim}, {m.num_params / 1e9:.2f}e9 params, {m.kv_bytes_per_token:,} B KV/token"
+              for key, m in sorted(MODELS.items()) if key == m.name]
+    lines += ["GPUs:"]
+    lines += [f" {mark(g == c.gpu)} {key:<16} {g.hbm_bytes / GB:g} GB, {g.hbm_bandwidth / GB:,.0f} GB/s, "
+              f"{g.peak_flops / 1e12:,.2f} TFLOP/s dense, link {g.link_bandwidth / GB:g} GB/s"
+              for key, g in sorted(GPUS.items()) if key == g.name]
+    return "\n".join(lines)
+
+
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.list:
+        print(catalogue_text())
+        return 0
     sc = scenario_from_args(args)
     r = compute(sc)
     if args.json:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from labsupport import ledger
+from labsupport import card, ledger
 from labsupport.block_allocator import bookkeeping_bytes
 from labsupport.checks import MAX_TOKENS, check_fits_in_memory
 from labsupport.cli.parser import (OneLineParser, UsageError, dumps_strict, int_flag, real_flag, run_command,
@@ -25,7 +25,7 @@ from labsupport.cli.traces import TRACE_NAMES, load_trace_reporting
 from labsupport.engine import PREEMPTION_MODES
 from labsupport.replay import Replay, ReplayConfig, replay
 from labsupport.slo import SLOReport
-from labsupport.specs import GB, GPUS, MODELS, MiB, get_gpu, get_model
+from labsupport.specs import GB, GPUS, MODELS, MiB
 from labsupport.workloads import MAX_REQUESTS
 
 PROG = "simulate"
@@ -48,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a malformed trace row stops the run (reject) or is reported and skipped (skip)")
     p.add_argument("--rate-scale", type=real_flag(1e-6, 1e6), default=1.0,
                    help="compress arrival times by this factor (2 = twice the request rate)")
-    p.add_argument("--model", default="lecture-7b", help=f"model preset: {', '.join(sorted(MODELS))}")
-    p.add_argument("--gpu", default="h100-sxm-80gb", help=f"GPU preset: {', '.join(sorted(GPUS))}")
+    p.add_argument("--model", help=f"model preset: {', '.join(sorted(MODELS))} (default: the course card's)")
+    p.add_argument("--gpu", help=f"GPU preset: {', '.join(sorted(GPUS))} (default: the course card's)")
     p.add_argument("--block-size", type=TOKENS, default=16)
     p.add_argument("--kv-budget-gb", type=real_flag(1e-9, 1e9),
                    help="KV pool in GB (1e9 B); default HBM - weights - 4 GB (62.52 for the lecture's H100)")
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
     _check_args(a)
-    model, gpu = get_model(a.model), get_gpu(a.gpu)
+    model, gpu = card.model(a.model), card.gpu(a.gpu)
     budget, num_blocks = pool_blocks(a, model, gpu)
     cm = CostModel(model, gpu, mfu=a.mfu, link_bandwidth=None if a.link_gbs is None else a.link_gbs * GB)
     w = load_workload(a)

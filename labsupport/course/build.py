@@ -32,7 +32,7 @@ from labsupport.cli.parser import OneLineParser, UsageError
 from labsupport.course import data, judge, record
 from labsupport.course.checkoff import NOT_ATTEMPTED_LINE, PASS_LINE, PROMPT_WORD, plain
 from labsupport.course.checkoffs import load_lab
-from labsupport.course.registry import GIVENS, case_rng, givens_cell, namespace
+from labsupport.course.registry import GIVENS, card_givens, case_rng, givens_cell, namespace
 
 BEGIN_MARK = "### BEGIN SOLUTION"
 END_MARK = "### END SOLUTION"
@@ -290,6 +290,11 @@ def parse(lab: Lab) -> Parsed:
             if i in parsed.checkoffs:
                 raise BuildError(f"{where}: checkoff {i} is checked twice (first in cell {parsed.checkoffs[i] + 1})")
             parsed.checkoffs[i] = position
+        if cell.cell_type == "code" and TAG_GIVENS in tags:  # the course card's values (course.toml)
+            try:
+                body = card_givens(body, f"{where}, the givens cell")
+            except ValueError as exc:
+                raise BuildError(str(exc)) from None
         cid = cell_id(lab.name, position)
         later = [uses for other, uses in uses_of.items() if other > position]
         student_body, found = cut_solutions(body, where, later) if cell.cell_type == "code" else (body, [])

@@ -106,6 +106,53 @@ def givens_cell(source: str, where: str = "the givens cell") -> dict:
     return bound
 
 
+# A givens line bound to the course card: ``NAME = literal  # card=gqa.num_kv_heads: what it is, on {gpu}``.  The build
+# writes the card's value (course.toml) and drops the marker; {gpu} {model} {mha} {gqa} in the comment become names.
+CARD_MARK = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*)(?P<eq>\s*=\s*)(?P<literal>[^#\n]*?)(?P<pad>\s*)"
+                       r"#\s*card=(?P<expr>[a-z_]+(?:\.[a-z_]+)+):\s*(?P<comment>.*)$")
+CARD_ROOTS = ("gpu", "model", "mha", "gqa")
+
+
+def _card_literal(value, like: str, where: str) -> str:
+    """The card's value written as the source wrote its own (an int stays an int; 80 * 10**9 keeps its form)."""
+    old = eval(compile(ast.Expression(ast.parse(like, mode="eval").body), where, "eval"), {"__builtins__": {}})  # noqa: S307
+    if old == value:
+        return like  # the lecture's card: the source's own text, byte for byte
+    if isinstance(old, int):
+        if value != int(value):
+            raise ValueError(f"{where}: the card's value {value!r} is not a whole number, and the given is one")
+        value = int(value)
+        return f"{value // 10**9} * 10**9" if value >= 10**9 and value % 10**9 == 0 else f"{value:_}"
+    return f"{float(value):g}" if float(value) == float(f"{float(value):g}") else repr(float(value))
+
+
+def card_givens(source: str, where: str = "the givens cell") -> str:
+    """A givens cell with every ``# card=…`` line set from the course card (labsupport.card)."""
+    from labsupport import card as course_card
+
+    c = course_card.card()
+    roots = {"gpu": c.gpu, "model": c.model, "mha": c.mha, "gqa": c.gqa}
+    names = {key: spec.name for key, spec in roots.items()}
+    lines = []
+    for number, line in enumerate(source.split("\n"), start=1):
+        found = CARD_MARK.match(line)
+        if found:
+            head, *fields = found["expr"].split(".")
+            if head not in roots:
+                raise ValueError(f"{where}, line {number}: card={found['expr']} starts with none of "
+                                 f"{', '.join(CARD_ROOTS)}")
+            value = roots[head]
+            for f in fields:
+                if f.startswith("_") or not hasattr(value, f):
+                    raise ValueError(f"{where}, line {number}: card={found['expr']}: {head} has no field {f!r}")
+                value = getattr(value, f)
+            literal = _card_literal(value, found["literal"], f"{where}, line {number}")
+            comment = found["comment"].format(**names)
+            line = f"{found['name']}{found['eq']}{literal}{found['pad']}# {comment}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def lecture_givens(lab: int) -> dict:
     """The lecture's givens of lab `lab`: its source's givens cell (the one declaration), else its record."""
     source = min((ROOT / "solutions").glob(f"{lab:02d}_*.py"), default=None)
@@ -113,7 +160,8 @@ def lecture_givens(lab: int) -> dict:
         for cell in re.split(r"^# %%", source.read_text(encoding="utf-8"), flags=re.M):
             header, _, body = cell.partition("\n")
             if re.search(r"""tags=\[[^\]]*["']givens["']""", header):
-                return givens_cell(body, f"{source.name}, the givens cell")
+                where = f"{source.name}, the givens cell"
+                return givens_cell(card_givens(body, where), where)
     found = (record.read(lab) or {}).get("givens")
     if found is None:
         raise ValueError(f"lab {lab:02d} declares givens, but neither its source nor its record has a givens cell")

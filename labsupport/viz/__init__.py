@@ -30,7 +30,7 @@ from typing import Callable
 
 import plotly.graph_objects as go
 
-from labsupport import ledger
+from labsupport import card, ledger
 from labsupport.viz import a11y
 from labsupport.specs import GB, GPUS, MODELS, GiB, KiB, MiB
 from labsupport.viz import reopen
@@ -407,8 +407,12 @@ def _label(control) -> str:
 
 
 def dropdown(options, value, description: str):
-    """A dropdown; `options` is a list of values or a list of (label, value) pairs."""
+    """A dropdown; `options` is a list of values or a list of (label, value) pairs; value None: the first option
+    (the course card's model or GPU, which model_options and gpu_options list first)."""
     import ipywidgets as widgets
+
+    if value is None and options:
+        value = options[0][1] if isinstance(options[0], tuple) else options[0]
 
     return widgets.Dropdown(options=options, value=value, description=description,
                             style={"description_width": "initial"}, layout=widgets.Layout(width="auto"))
@@ -438,11 +442,22 @@ def number_slider(description: str, value: float, lo: float, hi: float, step: fl
 
 
 def model_options() -> list[tuple[str, str]]:
-    return [(m.name, m.name) for key, m in MODELS.items() if key == m.name]
+    """The course card's model and its contrast first (course.toml), then the rest of the catalogue."""
+    first = list(card.card().models())
+    return [(name, name) for name in first + [k for k, m in MODELS.items() if k == m.name and k not in first]]
 
 
 def gpu_options() -> list[tuple[str, str]]:
-    return [(g.name, g.name) for key, g in GPUS.items() if key == g.name]
+    """The course card's GPU first, then the rest of the catalogue."""
+    first = card.gpu().name
+    return [(first, first)] + [(g.name, g.name) for key, g in GPUS.items() if key == g.name and key != first]
+
+
+def attention_options(with_kv: bool = False) -> list[tuple[str, str]]:
+    """The card's model and its contrast, MHA first, labelled by their attention (and KV bytes per token)."""
+    c = card.card()
+    label = lambda m: f"{m.name} ({m.attention}" + (f", {m.kv_bytes_per_token // KiB:,} KiB/token)" if with_kv else ")")
+    return [(label(m), m.name) for m in (c.mha, c.gqa)]
 
 
 S_MAX_OPTIONS = [(f"{2**k:,}", 2**k) for k in range(9, 18)]  # 512 … 131,072 tokens

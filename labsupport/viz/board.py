@@ -25,10 +25,10 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from labsupport import ledger
+from labsupport import card, ledger
 from labsupport.part_two import LAB_NAMES, MapRow, attention_intensity, map_rows, trace_numbers
 from labsupport.slo import TTFTSplit
-from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, KiB
+from labsupport.specs import GB, KiB
 from labsupport.viz import DESIGN_PX, FONT_SIZE, PALETTE, TITLE_SIZE, styled
 
 BOARD_DATA = Path(__file__).with_name("board_data.json")
@@ -179,12 +179,12 @@ def _numbers() -> dict:
 
 def operating_points(tpot_slo_s: float, r: dict | None = None) -> list[tuple[str, int, float]]:
     """§10.6's three columns: (name, B, TPOT in s) for the naive batch, the paged memory ceiling and the
-    largest batch whose TPOT meets `tpot_slo_s`, all from the ledger on the lecture's model and card."""
+    largest batch whose TPOT meets `tpot_slo_s`, all from the ledger on the course card's model and GPU."""
     r = r or _numbers()
-    seq, bw = r["seq_tokens"], LECTURE_GPU.hbm_bandwidth
+    model, seq, bw = card.model(), r["seq_tokens"], card.gpu().hbm_bandwidth
     batches = (("naive", r["naive_concurrency"]), ("memory ceiling", r["paged_concurrency"]),
-               ("SLO bound", ledger.max_batch_for_tpot(LECTURE_7B, seq, tpot_slo_s, bw)))
-    return [(name, b, ledger.tpot_s(LECTURE_7B, b, seq, bw)) for name, b in batches]
+               ("SLO bound", ledger.max_batch_for_tpot(model, seq, tpot_slo_s, bw)))
+    return [(name, b, ledger.tpot_s(model, b, seq, bw)) for name, b in batches]
 
 
 @functools.cache
@@ -278,10 +278,10 @@ def _segments() -> tuple[Segment, ...]:
                 "three moves is cheapest for the user?",
                 "Blocks run out. Refusing new arrivals: nobody resident is hurt — that is why watermarks exist.",
                 "Preemption is assumed to lose the sequence's progress. It loses its cache, never its tokens.",
-                reveals=(f"Swap out and back: 2 × {4096 * kv / GB:.3f} GB ÷ {LECTURE_GPU.link_bandwidth / GB:.0f} "
+                reveals=(f"Swap out and back: 2 × {4096 * kv / GB:.3f} GB ÷ {card.gpu().link_bandwidth / GB:.0f} "
                          f"GB/s = <b>{1e3 * r['swap_round_trip_s']:.1f} ms</b>",
                          f"Recompute: {r['recompute_flops'] / 1e12:.1f} TFLOP ÷ (50% × "
-                         f"{LECTURE_GPU.peak_flops / 1e12:.0f} TFLOP/s) = <b>{1e3 * r['recompute_s']:.1f} ms</b>",
+                         f"{card.gpu().peak_flops / 1e12:.0f} TFLOP/s) = <b>{1e3 * r['recompute_s']:.1f} ms</b>",
                          "A full card that keeps generating <b>runs out of blocks</b>.",
                          "Cheapest for the user: <b>refuse new arrivals</b> (the watermark)."),
                 lab="06"),
@@ -666,11 +666,11 @@ def swap_recompute_figure(seq_tokens: int = 4096) -> go.Figure:
     """§10.5's derivation for the labs: the swap round trip against the recompute, MHA and GQA-8."""
     from labsupport.viz import engine as viz_engine
 
-    terms = [viz_engine.swap_recompute(m, LECTURE_GPU, seq_tokens, LECTURE_GPU.link_bandwidth)
-             for m in (LECTURE_7B, LECTURE_7B_GQA8)]
-    bars = [(m.name, t["swap_s"], t["recompute_s"]) for m, t in zip((LECTURE_7B, LECTURE_7B_GQA8), terms)]
+    c = card.card()
+    terms = [viz_engine.swap_recompute(m, c.gpu, seq_tokens, c.gpu.link_bandwidth) for m in (c.mha, c.gqa)]
+    bars = [(m.name, t["swap_s"], t["recompute_s"]) for m, t in zip((c.mha, c.gqa), terms)]
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=[b[0] for b in bars], y=[1e3 * b[1] for b in bars], name="swap out + in (64 GB/s)",
+    fig.add_trace(go.Bar(x=[b[0] for b in bars], y=[1e3 * b[1] for b in bars], name=f"swap out + in ({c.gpu.link_bandwidth / GB:g} GB/s)",
                          marker_color=PALETTE["link"], text=[f"{1e3 * b[1]:.1f} ms" for b in bars],
                          textposition="outside", textfont=dict(size=FONT_SIZE + 2)))
     fig.add_trace(go.Bar(x=[b[0] for b in bars], y=[1e3 * b[2] for b in bars], name="recompute (50% of peak)",

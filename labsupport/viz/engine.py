@@ -28,14 +28,15 @@ from typing import Callable, Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from labsupport import ledger
+from labsupport import card, ledger
 from labsupport.checks import positive_int as _positive_int
 from labsupport.engine_runs import StreamLog
 from labsupport.machine import Bandwidth, PrefillRate
 from labsupport.replay import OverloadRun
-from labsupport.specs import GB, LECTURE_MFU, GPUSpec, ModelSpec, get_gpu, get_model
+from labsupport.specs import GB, LECTURE_MFU, GPUSpec, ModelSpec
 from labsupport.units import fmt_int, log_axis_ticks
-from labsupport.viz import FONT_SIZE, PALETTE, Panel, a11y, dropdown, gpu_options, number_slider, selection_slider, styled
+from labsupport.viz import (FONT_SIZE, PALETTE, Panel, a11y, attention_options, dropdown, gpu_options, number_slider,
+                            selection_slider, styled)
 
 PHASES = ("not here", "waiting", "prefill", "decode", "preempted", "done")
 PHASE_COLOURS = {"not here": "#FFFFFF", "waiting": "#F6D7A7", "prefill": PALETTE["compute"],
@@ -48,8 +49,8 @@ PHASE_NAMES = {"waiting": "waiting ·", "prefill": "prefill (token in bold)", "d
 # a horizontal legend under the x-axis title, with room for both (projector fonts are large)
 _LEGEND_BELOW = dict(legend=dict(orientation="h", yanchor="top", y=-0.3, x=0.0), margin=dict(l=90, r=40, t=90, b=150),
                      height=520)
-SWAP_MODELS = (("lecture-7b (MHA)", "lecture-7b"), ("lecture-7b-gqa8 (GQA-8)", "lecture-7b-gqa8"),
-               ("llama-3-8b (GQA-8)", "llama-3-8b"), ("llama-3-70b (GQA-8)", "llama-3-70b"))
+# beyond the card's model and its contrast (attention_options), two real GQA models for scale
+SWAP_EXTRA_MODELS = ("llama-3-8b", "llama-3-70b")
 S_OPTIONS = [(f"{s:,}", s) for s in (256, 512, 1024, 2048, 4096, 5195, 8192, 16_384, 32_768, 65_536, 131_072)]
 LINK_OPTIONS = [(f"{g:g} GB/s", g) for g in (4, 8, 8.3, 16, 25, 32, 33.2, 50, 64, 128, 450)]
 
@@ -332,7 +333,7 @@ def swap_recompute_figure(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, link_
 
 
 def swap_recompute_readout(seq_tokens: int, link_gbs: float, model: str, gpu: str) -> str:
-    m, g = get_model(model), get_gpu(gpu)
+    m, g = card.model(model), card.gpu(gpu)
     link = link_gbs * GB
     d = swap_recompute(m, g, seq_tokens, link)
     cross = d["crossover_tokens"]
@@ -348,18 +349,25 @@ def swap_recompute_readout(seq_tokens: int, link_gbs: float, model: str, gpu: st
             f"break-even link at this S: W* = 2 × KV × F ÷ FLOPs = {d['breakeven_bandwidth'] / GB:,.2f} GB/s; {cross_text}")
 
 
-def swap_recompute_panel(seq_tokens: int = 4096, link_gbs: float = 64, model: str = "lecture-7b",
-                         gpu: str = "h100-sxm-80gb") -> Panel:
+def swap_models() -> list[tuple[str, str]]:
+    """The swap panel's menu: the card's model and its contrast, then real GQA models for scale."""
+    first = attention_options()
+    return first + [(f"{m.name} ({m.attention})", m.name) for m in map(card.model, SWAP_EXTRA_MODELS)
+                    if m.name not in {name for _, name in first}]
+
+
+def swap_recompute_panel(seq_tokens: int = 4096, link_gbs: float = 64, model: str | None = None,
+                         gpu: str | None = None) -> Panel:
     """§10.5 / Exercise 4: sliders over S, the link, the model (MHA/GQA) and the GPU."""
     controls = {
         "seq_tokens": selection_slider(S_OPTIONS, seq_tokens, "S (tokens)"),
         "link_gbs": selection_slider(LINK_OPTIONS, link_gbs, "host link (GB/s)"),
-        "model": dropdown(list(SWAP_MODELS), model, "model"),
+        "model": dropdown(swap_models(), model, "model"),
         "gpu": dropdown(gpu_options(), gpu, "GPU"),
     }
 
     def figure(seq_tokens, link_gbs, model, gpu):
-        return swap_recompute_figure(get_model(model), get_gpu(gpu), seq_tokens, link_gbs * GB)
+        return swap_recompute_figure(card.model(model), card.gpu(gpu), seq_tokens, link_gbs * GB)
 
     return Panel(figure, controls, swap_recompute_readout, title="Swap or recompute a preempted sequence?")
 

@@ -24,7 +24,8 @@ from plotly.subplots import make_subplots
 
 from labsupport.addresses import HISTORIES, AddressMap, address_map
 from labsupport.checks import positive_int
-from labsupport.specs import GB, GPUSpec, MiB, ModelSpec, get_gpu, get_model
+from labsupport import card
+from labsupport.specs import GB, GPUSpec, MiB, ModelSpec
 from labsupport.units import fmt_bytes, fmt_int, fmt_seconds
 from labsupport.viz import FONT_SIZE, PALETTE, Panel, dropdown, in_unit, model_options, selection_slider, styled
 
@@ -180,8 +181,8 @@ def step_bytes_readout(batch: int, seq_len: int, model: ModelSpec, gpu: GPUSpec,
             f"({model.num_heads} query heads over {model.num_kv_heads} KV heads), unchanged by paging")
 
 
-def step_bytes_panel(batch: int = 64, seq_len: int = 4096, model: str = "lecture-7b-gqa8",
-                     gpu: str = "h100-sxm-80gb", block_size: int = 16) -> Panel:
+def step_bytes_panel(batch: int = 64, seq_len: int = 4096, model: str | None = None,
+                     gpu: str | None = None, block_size: int = 16) -> Panel:
     """Lab 04: B, S, block size and model -> the bytes a decode step's attention moves (time floor on `gpu`)."""
     controls = {
         "batch": selection_slider([1, 8, 16, 32, 64, 128, 256], batch, "B (sequences)"),
@@ -189,13 +190,13 @@ def step_bytes_panel(batch: int = 64, seq_len: int = 4096, model: str = "lecture
         "block_size": selection_slider(list(BLOCK_SIZES), block_size, "block size (tokens)"),
         "model": dropdown(model_options(), model, "model"),
     }
-    card = get_gpu(gpu)
+    gpu_spec = card.gpu(gpu)
 
     def args(batch, seq_len, block_size, model):
-        return batch, seq_len, get_model(model), card, block_size
+        return batch, seq_len, card.model(model) if model else card.card().gqa, gpu_spec, block_size
 
     return Panel(lambda **v: step_bytes_figure(*args(**v)), controls, lambda **v: step_bytes_readout(*args(**v)),
-                 title=f"Same bytes, new access pattern: one decode step's attention (time floor on {card.name})")
+                 title=f"Same bytes, new access pattern: one decode step's attention (time floor on {gpu_spec.name})")
 
 
 # --- bandwidth against block size ----------------------------------------------------------------

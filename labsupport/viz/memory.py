@@ -24,7 +24,7 @@ from typing import Hashable, Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from labsupport import ledger
+from labsupport import card, ledger
 from labsupport.block_allocator import BlockAllocator
 from labsupport.block_size import BlockSizeMeasurement
 from labsupport.checks import positive_int as _positive_int
@@ -32,7 +32,7 @@ from labsupport.contiguous import ContiguousAllocator, Refusal, ReserveToMaxAllo
 from labsupport.fig2 import Breakdown
 from labsupport.fragmentation import fill_reserve_to_max, naive_measurement
 from labsupport.memory_stats import OutOfBlocks
-from labsupport.specs import MiB, get_gpu, get_model
+from labsupport.specs import MiB
 from labsupport.units import fmt_gb, fmt_pct
 from labsupport.viz import reopen
 from labsupport.viz import (
@@ -153,7 +153,7 @@ def naive_readout(s_max: int, prompt: int, output: int, model: str, gpu: str, pa
 
     `paged` adds what a paged pool would hold (the board's comparison; lab 02 leaves it to lab 03's 3.5);
     `utilization_fn(budget_bytes, s_max, seq_tokens, kv_bytes)` adds its reading (lab 02 passes the student's 2.6)."""
-    m, g = get_model(model), get_gpu(gpu)
+    m, g = card.model(model), card.gpu(gpu)
     kv = m.kv_bytes_per_token
     budget = ledger.kv_budget_bytes(m, g)
     alloc = fill_reserve_to_max(budget, s_max, prompt + output, kv)
@@ -173,8 +173,8 @@ def naive_readout(s_max: int, prompt: int, output: int, model: str, gpu: str, pa
             + (f"\npaged at b = 16 would hold {count:,} of these sequences" if paged else ""))
 
 
-def naive_panel(s_max: int = 4096, prompt: int = 512, output: int = 128, model: str = "lecture-7b",
-                gpu: str = "h100-sxm-80gb", paged: bool = True, utilization_fn=None) -> Panel:
+def naive_panel(s_max: int = 4096, prompt: int = 512, output: int = 128, model: str | None = None,
+                gpu: str | None = None, paged: bool = True, utilization_fn=None) -> Panel:
     """Lab 02: S_max, prompt, output, model and GPU -> the real allocator's slots and utilization
     (and, with `paged`, what a paged pool would hold: the board shows it, lab 02 leaves it to lab 03;
     with `utilization_fn`, lab 02's 2.6, that function's reading beside the allocator's)."""
@@ -187,7 +187,7 @@ def naive_panel(s_max: int = 4096, prompt: int = 512, output: int = 128, model: 
     }
 
     def figure(s_max, prompt, output, model, gpu):
-        m, g = get_model(model), get_gpu(gpu)
+        m, g = card.model(model), card.gpu(gpu)
         budget = ledger.kv_budget_bytes(m, g)
         return slot_stack_figure(fill_reserve_to_max(budget, s_max, prompt + output, m.kv_bytes_per_token), budget)
 

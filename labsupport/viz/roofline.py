@@ -10,8 +10,8 @@ import math
 
 import plotly.graph_objects as go
 
-from labsupport import ledger
-from labsupport.specs import GB, GPUSpec, KiB, ModelSpec, get_gpu, get_model
+from labsupport import card, ledger
+from labsupport.specs import GB, GPUSpec, KiB, ModelSpec
 from labsupport.units import fmt_bytes, fmt_gb, fmt_int, log_axis_ticks
 from labsupport.viz import (
     FONT_SIZE,
@@ -117,7 +117,7 @@ def intensity_figure(model: ModelSpec, gpu: GPUSpec, seq_lengths=(0, 87, 640, 40
 
 
 def batch_gap_readout(model: str, gpu: str, s_max: int) -> str:
-    m, g = get_model(model), get_gpu(gpu)
+    m, g = card.model(model), card.gpu(gpu)
     gap = batch_gap(m, g, s_max)
     memory = (f"memory permits B = {gap['memory']:,}: KV budget {fmt_gb(gap['budget'])} "
               f"÷ {fmt_gb(gap['slot'])} per {s_max:,}-token slot")
@@ -129,7 +129,7 @@ def batch_gap_readout(model: str, gpu: str, s_max: int) -> str:
             f"one slot = {s_max:,} tokens × {fmt_int(gap['kv_per_token'])} B per token = {fmt_bytes(gap['slot'])}")
 
 
-def batch_gap_panel(model: str = "lecture-7b", gpu: str = "h100-sxm-80gb", s_max: int = 4096) -> Panel:
+def batch_gap_panel(model: str | None = None, gpu: str | None = None, s_max: int = 4096) -> Panel:
     """§10.1 / lab 01: pick a GPU, a model and S_max; see the ridge batch against the memory batch."""
     controls = {
         "gpu": dropdown(gpu_options(), gpu, "GPU"),
@@ -138,15 +138,15 @@ def batch_gap_panel(model: str = "lecture-7b", gpu: str = "h100-sxm-80gb", s_max
     }
 
     def figure(gpu, model, s_max):
-        return batch_gap_figure(get_model(model), get_gpu(gpu), s_max)
+        return batch_gap_figure(card.model(model), card.gpu(gpu), s_max)
 
     return Panel(figure, controls, batch_gap_readout, title="29 against 295: what the arithmetic wants, "
                                                            "what the allocator permits")
 
 
 def kv_heads_figure(num_kv_heads: int, model: ModelSpec | None = None) -> go.Figure:
-    """Lab 00: KV bytes per token of the lecture's 7B shape with `num_kv_heads` KV heads, against MHA."""
-    base = model or get_model("lecture-7b")
+    """Lab 00: KV bytes per token of the card's model's shape with `num_kv_heads` KV heads, against MHA."""
+    base = model or card.card().mha
     if num_kv_heads < 1 or base.num_heads % num_kv_heads:
         raise ValueError(f"num_kv_heads must divide the {base.num_heads} query heads, got {num_kv_heads}")
     variant = base.with_kv_heads(num_kv_heads)
@@ -163,15 +163,18 @@ def kv_heads_figure(num_kv_heads: int, model: ModelSpec | None = None) -> go.Fig
 
 
 def kv_heads_readout(num_kv_heads: int) -> str:
-    base = get_model("lecture-7b")
+    base = card.card().mha
     per_token = base.with_kv_heads(num_kv_heads).kv_bytes_per_token
     return (f"2 × {base.num_layers} layers × {num_kv_heads} KV heads × {base.head_dim} × {base.dtype_bytes} B "
             f"= {fmt_int(per_token)} B = {per_token / KiB:,.0f} KiB per token; "
             f"a 4,096-token sequence holds {fmt_bytes(4096 * per_token)}")
 
 
-def kv_heads_panel(num_kv_heads: int = 32) -> Panel:
-    """Lab 00: a first slider (and a check that widgets render): KV heads against KV bytes per token."""
-    controls = {"num_kv_heads": selection_slider([1, 2, 4, 8, 16, 32], num_kv_heads, "n_kv (KV heads of 32)")}
+def kv_heads_panel(num_kv_heads: int | None = None) -> Panel:
+    """Lab 00: a first slider (and a check that widgets render): KV heads against KV bytes per token, over the
+    KV head counts that divide the card's model's query heads (MHA, all of them, unless told)."""
+    heads = card.card().mha.num_heads
+    options = [k for k in range(1, heads + 1) if heads % k == 0]
+    controls = {"num_kv_heads": selection_slider(options, num_kv_heads or heads, f"n_kv (KV heads of {heads})")}
     return Panel(lambda num_kv_heads: kv_heads_figure(num_kv_heads), controls, kv_heads_readout,
                  title="Fewer KV heads, smaller cache (GQA)")

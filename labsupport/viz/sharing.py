@@ -24,17 +24,16 @@ from typing import Hashable, Iterable, Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from labsupport import ledger
+from labsupport import card, ledger
 from labsupport.block_allocator import BlockAllocator
 from labsupport.checks import as_count as _count
 from labsupport.sharing import ForkCost, PrefixReplay
-from labsupport.specs import LECTURE_GPU, get_model
+
 from labsupport.units import fmt_int, log_axis_ticks
-from labsupport.viz import (FONT_SIZE, PALETTE, Panel, bytes_axis_title, dropdown, in_unit, number_slider,
+from labsupport.viz import (FONT_SIZE, PALETTE, Panel, attention_options, bytes_axis_title, dropdown, in_unit, number_slider,
                             selection_slider, styled)
 
 SEQ_COLOURS = ("#0072B2", "#882255", "#56B4E9", "#CC79A7", "#009E73", "#D55E00", "#E69F00", "#444444")
-FANOUT_MODELS = (("lecture-7b (MHA, 512 KiB/token)", "lecture-7b"), ("lecture-7b-gqa8 (128 KiB/token)", "lecture-7b-gqa8"))
 PROMPT_OPTIONS = [(f"{v:,}", v) for v in (256, 512, 1000, 1024, 2048, 4096, 8192, 16_384, 32_768)]
 OUTPUT_OPTIONS = [(f"{v:,}", v) for v in (1, 16, 64, 128, 256, 512, 1024, 2048, 4096)]
 BLOCK_OPTIONS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -189,9 +188,9 @@ def fanout_figure(n: int, prompt: int, output: int, block_size: int, kv_bytes_pe
 
 
 def fanout_readout(n: int, prompt: int, output: int, block_size: int, model: str) -> str:
-    m = get_model(model)
+    m = card.model(model)
     kv = m.kv_bytes_per_token
-    budget = ledger.kv_budget_bytes(m, LECTURE_GPU)
+    budget = ledger.kv_budget_bytes(m, card.gpu())
     tok_u, tok_s = ledger.fanout_tokens(n, prompt, output)
     blk_u, blk_s = ledger.fanout_blocks(n, prompt, output, block_size)
     per_block = block_size * kv
@@ -201,24 +200,24 @@ def fanout_readout(n: int, prompt: int, output: int, block_size: int, model: str
             f"blocks (b = {block_size}): unshared {blk_u:,} = {blk_u * per_block / 1e9:,.3f} GB ({fits(blk_u)}); "
             f"shared {blk_s:,} = {blk_s * per_block / 1e9:,.3f} GB ({fits(blk_s)}); factor {blk_u / blk_s:.4g}×\n"
             f"{m.name}: {fmt_int(kv)} B per token, one block = {fmt_int(per_block)} B; KV budget on "
-            f"{LECTURE_GPU.name} = {budget / 1e9:,.2f} GB")
+            f"{card.gpu().name} = {budget / 1e9:,.2f} GB")
 
 
 def fanout_panel(n: int = 8, prompt: int = 4096, output: int = 256, block_size: int = 16,
-                 model: str = "lecture-7b") -> Panel:
+                 model: str | None = None) -> Panel:
     """§10.4 / lab 05: sliders over n, prompt, output, block size and model; bars against the H100's KV budget."""
     controls = {
         "n": number_slider("n (branches)", n, 1, 64, 1, integer=True),
         "prompt": selection_slider(PROMPT_OPTIONS, prompt, "prompt (tokens)"),
         "output": selection_slider(OUTPUT_OPTIONS, output, "output (tokens)"),
         "block_size": selection_slider(BLOCK_OPTIONS, block_size, "block size (tokens)"),
-        "model": dropdown(list(FANOUT_MODELS), model, "model"),
+        "model": dropdown(attention_options(with_kv=True), model, "model"),
     }
 
     def figure(n, prompt, output, block_size, model):
-        m = get_model(model)
+        m = card.model(model)
         return fanout_figure(n, prompt, output, block_size, m.kv_bytes_per_token,
-                             ledger.kv_budget_bytes(m, LECTURE_GPU))
+                             ledger.kv_budget_bytes(m, card.gpu()))
 
     return Panel(figure, controls, fanout_readout, title="Fan-out: n completions off one prompt")
 

@@ -19,11 +19,11 @@ from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from labsupport import ledger
+from labsupport import card, ledger
 from labsupport.replay import ProbeRun, Replay, UtilizationRun, chat_with_probe
 from labsupport.slo import (TTFT_PARTS, Column, TTFTSplit, memory_ceiling, slo_batch, step_tpot_s, three_columns,
                            tpot_terms)
-from labsupport.specs import GB, GPUSpec, ModelSpec, get_gpu, get_model
+from labsupport.specs import GB, GPUSpec, ModelSpec
 from labsupport.viz import reopen
 from labsupport.viz import (FONT_SIZE, PALETTE, Panel, a11y, dropdown, fit_width, gpu_options, live_figure,
                             model_options, number_slider, styled)
@@ -149,8 +149,8 @@ def tpot_readout(model: ModelSpec, gpu: GPUSpec, seq_tokens: int, batch: int, tp
             f"largest B under the SLO: {slo_b}; memory ceiling (b = {block_size}): {ceiling} — {binds}")
 
 
-def tpot_panel(batch: int = 186, seq_tokens: int = 640, tpot_slo_ms: float = 20.0, model: str = "lecture-7b",
-               gpu: str = "h100-sxm-80gb", measured: Mapping[int, float] | None = None, tpot_fn=None) -> Panel:
+def tpot_panel(batch: int = 186, seq_tokens: int = 640, tpot_slo_ms: float = 20.0, model: str | None = None,
+               gpu: str | None = None, measured: Mapping[int, float] | None = None, tpot_fn=None) -> Panel:
     """§10.6: slide B (and the sequence length, the SLO, the card) and watch your own TPOT move; `tpot_fn`
     (lab 07's Exercise 7.1) draws the student's own TPOT and finds the SLO's batch with it."""
     controls = {
@@ -165,11 +165,11 @@ def tpot_panel(batch: int = 186, seq_tokens: int = 640, tpot_slo_ms: float = 20.
     def figure(batch, seq_tokens, tpot_slo_ms, model, gpu):
         # engine markers belong to the configuration they were measured in
         same = measured if dict(model=model, gpu=gpu, seq_tokens=seq_tokens) == lecture else None
-        return tpot_vs_batch_figure(get_model(model), get_gpu(gpu), seq_tokens, batch, tpot_slo_ms / 1e3, measured=same,
+        return tpot_vs_batch_figure(card.model(model), card.gpu(gpu), seq_tokens, batch, tpot_slo_ms / 1e3, measured=same,
                                     tpot_fn=tpot_fn)
 
     def readout(batch, seq_tokens, tpot_slo_ms, model, gpu):
-        return tpot_readout(get_model(model), get_gpu(gpu), seq_tokens, batch, tpot_slo_ms / 1e3, tpot_fn=tpot_fn)
+        return tpot_readout(card.model(model), card.gpu(gpu), seq_tokens, batch, tpot_slo_ms / 1e3, tpot_fn=tpot_fn)
 
     return Panel(figure, controls, readout, title="TPOT is a property of the batch")
 
@@ -261,8 +261,8 @@ def goodput_table_readout(columns: Sequence[Column]) -> str:
     return "\n".join(lines)
 
 
-def goodput_table_panel(tpot_slo_ms: float = 20.0, seq_tokens: int = 640, model: str = "lecture-7b",
-                        gpu: str = "h100-sxm-80gb", tpot_fn=None) -> Panel:
+def goodput_table_panel(tpot_slo_ms: float = 20.0, seq_tokens: int = 640, model: str | None = None,
+                        gpu: str | None = None, tpot_fn=None) -> Panel:
     """§10.6: move the SLO and watch which column's throughput survives as goodput (each column priced by
     `tpot_fn` when given: lab 07 passes the student's Exercise 7.1)."""
     controls = {
@@ -273,7 +273,7 @@ def goodput_table_panel(tpot_slo_ms: float = 20.0, seq_tokens: int = 640, model:
     }
 
     def columns(tpot_slo_ms, seq_tokens, model, gpu):
-        return three_columns(get_model(model), get_gpu(gpu), seq_tokens, tpot_slo_s=tpot_slo_ms / 1e3, tpot_fn=tpot_fn)
+        return three_columns(card.model(model), card.gpu(gpu), seq_tokens, tpot_slo_s=tpot_slo_ms / 1e3, tpot_fn=tpot_fn)
 
     return Panel(lambda **v: goodput_table_figure(columns(**v)), controls,
                  lambda **v: goodput_table_readout(columns(**v)), title="Which column would you deploy?")

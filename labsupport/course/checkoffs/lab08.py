@@ -9,6 +9,7 @@ from dataclasses import replace
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course.checkoffs._hidden import RESERVE, kv_blocks, random_pair, tpot_batch, weight_bytes
 from labsupport.course.registry import case, function, value
+from labsupport import card
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 _BLOCKS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes", "labsupport.replay.lecture_pool",
@@ -254,7 +255,7 @@ def _largest_moves_uncached() -> dict:
     base = outputs()
     out = {}
     for quantity in ATTACKED:
-        after = outputs(*_attacked(LECTURE_7B, GPUS["h100"], quantity, 2))
+        after = outputs(*_attacked(card.model(), card.gpu(), quantity, 2))  # the course card, as outputs() is
         out[quantity.lower()] = max(base, key=lambda k: max(after[k] / base[k], base[k] / after[k]))
     return out
 
