@@ -85,12 +85,16 @@ bubblewrap:
 		|| echo "make: could not install bubblewrap; grade will refuse untrusted notebooks"; \
 	else echo "make: no bubblewrap (apt-get install bubblewrap); grade will refuse untrusted notebooks"; fi; }
 
-test: $(STAMP) chromium bubblewrap
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+# Every core: pytest-xdist spreads the tests over one worker a core (JOBS=1 for one process, in order).
+JOBS ?= auto
+XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 
-# the contributor's loop: everything not marked slow (notebook runs, grading batches) or browser; minutes, not half an hour
+test: $(STAMP) chromium bubblewrap
+	$(PY) -m pytest tests $(XDIST) $(PYTEST_ARGS)
+
+# the contributor's loop: everything not marked slow (notebook runs, grading batches) or browser
 test-fast: $(STAMP) bubblewrap
-	$(PY) -m pytest tests -m "not slow and not browser" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "not slow and not browser" $(XDIST) $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

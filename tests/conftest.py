@@ -8,6 +8,15 @@ import re
 import pytest
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test`), the browser tests share one worker: each drives a JupyterLab server and a
+    Chromium, and two at once on a 2-core machine would race their own timeouts."""
+    for item in items:
+        if item.get_closest_marker("browser") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("browser"))
+
+
 @pytest.fixture
 def fresh_results():
     """No checkoff result of another test is seen, and none of this one's is left behind."""

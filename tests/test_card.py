@@ -136,7 +136,7 @@ def test_a_givens_marker_that_names_no_field_is_one_line(expr, words):
         registry.card_givens(f"X = 1  # card={expr}: x", "lab.py, the givens cell")
 
 
-def test_panels_offer_the_cards_model_and_gpu_first(second_card):
+def test_panels_offer_the_cards_model_and_gpu_first(second_card, monkeypatch):
     from labsupport.viz import attention_options, gpu_options, model_options
     from labsupport.viz.roofline import kv_heads_panel
 
@@ -146,9 +146,7 @@ def test_panels_offer_the_cards_model_and_gpu_first(second_card):
     assert card.model("llama-3-8b-mha").num_kv_heads == 32  # the contrast resolves by its name
     qwen = second_card.parent / "qwen.toml"
     qwen.write_text('[card]\ngpu = "h200"\nmodel = "qwen2.5-7b"\n')
-    import os
-
-    os.environ[card.ENV] = str(qwen)
+    monkeypatch.setenv(card.ENV, str(qwen))
     assert list(kv_heads_panel().controls["num_kv_heads"].options) == [1, 2, 4, 7, 14, 28]  # the divisors of 28
 
 
