@@ -182,13 +182,44 @@ def test_student_prompt_is_valid_python_for_awkward_prompts(tmp_path):
         namespace["per_token"](1, 2, 3, 4)
 
 
+def test_a_cell_inserted_or_edited_changes_only_its_own_id(tmp_path):
+    """Issue 37: a rebuild's diff is the change, not every later cell's id (ids come from a cell's text)."""
+    before = [c.id for c in B.parse(make_lab(tmp_path)).solution.cells]
+    inserted = DEMO.replace("# %%", "# %% [markdown]\n# A new paragraph.\n\n# %%", 1)
+    after = [c.id for c in B.parse(make_lab(tmp_path, inserted)).solution.cells]
+    assert len(after) == len(before) + 1 and set(before) <= set(after)
+    first_code = DEMO.index("# %%\n")
+    edited = DEMO[:first_code] + DEMO[first_code:].replace("\n", "\n# one more comment line\n", 2)
+    changed = [c.id for c in B.parse(make_lab(tmp_path, edited)).solution.cells]
+    assert len(changed) == len(before) and sum(a != b for a, b in zip(before, changed)) == 1
+
+
+def test_two_equal_cells_still_get_two_ids(tmp_path):
+    twice = DEMO + "\n# %%\nprint('again')\n\n# %%\nprint('again')\n"
+    ids = [c.id for c in B.parse(make_lab(tmp_path, twice)).solution.cells]
+    assert len(set(ids)) == len(ids)
+
+
+def test_a_rebuild_stores_one_stream_per_run_of_prints():
+    """How the kernel chunked its prints is timing, not content: the stored outputs coalesce them."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1); print(2)")])
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n"),
+                           nbformat.v4.new_output("stream", name="stdout", text="2\n"),
+                           nbformat.v4.new_output("stream", name="stderr", text="w\n"),
+                           nbformat.v4.new_output("stream", name="stdout", text="3\n")]
+    out = B.finalize(nb).cells[0].outputs
+    assert [(o.name, o.text) for o in out] == [("stdout", "1\n2\n"), ("stderr", "w\n"), ("stdout", "3\n")]
+
+
 def test_ids_and_metadata_are_deterministic(tmp_path):
     lab = make_lab(tmp_path)
     one, two = B.parse(lab), B.parse(lab)
     assert B.dumps(one.solution) == B.dumps(two.solution) and B.dumps(one.student) == B.dumps(two.student)
     sol_ids = [c.id for c in one.solution.cells]
     assert len(set(sol_ids)) == len(sol_ids)
-    assert sol_ids[0] == B.cell_id("00_demo", 0)
+    assert sol_ids[0] == B.cell_id("00_demo", B.content_key("markdown", one.solution.cells[0].source, {}))
     assert [c.id for c in one.student.cells] == [i for k, i in enumerate(sol_ids) if k != 3]  # shared ids
     other = B.parse(make_lab(tmp_path, name="00_other"))
     assert other.solution.cells[0].id != sol_ids[0]  # ids come from the file name too

@@ -10,7 +10,8 @@ and at least one region ``### BEGIN SOLUTION N.M: prompt`` ... ``### END SOLUTIO
 an exercise never needs the student's answer: it recomputes it, or waits behind ``if unlocked("N.M"):``.  A cell
 tagged ``solution-only`` stays out of the student copy; ``needs-traces`` ones built without the real traces run on
 stand-ins (the build says so: do not commit their outputs).  A Colab set-up cell is added and, but to the board
-(labs 90–99), a scoreboard; cell ids follow the source, so a deterministic lab rebuilds byte for byte (INSTRUCTORS.md).
+(labs 90–99), a scoreboard; a cell's id comes from its own text (not its place), so a deterministic lab rebuilds byte for byte and
+a one-line change diffs in a few lines (INSTRUCTORS.md).
 Exit codes: 0 done; 1 a notebook does not run as it must, or --check found a difference; 2 bad input, in one line.
 """
 from __future__ import annotations
@@ -108,6 +109,7 @@ class Parsed:
     student: nbformat.NotebookNode
     regions: list[Region] = field(default_factory=list)
     checkoffs: dict[str, int] = field(default_factory=dict)  # checkoff id -> its check() cell's position
+    check_cells: dict[str, str] = field(default_factory=dict)  # checkoff id -> its check() cell's id
 
 
 def discover(root: Path, names: list[str] | None = None) -> list[Lab]:
@@ -125,8 +127,18 @@ def discover(root: Path, names: list[str] | None = None) -> list[Lab]:
     return chosen or labs  # none named: every lab
 
 
-def cell_id(lab_name: str, position: int | str) -> str:
-    return hashlib.sha1(f"{lab_name}:{position}".encode()).hexdigest()[:16]
+def cell_id(lab_name: str, key: int | str) -> str:
+    """A cell's id: the lab's name and the cell's key, hashed (16 hex digits)."""
+    return hashlib.sha1(f"{lab_name}:{key}".encode()).hexdigest()[:16]
+
+
+def content_key(cell_type: str, source: str, seen: dict[str, int]) -> str:
+    """A cell's key from what it says, not where it sits: inserting or moving a cell leaves every other cell's id
+    as it was, so a one-line change to a lab diffs in a few lines.  `seen` counts repeats (the second of two equal
+    cells is told apart by its number)."""
+    key = f"{cell_type}:{hashlib.sha1(source.strip().encode()).hexdigest()}"
+    seen[key] = seen.get(key, 0) + 1
+    return key if seen[key] == 1 else f"{key}#{seen[key]}"
 
 
 def find_regions(source: str, where: str) -> list[Region]:
@@ -275,6 +287,7 @@ def parse(lab: Lab) -> Parsed:
                if cell.cell_type == "code" and TAG_SOLUTION_ONLY not in cell.metadata.get("tags", [])}
     parsed = Parsed(lab, _notebook(), _notebook())
     sol_cells, stu_cells = parsed.solution.cells, parsed.student.cells
+    seen: dict[str, int] = {}
     for position, cell in enumerate(source_nb.cells):
         where, body = f"{lab.source.name}, cell {position + 1}", cell.source
         tags = cell.metadata.get("tags", [])
@@ -295,7 +308,8 @@ def parse(lab: Lab) -> Parsed:
                 body = card_givens(body, f"{where}, the givens cell")
             except ValueError as exc:
                 raise BuildError(str(exc)) from None
-        cid = cell_id(lab.name, position)
+        cid = cell_id(lab.name, content_key(cell.cell_type, body, seen))
+        parsed.check_cells.update(dict.fromkeys(ids, cid))
         later = [uses for other, uses in uses_of.items() if other > position]
         student_body, found = cut_solutions(body, where, later) if cell.cell_type == "code" else (body, [])
         for r in found:
@@ -339,10 +353,10 @@ def scoreboard_cells(lab: Lab, position: int) -> list:
     heading = nbformat.v4.new_markdown_cell(
         "## Your checkoffs\n\nWhat `check()` said in this kernel, checkoff by checkoff. It is feedback: the grade "
         "comes from `python -m labsupport grade`, which runs your saved notebook in a fresh kernel.",
-        id=cell_id(lab.name, position))
+        id=cell_id(lab.name, "scoreboard heading"))
     board = nbformat.v4.new_code_cell(
         f"from labsupport.course.scoreboard import scoreboard\n\nscoreboard({lab.name!r})",
-        metadata={"tags": ["scoreboard"]}, id=cell_id(lab.name, position + 1))
+        metadata={"tags": ["scoreboard"]}, id=cell_id(lab.name, "scoreboard"))
     return [heading, board]
 
 
@@ -403,7 +417,7 @@ def record_of(parsed: Parsed) -> dict:
     lab, entries = parsed.lab, []
     for c in load_lab(lab.number):
         regions = [r for r in parsed.regions if r.checkoff_id == c.id]
-        cells = [r.cell_id for r in regions] + [cell_id(lab.name, parsed.checkoffs[c.id])]  # the exercise's cells
+        cells = [r.cell_id for r in regions] + [parsed.check_cells[c.id]]  # the exercise's cells
         payload = ({"cases": [{"input": k.input(), "spec": k.public_spec(c.name)} for k in c.cases(case_rng(c.id))]}
                    if c.kind == "function" else {"spec": c.value_spec()})
         entries.append({"id": c.id, "title": c.title, "hint": c.hint, "kind": c.kind,
@@ -459,10 +473,25 @@ def finalize(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     nb.metadata = _notebook().metadata
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        if cell.cell_type == "code":
+            cell.outputs = coalesce_streams(cell.outputs)
         for output in cell.get("outputs", []):  # code cells only
             output.get("metadata", {}).pop("execution", None)
             output.get("data", {}).pop("application/vnd.jupyter.widget-view+json", None)
     return nb
+
+
+def coalesce_streams(outputs: list) -> list:
+    """Consecutive stream outputs of one name as one output: how a kernel chunked its prints depends on timing, and
+    a rebuild must not re-chunk the stored text (nbval compares the streams coalesced too)."""
+    merged = []
+    for output in outputs:
+        if (output.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream"
+                and merged[-1].get("name") == output.get("name")):
+            merged[-1]["text"] = merged[-1]["text"] + output["text"]
+        else:
+            merged.append(output)
+    return merged
 
 
 def _checkoff_output(cell) -> tuple[list[str], str, list[str]]:
@@ -523,12 +552,17 @@ def write(nb: nbformat.NotebookNode, path: Path) -> None:
 
 
 def carry_outputs(new: nbformat.NotebookNode, old_path: Path) -> nbformat.NotebookNode:
-    """Keep the outputs of solution cells whose id and source did not change (for --no-execute)."""
-    by_id = {c.get("id"): c for c in (nbformat.read(old_path, as_version=4).cells if old_path.exists() else [])}
-    for cell in new.cells:
+    """Keep the outputs of solution cells whose source did not change (for --no-execute): the committed cell of the
+    same id, else the first unclaimed committed code cell with the same source (an id made another way)."""
+    old = [c for c in (nbformat.read(old_path, as_version=4).cells if old_path.exists() else []) if c.cell_type == "code"]
+    by_id, claimed = {c.get("id"): c for c in old}, set()
+    for cell in (c for c in new.cells if c.cell_type == "code"):
         prev = by_id.get(cell.get("id"))
-        if cell.cell_type == "code" and prev is not None and prev.cell_type == "code" and prev.source == cell.source:
-            cell.outputs = prev.outputs
+        if prev is None or prev.source != cell.source or id(prev) in claimed:
+            prev = next((c for c in old if c.source == cell.source and id(c) not in claimed), None)
+        if prev is not None:
+            claimed.add(id(prev))
+            cell.outputs = coalesce_streams(prev.outputs)
             cell.execution_count = prev.execution_count
     return new
 
