@@ -532,3 +532,21 @@ def test_building_a_lab_on_stand_in_traces_says_so_in_one_line(tmp_path, monkeyp
     from labsupport.workloads import TRACES, find_trace
     if all(find_trace(name) for name in TRACES):  # ../shared/traces here: nothing to say
         assert present == ""
+
+
+def test_prose_fields_state_the_cards_numbers(tmp_path, monkeypatch):
+    """Issue 37: a markdown `{{ expr }}` is the card's value at build; on H200 + Llama 3 8B the MHA form's naive
+    slots at S_max = 4,096 are floor((141e9 - 2 * 8.03e9 - 4e9) / (4,096 * 524,288)) = floor(56.3) = 56."""
+    card_file = tmp_path / "course.toml"
+    card_file.write_text('[card]\ngpu = "h200"\nmodel = "llama-3-8b"\n')
+    monkeypatch.setenv("LABSUPPORT_COURSE", str(card_file))
+    text = DEMO.replace("# Prose.", "# {{ N.naive_concurrency }} slots on one {{ gpu.name }}; {{ mha.kv_bytes_per_token:, }} B.")
+    first = B.parse(make_lab(tmp_path, text)).student.cells[0].source
+    assert "56 slots on one h200; 524,288 B." in first
+
+
+def test_a_prose_field_that_does_not_render_is_one_line_naming_the_cell(tmp_path):
+    text = DEMO.replace("# Prose.", "# {{ N.no_such_number }} slots.")
+    with pytest.raises(B.BuildError, match=r"00_demo.py, cell 1: the prose field \{\{ N.no_such_number \}\}"):
+        B.parse(make_lab(tmp_path, text))
+

@@ -30,7 +30,7 @@ from pathlib import Path
 import nbformat
 
 from labsupport.cli.parser import OneLineParser, UsageError
-from labsupport.course import data, judge, record
+from labsupport.course import data, judge, prose, record
 from labsupport.course.checkoff import NOT_ATTEMPTED_LINE, PASS_LINE, PROMPT_WORD, plain
 from labsupport.course.checkoffs import load_lab
 from labsupport.course.registry import GIVENS, card_givens, case_rng, givens_cell, namespace
@@ -288,6 +288,7 @@ def parse(lab: Lab) -> Parsed:
     parsed = Parsed(lab, _notebook(), _notebook())
     sol_cells, stu_cells = parsed.solution.cells, parsed.student.cells
     seen: dict[str, int] = {}
+    prose_names = _prose_names(lab, source_nb)
     for position, cell in enumerate(source_nb.cells):
         where, body = f"{lab.source.name}, cell {position + 1}", cell.source
         tags = cell.metadata.get("tags", [])
@@ -303,6 +304,11 @@ def parse(lab: Lab) -> Parsed:
             if i in parsed.checkoffs:
                 raise BuildError(f"{where}: checkoff {i} is checked twice (first in cell {parsed.checkoffs[i] + 1})")
             parsed.checkoffs[i] = position
+        if cell.cell_type == "markdown" and prose.FIELD.search(body):  # numbers that follow the course card
+            try:
+                body = prose.render(body, where, prose_names)
+            except ValueError as exc:
+                raise BuildError(str(exc)) from None
         if cell.cell_type == "code" and TAG_GIVENS in tags:  # the course card's values (course.toml)
             try:
                 body = card_givens(body, f"{where}, the givens cell")
@@ -332,6 +338,18 @@ def parse(lab: Lab) -> Parsed:
         cells.insert(first_code, colab_cell(lab))
     _validate(parsed)
     return parsed
+
+
+def _prose_names(lab: Lab, source_nb) -> dict:
+    """What the lab's ``{{ }}`` prose fields may name: the card's and, where the lab has them, its givens."""
+    for position, cell in enumerate(source_nb.cells):
+        if cell.cell_type == "code" and TAG_GIVENS in cell.metadata.get("tags", []):
+            where = f"{lab.source.name}, cell {position + 1}, the givens cell"
+            try:
+                return prose.names(givens_cell(card_givens(cell.source, where), where))
+            except ValueError as exc:
+                raise BuildError(str(exc)) from None
+    return prose.names()
 
 
 def colab_cell(lab: Lab) -> nbformat.NotebookNode:
