@@ -117,3 +117,37 @@ def test_layers_by_role():
                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                if isinstance(node, ast.ClassDef) and node.name == "Replay"]
     assert [p.relative_to(PACKAGE).as_posix() for p in replays] == ["replay.py"]
+
+
+# The house's floors, lowest first: the mechanisms and their measurements at the top of the package, the labs' UI
+# (viz), the commands and their parser (cli), the course tooling (course: build, check, grade) and the benchmarks
+# (bench).  A module imports its own floor and the floors below; `labsupport.__main__` is the front door.
+FLOORS = ("top", "viz", "cli", "course", "bench")
+
+
+def _floor(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else "top"
+
+
+def test_no_module_imports_a_floor_above_its_own():
+    names = module_names(PACKAGE)
+    known = set(names)
+    upward = [f"{name} -> {target}" for name, path in names.items() if name != "labsupport.__main__"
+              for target in imports_of(name, path, known)
+              if FLOORS.index(_floor(target)) > FLOORS.index(_floor(name))]
+    assert not upward, upward
+
+
+def test_the_floor_check_sees_an_upward_import(tmp_path):
+    """The check above can fail: a mechanism that imports the labs' UI is caught."""
+    pkg = tmp_path / "labsupport"
+    (pkg / "viz").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "viz" / "__init__.py").write_text("")
+    (pkg / "kvcache.py").write_text("from labsupport.viz import panel\n")
+    (pkg / "viz" / "panel.py").write_text("")
+    names = module_names(pkg)
+    assert _floor("labsupport.kvcache") == "top"
+    assert imports_of("labsupport.kvcache", names["labsupport.kvcache"], set(names)) == {"labsupport.viz.panel"}
+

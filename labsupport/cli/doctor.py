@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import shutil
 import sys
 
 from labsupport.cli.parser import OneLineParser, dumps_strict, run_command, strict_json
@@ -90,15 +91,13 @@ def report() -> dict:
         info["triton_mode"] = "unavailable"
         problems.append("Triton was imported before labsupport with no GPU and no TRITON_INTERPRET: restart the "
                         "kernel and `import labsupport` first (it sets TRITON_INTERPRET=1 on CPU machines).")
-    if importlib.util.find_spec("labsupport.course.sandbox") is None:  # the student release leaves it out
-        info["grading_isolation"] = "not in this copy (course staff grade with the full repository)"
-    else:
-        from labsupport.course.sandbox import Sandbox
-
-        sandbox = Sandbox.for_this_machine()  # as `grade` would run here
-        info["grading_isolation"] = sandbox.describe() if sandbox else (
-            f"none: {Sandbox('bubblewrap').missing()}, so `grade` refuses untrusted notebooks (--trusted runs them "
-            "as you)")
+    # A machine fact, read here without the course's grader (the student release leaves it out, and a command
+    # imports no course tooling): whether Debian's bubblewrap is installed.  `grade` itself names the isolation
+    # it gets when it starts, after trying it.
+    bwrap = shutil.which("bwrap")
+    info["grading_isolation"] = (f"bubblewrap at {bwrap}: `python -m labsupport grade` runs each notebook in its "
+                                 "sandbox (grade names the isolation it gets when it starts)" if bwrap else
+                                 "no bubblewrap (apt-get install bubblewrap): `grade` would refuse untrusted notebooks")
     info["ok"] = not problems
     return info
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import html
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -160,14 +161,26 @@ def _flag(exact: str, printed: str) -> str:
 
 @functools.cache
 def _numbers() -> dict:
-    """The lecture's scenario through the staff ledger (made on first use: its answers are staff-only)."""
-    from labsupport.cli import ledger as staff_ledger
-
-    scenario = staff_ledger.Scenario()
-    r = dict(staff_ledger.compute(scenario))
-    kv, budget = r["kv_bytes_per_token"], r["kv_budget_bytes"]
-    r["seq_bytes"] = r["seq_tokens"] * kv
-    r["s_max"], r["tpot_slo_s"] = scenario.s_max, scenario.tpot_slo_s
+    """The lecture's workload on the course card, from the ledger's closed forms (the board imports no staff command)."""
+    c = card.card()
+    m, g = c.model, c.gpu
+    kv, budget = ledger.kv_bytes_per_token(m), ledger.kv_budget_bytes(m, g)
+    prompt, output, s_max, block, tpot_slo_s = 512, 128, 4096, 16, 0.020  # §10.2's chat workload, §10.6's SLO
+    seq = prompt + output
+    naive_b, paged_b = ledger.naive_concurrency(budget, s_max, kv), ledger.paged_concurrency(budget, seq, block, kv)
+    tpot = ledger.tpot_s(m, paged_b, seq, g.hbm_bandwidth)
+    r = {"kv_bytes_per_token": kv, "kv_budget_bytes": budget, "seq_tokens": seq, "seq_bytes": seq * kv,
+         "s_max": s_max, "tpot_slo_s": tpot_slo_s, "naive_concurrency": naive_b, "paged_concurrency": paged_b,
+         "concurrency_gain": paged_b / naive_b if naive_b else math.inf,
+         "naive_utilization": ledger.naive_utilization(budget, s_max, seq, kv),
+         "naive_utilization_time_avg": ledger.naive_utilization_time_avg(budget, s_max, prompt, output, kv),
+         "paged_utilization": ledger.paged_utilization(budget, seq, block, kv),
+         "paged_utilization_time_avg": ledger.paged_utilization_time_avg(budget, prompt, output, block, kv),
+         "swap_round_trip_s": ledger.swap_round_trip_s(s_max * kv, g.link_bandwidth),
+         "recompute_flops": ledger.prefill_flops(m, s_max), "recompute_s": ledger.recompute_s(m, s_max, g.peak_flops),
+         "tpot_s": tpot, "throughput_tok_s": ledger.throughput_tok_s(paged_b, tpot),
+         "max_batch_for_slo": ledger.max_batch_for_tpot(m, seq, tpot_slo_s, g.hbm_bandwidth),
+         "ridge_batch": ledger.ridge_batch(m, g)}
     r["util_32k"] = ledger.naive_utilization(budget, 32_768, r["seq_tokens"], kv)
     r["slot_32k"] = ledger.slot_occupancy(32_768, r["seq_tokens"])
     r["slots_32k"] = ledger.naive_concurrency(budget, 32_768, kv)
