@@ -12,26 +12,23 @@ import pytest
 import grading as T
 from labsupport.course import grade as G
 
+pytestmark = pytest.mark.slow  # 26 notebooks, each run three times in a sandbox
+
 T.register()
 CHECK_OTHERS = T.RIGHT["97.2"] + "\n" + T.RIGHT["97.3"]
 
-# One answer to 97.1, written the ways students write code: each must pass on every run.
+# One answer to 97.1, written the ways students write code: each must pass on every run.  The whole notebook runs
+# as written, so these vary what the runner meets (magics, the shell, files, the folder, a kernel's __name__, errors,
+# scalars of numpy), not Python's syntax (the variants written for the static slicer that grading no longer has —
+# while, with, try, if, match, a comprehension, a class, a global — are gone: Python runs them all alike).
 HONEST = {
     "plain": ["prod = A * B\ncheck('97.1', prod)"],
     "cell magic %%time": ["%%time\nprod = A * B\ncheck('97.1', prod)"],
     "line magic %time": ["%time prod = A * B\ncheck('97.1', prod)"],
     "shell escape": ["!true\nprod = A * B\ncheck('97.1', prod)"],
-    "global set by a helper": ["def setit():\n    global prod\n    prod = A * B\n\nsetit()", "check('97.1', prod)"],
     "helper module in the folder": ["from helper_mod import mul\ncheck('97.1', mul(A, B))"],
     "check in a loop over ids": ["for cid, v in (('97.1', A * B), ('97.3', 'yes')):\n    check(cid, v)"],
     "__main__ guard": ["if __name__ == '__main__':\n    check('97.1', A * B)"],
-    "while loop": ["prod, i = 0, 0\nwhile i < A:\n    prod += B\n    i += 1\ncheck('97.1', prod)"],
-    "with": ["import contextlib\nwith contextlib.suppress(ZeroDivisionError):\n    prod = A * B\ncheck('97.1', prod)"],
-    "try": ["try:\n    prod = A * B\nexcept Exception:\n    prod = 0\ncheck('97.1', prod)"],
-    "if": ["prod = A * B if A > 0 else -1\nif prod:\n    check('97.1', prod)"],
-    "match": ["match A:\n    case 0:\n        prod = 0\n    case _:\n        prod = A * B\ncheck('97.1', prod)"],
-    "comprehension": ["check('97.1', sum([B for _ in range(A)]))"],
-    "class": ["class P:\n    value = A * B\n\ncheck('97.1', P.value)"],
     "answer over two cells": ["half = A * B / 2", "check('97.1', int(2 * half))"],
     "numpy and torch scalars": ["import numpy as np\ncheck('97.1', np.int64(A) * B)"],
     "an error in an unrelated cell": ["1 / 0", "check('97.1', A * B)"],
