@@ -27,6 +27,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10 takes the tomli ba
 
 ENV = "LABSUPPORT_COURSE"
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "course.toml"
+PACKAGED_PATH = Path(__file__).resolve().parent / "course.toml"  # written into a sandbox's copy of the package
 KEYS = ("gpu", "model")
 # The lecture's GQA variant keeps 8 KV heads (§10.5, Exercise 1); an MHA card model is contrasted with that.
 GQA_KV_HEADS = 8
@@ -76,11 +77,12 @@ class Card:
 
 
 def path() -> Path | None:
-    """Where the card is read from: $LABSUPPORT_COURSE, else course.toml beside the package, else none."""
+    """Where the card is read from: $LABSUPPORT_COURSE, else course.toml beside the package, else the copy inside
+    it (the one a grading sandbox's copy of the package carries), else none."""
     named = os.environ.get(ENV, "").strip()
     if named:
         return Path(named)
-    return DEFAULT_PATH if DEFAULT_PATH.is_file() else None
+    return next((p for p in (DEFAULT_PATH, PACKAGED_PATH) if p.is_file()), None)
 
 
 def _line(text: str, key: str) -> int:
@@ -128,13 +130,23 @@ def _load(where: str | None) -> Card:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CardError(f"{where}: cannot read the course card: {exc.strerror or exc}") from None
-    return parse(text, p.name if p == DEFAULT_PATH else str(p))
+    return parse(text, p.name if p in (DEFAULT_PATH, PACKAGED_PATH) else str(p))
 
 
 def card() -> Card:
     """The course card (read once per path; see the module's docstring for where it is found)."""
     found = path()
     return _load(None if found is None else str(found))
+
+
+def card_text() -> str:
+    """The card as course.toml states it (the lecture's, written out, where no file names one): what a copy of the
+    package carries into a grading sandbox, so that student code there sees the card the graders use."""
+    found = path()
+    if found is not None:
+        return found.read_text(encoding="utf-8")
+    c = card()
+    return f'[card]\ngpu = "{c.gpu.name}"\nmodel = "{c.model.name}"\n'
 
 
 def model(name: str | None = None) -> ModelSpec:

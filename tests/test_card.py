@@ -156,3 +156,25 @@ def test_the_seed4_harness_counts_the_cards_slots(second_card):
 
     run = utilization_run([(0.0, 512, 128)] * 3, 4096)
     assert run.slots == 225  # by hand above
+
+
+def test_a_grading_sandboxs_copy_of_the_package_carries_the_card(second_card, tmp_path, monkeypatch):
+    """Student code in a sandbox sees the package alone: the copy holds the card, and labsupport.card reads it there."""
+    from labsupport.course import sandbox
+
+    copy = sandbox._make_student_copy([(ROOT / "labsupport" / "card.py", "card.py")])
+    try:
+        assert (copy / "labsupport" / "course.toml").read_text() == SECOND
+        monkeypatch.delenv(card.ENV)
+        monkeypatch.setattr(card, "DEFAULT_PATH", tmp_path / "absent.toml")
+        monkeypatch.setattr(card, "PACKAGED_PATH", copy / "labsupport" / "course.toml")
+        assert (card.card().gpu.name, card.card().model.name) == ("h200", "llama-3-8b")
+    finally:
+        sandbox._remove_sealed(copy)
+
+
+def test_the_release_and_the_gradescope_bundle_carry_the_card():
+    from labsupport.course import autograder, release
+
+    assert "course.toml" in release.TOP_FILES
+    assert "course.toml" in {name for _, name in autograder._files(traces=False)}

@@ -96,6 +96,8 @@ def test_no_staff_source_or_bytecode_is_in_the_sandbox(tmp_path):
 def test_the_sandbox_copy_and_the_release_follow_one_rule():
     copy = S.student_package() / "labsupport"
     in_copy = sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file())
+    assert "course.toml" in in_copy  # the course card, which labs in the sandbox read (labsupport.card)
+    in_copy.remove("course.toml")
     assert in_copy == [rel for _, rel in S.student_files()]
     released = {rel for _, rel in S.student_files(S.PACKAGE, release.STAFF_ONLY)}
     assert released == set(in_copy) - set(S.GRADING_ONLY)  # the release: the same, less the sandbox's own runner

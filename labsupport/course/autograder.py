@@ -64,7 +64,7 @@ def _files(traces: bool) -> list[tuple[Path, str]]:
                 and p.stat().st_size < 64 * 2**20]
 
     files = tree(PACKAGE, "labsupport/")
-    files += [(ROOT / n, n) for n in ("pyproject.toml", "README.md") if (ROOT / n).is_file()]
+    files += [(ROOT / n, n) for n in ("pyproject.toml", "README.md", "course.toml") if (ROOT / n).is_file()]
     files += tree(ROOT / "data", "data/") if (ROOT / "data").is_dir() else []
     if traces:
         from labsupport.workloads import TRACES, find_trace

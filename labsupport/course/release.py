@@ -27,7 +27,7 @@ STAFF_LINES = {  # the lines of the package's command tables that name a staff c
     "__main__.py": rf'^\s*"(?:{"|".join(STAFF_COMMANDS)})"\s*:.*\n',
     "bench/__init__.py": r'^\s*"(?:notebooks|grade|plans)"\s*:\s*"labsupport\.bench\.\w+:.*\n|^\s*(?:notebooks|grade|plans)\s+.*\n',
 }
-TOP_FILES = ("pyproject.toml", "environment.yml", "Makefile", ".gitignore")
+TOP_FILES = ("pyproject.toml", "environment.yml", "Makefile", ".gitignore", "course.toml")
 # the README's companions students read; INSTRUCTORS.md (the board, solutions/) and LEDGER.md stay with the staff
 STUDENT_GUIDES = ("GRADING.md",)
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")  # the ](target#anchor) that ends a markdown link

@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labsupport import card
 from labsupport.course import runner
 from labsupport.course.runner import python
 
@@ -98,7 +99,7 @@ def student_package() -> Path:
 
 
 def _make_student_copy(files: list[tuple[Path, str]]) -> Path:
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(card.card_text().encode())
     for path, rel in files:
         digest.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     final = Path(tempfile.gettempdir()) / f"labsupport-student-{digest.hexdigest()[:24]}"
@@ -108,6 +109,9 @@ def _make_student_copy(files: list[tuple[Path, str]]) -> Path:
     for path, rel in files:
         (staging / "labsupport" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, staging / "labsupport" / rel)
+    # the course card inside the package: a sandbox sees the package alone, and its labs must run on the card the
+    # graders computed the expected values on (labsupport.card reads this copy when no course.toml is beside it)
+    (staging / "labsupport" / "course.toml").write_text(card.card_text(), encoding="utf-8")
     _seal(staging)
     try:
         os.rename(staging, final)
