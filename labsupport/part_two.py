@@ -29,10 +29,26 @@ def attention_intensity(model=None) -> float:
     return CostModel(model).attn_flops_per_key / model.kv_bytes_per_token
 
 
-def request_level_batching(output_lengths: Sequence[int], batch: int = 186) -> dict:
-    """§10.5 / Oct 7: consecutive requests batched `batch` at a time, each batch running until its
-    longest member finishes.  Effective B = tokens produced ÷ steps run, averaged over batches."""
+def memory_batch(model=None, gpu=None, seq_tokens: int = 640, block_size: int = 16) -> int:
+    """The paged memory ceiling: `seq_tokens`-token sequences the card's KV budget holds in whole blocks (186 for the
+    lecture's 7B on its H100, §10.3); the course card's model and GPU unless told."""
+    model, gpu = model or card.model(), gpu or card.gpu()
+    budget = ledger.kv_budget_bytes(model, gpu)
+    return ledger.paged_concurrency(budget, seq_tokens, block_size, model.kv_bytes_per_token)
+
+
+def slo_batch(model=None, gpu=None, seq_tokens: int = 640, tpot_slo_s: float = 0.020) -> int:
+    """The largest B whose TPOT meets the SLO (159 for the lecture's 7B on its H100 at 20 ms, §10.6)."""
+    model, gpu = model or card.model(), gpu or card.gpu()
+    return ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth)
+
+
+def request_level_batching(output_lengths: Sequence[int], batch: int | None = None) -> dict:
+    """§10.5 / Oct 7: consecutive requests batched `batch` at a time (the card's memory batch unless told), each
+    batch running until its longest member finishes.  Effective B = tokens produced ÷ steps run, averaged."""
     import numpy as np
+
+    batch = memory_batch() if batch is None else batch
 
     out = np.asarray(output_lengths, dtype=np.int64)
     if batch < 1 or len(out) < batch:
@@ -43,7 +59,7 @@ def request_level_batching(output_lengths: Sequence[int], batch: int = 186) -> d
             "median_effective_b": float(np.median(effective)), "mean_output": float(out.mean())}
 
 
-def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool = True, model=None,
+def interference_spike(neighbours: int | None = None, prompt: int = 4096, overlap: bool = True, model=None,
                        gpu=None) -> dict:
     """§2.16 on the engine: `neighbours` chat sequences decode (512-token prompts), one `prompt`-token
     request arrives mid-run; a neighbour's longest gap between tokens against its usual gap.
@@ -56,6 +72,7 @@ def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool 
     from labsupport.engine import Engine
 
     model, gpu = model or card.model(), gpu or card.gpu()
+    neighbours = memory_batch() if neighbours is None else neighbours  # the card's memory batch
     pool = ledger.num_blocks(ledger.kv_budget_bytes(model, gpu), 16, model.kv_bytes_per_token)
     clock = CostModel(model, gpu, overlap=overlap)
     engine = Engine(cost_model=clock, num_blocks=pool, block_size=16, watermark=0.0, max_num_seqs=neighbours + 1)
@@ -80,9 +97,11 @@ def interference_spike(neighbours: int = 186, prompt: int = 4096, overlap: bool 
 OUTPUTS = ("memory batch", "TPOT", "longest gap", "prefill")
 
 
-def outputs(model=None, gpu=None, seq_tokens: int = 640, batch: int = 186, prompt: int = 4096) -> dict:
+def outputs(model=None, gpu=None, seq_tokens: int = 640, batch: int | None = None, prompt: int = 4096) -> dict:
     """Four outputs of today's arithmetic on `model` and `gpu`, each read off a mechanism.
 
+    `batch` (the course card's memory batch unless told) stays put when `model` or `gpu` changes, so an output
+    moves only by what the change does at one operating point.
     "memory batch": `seq_tokens`-token sequences a BlockAllocator over the card's KV budget (16-token blocks)
     holds; "TPOT": the engine's cost-model step for `batch` such sequences decoding; "longest gap": the worst
     wait between two tokens of one of `batch` decoding neighbours when a `prompt`-token prefill joins them (an
@@ -92,6 +111,7 @@ def outputs(model=None, gpu=None, seq_tokens: int = 640, batch: int = 186, promp
     from labsupport.costmodel import CostModel
 
     model, gpu = model or card.model(), gpu or card.gpu()
+    batch = memory_batch(seq_tokens=seq_tokens) if batch is None else batch  # the card's operating point, held
     pool = BlockAllocator(ledger.num_blocks(max(0.0, ledger.kv_budget_bytes(model, gpu)), 16,
                                             model.kv_bytes_per_token), 16)
     held = 0
@@ -137,10 +157,11 @@ def dependent_requests(workload, share: float = 0.5) -> float:
     return dependent / len(workload)
 
 
-def tlb_bytes(batch: int = 186, seq_tokens: int = 640, block_size: int = 16, entry_bytes: int = 4) -> dict:
+def tlb_bytes(batch: int | None = None, seq_tokens: int = 640, block_size: int = 16, entry_bytes: int = 4) -> dict:
     """Seed 3: block-table bytes a decode step reads (one table per sequence, re-read per layer)
     against the KV bytes it reads — what a KV 'TLB' could save (the course card's model and GPU)."""
     m, gpu = card.model(), card.gpu()
+    batch = memory_batch(m, gpu, seq_tokens, block_size) if batch is None else batch
     table = batch * ledger.block_table_bytes(seq_tokens, block_size, entry_bytes) * m.num_layers
     kv = batch * seq_tokens * m.kv_bytes_per_token
     swap_in = seq_tokens * m.kv_bytes_per_token / gpu.link_bandwidth
@@ -204,7 +225,7 @@ def trace_numbers(azure=None, mooncake=None) -> dict:
     session = agent_session()
     submitted = sum(r.prompt_tokens for r in session)
     return {
-        "request_batching": request_level_batching(azure.output_lengths(), 186),
+        "request_batching": request_level_batching(azure.output_lengths()),
         "spike": interference_spike(),
         "routing": {str(k): v for k, v in routing_hit_rates(mooncake).items()},
         "dependent": dependent_requests(mooncake),
@@ -220,8 +241,10 @@ def map_rows(numbers: dict) -> list[MapRow]:
     c = card.card()
     m, gpu = c.model, c.gpu
     rb, sp, rt = numbers["request_batching"], numbers["spike"], numbers["routing"]
-    w_frac_159 = m.weight_bytes / ledger.decode_step_bytes(m, 159, 640)
+    b_mem, b_slo = memory_batch(m, gpu), slo_batch(m, gpu)
+    w_frac_slo = m.weight_bytes / ledger.decode_step_bytes(m, b_slo, 640)
     floor = m.weight_bytes / gpu.hbm_bandwidth
+    cadence = ledger.tpot_s(m, b_mem, 640, gpu.hbm_bandwidth)  # the memory batch's decode step (§2.16 adds to it)
     return [
         MapRow("The gather kernel paging created, and attention's 1 FLOP/byte",
                "achieved bandwidth on an indirect access",
@@ -231,8 +254,8 @@ def map_rows(numbers: dict) -> list[MapRow]:
                f"request-level batches of {rb['batch']} Azure requests average B = {rb['mean_effective_b']:.0f}",
                "Batching and scheduling I, Oct 7", "06"),
         MapRow("One 129 ms prefill wrecks 199 decodes' cadence", "§2.16's 6.7× TPOT spike",
-               f"{1e3 * sp['prefill_s']:.1f} ms prefill in a {1e3 * ledger.tpot_s(m, 186, 640, gpu.hbm_bandwidth):.2f} ms "
-               f"cadence: {sp['lecture_additive_ratio']:.2f}× added, {sp['engine_ratio']:.2f}× on the engine's clock",
+               f"{1e3 * sp['prefill_s']:.1f} ms prefill in a {1e3 * cadence:.2f} ms "
+               f"cadence: {(sp['prefill_s'] + cadence) / cadence:.2f}× added, {sp['engine_ratio']:.2f}× on the engine's clock",
                "Disaggregation, Oct 14", "07"),
         MapRow("A cache hit on the wrong replica is a cache miss", "which card a request lands on",
                f"Mooncake prefix hits {100 * rt['1']:.1f}% on 1 card, {100 * rt['8']:.1f}% round-robin over 8",
@@ -245,8 +268,8 @@ def map_rows(numbers: dict) -> list[MapRow]:
                f"agent session: {100 * numbers['agent_resend']:.2f}% re-sent; Mooncake: {100 * rt['1']:.1f}% of "
                "prompt blocks already seen", "Prefix cache, Nov 9", "05"),
         MapRow("13.5 GB of weights re-read every step, b = 2", "bytes per weight and per cached value",
-               f"{m.weight_bytes / GB:.2f} GB = {1e3 * floor:.2f} ms of every step; {100 * w_frac_159:.0f}% of "
-               "the bytes at B = 159", "Pruning and quantization, Nov 11", "01"),
+               f"{m.weight_bytes / GB:.2f} GB = {1e3 * floor:.2f} ms of every step; {100 * w_frac_slo:.0f}% of "
+               f"the bytes at B = {b_slo}", "Pruning and quantization, Nov 11", "01"),
         MapRow("One forward pass yields one token", "tokens per pass over the weights",
                f"1 per sequence: one stream tops out at {1 / ledger.tpot_s(m, 1, 640, gpu.hbm_bandwidth):,.0f} tok/s",
                "Speculative decoding, Nov 18", "07"),

@@ -100,6 +100,7 @@ def test_tpot_figure_and_panel_follow_the_slider():
     assert any("memory ceiling 186" in a.text for a in fig.layout.annotations)
 
     panel = viz_slo.tpot_panel(measured=measured)
+    assert len(panel.figure.data) == 5  # the engine's markers, on the card the panel opens on
     panel.controls["batch"].value = 29
     assert panel.figure.data[3].y[0] == pytest.approx(1e3 * hand_tpot(29))
     assert "TPOT at B = 29" in panel.text() and "meets the 20 ms SLO" in panel.text()

@@ -183,7 +183,9 @@ def step_bytes_readout(batch: int, seq_len: int, model: ModelSpec, gpu: GPUSpec,
 
 def step_bytes_panel(batch: int = 64, seq_len: int = 4096, model: str | None = None,
                      gpu: str | None = None, block_size: int = 16) -> Panel:
-    """Lab 04: B, S, block size and model -> the bytes a decode step's attention moves (time floor on `gpu`)."""
+    """Lab 04: B, S, block size and model -> the bytes a decode step's attention moves (time floor on `gpu`); the
+    card's GQA form unless told (the kernel lab's model)."""
+    model = model or card.card().gqa.name
     controls = {
         "batch": selection_slider([1, 8, 16, 32, 64, 128, 256], batch, "B (sequences)"),
         "seq_len": selection_slider([2**k for k in range(9, 16)], seq_len, "S (tokens)"),
@@ -193,7 +195,7 @@ def step_bytes_panel(batch: int = 64, seq_len: int = 4096, model: str | None = N
     gpu_spec = card.gpu(gpu)
 
     def args(batch, seq_len, block_size, model):
-        return batch, seq_len, card.model(model) if model else card.card().gqa, gpu_spec, block_size
+        return batch, seq_len, card.model(model), gpu_spec, block_size
 
     return Panel(lambda **v: step_bytes_figure(*args(**v)), controls, lambda **v: step_bytes_readout(*args(**v)),
                  title=f"Same bytes, new access pattern: one decode step's attention (time floor on {gpu_spec.name})")

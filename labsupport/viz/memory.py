@@ -132,7 +132,7 @@ def slot_stack_figure(alloc: ReserveToMaxAllocator, budget_bytes: float, max_row
     left = m["leftover_bytes"]
     # The leftover sits on the title's second line, the legend on the plot's top edge: at any width
     # the two never meet (a note beside the legend ran under it in a 700 px figure).
-    title = (f"{m['concurrency']:,} slots × {fmt_gb(slot)}: {fmt_gb(m['occupied_bytes'], 2)} of "
+    title = (f"{m['concurrency']:,} slot{'' if m['concurrency'] == 1 else 's'} × {fmt_gb(slot)}: {fmt_gb(m['occupied_bytes'], 2)} of "
              f"{fmt_gb(budget_bytes, 2)} hold tokens ({fmt_pct(m['utilization'])})"
              f"<br><sup>+ {fmt_gb(left)} of the budget too small for another slot</sup>")
     height = max(340, min(920, 150 + 22 * len(labels)))

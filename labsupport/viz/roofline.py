@@ -140,7 +140,7 @@ def batch_gap_panel(model: str | None = None, gpu: str | None = None, s_max: int
     def figure(gpu, model, s_max):
         return batch_gap_figure(card.model(model), card.gpu(gpu), s_max)
 
-    return Panel(figure, controls, batch_gap_readout, title="29 against 295: what the arithmetic wants, "
+    return Panel(figure, controls, batch_gap_readout, title="Lecture 2's 29 against 295, on your card: what the arithmetic wants, "
                                                            "what the allocator permits")
 
 

@@ -205,7 +205,7 @@ def fanout_readout(n: int, prompt: int, output: int, block_size: int, model: str
 
 def fanout_panel(n: int = 8, prompt: int = 4096, output: int = 256, block_size: int = 16,
                  model: str | None = None) -> Panel:
-    """§10.4 / lab 05: sliders over n, prompt, output, block size and model; bars against the H100's KV budget."""
+    """§10.4 / lab 05: sliders over n, prompt, output, block size and model; bars against the card's KV budget."""
     controls = {
         "n": number_slider("n (branches)", n, 1, 64, 1, integer=True),
         "prompt": selection_slider(PROMPT_OPTIONS, prompt, "prompt (tokens)"),

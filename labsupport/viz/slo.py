@@ -160,7 +160,8 @@ def tpot_panel(batch: int = 186, seq_tokens: int = 640, tpot_slo_ms: float = 20.
         "model": dropdown(model_options(), model, "model"),
         "gpu": dropdown(gpu_options(), gpu, "GPU"),
     }
-    lecture = dict(model=model, gpu=gpu, seq_tokens=seq_tokens)
+    # the configuration the markers were measured in, as the controls name it (None: the card's, listed first)
+    lecture = dict(model=controls["model"].value, gpu=controls["gpu"].value, seq_tokens=seq_tokens)
 
     def figure(batch, seq_tokens, tpot_slo_ms, model, gpu):
         # engine markers belong to the configuration they were measured in
@@ -292,6 +293,12 @@ def ttft_readout(run: ProbeRun) -> str:
     return "\n".join(lines)
 
 
+def _card_words() -> str:
+    """The card as a title names it: the lecture's words on its own card, the catalogue's names elsewhere."""
+    c = card.card()
+    return "H100, lecture 7B" if c.is_lecture else f"{c.gpu.name}, {c.model.name}"
+
+
 def ttft_panel(rate_per_s: float = 62.0, probe_prompt: int = 4096) -> Panel:
     """§10.6: raise the offered load and watch queueing take over the TTFT (engine runs, cost-model clock)."""
     controls = {
@@ -309,7 +316,7 @@ def ttft_panel(rate_per_s: float = 62.0, probe_prompt: int = 4096) -> Panel:
 
     def figure(rate_per_s, probe_prompt):
         return ttft_bars_figure(run(rate_per_s, probe_prompt).splits(),
-                                title=f"TTFT at {rate_per_s:g} chat requests/s (H100, lecture 7B, b = 16)")
+                                title=f"TTFT at {rate_per_s:g} chat requests/s ({_card_words()}, b = 16)")
 
     return Panel(figure, controls, lambda **v: ttft_readout(run(**v)), title="Where did your TTFT go?")
 
