@@ -24,12 +24,15 @@
 
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
+from labsupport import card, ledger
 from labsupport.cli import doctor
 from labsupport.course.checkoff import check, revealed, unlocked
 from IPython.display import Markdown, display
-from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
+from labsupport.specs import LLAMA3_8B, LLAMA3_70B
 from labsupport.units import fmt_bytes, fmt_gb, fmt_gib
 from labsupport.viz import roofline
+
+COURSE = card.card()  # the course's GPU and model (course.toml); the lecture's are an H100 SXM and its 7B MHA model
 
 # %% tags=["givens"]
 # The givens: the quantities this lab's exercises are posed on. Compute your answers from these names;
@@ -49,8 +52,9 @@ print(doctor.format_report(report))
 # Most of you will run these labs on a laptop. That is fine, and it is a deliberate design choice:
 #
 # * **Every number derived in the labs is the same on every machine.** Memory budgets, slot sizes,
-#   utilization, the swap-versus-recompute break-even: they are arithmetic on the *lecture's* H100 and
-#   model, computed exactly by `labsupport.ledger`, not measured on your machine.
+#   utilization, the swap-versus-recompute break-even: they are arithmetic on the *course's* card — the GPU
+#   and the model it names, `{{ gpu.name }}` and `{{ model.name }}` (the lecture's are an H100 and a 7B MHA
+#   model) — computed exactly by `labsupport.ledger`, not measured on your machine.
 # * **Mechanisms run for real, at small sizes.** The block allocator, the paged cache's tensors, the
 #   copy-on-write fork and the engine loop all run on CPU tensors; the labs shrink the sizes so each
 #   notebook finishes in under a minute.
@@ -71,8 +75,8 @@ else:
 #
 # Every lab follows the lecture section by section. You will meet three kinds of code cell:
 #
-# 1. **Cells you just run.** They compute the lecture's numbers with `labsupport`, draw charts, and
-#    show sliders. Change their inputs freely.
+# 1. **Cells you just run.** They compute the lecture's quantities on the course's card with `labsupport`,
+#    draw charts, and show sliders. Change their inputs freely.
 # 2. **Exercises.** A comment `# TODO N.M: …` marks the code you write. Where the answer is a value,
 #    the line below it reads `name = ...` (Python's `...`, a placeholder); inside a function it is
 #    `raise NotImplementedError(…)`. Replace the placeholder with your code. Until you do, nothing
@@ -89,15 +93,15 @@ else:
 #
 #    Until you have written it, the line is `⬜ Checkoff N.M not attempted — <the exercise>`. A wrong
 #    answer gets one line that says what was wrong and gives a hint, never the answer — and, if your
-#    own code raised an error, the lines of *your* code it came from. For example, answering 512,000
+#    own code raised an error, the lines of *your* code it came from. For example, answering {{ G.KV_KIB * 1000:, }}
 #    to the first checkoff below says
 #
 #    ```
-#    ❌ Checkoff 0.1: you gave 512,000 B, which is not exactly right; it is too low. That reads KiB as the decimal kB, … Hint: KiB is the binary kilobyte, …
+#    ❌ Checkoff 0.1: you gave {{ G.KV_KIB * 1000:, }} B, which is not exactly right; it is too low. That reads KiB as the decimal kB, … Hint: KiB is the binary kilobyte, …
 #    ```
 #
 # **Givens.** Near the top of every lab a cell marked `givens` binds the quantities its exercises are
-# posed on (the lecture's card, model, lengths, ...). Compute every answer *from those names*: when
+# posed on (the course's GPU and model, the lecture's lengths, ...). Compute every answer *from those names*: when
 # your notebook is graded, your code is re-run on other values of them, so a number typed in or copied
 # from the prose, the README or a neighbour is right only once. Try each exercise before reading the
 # README's ledger, which is the lecture's numbers worked out.
@@ -113,7 +117,7 @@ else:
 # ```
 #
 # `grade` runs your saved notebook from top to bottom in a sandbox (Linux's bubblewrap; on a machine
-# without it, add `--trusted`: it is your own notebook), once on the lecture's givens and again on
+# without it, add `--trusted`: it is your own notebook), once on the course's givens and again on
 # hidden ones, ignoring whatever outputs are stored in it, so **save before grading**, and make sure the
 # notebook runs from a fresh start (*Kernel → Restart Kernel and Run All Cells*), not only in the order
 # you happened to run it.
@@ -121,22 +125,24 @@ else:
 # %% [markdown]
 # ## 3. Bytes, and the three ways to write a thousand of them
 #
-# The lecture's model stores **512 KiB** of keys and values for every token it holds. The GPU on
-# its box has **80 GB** of memory. Those two prefixes are not the same kind of thousand:
+# The course's model (`{{ model.name }}`) stores **{{ G.KV_KIB:,g }} KiB** of keys and values for every token it
+# holds. Its GPU (`{{ gpu.name }}`) has **{{ gpu.hbm_bytes / GB:g }} GB** of memory on its box. Those two prefixes
+# are not the same kind of thousand:
 #
 # | prefix | means | example |
 # |---|---|---|
-# | kB, MB, GB | powers of 10: $10^3, 10^6, 10^9$ bytes | the H100's "80 GB", the 62.5 GB KV budget |
-# | KiB, MiB, GiB | powers of 2: $2^{10}, 2^{20}, 2^{30}$ bytes | 512 KiB per token, a 2 MiB block |
+# | kB, MB, GB | powers of 10: $10^3, 10^6, 10^9$ bytes | the card's "{{ gpu.hbm_bytes / GB:g }} GB", the {{ N.kv_budget_bytes / GB:.1f }} GB KV budget |
+# | KiB, MiB, GiB | powers of 2: $2^{10}, 2^{20}, 2^{30}$ bytes | {{ G.KV_KIB:,g }} KiB per token, a {{ 16 * gqa.kv_bytes_per_token / MiB:g }} MiB block |
 #
-# Mixing them costs 2.4% at the kilo level and 7.4% at the giga level — enough to turn the H100's
-# 29 reserve-to-max slots (lab 01) into 28 if its 4 GB reserve is read as 4 GiB. The labs write every
-# byte count exactly and name its unit; `labsupport.units` prints both readings:
+# Mixing them costs 2.4% at the kilo level and 7.4% at the giga level — enough to turn the lecture's
+# 29 reserve-to-max slots on its H100 (lab 01) into 28 if the 4 GB reserve is read as 4 GiB. The labs
+# write every byte count exactly and name its unit; `labsupport.units` prints both readings:
 
 # %%
-print("80 GB      =", fmt_bytes(80e9))
+hbm, budget = COURSE.gpu.hbm_bytes, ledger.kv_budget_bytes(COURSE.model, COURSE.gpu)  # the card's memory, its KV budget
+print(f"{hbm / 1e9:g} GB".ljust(11) + "=", fmt_bytes(hbm))
 print("2 GiB      =", fmt_bytes(2 * 2**30))
-print("62.52e9 B  =", fmt_gb(62.52e9), "=", fmt_gib(62.52e9))
+print(f"{budget / 1e9:g}e9 B".ljust(11) + "=", fmt_gb(budget), "=", fmt_gib(budget))
 
 # %% [markdown]
 # ### Exercise 0.1 — your first checkoff
@@ -154,7 +160,7 @@ check("0.1", kv_bytes)
 # %% [markdown]
 # ### Exercise 0.2 — your first function checkoff
 #
-# Where do 512 KiB per token come from? When the model produces a new token, attention in each of its
+# Where do {{ G.KV_KIB:,g }} KiB per token come from? When the model produces a new token, attention in each of its
 # `num_layers` layers scores that token against every earlier token and mixes what the earlier
 # tokens contributed; the cache keeps, for each earlier token, exactly what that step reads back
 # instead of recomputing it. The arguments name the shape of what attention reads: `num_kv_heads`
@@ -184,11 +190,11 @@ $$\text{KV bytes per token} \;=\; 2 \times L \times n_{kv} \times d_{head} \time
 # %% [markdown]
 # `labsupport` has the same quantity on every model preset, which is what the later labs use. The cell
 # below runs **your** `kv_bytes_per_token` on the shapes of the course's presets and sets it beside the
-# preset's own count (it waits for 0.1 and 0.2: the lecture's preset is their answer):
+# preset's own count (it waits for 0.1 and 0.2: the card's model is among them, and its count is their answer):
 
 # %%
 if revealed("0.1") and unlocked("0.2"):
-    for model in (LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B):
+    for model in dict.fromkeys((COURSE.mha, COURSE.gqa, LLAMA3_8B, LLAMA3_70B)):  # the card's model, MHA and GQA
         per_token = kv_bytes_per_token(model.num_layers, model.num_kv_heads, model.head_dim, model.dtype_bytes)
         agrees = "agrees" if per_token == model.kv_bytes_per_token else f"labsupport has {model.kv_bytes_per_token:,} B"
         print(f"{model.name:>16}: yours {per_token:,} B per token = {per_token / 2**10:,.0f} KiB ({agrees}); "
@@ -215,20 +221,24 @@ if revealed("0.2"):  # its readout writes out 0.2's count: it shows once yours p
 # %% [markdown]
 # ## Self-check
 #
-# 1. Your laptop has no GPU. Will the labs' figure for the naive allocator's concurrency on an H100 be
-#    different from your neighbour's, who has one?
-# 2. Which is larger, 80 GB or 80 GiB, and by how many bytes?
+# 1. Your laptop has no GPU. Will the labs' figure for the naive allocator's concurrency on the course's
+#    card be different from your neighbour's, who has a GPU?
+# 2. Which is larger, {{ gpu.hbm_bytes / GB:g }} GB or {{ gpu.hbm_bytes / GB:g }} GiB, and by how many bytes?
 # 3. A checkoff prints `⬜ Checkoff 1.2 not attempted — …`. Did something break?
 #
 # The answers show once 0.1 (the units they lean on) passes:
 
 # %%
 if revealed("0.1"):
-    gib, gb = 80 * 2**30, 80 * 10**9
-    display(Markdown(f"""1. No. It is arithmetic on the lecture's H100 and model (`labsupport.ledger`), identical everywhere.
+    hbm = round(COURSE.gpu.hbm_bytes / 10**9)  # the card's box figure, in (decimal) GB
+    gib, gb = hbm * 2**30, hbm * 10**9
+    # the lecture's card is named as the lecture's; another card by its catalogue names
+    on = ("the lecture's H100 and model" if COURSE.is_lecture
+          else f"the course's {COURSE.gpu.name} and {COURSE.model.name}")
+    display(Markdown(f"""1. No. It is arithmetic on {on} (`labsupport.ledger`), identical everywhere.
    Only measured timings depend on your machine.
-2. 80 GiB = {gib:,} B, larger than 80 GB = {gb:,} B by {gib - gb:,} B ({100 * (gib - gb) / gb:.1f}%).
+2. {hbm} GiB = {gib:,} B, larger than {hbm} GB = {gb:,} B by {gib - gb:,} B ({100 * (gib - gb) / gb:.1f}%).
 3. No: that is exercise 1.2 waiting for you. Replace the placeholder under its comment with your code."""))
 
 # %% [markdown]
-# Next: **Lab 01 — five jobs, and 29 against 295.**
+# Next: **Lab 01 — five jobs, and the lecture's 29 against 295.**

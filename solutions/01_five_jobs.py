@@ -1,11 +1,14 @@
 # %% [markdown]
-# # Lab 01 — Five jobs, and 29 against 295 (§10.1)
+# # Lab 01 — Five jobs, and the lecture's 29 against 295 (§10.1)
 #
-# Lecture 2 left one collision on the board: an H100's decode arithmetic **wants a batch of 295**,
-# and its KV cache **permits 29**. Part II is about that gap. First you take a real run of this
-# course's serving engine apart, step by step, and charge what it did to the five jobs of §10.1.
-# Then you derive both numbers from what the hardware does (each formula appears once your code
-# passes), and move the GPU, the model and the maximum sequence length to see which of the two walls moves.
+# Lecture 2 left one collision on the board: on an H100, the lecture's 7B MHA model's decode arithmetic
+# **wants a batch of 295**, and its KV cache **permits 29**. Part II is about that gap. First you take a
+# real run of this course's serving engine apart, step by step, and charge what it did to the five jobs
+# of §10.1. Then you derive both numbers from what the hardware does (each formula appears once your code
+# passes), on the course's card: `{{ mha.name }}` on `{{ gpu.name }}`, the card's model in its MHA form, with a
+# KV head for every query head as the lecture's 7B has. And you move the GPU, the model (`{{ gqa.name }}`, its
+# {{ gqa.attention }} form, among them) and the maximum sequence length to see which of the two walls moves, and
+# whether a gap is left.
 #
 # **Learning objectives served** (the lecture's numbering)
 #
@@ -21,21 +24,22 @@
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
 from dataclasses import replace
 
-from labsupport import ledger, viz
+from labsupport import card, ledger, viz
 from IPython.display import Markdown, display
 
 from labsupport.costmodel import CostModel
 from labsupport.course.checkoff import check, revealed, unlocked
 from labsupport.engine_runs import job_run
-from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LECTURE_RESERVED_BYTES
+from labsupport.specs import GB, LECTURE_RESERVED_BYTES
 from labsupport.units import fmt_bytes, fmt_gb
 from labsupport.viz import roofline
 
-H100 = LECTURE_GPU
-print(f"model: {LECTURE_7B.name}, {LECTURE_7B.num_params / 1e9:.2f}e9 parameters, "
-      f"{LECTURE_7B.num_layers} layers × {LECTURE_7B.num_heads} heads × {LECTURE_7B.head_dim}, bf16")
-print(f"GPU:   {H100.name}, {fmt_gb(H100.hbm_bytes, 0)} HBM at {H100.hbm_bandwidth / GB:,.0f} GB/s, "
-      f"{H100.peak_flops / 1e12:,.0f} TFLOP/s dense bf16")
+COURSE = card.card()  # the course's card (course.toml): COURSE.mha / COURSE.gqa, its model with MHA / GQA attention
+GPU = COURSE.gpu
+print(f"model: {COURSE.mha.name}, {COURSE.mha.num_params / 1e9:.2f}e9 parameters, "
+      f"{COURSE.mha.num_layers} layers × {COURSE.mha.num_heads} heads × {COURSE.mha.head_dim}, bf16")
+print(f"GPU:   {GPU.name}, {fmt_gb(GPU.hbm_bytes, 0)} HBM at {GPU.hbm_bandwidth / GB:,.0f} GB/s, "
+      f"{GPU.peak_flops / 1e12:,.0f} TFLOP/s dense bf16")
 
 # %% [markdown]
 # ## 1. What a serving engine is asked to do
@@ -58,8 +62,9 @@ print(f"GPU:   {H100.name}, {fmt_gb(H100.hbm_bytes, 0)} HBM at {H100.hbm_bandwid
 # ### 1b. One run of the engine, step by step
 #
 # `labsupport.engine.Engine` is this course's serving engine (lab 06 builds its loop with you): here it
-# runs without a model, on the cost-model clock — each step's time priced from the lecture's 7B on the
-# lecture's H100 — over a pool of 600 blocks of 16 tokens. Twelve chat requests arrive while it runs.
+# runs without a model, on the cost-model clock — each step's time priced from the card's model in MHA
+# form (`{{ mha.name }}`) on its GPU (`{{ gpu.name }}`) — over a pool of 600 blocks of 16 tokens. Twelve
+# chat requests arrive while it runs.
 # `job_run` records the run as plain data, `trace`:
 #
 # * `trace["num_params"]`, `trace["kv_bytes_per_token"]`, `trace["block_size"]`: the run's constants;
@@ -75,7 +80,7 @@ print(f"GPU:   {H100.name}, {fmt_gb(H100.hbm_bytes, 0)} HBM at {H100.hbm_bandwid
 # (the step before which a request arrives, its prompt tokens, its max new tokens)
 REQUESTS = [(0, 512, 24), (0, 380, 40), (1, 600, 12), (3, 512, 30), (4, 90, 48), (6, 1_000, 20),
             (9, 256, 36), (10, 512, 16), (14, 700, 28), (15, 128, 40), (20, 512, 24), (24, 2_048, 8)]
-trace, _ = job_run(CostModel(LECTURE_7B, H100), REQUESTS, num_blocks=600)
+trace, _ = job_run(CostModel(COURSE.mha, GPU), REQUESTS, num_blocks=600)
 print(f"{len(trace['steps'])} steps, {len(trace['requests'])} requests; the first three steps:")
 for step in trace["steps"][:3]:
     print({k: v if k != "tokens" else v[:4] + (["..."] if len(v) > 4 else []) for k, v in step.items()})
@@ -185,17 +190,17 @@ The rest of this lab computes the two numbers that make that sentence true."""))
 # %% [markdown]
 # ### Exercise 1.4 — what a smaller KV cache moves
 #
-# The GQA-8 version of the lecture's 7B (`LECTURE_7B_GQA8`) has the same weights and the same 32
-# query heads, but 8 KV heads instead of 32. Replay the same twelve requests, arriving before the same
+# The {{ gqa.attention }} form of the card's model (`COURSE.gqa`, `{{ gqa.name }}`) has the same weights and the same
+# {{ gqa.num_heads }} query heads, but {{ gqa.num_kv_heads }} KV heads instead of {{ mha.num_kv_heads }}. Replay the same twelve requests, arriving before the same
 # steps, on it, with the same pool of 600 blocks. **Predict first** — write your guess down — then
 # measure with your `job_ledger`: set `gqa_moves` to the set of ledger entries (of `"admit"`,
 # `"allocate"`, `"batch"`, `"run"`, `"stream"`) that change by more than 0.1%.
 
 # %%
-trace_gqa, _ = job_run(CostModel(LECTURE_7B_GQA8, H100), REQUESTS, num_blocks=600)
+trace_gqa, _ = job_run(CostModel(COURSE.gqa, GPU), REQUESTS, num_blocks=600)
 
 # %%
-### BEGIN SOLUTION 1.4: set gqa_moves to the set of ledger entries that change on GQA-8 (measure them with your job_ledger)
+### BEGIN SOLUTION 1.4: set gqa_moves to the set of ledger entries that change on the GQA form (measure them with your job_ledger)
 mha, gqa = job_ledger(trace), job_ledger(trace_gqa)
 gqa_moves = {job for job in mha if abs(gqa[job] - mha[job]) > 1e-3 * abs(mha[job])}
 ### END SOLUTION
@@ -203,17 +208,20 @@ check("1.4", gqa_moves)
 
 # %%
 if revealed("1.4"):
-    display(Markdown("""Only the two memory jobs move, each by 4×: every other number is the same, the longest wait
+    shrink = COURSE.mha.kv_bytes_per_token // COURSE.gqa.kv_bytes_per_token  # MHA's KV heads over GQA's
+    part = {2: "a half", 4: "a quarter"}.get(shrink, f"1/{shrink}")
+    times = {2: "twice", 4: "four times"}.get(shrink, f"{shrink} times")
+    display(Markdown(f"""Only the two memory jobs move, each by {shrink}×: every other number is the same, the longest wait
 included. The pool holds the same 600 blocks and the arrivals come at the same steps, so every step
 seats the same sequences and pushes the same tokens through the same weights. A decode step does get
-faster (it reads a quarter of the KV), but the longest wait is a step that carries a prefill, and a
+faster (it reads {part} of the KV), but the longest wait is a step that carries a prefill, and a
 prefill is arithmetic: 2 FLOP per weight per prompt token, which GQA does not touch. The user's worst
 wait is set by someone else's prompt — §2.16's spike, and the Oct 14 lecture's subject.
-(Had the pool been the card's whole KV budget instead of 600 blocks, GQA-8 would hold four times the
+(Had the pool been the card's whole KV budget instead of 600 blocks, {COURSE.gqa.attention} would hold {times} the
 blocks, and the batch would have moved too: that is section 4's GQA bar.)"""))
 
 # %% [markdown]
-# ## 2. What the arithmetic wants: the ridge-point batch, 295
+# ## 2. What the arithmetic wants: the ridge-point batch (Lecture 2's 295)
 #
 # During decode each sequence in the batch produces one token per step. To do it, the GPU streams
 # **every weight once** from HBM, whatever the batch size, and each sequence in the batch does a
@@ -246,24 +254,25 @@ check("1.2", ridge_batch)
 # cell shows the formula and its arithmetic once your function passes:
 
 # %%
-ridge = ledger.ridge_batch(LECTURE_7B, H100)
+ridge = ledger.ridge_batch(COURSE.mha, GPU)
 if revealed("1.2"):
     display(Markdown(r"""With $N$ parameters of $b$ bytes and a batch of $B$: FLOP per step $= 2NB$, bytes per step
 $\approx Nb$, so the intensity is $2B/b$ FLOP/byte. Setting it equal to the ridge, peak $P$ over
 bandwidth $W$:
 
 $$B^\ast = \frac{P}{W}\cdot\frac{b}{2}.$$"""))
-    print(f"B* = {H100.peak_flops / 1e12:,.0f} TFLOP/s ÷ {H100.hbm_bandwidth / GB:,.0f} GB/s × 2 B ÷ 2 = {ridge:.1f}")
+    print(f"B* = {GPU.peak_flops / 1e12:,.0f} TFLOP/s ÷ {GPU.hbm_bandwidth / GB:,.0f} GB/s × {COURSE.mha.dtype_bytes} B ÷ 2 "
+          f"= {ridge:.1f}")
 
 # %% [markdown]
 # On a log–log plot of attainable FLOP/s against the batch, the ridge point is the corner of the
 # roofline. The shaded region is where memory will not let you go — the subject of the next section.
 
 # %%
-roofline.decode_roofline_figure(LECTURE_7B, H100, s_max=4096).show()
+roofline.decode_roofline_figure(COURSE.mha, GPU, s_max=4096).show()
 
 # %% [markdown]
-# ### 2b. With the KV reads counted, 295 is out of reach
+# ### 2b. With the KV reads counted, the ridge is out of reach
 #
 # A decode step also reads every cached key and value of every sequence in the batch, and does
 # attention's arithmetic on them: $4\,L\,H\,d$ FLOPs per cached token (the $q \cdot k$ and the weighted
@@ -274,27 +283,29 @@ roofline.decode_roofline_figure(LECTURE_7B, H100, s_max=4096).show()
 #   \;\xrightarrow{\;B\to\infty\;}\; \frac{2N + 4LHd\,S}{S\cdot\text{KV per token}}.$$
 #
 # Past some batch each extra sequence brings as many bytes as FLOPs, and the line goes flat. For the
-# lecture's MHA 7B, $4LHd = 524{,}288$ FLOPs per token is numerically its KV bytes per token, so the
-# flat level is $2N / (S\cdot\text{KV}) + 1$: it reaches the ridge only if $S$ is under about 87
+# card's model in MHA form (`{{ mha.name }}`), $4LHd = {{ '{:,}'.format(4 * mha.num_layers * mha.num_heads * mha.head_dim).replace(',', '{,}') }}$ FLOPs per token is numerically its KV bytes per token, so the
+# flat level is $2N / (S\cdot\text{KV}) + 1$: it reaches the ridge only if $S$ is under about {{ round(ledger.ridge_reachable_tokens(mha, gpu)) }}
 # tokens. Every chat sequence is longer.
 
 # %%
-for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
+for mdl in (COURSE.mha, COURSE.gqa):
     print(f"{mdl.name:>16}: at S = 640 the intensity flattens at {ledger.decode_intensity_limit(mdl, 640):6.1f} "
-          f"FLOP/byte (ridge {H100.peak_flops / H100.hbm_bandwidth:.0f}); any batch reaches the ridge only for "
-          f"S < {ledger.ridge_reachable_tokens(mdl, H100):.0f} tokens; at B = 200 it is "
+          f"FLOP/byte (ridge {GPU.peak_flops / GPU.hbm_bandwidth:.0f}); any batch reaches the ridge only for "
+          f"S < {ledger.ridge_reachable_tokens(mdl, GPU):.0f} tokens; at B = 200 it is "
           f"{ledger.decode_intensity(mdl, 200, 640):.1f}")
-roofline.intensity_figure(LECTURE_7B, H100).show()
+# the S curves drawn: weights only, the longest S that still reaches this card's ridge, a chat, S_max
+roofline.intensity_figure(COURSE.mha, GPU, seq_lengths=(0, round(ledger.ridge_reachable_tokens(COURSE.mha, GPU)), 640,
+                                                        4096)).show()
 
 # %% [markdown]
-# So 295 is Lecture 2's number for the weights alone. With real sequence lengths an MHA decode step
-# never becomes compute-bound, however large the batch — which is why the rest of Part II attacks the
-# *bytes* (GQA's smaller cache lifts the flat level 4×; the KV-cache lecture of Oct 28 goes further),
+# So the ridge-point batch, Lecture 2's 295, is a number for the weights alone. With real sequence lengths
+# an MHA decode step never becomes compute-bound, however large the batch — which is why the rest of Part II
+# attacks the *bytes* (GQA's smaller cache lifts the flat level {{ mha.kv_bytes_per_token / gqa.kv_bytes_per_token:g }}×; the KV-cache lecture of Oct 28 goes further),
 # and why the batch memory permits still matters: it sets how many sequences share each pass over the
 # weights.
 
 # %% [markdown]
-# ## 3. What the memory permits: 29
+# ## 3. What the memory permits (Lecture 2's 29)
 #
 # The first KV cache anyone writes reserves, for every request, room for the longest sequence it is
 # allowed — $S_{max}$ tokens — because its keys and values are one tensor whose shape must be fixed
@@ -303,7 +314,7 @@ roofline.intensity_figure(LECTURE_7B, H100).show()
 # The card's memory holds three things: the weights (every parameter, `model.dtype_bytes` bytes
 # each), a **reserve** of 4 GB for activations and workspace (`reserved_bytes`, default
 # `labsupport.specs.LECTURE_RESERVED_BYTES`), and the KV cache in whatever is left. Watch the units:
-# the card's memory is decimal GB (its marketed 80 GB), the per-token KV is binary KiB.
+# the card's memory is decimal GB (its marketed {{ gpu.hbm_bytes / GB:g }} GB), the per-token KV is binary KiB.
 #
 # ### Exercise 1.3 — the memory-limited batch
 #
@@ -328,15 +339,15 @@ check("1.3", memory_batch)
 # And from the ledger, with the formula and every byte written out once your function passes:
 
 # %%
-kv = ledger.kv_bytes_per_token(LECTURE_7B)
-budget = ledger.kv_budget_bytes(LECTURE_7B, H100)
+kv = ledger.kv_bytes_per_token(COURSE.mha)
+budget = ledger.kv_budget_bytes(COURSE.mha, GPU)
 slot = ledger.naive_slot_bytes(4096, kv)
 memory = ledger.naive_concurrency(budget, 4096, kv)
 if revealed("1.3"):
     display(Markdown(r"""$$\text{KV budget} = \text{HBM} - \text{weights} - \text{reserve}, \qquad
 \text{slot} = S_{max} \times \text{KV per token}, \qquad
 B_{mem} = \left\lfloor \frac{\text{KV budget}}{\text{slot}} \right\rfloor$$"""))
-    print(f"weights    {fmt_bytes(LECTURE_7B.weight_bytes)}")
+    print(f"weights    {fmt_bytes(COURSE.mha.weight_bytes)}")
     print(f"KV budget  {fmt_bytes(budget)}")
     print(f"slot       {fmt_bytes(slot)}  (4,096 tokens × {kv:,} B)")
     print(f"B_mem      {budget / slot:.2f} slots → {memory}")
@@ -350,11 +361,12 @@ B_{mem} = \left\lfloor \frac{\text{KV budget}}{\text{slot}} \right\rfloor$$"""))
 #
 # Then try:
 #
-# * **GQA.** Switch the model to `lecture-7b-gqa8` (8 KV heads instead of 32). Which bar moves, and
+# * **GQA.** Switch the model to `{{ card.contrast.name }}` ({{ card.contrast.num_kv_heads }} KV heads instead of {{ model.num_kv_heads }}). Which bar moves, and
 #   by how much? Why not the other?
 # * **Long context.** Slide S_max to 32,768, the "advertise long context" setting of §10.2. Then to
 #   131,072 (Exercise 1's brochure).
-# * **A bigger card.** The H200 has 141 GB at 4.8 TB/s and the same peak. The ridge *falls*; why?
+# * **A bigger card.** The H200 has 141 GB at 4.8 TB/s and the H100's peak (the H100: 80 GB at 3.35 TB/s).
+#   From the H100 to the H200 the ridge *falls*; why?
 # * **A bigger model.** `llama-3-70b` on an H100: what is left for the cache?
 
 # %%
@@ -364,8 +376,10 @@ roofline.batch_gap_panel()
 # What you should have seen: the ridge point is a property of the GPU (and of bytes per weight); it
 # does not care about the model's shape or the sequence length. The memory batch depends on
 # everything else — the model's KV bytes per token, the card's memory, and above all **S_max**, a
-# number that says nothing about how long sequences really are. Lab 02 measures how much of those
-# 29 slots is ever filled.
+# number that says nothing about how long sequences really are. On this card at S_max = 4,096, the
+# MHA form's {{ N.naive_concurrency }} slots stand against a ridge of {{ N.ridge_batch:.0f }}; the {{ gqa.attention }} form holds {{ NG.naive_concurrency }},
+# {{ 'still short of it' if NG.naive_concurrency < NG.ridge_batch else 'past it: GQA alone closes the gap, until S_max grows' }}.
+# Lab 02 measures how much of section 3's {{ N.naive_concurrency }} slots is ever filled.
 
 # %% [markdown]
 # ## 5. The job that cannot be undone
@@ -392,7 +406,7 @@ roofline.batch_gap_panel()
 # ## Self-check
 #
 # 1. Name the five jobs and the resource each contends for. Which two are about memory?
-# 2. Why does a GQA-8 model move the memory bar but not the compute bar?
+# 2. Why does a {{ gqa.attention }} model move the memory bar but not the compute bar?
 # 3. Double the HBM bandwidth of a card and keep its peak FLOP/s. What happens to the ridge-point
 #    batch, and is that good news?
 # 4. Raise S_max from 4,096 to 32,768 with the same workload. By what factor does the memory batch
@@ -402,14 +416,15 @@ roofline.batch_gap_panel()
 
 # %%
 if revealed("1.1", "1.2", "1.3"):
-    shrink = LECTURE_7B.kv_bytes_per_token / LECTURE_7B_GQA8.kv_bytes_per_token
-    wider = replace(H100, hbm_bandwidth=2 * H100.hbm_bandwidth)  # the same card, twice the bandwidth
+    shrink = COURSE.mha.kv_bytes_per_token / COURSE.gqa.kv_bytes_per_token
+    wider = replace(GPU, hbm_bandwidth=2 * GPU.hbm_bandwidth)  # the same card, twice the bandwidth
+    on = "the lecture's card" if COURSE.is_lecture else f"the course's card, {GPU.name}"
     long_batch = ledger.naive_concurrency(budget, 32_768, kv)
     display(Markdown(f"""1. Admit (memory: a promise of KV space), allocate (memory: the KV space itself), batch (the next
    forward pass), run (arithmetic and bandwidth), stream (user-visible latency). Admit and allocate.
 2. GQA shrinks KV bytes per token (by {shrink:g}× here); the ridge point depends only on the GPU's peak over
    bandwidth and the bytes per weight, which GQA leaves alone.
-3. It halves ({ridge:.1f} → {ledger.ridge_batch(LECTURE_7B, wider):.1f} on the lecture's card): the card is balanced at
+3. It halves ({ridge:.1f} → {ledger.ridge_batch(COURSE.mha, wider):.1f} on {on}): the card is balanced at
    a smaller batch. Good news for latency, but only if memory can hold even that many sequences.
 4. The slot grows {32_768 // 4096}×, so {memory} becomes {long_batch} — a factor of {memory / long_batch:.1f} (floors).
    Nothing about the requests changed: that is §10.2's point, and lab 02's."""))

@@ -32,7 +32,7 @@ import random
 
 import torch
 
-from labsupport import ledger, workloads
+from labsupport import card, ledger, workloads
 from labsupport.block_allocator import BlockAllocator
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
 from labsupport.course.checkoff import check, revealed, unlocked
@@ -40,13 +40,13 @@ from labsupport.fig2 import fig2_breakdown, simulate_breakdown
 from labsupport.fragmentation import fill_reserve_to_max, naive_measurement, run_until_fragmented
 from labsupport.kvcache import ContiguousKVCache
 from labsupport.memory_stats import OutOfBlocks, ReservationExceeded
-from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.units import fmt_bytes, fmt_gb, fmt_pct
 from IPython.display import Markdown, display
 from labsupport.viz import memory as viz_memory
 
 torch.manual_seed(0)
-MODEL, H100 = LECTURE_7B, LECTURE_GPU  # the lecture's model and card, for the charts and panels
+COURSE = card.card()  # the course card (course.toml): the GPU and the model this lab is posed on
+MODEL, GPU = COURSE.mha, COURSE.gpu  # its model in MHA form (the givens' KV_HEADS) and its GPU, for charts and panels
 
 # %% tags=["givens"]
 # The givens: the quantities this lab's exercises are posed on. Compute your answers from these names;
@@ -164,10 +164,10 @@ print(f"reserved {st.reserved_tokens:,} positions, holding tokens {st.occupied_t
 # %% [markdown]
 # The same workload on **real tensors**: `ContiguousKVCache` keeps K and V as
 # `[max_seqs, S_max, kv_heads, head_dim]` per layer, exactly the shape the naive design needs. The
-# lecture's cache (62.5 GB) does not fit in a laptop, so this one keeps the token geometry — 29
-# slots of 4,096 positions, 512 + 128 tokens each — and shrinks each token to one layer, one head of
-# 8 floats. Bytes per token change; which positions hold tokens does not, and that is what
-# utilization counts.
+# card's cache ({{ N.kv_budget_bytes / GB:.1f }} GB) does not fit in a laptop, so this one keeps the
+# token geometry — {{ N.naive_concurrency }} slots of 4,096 positions, 512 + 128 tokens each — and
+# shrinks each token to one layer, one head of 8 floats. Bytes per token change; which positions
+# hold tokens does not, and that is what utilization counts.
 
 # %%
 cache = ContiguousKVCache(max_seqs=admitted, s_max=S_MAX, num_layers=1, num_kv_heads=1, head_dim=8)
@@ -181,7 +181,7 @@ for step in range(OUTPUT):
 k0, v0 = cache.gather(0)
 print(f"real cache: {cache.pool_bytes:,} B of tensors for {admitted} slots; sequence 0 gathers back "
       f"{k0.shape[1]} tokens; slot occupancy {cache.stats().occupied_tokens / cache.stats().reserved_tokens:.4f}")
-print(f"allocator at lecture scale:                         slot occupancy "
+print(f"allocator at {'lecture' if COURSE.is_lecture else 'card'} scale:                         slot occupancy "
       f"{st.occupied_tokens / st.reserved_tokens:.4f}")
 
 # %% [markdown]
@@ -215,8 +215,9 @@ if unlocked("2.3"):
           f"{fmt_gb(BUDGET, 2)})")
 
 # %% [markdown]
-# And the second board drawing: the 29 slots stacked, each with its 640 tokens shaded. Everything
-# orange is memory the card has, the allocator has promised away, and no token will ever occupy.
+# And the second board drawing: the {{ N.naive_concurrency }} slots stacked, each with its 640 tokens
+# shaded. Everything orange is memory the card has, the allocator has promised away, and no token
+# will ever occupy.
 
 # %%
 viz_memory.slot_stack_figure(alloc, BUDGET).show()
@@ -326,7 +327,8 @@ if revealed("2.4"):
     over_life = ledger.naive_utilization_time_avg(BUDGET, S_MAX, PROMPT, OUTPUT, KV)
     print(f"end of life:   {fmt_pct(end_of_life)} of the budget")
     print(f"over the life: {fmt_pct(over_life)} of the budget (ledger), {fmt_pct(util_over_life)} (yours)")
-    display(Markdown(f"The lecture prints 15.2% (9.5 of 62.5 GB) at the end of life, {fmt_pct(end_of_life)} here: it "
+    here = "here: it" if COURSE.is_lecture else f"here on {GPU.name} with {MODEL.name}; on its H100 it"
+    display(Markdown(f"The lecture prints 15.2% (9.5 of 62.5 GB) at the end of life, {fmt_pct(end_of_life)} {here} "
                      f"reads 512 KiB as 512,000 B; its 14% (timing plan) and 86% empty (title) are the reading over "
                      f"the life, {fmt_pct(over_life)} here."))
 
@@ -357,10 +359,10 @@ check("2.5", naive_tok_s)
 # %%
 if revealed("2.5"):
     b_naive = ledger.naive_concurrency(BUDGET, S_MAX, KV)
-    t = ledger.tpot_s(MODEL, b_naive, PROMPT + OUTPUT, H100.hbm_bandwidth)
+    t = ledger.tpot_s(MODEL, b_naive, PROMPT + OUTPUT, GPU.hbm_bandwidth)
     print(f"reserve-to-max: B = {b_naive}, step {1e3 * t:5.2f} ms "
           f"({fmt_gb(MODEL.weight_bytes)} of weights + {b_naive} x {fmt_gb((PROMPT + OUTPUT) * KV)} of KV at "
-          f"{H100.hbm_bandwidth / 1e9:,.0f} GB/s), {ledger.throughput_tok_s(b_naive, t):,.0f} tok/s")
+          f"{GPU.hbm_bandwidth / 1e9:,.0f} GB/s), {ledger.throughput_tok_s(b_naive, t):,.0f} tok/s")
 
 # %% [markdown]
 # A paged cache's larger batch (lab 03 counts it) gains less in throughput than in concurrency,
@@ -423,7 +425,7 @@ check("2.7", long_context_cost)
 
 # %% [markdown]
 # Where the budget goes at each limit, on the real allocator, through your 2.2 and 2.6: the slot grew
-# 8×, and what fell out of the count went into the remainder no whole slot can use.
+# 8×, and whatever the count lost beyond that went into the remainder no whole slot can use.
 
 # %%
 if unlocked("2.2", "2.6", "2.7"):
@@ -444,25 +446,32 @@ if unlocked("2.2", "2.6", "2.7"):
 # %%
 mha_128k = fill_reserve_to_max(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, KV)
 print(f"MHA at S_max = {S_MAX_BROCHURE:,}: one slot is {S_MAX_BROCHURE:,} x {KV:,} B = "
-      f"{fmt_gb(S_MAX_BROCHURE * KV, 2)}, the KV budget {fmt_gb(BUDGET, 2)}; {mha_128k.num_seqs} requests admitted")
+      f"{fmt_gb(S_MAX_BROCHURE * KV, 2)}, the KV budget {fmt_gb(BUDGET, 2)}; {mha_128k.num_seqs} "
+      f"request{'' if mha_128k.num_seqs == 1 else 's'} admitted")
 viz_memory.slot_stack_figure(mha_128k, BUDGET).show()
 
 # %% [markdown]
-# Relax to GQA-8 (`GQA_KV_HEADS` KV heads per layer instead of `KV_HEADS`). The KV budget is the
-# same — the lecture keeps the parameter count fixed so that only the cache changes. Your 2.6 reads
-# both models at the brochure's limit:
+# Relax to {{ gqa.attention }} (`GQA_KV_HEADS` KV heads per layer instead of `KV_HEADS`). The KV
+# budget is the same — the lecture keeps the parameter count fixed so that only the cache changes.
+# Your 2.6 reads both models at the brochure's limit:
 
 # %%
 KV_GQA = 2 * LAYERS * GQA_KV_HEADS * HEAD_DIM * DTYPE_BYTES  # the GQA model's KV bytes per token
 if unlocked("2.6"):
     for name, kv in (("MHA", KV), (f"GQA-{GQA_KV_HEADS}", KV_GQA)):
         m = naive_measurement(fill_reserve_to_max(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, kv), BUDGET)
-        print(f"{name:>5}, S_max = {S_MAX_BROCHURE:,}: slot {fmt_gb(S_MAX_BROCHURE * kv)}, {m['concurrency']} slots, "
+        print(f"{name:>5}, S_max = {S_MAX_BROCHURE:,}: slot {fmt_gb(S_MAX_BROCHURE * kv)}, {m['concurrency']} "
+              f"slot{'' if m['concurrency'] == 1 else 's'}, "
               f"utilization {fmt_pct(reserve_to_max_utilization(BUDGET, S_MAX_BROCHURE, PROMPT + OUTPUT, kv), 3)} "
               f"(yours), {fmt_pct(m['utilization'], 3)} (the real allocator)")
-    print(f"The lecture's sketch prints 0.39%; exactly it is {fmt_pct(m['utilization'], 3)}: it takes a "
-          f"{PROMPT + OUTPUT}-token sequence as 0.082 GB, 128 KiB read as 128,000 B, where "
-          f"{PROMPT + OUTPUT} x {KV_GQA:,} B is {fmt_gb((PROMPT + OUTPUT) * KV_GQA, 4)}.")
+    if COURSE.is_lecture:
+        print(f"The lecture's sketch prints 0.39%; exactly it is {fmt_pct(m['utilization'], 3)}: it takes a "
+              f"{PROMPT + OUTPUT}-token sequence as 0.082 GB, 128 KiB read as 128,000 B, where "
+              f"{PROMPT + OUTPUT} x {KV_GQA:,} B is {fmt_gb((PROMPT + OUTPUT) * KV_GQA, 4)}.")
+    else:  # the lecture's sketch is its H100's, with its 7B at GQA-8
+        print(f"The lecture's sketch prints 0.39% on its H100 (it takes a 640-token sequence as 0.082 GB, 128 KiB "
+              f"read as 128,000 B); here, on {GPU.name} with {COURSE.gqa.name}, exactly it is "
+              f"{fmt_pct(m['utilization'], 3)}.")
 
 # %% [markdown]
 # Now paging, with the real block allocator (lab 03 builds it): the same budget cut into whole blocks
@@ -490,11 +499,17 @@ check("2.8", brochure_cost)
 
 # %%
 if revealed("2.8"):
-    print(f"paged, GQA, b = {BLOCK}: {pool.num_blocks:,} blocks of {BLOCK * KV_GQA:,} B; {paged_gqa} sequences "
+    print(f"paged, GQA, b = {BLOCK}: {pool.num_blocks:,} blocks of {BLOCK * KV_GQA:,} B; {paged_gqa:,} sequences "
           f"of {PROMPT + OUTPUT} tokens; {pool.num_free_blocks} blocks left")
-    display(Markdown(f"The lecture's sketch prints ≈ 744 sequences and a cost of 248×; whole blocks give "
-                     f"{paged_gqa} and {brochure_cost:.2f}: it divides the printed 62.5 GB by a rounded 0.084 GB a "
-                     f"sequence."))
+    if COURSE.is_lecture:
+        sketch = (f"The lecture's sketch prints ≈ 744 sequences and a cost of 248×; whole blocks give "
+                  f"{paged_gqa:,} and {brochure_cost:.2f}: it divides the printed 62.5 GB by a rounded 0.084 GB "
+                  f"a sequence.")
+    else:  # the lecture's sketch is its H100's, with its 7B at GQA-8
+        sketch = (f"The lecture's sketch prints ≈ 744 sequences and a cost of 248× on its H100 (it divides "
+                  f"the printed 62.5 GB by a rounded 0.084 GB a sequence); here, on {GPU.name} with "
+                  f"{COURSE.gqa.name}, whole blocks give {paged_gqa:,} and {brochure_cost:.2f}.")
+    display(Markdown(sketch))
 
 # %% [markdown]
 # ### The knobs: S_max, the workload, the model, the card
@@ -506,14 +521,15 @@ if revealed("2.8"):
 # * **Advertise long context.** Slide $S_{max}$ to 32,768. The workload did not change. What happens to
 #   the number of slots and to utilization?
 # * **The brochure.** Slide $S_{max}$ to 131,072 (Exercise 1).
-# * **GQA-8.** Switch the model to `lecture-7b-gqa8`: which numbers move, and by what factor?
+# * **{{ gqa.attention }}.** Switch the model to `{{ gqa.name }}`: which numbers move, and by what factor?
 # * **Short limits.** $S_{max}$ = 512 with 640-token sequences: utilization looks great. Why is that
 #   configuration still wrong? (Read the readout's note.)
 
 # %%
-# It opens at the lecture's 4,096; once 2.6 passes its readout also runs your function at every setting. (What a
-# paged pool holds is lab 03's question.)
-viz_memory.naive_panel(paged=False, utilization_fn=reserve_to_max_utilization if unlocked("2.6") else None)
+# It opens at the lecture's 4,096, on the card's GPU and the lab's model (the card's in MHA form, as the cells above);
+# once 2.6 passes its readout also runs your function at every setting. (What a paged pool holds is lab 03's question.)
+viz_memory.naive_panel(model=MODEL.name, paged=False,
+                       utilization_fn=reserve_to_max_utilization if unlocked("2.6") else None)
 
 # %% [markdown]
 # The claim cost that factor in concurrency, and it cost it **for every request**: here every request
@@ -531,7 +547,8 @@ viz_memory.naive_panel(paged=False, utilization_fn=reserve_to_max_utilization if
 #
 # **External fragmentation** is free space *between* allocations, too small for the next request.
 # With uniform slots there is none — the one virtue of reserving to the maximum. The real allocator
-# shows it: retire a random third of the 29 sequences and every freed slot fits the next arrival.
+# shows it: retire a random third of the {{ N.naive_concurrency }} sequences and every freed slot
+# fits the next arrival.
 
 # %%
 rng = random.Random(0)
@@ -597,9 +614,14 @@ if revealed("2.9", "2.10"):
   \bar B \approx \frac{\text{KV budget}}{\overline{\text{slot}}}, \qquad
   \text{share}_{long} = \frac{p_{long} \, S_{max,long}}{\sum_i p_i \, S_{max,i}}$$"""))
     mean_slot = sum(share * s_max * KV for s_max, share in MIX)
-    print(f"The lecture prints a mean slot of 1.586 GB; its own terms, 0.7 x 0.268 + 0.25 x 2.147 + 0.05 x 17.2, "
-          f"add up to 1.584 GB ({fmt_gb(mean_slot, 4)} exactly), and {fmt_gb(BUDGET, 2)} / {fmt_gb(mean_slot, 4)} = "
-          f"{BUDGET / mean_slot:.2f}: its ≈ 39 holds.")
+    lecture = ("The lecture prints a mean slot of 1.586 GB; its own terms, 0.7 x 0.268 + 0.25 x 2.147 + 0.05 x 17.2, "
+               "add up to 1.584 GB")
+    if COURSE.is_lecture:
+        print(f"{lecture} ({fmt_gb(mean_slot, 4)} exactly), and {fmt_gb(BUDGET, 2)} / {fmt_gb(mean_slot, 4)} = "
+              f"{BUDGET / mean_slot:.2f}: its ≈ 39 holds.")
+    else:  # the lecture's terms and its ≈ 39 are its H100's and its 7B's
+        print(f"{lecture}, and its H100 holds ≈ 39; here, on {GPU.name} with {MODEL.name}, a mean slot is "
+              f"{fmt_gb(mean_slot, 4)}, and {fmt_gb(BUDGET, 2)} / {fmt_gb(mean_slot, 4)} = {BUDGET / mean_slot:.2f}.")
 
 # %% [markdown]
 # Compare it with everyone reserving `S_MAX`. Now the failure mode paging does not have. A
@@ -625,18 +647,18 @@ print(f"after {run.arrivals} arrivals, {run.retirements} retirements and {run.ea
 # %%
 if unlocked("2.9", "2.10"):
     sizes, shares = [s for s, _ in MIX], [p for _, p in MIX]
-    draw, card = random.Random(0), ContiguousAllocator(int(BUDGET // KV), place=placement)
+    draw, space = random.Random(0), ContiguousAllocator(int(BUDGET // KV), place=placement)  # the card's budget
     residents, reserved, long_held = [], [], []
     for arrival in range(20_000):
         size = draw.choices(sizes, shares)[0]
-        while not card.fits(size):  # refused: read the full card, then a random 30% of the residents finish
-            held = [slot.size for slot in card.slots.values()]
+        while not space.fits(size):  # refused: read the full card, then a random 30% of the residents finish
+            held = [slot.size for slot in space.slots.values()]
             residents.append(len(held))
-            reserved.append(sum(held) / card.capacity_tokens)
+            reserved.append(sum(held) / space.capacity_tokens)
             long_held.append(sum(h for h in held if h == S_MAX_LONG) / sum(held))
-            for sid in draw.sample(sorted(card.slots), max(1, int(0.3 * len(held)))):
-                card.free(sid)
-        card.allocate(arrival, size)
+            for sid in draw.sample(sorted(space.slots), max(1, int(0.3 * len(held)))):
+                space.free(sid)
+        space.allocate(arrival, size)
         if len(residents) >= 300:
             break
     n = max(1, len(residents))  # (20,000 arrivals refuse some on any card the givens describe)
@@ -729,10 +751,11 @@ check("2.12", tail_bytes)
 # * **Oracle** — exactly prompt + output (a perfect length predictor).
 #
 # We replay the first 1,000 requests of the **Azure LLM Inference 2023 conversation trace**
-# (Patel et al., ISCA 2024) through each real allocator on the lecture's 62.52 GB pool
-# (`labsupport.fig2.fig2_breakdown`: every request waiting from the start, iteration-level admission,
-# samples taken while memory is the bottleneck). Max is run at two context windows: 8,192 (the
-# smallest power of two holding these 1,000 requests) and 16,384 (what the whole trace needs).
+# (Patel et al., ISCA 2024) through each real allocator on the card's
+# {{ N.kv_budget_bytes / GB:.2f }} GB pool (`labsupport.fig2.fig2_breakdown`: every request waiting
+# from the start, iteration-level admission, samples taken while memory is the bottleneck). Max is
+# run at two context windows: 8,192 (the smallest power of two holding these 1,000 requests) and
+# 16,384 (what the whole trace needs).
 
 # %% tags=["needs-traces"]
 trace = workloads.load_azure("conv")
@@ -751,7 +774,8 @@ print(max16k.row().replace("max    ", "max 16K"))
 # %% tags=["needs-traces"]
 shown = {"max": breakdowns["max"], "max 16K": max16k, **{k: breakdowns[k] for k in ("pow2", "oracle", "paged")}}
 fig = viz_memory.fig2_figure(shown, labels={"max 16K": "Orca (Max), 16K"},
-                             title="Azure conversation trace, lecture's H100 pool")
+                             title="Azure conversation trace, " + ("lecture's H100 pool" if COURSE.is_lecture else
+                                                                   f"the card's pool ({GPU.name}, {MODEL.name})"))
 fig.show()
 
 # %% tags=["needs-traces"]
@@ -786,7 +810,7 @@ for key in ("max", "pow2", "oracle", "paged"):
 # ## Self-check
 #
 # 1. Raise $S_{max}$ from 4,096 to 32,768 with the same workload. Internal fragmentation is
-#    proportional to $S_{max} - S_{actual}$: why does its share of the budget not grow with it?
+#    proportional to $S_{max} - S_{actual}$: why does its share of the budget not grow in proportion?
 # 2. *"Allocate lazily and realloc when it grows."* Price one realloc of a 4K MHA slot: a copy reads and
 #    writes the whole slot at `HBM_BW`. How many decode steps of the naive batch is that?
 # 3. On paper, per-request $S_{max}$ holds more requests at once than the reserve-to-max batch (2.9).
@@ -802,12 +826,14 @@ if revealed("2.2", "2.5", "2.7", "2.9", "2.11", "2.12", "2.14"):
     short_slots, long_slots = BUDGET // (S_MAX * KV), BUDGET // (S_MAX_LONG * KV)
     step = (PARAMS * DTYPE_BYTES + short_slots * seq * KV) / HBM_BW  # the naive batch's decode step
     copy = 2 * S_MAX * KV / HBM_BW
+    why = ("why the count falls by more than the slot grows" if short_slots * S_MAX > long_slots * S_MAX_LONG else
+           "internal fragmentation, what the slots reserve less their tokens, grows toward the budget, never past it")
     display(Markdown(f"""1. Per slot it does grow: a slot's empty share goes from {fmt_pct(1 - seq / S_MAX)} to \
    {fmt_pct(1 - seq / S_MAX_LONG)}. But the whole slots that fit fall from {short_slots} to {long_slots}, so over the \
    budget internal fragmentation goes from {fmt_pct(short_slots * (S_MAX - seq) * KV / BUDGET)} to \
    {fmt_pct(long_slots * (S_MAX_LONG - seq) * KV / BUDGET)}, while the remainder no whole slot can use goes from \
    {fmt_pct(1 - short_slots * S_MAX * KV / BUDGET)} to {fmt_pct(1 - long_slots * S_MAX_LONG * KV / BUDGET)}: waste \
-   all the same, and why the count falls by more than the slot grows.
+   all the same, and {why}.
 2. $2 \\times$ {fmt_gb(S_MAX * KV)} / {HBM_BW / 1e9:,.0f} GB/s = {1e3 * copy:.2f} ms, {copy / step:.2f} of a \
    {1e3 * step:.2f} ms step, *per sequence that grows*, while the others wait; and it needs a free slot twice the \
    size to copy into, which is exactly what a full card does not have.

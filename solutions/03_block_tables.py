@@ -18,9 +18,9 @@
 # What you build: the two functions the mechanism is made of — the slot mapping every read and write
 # goes through (3.1) and the append that grows a table (3.2), run in lockstep with the real
 # allocator — then the count of sequences a paged pool holds (3.5) and the bytes of the block tables
-# a kernel is handed (3.7), which later cells run on the lecture's pool and on Exercise 3's workload.
-# You measure the busy pool on the real allocator (3.6), work back from the lecture's table size
-# (3.8), and read the block-size measurements of section 6 (3.11).
+# a kernel is handed (3.7), which later cells run on the chat workload's pool and on Exercise 3's
+# workload. You measure the busy pool on the real allocator (3.6), work back from the lecture's table
+# size (3.8), and read the block-size measurements of section 6 (3.11).
 #
 # Timing in the lecture: minutes 16–36 (*never cut*). Here: about 50 minutes; the scoreboard at the end lists its checkoffs.
 
@@ -32,7 +32,7 @@ from statistics import NormalDist
 
 import torch
 
-from labsupport import ledger, workloads
+from labsupport import card, ledger, workloads
 from labsupport.block_allocator import BlockAllocator
 from labsupport.block_size import fitting_batch, measure_workloads
 from IPython.display import Markdown, display
@@ -40,13 +40,18 @@ from IPython.display import Markdown, display
 from labsupport.course.checkoff import check, revealed, unlocked
 from labsupport.kvcache import ContiguousKVCache, PagedKVCache
 from labsupport.memory_stats import OutOfBlocks
-from labsupport.specs import LECTURE_7B, LECTURE_GPU
+from labsupport.specs import LECTURE_7B, LECTURE_GPU  # the lecture's own card: only to recompute what it printed
 from labsupport.units import KiB, fmt_bytes, fmt_gb, fmt_pct
 from labsupport.viz import a11y
 from labsupport.viz import memory as viz_memory
 
 torch.manual_seed(0)
-MODEL, H100 = LECTURE_7B, LECTURE_GPU
+COURSE = card.card()  # the course card (course.toml): the GPU and the model this lab is posed on
+MODEL, GPU = COURSE.mha, COURSE.gpu  # the card's model in its MHA form (the givens' KV per token), and its GPU
+# The lecture's card, kept only where a cell states what the lecture printed (its errata, inline below):
+LECTURE_BUDGET = ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU)  # the lecture's 62.52 GB of KV budget
+LECTURE_KV = LECTURE_7B.kv_bytes_per_token  # the lecture's 512 KiB a token
+THERE = "" if COURSE.is_lecture else f" on the lecture's card ({LECTURE_GPU.name}, {LECTURE_7B.name})"
 
 # %% tags=["givens"]
 # The givens: the quantities every exercise in this lab is posed on. Compute your answers from these
@@ -269,7 +274,7 @@ if revealed("3.4"):
 # Write `sequences_that_fit(budget_bytes, kv_bytes, block_size, seq_tokens)`: how many sequences of
 # `seq_tokens` tokens, each at that length, a paged pool holds at once when it is cut into blocks of
 # `block_size` tokens from `budget_bytes` of memory, at `kv_bytes` a token. The checkoff tries it on
-# other models, cards, block sizes and lengths than the lecture's; the cells below run it on the
+# other models, cards, block sizes and lengths than this lab's; the cells below run it on the
 # chat workload's pool and, in section 5, on Exercise 3's workload.
 
 # %%
@@ -283,8 +288,8 @@ def sequences_that_fit(budget_bytes, kv_bytes, block_size, seq_tokens):
 check("3.5", sequences_that_fit)
 
 # %% [markdown]
-# The real allocator, on the lecture's pool of 16-token blocks, admits 640-token sequences until it
-# refuses one; once 3.5 passes, your count beside it:
+# The real allocator, on a pool of 16-token blocks filling `BUDGET`, admits 640-token sequences until
+# it refuses one; once 3.5 passes, your count beside it:
 
 # %%
 pool = BlockAllocator(ledger.num_blocks(BUDGET, 16, KV), 16, kv_bytes_per_token=KV)
@@ -298,9 +303,11 @@ if unlocked("3.5"):
     print(f"utilization {fmt_pct(st.occupied_bytes / BUDGET)} of the budget (naive: "
           f"{fmt_pct(ledger.naive_utilization(BUDGET, 4096, 640, KV))}); concurrency "
           f"{ledger.naive_concurrency(BUDGET, 4096, KV)} -> {paged_seqs}")
-    display(Markdown(f"The lecture prints 29 → 199 (6.9×); whole blocks give {len(pool.block_tables)}: no reading "
+    lecture_fit = ledger.paged_concurrency(LECTURE_BUDGET, 640, 16, LECTURE_KV)  # whole blocks, the lecture's card
+    display(Markdown(f"The lecture prints 29 → 199 (6.9×); whole blocks give {lecture_fit}{THERE}: no reading "
                      f"of its inputs gives 199 (its 0.328 GB a sequence, 512 KiB read as 512,000 B, gives "
-                     f"{int(BUDGET // (640 * 512_000))})."))
+                     f"{int(LECTURE_BUDGET // (640 * 512_000))})."
+                     + ("" if COURSE.is_lecture else f" This card's pool holds {len(pool.block_tables)}.")))
 
 # %% [markdown]
 # That count's utilization is read at the **end** of every sequence's life, when each holds its
@@ -340,14 +347,16 @@ if revealed("3.6"):
           f"{fmt_pct(pool_cover, 3)} of the budget: {fmt_pct(busy, 3)} of the budget holds tokens")
     print(f"filled once with the end-of-life count and decoded (lab 02's way): {fmt_pct(once)} on average, the "
           f"blocks of tokens not yet written sitting free")
+    same = "the same to the lecture's digit" if f"{100 * busy:.1f}" == "98.7" else "not the lecture's digit"
     display(Markdown(f"The lecture prints 98.7% as 100% less its 1.3% internal fragmentation (a $b/2$ tail in each "
                      f"of 199 sequences); the busy pool gives {fmt_pct(busy)}: the real lengths' tails in whole "
-                     "blocks, the same to the lecture's digit."))
+                     f"blocks, {same}."))
 
 
 # %% [markdown]
-# **Say it twice: paging does not reduce KV bytes.** A token costs the same 512 KiB in a paged cache
-# as in a contiguous one; paging reduces *reserved-and-unused* bytes.
+# **Say it twice: paging does not reduce KV bytes.** A token costs the same
+# {{ N.kv_bytes_per_token / KiB:,g }} KiB in a paged cache as in a contiguous one; paging reduces
+# *reserved-and-unused* bytes.
 
 # %%
 shape = dict(num_layers=MODEL.num_layers, num_kv_heads=MODEL.num_kv_heads, head_dim=MODEL.head_dim,
@@ -475,9 +484,11 @@ if unlocked("3.5", "3.9"):
     FIT = sequences_that_fit(BUDGET, KV, BLOCK, math.ceil(mean_len))
     print(f"median {MEDIAN_TOKENS:,} tokens, mean {mean_len:,.0f} tokens ({mean_len / MEDIAN_TOKENS:.1f}× the median): "
           f"sequences_that_fit(BUDGET, KV, {BLOCK}, {math.ceil(mean_len):,}) = {FIT}")
+    chat_fit = sequences_that_fit(BUDGET, KV, 16, 640)
+    whole = (f"{chat_fit}" if COURSE.is_lecture else  # this card's count beside the lecture's
+             f"{chat_fit} on this card, {ledger.paged_concurrency(LECTURE_BUDGET, 640, 16, LECTURE_KV)}{THERE}")
     display(Markdown(f"The lecture's sketch prices the waste at B = 199, the chat workload's count (640-token "
-                     f"sequences; whole blocks give {sequences_that_fit(BUDGET, KV, 16, 640)}); this workload's "
-                     f"mean length fits B = {FIT}."))
+                     f"sequences; whole blocks give {whole}); this workload's mean length fits B = {FIT}."))
 else:
     FIT = None
 
@@ -541,8 +552,8 @@ if revealed("3.10") and FIT is not None:
 # ## 6. Measured, on real traces
 #
 # The lecture's §10.3 table, regenerated by the ledger for the chat workload (3.4's mean tail at
-# each $b$; waste of 199 sequences as a share of the budget; table entries of a 4,096-token
-# sequence), beside what the lecture prints, once 3.4 and 3.10 pass:
+# each $b$; waste of the lecture's 199 sequences as a share of the budget; table entries of a
+# 4,096-token sequence), beside what the lecture prints, once 3.4 and 3.10 pass:
 
 # %%
 printed = {1: ("0", "0%", "4,096"), 16: ("8 tokens = 4.0 MB", "1.3%", "256"),
@@ -555,7 +566,7 @@ if revealed("3.4", "3.10"):
         print(f"{r.block_size:>4} | {r.mean_tail_tokens:>5.1f} tokens = {r.mean_tail_bytes / 1e6:>7.2f} MB | "
               f"{fmt_pct(r.waste_fraction_of_budget):>14} | {r.table_entries:>13,} | {r.contiguous_run_tokens:>5} | "
               f"{lecture}")
-    lecture_waste = 199 * (256 // 2 * KV / 2**20) * 1e6  # b = 256: 199 tails of 128 tokens, its MiB read as MB
+    lecture_waste = 199 * (256 // 2 * LECTURE_KV / 2**20) * 1e6  # b = 256: 199 tails of 128 tokens, its MiB as MB
     display(Markdown(f"The lecture prints 17.0% at $b = 256$; its own reading gives "
                      f"{fmt_pct(lecture_waste / (62.5e9 + lecture_waste), 1)}: 199 × 64 MB (exact MiB written MB, a "
                      "$b/2$ tail) over 62.5 GB plus the waste."))
@@ -574,8 +585,8 @@ if revealed("3.4", "3.10"):
 #
 # * **tail waste** — each sequence's final length allocated in a `BlockAllocator`, its table read
 #   back; its share of the budget at **the batch that fits that workload**: the budget over the KV of
-#   a sequence of the workload's mean final length (`fitting_batch`), not the chat
-#   workload's 199;
+#   a sequence of the workload's mean final length (`fitting_batch`), not the lecture's chat
+#   batch of 199;
 # * **table entries** at the median and the 95th-percentile length;
 # * **contiguous run** — the pool replayed as an engine serves the workload (admit, decode one token
 #   per sequence per step, retire; sequences over 32K left out), and the resident sequences' tables
@@ -648,7 +659,7 @@ if revealed("3.11"):
   take many blocks at once and get longer runs, until churn shuffles the free list."""))
 
 # %% [markdown]
-# The trade-off, both sides, ledger lines (at the chat workload's $B = 199$) and measured markers
+# The trade-off, both sides, ledger lines (at the lecture's chat batch, $B = 199$) and measured markers
 # (each at its workload's batch):
 
 # %% tags=["needs-traces"]

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from labsupport import card
 from labsupport import kernels as K
 from labsupport import viz
 from labsupport.addresses import HISTORIES, address_map
@@ -50,14 +51,15 @@ from labsupport.course.harness import raise_if_unfinished
 from labsupport.kvcache import PagedKVCache
 from labsupport.viz import kernel as viz_kernel
 
+COURSE = card.card()  # the course card (course.toml): its GPU and model; COURSE.gqa is the model's GQA form
 GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if GPU else "cpu")
 _ = torch.manual_seed(0)
 
 # %% tags=["givens"]
-# The givens: the decode step section 5's exercises are posed on (one layer of the lecture's 7B with
-# GQA-8, the kernel benchmark's headline point). Compute your answers from these names; the grader
-# re-runs your code on other values of them.
+# The givens: the decode step section 5's exercises are posed on (one layer of the course card's model
+# in its GQA form, at the kernel benchmark's headline point). Compute your answers from these names; the
+# grader re-runs your code on other values of them.
 BATCH = 64          # sequences in the decode batch
 SEQ_LEN = 8192      # tokens cached per sequence
 Q_HEADS = 32        # card=gqa.num_heads: query heads
@@ -249,7 +251,10 @@ print(viz_kernel.kernel_excerpt(K._decode_attention_kernel, "out = acc / l_i", "
 # %% [markdown]
 # The address line itself, `kv_token_offset`, which both kernels call, is yours to write in section 4
 # (its source prints here once Exercise 4.2 passes). One thing to keep in mind when you do: a block of
-# 16 tokens × 8 KV heads × 128 is $2^{14}$ elements, so a pool of 131,072 blocks (4.3 GB of bf16 keys)
+# 16 tokens × {{ gqa.num_kv_heads }} KV heads × {{ gqa.head_dim }} is
+# $2^{{ '{%d}' % ((16 * gqa.num_kv_heads * gqa.head_dim).bit_length() - 1) }}$ elements, so a pool of
+# {{ 2**31 // (16 * gqa.num_kv_heads * gqa.head_dim):, }} blocks
+# ({{ 2**31 * gqa.dtype_bytes / GB:.1f }} GB of bf16 keys)
 # fills a signed 32-bit offset exactly: its last element sits at $2^{31} - 1$.
 
 # %%
@@ -441,13 +446,15 @@ output written ($2\,B\,H_q\,D$), each element `dtype_bytes` bytes."""))
 
 # %% [markdown]
 # The benchmark (`labsupport.bench.kernel`) divides exactly this count by the measured time to get
-# *achieved* bandwidth. At its headline point — the lecture's 7B with GQA-8, one layer, B = 64
-# sequences of 8,192 tokens — one step's attention moves:
+# *achieved* bandwidth. At its headline point —
+# {{ "the lecture's 7B with GQA-8" if gqa.name == "lecture-7b-gqa8" else f"the card's {gqa.name} ({gqa.attention})" }},
+# one layer, B = 64 sequences of 8,192 tokens — one step's attention moves:
 
 # %%
 if unlocked("4.3"):
     headline = attention_step_bytes(BATCH, SEQ_LEN, Q_HEADS, KV_HEADS, HEAD_DIM, DTYPE_BYTES)
-    print(f"{headline:,} B per layer = {headline / 1e9:.3f} GB; × 32 layers = {32 * headline / 1e9:.1f} GB "
+    layers = COURSE.gqa.num_layers  # the card's model
+    print(f"{headline:,} B per layer = {headline / 1e9:.3f} GB; × {layers} layers = {layers * headline / 1e9:.1f} GB "
           "of attention traffic per decode step (the weights come on top)")
 
 # %% [markdown]
@@ -503,10 +510,11 @@ GPU run's timings can confirm or refute it."""))
 #   tensors. Every attention variant is scored by the bytes attention must move (the count of 4.3)
 #   over its time: *effective* bandwidth.
 #
-# On a GPU it measures the lecture's shape at real size (B = 64, S = 8,192, GQA-8, bf16) with
-# `triton.testing.do_bench`. **On a CPU it runs the same functions at a toy size in Triton's
-# interpreter, where Python executes each kernel program in turn: those timings measure the
-# interpreter, and say nothing about any GPU.** (A 64-token sequence also caps the block size at 64.)
+# On a GPU it measures {{ "the lecture's" if gqa.name == "lecture-7b-gqa8" else "the card's" }} shape at real size
+# (B = 64, S = 8,192, {{ gqa.attention }}, bf16) with `triton.testing.do_bench`. **On a CPU it runs the
+# same functions at a toy size in Triton's interpreter, where Python executes each kernel program in turn:
+# those timings measure the interpreter, and say nothing about any GPU.** (A 64-token sequence also caps
+# the block size at 64.)
 
 # %% tags=["nbval-ignore-output"]
 def cpu_timer(fn, repeats=2):
@@ -522,8 +530,10 @@ def cpu_timer(fn, repeats=2):
 
 if GPU:
     dtype, timer, num_sms = kernel_bench.sweep_dtype(), None, torch.cuda.get_device_properties(0).multi_processor_count
-    gather_shape, head_dim, num_q_heads = kernel_bench.GATHER_SHAPE, 128, 32
-    decode_case = (64, 8192, 8, (1, 8, 16, 32, 64, 128, 256))
+    # the benchmark's headline point (B = 64, S = 8,192) on the card's model in its GQA form
+    gather_shape = dict(kernel_bench.GATHER_SHAPE, num_kv_heads=COURSE.gqa.num_kv_heads)
+    head_dim, num_q_heads = COURSE.gqa.head_dim, COURSE.gqa.num_heads
+    decode_case = (64, 8192, COURSE.gqa.num_kv_heads, (1, 8, 16, 32, 64, 128, 256))
     copy_bandwidth = kernel_bench.measure_copy_bandwidth(2**30)["copy_bandwidth"]
 else:
     dtype, timer, num_sms = torch.float32, cpu_timer, 1
@@ -617,10 +627,13 @@ for slower in (1.20, 1.26):
 # For each, ask who pays it: the allocator, the engine, or the kernel while it reads.
 #
 # Evidence from this lab. The bytes panel showed the table's share of a step's bytes: 4 bytes per
-# block per sequence against 4 KiB of K and V per token per layer (GQA-8, bf16) — about 0.1% at
-# block size 1 and 0.006% at 16. The kernel walk-through showed what a "run" is to the kernel: each
-# program reads *one KV head*, so even the contiguous kernel reads one $D \times 2 = 256$-byte row per
-# token (two full 128-byte cache lines at $D = 128$ in bf16) with the other heads' rows in between.
+# block per sequence against {{ 2 * gqa.num_kv_heads * gqa.head_dim * gqa.dtype_bytes // KiB }} KiB of K and V
+# per token per layer ({{ gqa.attention }}, bf16) — about
+# {{ 4 / (2 * gqa.num_kv_heads * gqa.head_dim * gqa.dtype_bytes):.1% }} at block size 1 and
+# {{ 4 / (16 * 2 * gqa.num_kv_heads * gqa.head_dim * gqa.dtype_bytes):.3% }} at 16. The kernel walk-through showed
+# what a "run" is to the kernel: each program reads *one KV head*, so even the contiguous kernel reads one
+# $D \times 2 = {{ gqa.head_dim * gqa.dtype_bytes }}$-byte row per token (two full 128-byte cache lines at
+# $D = 128$ in bf16) with the other heads' rows in between.
 # Paging does not make those pieces smaller; it only makes the *next* row's address depend on a table
 # entry that must be loaded first. FlashInfer treats the
 # paged cache as a block-sparse matrix with any block size, down to one token ("vector-sparse"), and
@@ -683,11 +696,14 @@ page), and why the lecture says FlashInfer "exists"."""))
 
 # %%
 if revealed("4.4", "4.5"):
-    display(Markdown(r"""1. No. The same K and V bytes are read once either way (plus q and out); the block table adds
-   4 bytes per block per sequence, at most about 0.1% of the step (block size 1, GQA-8). What changed is the *pattern*:
+    gqa = COURSE.gqa  # the card's model in its GQA form
+    share = 4 / (2 * gqa.num_kv_heads * gqa.head_dim * gqa.dtype_bytes)  # 4 B of table per token's K and V, block 1
+    wraps = 2**31 // (16 * gqa.num_kv_heads * gqa.head_dim)  # 16-token blocks that fill a signed 32-bit offset
+    display(Markdown(rf"""1. No. The same K and V bytes are read once either way (plus q and out); the block table adds
+   4 bytes per block per sequence, at most about {share:.1%} of the step (block size 1, {gqa.attention}). What changed is the *pattern*:
    each run of tokens is found through a table entry the kernel must load first.
-2. On large pools: once a block id times `stride_block` exceeds $2^{31} - 1$ elements (e.g. beyond
-   131,072 blocks of 16 tokens × 8 KV heads × 128), the product wraps negative and the kernel
+2. On large pools: once a block id times `stride_block` exceeds $2^{{31}} - 1$ elements (e.g. beyond
+   {wraps:,} blocks of 16 tokens × {gqa.num_kv_heads} KV heads × {gqa.head_dim}), the product wraps negative and the kernel
    reads the wrong memory — a wrong answer or an illegal-address fault, never a clean error.
 3. It moves the K/V bytes three times: read from the pool, write to the buffer, read the buffer
    (checkoff 4.4), against once for the fused kernel.

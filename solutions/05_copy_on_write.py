@@ -24,7 +24,7 @@
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
 import torch
 
-from labsupport import ledger
+from labsupport import card, ledger
 from labsupport.course.checkoff import check, revealed, unlocked
 from IPython.display import Markdown, display
 from labsupport.engine import Engine
@@ -32,7 +32,7 @@ from labsupport.kvcache import PagedKVCache
 from labsupport.model import load_tiny_model
 from labsupport.sampling import SamplingParams, sample_token
 from labsupport.sharing import fanout_in_pool, measure_fanout, measure_fork_cost, replay_prefix_cache
-from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, MiB
+from labsupport.specs import GB, LECTURE_7B, MiB  # LECTURE_7B: only where a line states what the lecture printed
 from labsupport.units import fmt_gb
 from labsupport.viz import sharing as viz_sharing
 from labsupport.workloads import FETCH_COMMAND, load_mooncake
@@ -40,6 +40,11 @@ from labsupport.workloads import FETCH_COMMAND, load_mooncake
 # The tiny model's matrices are far too small to gain from several threads, and on a shared
 # machine extra threads only wait for each other: one thread is fastest and reproducible.
 torch.set_num_threads(1)
+COURSE = card.card()  # the course card (course.toml): its GPU, and its model in MHA form (the lecture's 7B by default)
+GPU = COURSE.gpu
+# How the printouts name them: the lecture's words on the lecture's card, the catalogue's names on another.
+MODEL_NAME = "the lecture's 7B" if COURSE.is_lecture else COURSE.mha.name
+GPU_NAME = "H100" if COURSE.is_lecture else GPU.name
 model, tok, trained = load_tiny_model()
 cfg = model.cfg
 print(f"tiny model: {cfg.num_layers} layers, {cfg.num_heads} query heads, {cfg.num_kv_heads} KV heads × "
@@ -194,31 +199,32 @@ print(f"{len({tuple(o) for o in outputs})} distinct continuations of {N_BRANCHES
 #
 # The lecture's case, n = 8 off a 4,096-token prompt with 256-token completions:
 # $8 \times 4{,}352 = 34{,}816$ tokens against $4{,}096 + 8 \times 256 = 6{,}144$, a factor of
-# $34{,}816 / 6{,}144 = 5.667$ — printed **5.7×**. In blocks of 16, both lengths are whole blocks, so the
-# allocator agrees exactly: 2,176 against 384 blocks.
+# $34{,}816 / 6{,}144 = 5.667$ — the lecture prints **5.7×**. In blocks of 16, both lengths are whole blocks, so the
+# allocator agrees exactly: 2,176 against 384 blocks.{{ "" if card.is_lecture else " The bytes below are %s's, %g KiB per token (the card's model in its MHA form)." % (mha.name, mha.kv_kib_per_token) }}
 
 # %%
 for n, p, o in ((8, 4096, 256), (16, 8192, 512)):
     unshared_tok, shared_tok = ledger.fanout_tokens(n, p, o)
     m = measure_fanout(n, p, o, 16)
-    kv_block = 16 * LECTURE_7B.kv_bytes_per_token
+    kv_block = 16 * COURSE.mha.kv_bytes_per_token
     print(f"n = {n} off {p:,}, {o} each: tokens {unshared_tok:,} → {shared_tok:,} = {unshared_tok / shared_tok:.4f}×; "
           f"allocator blocks {m.unshared_blocks:,} → {m.shared_blocks:,} = {m.factor:.4f}×; "
           f"{fmt_gb(m.unshared_blocks * kv_block, 2)} → {fmt_gb(m.shared_blocks * kv_block, 2)}")
-kv7b = LECTURE_7B.kv_bytes_per_token
+kv7b = LECTURE_7B.kv_bytes_per_token  # the lecture's 7B, whatever the card: this line checks what the lecture printed
 unshared_8, shared_8 = ledger.fanout_tokens(8, 4096, 256)
-print(f"Erratum: the lecture's board prints 17.9 GB against 3.2 GB for n = 8; the bytes are "
+of_lecture = "" if COURSE.is_lecture else " of the lecture's 7B"
+print(f"Erratum: the lecture's board prints 17.9 GB against 3.2 GB for n = 8; the bytes{of_lecture} are "
       f"{fmt_gb(unshared_8 * kv7b, 2)} against {fmt_gb(shared_8 * kv7b, 2)}: 17.9 is no reading of "
       f"{unshared_8:,} × {kv7b:,} B ({unshared_8 * kv7b / 2**30:.1f} GiB; 512 KiB as 512,000 B gives "
       f"{unshared_8 * 512_000 / 1e9:.1f} GB).")
 
 # %% [markdown]
-# The second line is the lecture's other row: **n = 16 off 8K, 73.0 GB → 8.6 GB**, and the unshared
-# fan-out does not fit in the 62.52 GB budget at all. Push both into the real allocator with the
-# lecture's pool — 7,452 blocks of 16 tokens of 512 KiB each:
+# The second line is the lecture's other row (the lecture prints **n = 16 off 8K, 73.0 GB → 8.6 GB**), and the unshared
+# fan-out {{ ("does not fit in the %.2f GB budget at all" if ledger.fanout_blocks(16, 8192, 512, 16)[0] > N.num_blocks else "fits in this card's %.2f GB budget (on the lecture's card, its 7B on an H100, it does not)") % (N.kv_budget_bytes / GB) }}. Push both into the real allocator with the
+# {{ "lecture's" if card.is_lecture else "card's" }} pool — {{ N.num_blocks:, }} blocks of 16 tokens of {{ mha.kv_kib_per_token:g }} KiB each:
 
 # %%
-pool_blocks = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU), 16, LECTURE_7B.kv_bytes_per_token)
+pool_blocks = ledger.num_blocks(ledger.kv_budget_bytes(COURSE.mha, GPU), 16, COURSE.mha.kv_bytes_per_token)
 for share in (False, True):
     run = fanout_in_pool(16, 8192, 512, 16, pool_blocks, share=share)
     what = "shared  " if share else "unshared"
@@ -271,7 +277,7 @@ if unlocked("5.2"):
 
 # %% [markdown]
 # Now move the sliders. Before you do, predict: which control moves the factor most? What happens as
-# n grows without bound (the factor tends to $(P+O)/O$)? Why does GQA-8 not change the factor, only
+# n grows without bound (the factor tends to $(P+O)/O$)? Why does {{ gqa.attention }} not change the factor, only
 # whether the unshared bar fits?
 
 # %%
@@ -350,22 +356,24 @@ of the block, copied anyway."""))
 # %% [markdown]
 #
 # The allocator's copy-on-write events, counted at each block size (n = 8, prompts of 4,096 … 4,096 + b − 1
-# tokens), priced at the lecture's 512 KiB per token, and the lecture's own price of $b = 256$ (its
+# tokens), priced at {{ "the lecture's" if card.is_lecture else mha.name + "'s" }} {{ mha.kv_kib_per_token:g }} KiB per token, and the lecture's own price of $b = 256$ (its
 # Exercise 3) beside them — once 5.3 passes, since each row is a count of 5.3's copies:
 
 # %%
 if revealed("5.3"):
     costs = [measure_fork_cost(b, n=8) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
-    kv = LECTURE_7B.kv_bytes_per_token
+    kv = COURSE.mha.kv_bytes_per_token
     for c in costs:
         print(f"b = {c.block_size:>3}: {c.copies:5.3f} copies per divergence, "
               f"{c.copied_bytes(kv) / 1e6:8.1f} MB copied, of which {c.filled_bytes(kv) / 1e6:7.1f} MB prompt tokens")
-    viz_sharing.fork_cost_figure(costs, kv, "MB", title="Fork cost grows with the block (lecture's 7B, n = 8)").show()
+    viz_sharing.fork_cost_figure(costs, kv, "MB", title=f"Fork cost grows with the block ({MODEL_NAME.removeprefix('the ')}, n = 8)").show()
     half = measure_fork_cost(256, n=8, prompts=4096 + 128)  # one prompt whose last block is half filled
-    display(Markdown(f"Erratum: the lecture prints 8 × 64 MB = 512 MB; the allocator copies {half.copies:.0f} × "
-                     f"{256 * kv / 1e6:.1f} MB = {half.copied_bytes(kv) / 1e6:.1f} MB: a copy takes a whole block, "
-                     f"not its filled half ({half.filled_tokens / half.copies:.0f} tokens × 512 KiB = "
-                     f"{half.filled_bytes(kv) / half.copies / 2**20:.0f} MiB, written MB), and in the vLLM paper's "
+    kv7b = LECTURE_7B.kv_bytes_per_token  # the lecture's 7B, whatever the card: the erratum checks the lecture's price
+    allocator = "the allocator" if COURSE.is_lecture else "on the lecture's 7B the allocator"
+    display(Markdown(f"Erratum: the lecture prints 8 × 64 MB = 512 MB; {allocator} copies "
+                     f"{half.copies:.0f} × {256 * kv7b / 1e6:.1f} MB = {half.copied_bytes(kv7b) / 1e6:.1f} MB: a copy "
+                     f"takes a whole block, not its filled half ({half.filled_tokens / half.copies:.0f} tokens × 512 KiB = "
+                     f"{half.filled_bytes(kv7b) / half.copies / 2**20:.0f} MiB, written MB), and in the vLLM paper's "
                      "convention the prompt's own sequence is the first branch, so the last writer copies nothing."))
 
 # %% [markdown]
@@ -510,29 +518,29 @@ if revealed("5.4"):
     print(f"prompt blocks requested: {replay.requested_blocks:,}; served by the prefix index: {replay.hit_blocks:,} "
           f"= {100 * replay.hit_rate:.2f}%; allocated: {replay.allocated_blocks:,}")
     saved_tokens = replay.hit_blocks * replay.block_tokens
-    saved_flops = 2 * LECTURE_7B.num_params * saved_tokens  # the weights' FLOPs alone
-    print(f"prefill not redone: {saved_tokens:,} tokens ≈ {saved_flops / 1e18:.2f} EFLOP of the lecture's 7B, "
-          f"{saved_flops / (0.5 * LECTURE_GPU.peak_flops) / 3600:.2f} H100-hours at 50% of peak, over a one-hour trace")
+    saved_flops = 2 * COURSE.mha.num_params * saved_tokens  # the weights' FLOPs alone
+    print(f"prefill not redone: {saved_tokens:,} tokens ≈ {saved_flops / 1e18:.2f} EFLOP of {MODEL_NAME}, "
+          f"{saved_flops / (0.5 * GPU.peak_flops) / 3600:.2f} {GPU_NAME}-hours at 50% of peak, over a one-hour trace")
     viz_sharing.prefix_sharing_figure(replay, title="Mooncake conversation trace: blocks a prefix index serves").show()
 
 # %% [markdown]
-# An unbounded index is the best case. A 512-token block of the lecture's 7B is 512 × 512 KiB =
-# 268 MB of KV, so one H100's whole 62.52 GB budget holds only 232 of them — and it is also where the
+# An unbounded index is the best case. A 512-token block of {{ "the lecture's 7B" if card.is_lecture else mha.name }} is 512 × {{ mha.kv_kib_per_token:g }} KiB =
+# {{ 512 * mha.kv_bytes_per_token / 1e6:.0f }} MB of KV, so one {{ "H100" if card.is_lecture else gpu.name }}'s whole {{ N.kv_budget_bytes / GB:.2f }} GB budget holds only {{ int(N.kv_budget_bytes // (512 * mha.kv_bytes_per_token)) }} of them — and it is also where the
 # running sequences live. The allocator keeps freed indexed blocks until the pool needs them (least
-# recently freed first). Give the index the KV budget of one H100, of a host's DRAM (ten times that)
+# recently freed first). Give the index the KV budget of one {{ "H100" if card.is_lecture else gpu.name }}, of a host's DRAM (ten times that)
 # and of an SSD (a hundred times), and watch the hit rate (first 3,000 requests, to keep this quick).
 # That is the trade in Mooncake's title — *more storage for less computation* — and the Nov 9 lecture.
 
 # %% tags=["needs-traces"]
-block_bytes_7b = 512 * LECTURE_7B.kv_bytes_per_token
-h100_blocks = int(ledger.kv_budget_bytes(LECTURE_7B, LECTURE_GPU) // block_bytes_7b)
+block_bytes_512 = 512 * COURSE.mha.kv_bytes_per_token  # one 512-token trace block of the card's model
+gpu_blocks = int(ledger.kv_budget_bytes(COURSE.mha, GPU) // block_bytes_512)
 head = trace.head(3000)
-tiers = {"one H100's KV budget": h100_blocks, "× 10 (a host's DRAM)": 10 * h100_blocks,
-         "× 100 (an SSD)": 100 * h100_blocks}
+tiers = {f"one {GPU_NAME}'s KV budget": gpu_blocks, "× 10 (a host's DRAM)": 10 * gpu_blocks,
+         "× 100 (an SSD)": 100 * gpu_blocks}
 bounded = [replay_prefix_cache(head, num_blocks=cap) for cap in tiers.values()]
 head_unbounded = replay_prefix_cache(head)
 for name, r in zip(tiers, bounded):
-    print(f"{name:>22}: {r.num_blocks:>6,} blocks = {r.num_blocks * block_bytes_7b / GB:7.1f} GB → {100 * r.hit_rate:5.2f}% hit")
+    print(f"{name:>22}: {r.num_blocks:>6,} blocks = {r.num_blocks * block_bytes_512 / GB:7.1f} GB → {100 * r.hit_rate:5.2f}% hit")
 print(f"{'unbounded':>22}: {100 * head_unbounded.hit_rate:5.2f}% hit")
 viz_sharing.prefix_capacity_figure(bounded, head_unbounded).show()
 
@@ -551,7 +559,7 @@ viz_sharing.prefix_capacity_figure(bounded, head_unbounded).show()
 # %%
 if revealed("5.1", "5.2", "5.3"):
     entries = -(-4096 // 16)
-    kv = LECTURE_7B.kv_bytes_per_token
+    kv = COURSE.mha.kv_bytes_per_token
     half = {b: measure_fork_cost(b, n=8, prompts=4096 + b // 2) for b in (16, 256)}  # 8 branches, half-full tails
     unshared_tok, shared_tok = ledger.fanout_tokens(8, 4096, 256)
     display(Markdown(f"""1. None. A fork copies the block table ({entries} entries) and bumps {entries} reference counts; K/V

@@ -21,11 +21,12 @@
 
 # %%
 import labsupport  # first: on a CPU-only machine this routes Triton kernels through its interpreter
+import math
 import time
 
 import torch
 
-from labsupport import ledger, viz
+from labsupport import card, ledger, viz
 from labsupport.costmodel import CostModel
 from labsupport.course.checkoff import check, revealed, unlocked
 from labsupport.engine import Engine
@@ -34,6 +35,7 @@ from labsupport.machine import measure_copy_bandwidth, measure_prefill_rate
 from labsupport.model import load_tiny_model
 from labsupport.replay import watermark_sweep
 from labsupport.sampling import SamplingParams
+# LECTURE_* only where a line states what the lecture printed (its errata); the lab runs on the course card
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LECTURE_MFU, ModelSpec
 from labsupport.viz import engine as viz_engine
 from labsupport.workloads import load_azure
@@ -43,7 +45,11 @@ from IPython.display import Markdown, display
 # machine extra threads only wait for each other: one thread is fastest and reproducible.
 torch.set_num_threads(1)
 model, tok, trained = load_tiny_model()
-H100 = LECTURE_GPU
+# The course card (course.toml): the GPU and the model this lab is posed on; on the lecture's card, §10.5's H100 and
+# 7B. COURSE.mha and COURSE.gqa are the model's MHA and GQA forms (the lecture's 7B and its GQA-8 variant).
+COURSE = card.card()
+GPU = COURSE.gpu
+GPU_LABEL = GPU.name.split("-")[0].upper()  # how a printed line names the card's GPU ("H100" on the lecture's)
 # Prompts for the tiny model, from §10.5 itself (the model was trained on the lecture, so it continues them).
 LECTURE_TEXT = (
     "Assemble the pieces into the loop an engine actually runs. Every iteration: pick the set of sequences "
@@ -62,7 +68,7 @@ LECTURE_TEXT = (
     "numbers alone. Evict a sequence's KV and you must either swap it to host memory and bring it back, or "
     "discard it and recompute the prefill when the sequence is rescheduled.")
 print(f"tiny model: {model.cfg.num_params:,} parameters, {'trained on the lecture' if trained else 'RANDOM weights'}; "
-      f"lecture model: {LECTURE_7B.name} on {H100.name}")
+      f"{'lecture' if COURSE.is_lecture else 'course'} model: {COURSE.mha.name} on {GPU.name}")
 
 # %% tags=["givens"]
 # The givens: the quantities Exercise 4 (6.3) is posed on. Compute your answers from these names; the
@@ -149,9 +155,9 @@ viz_engine.stream_panel(log, tok.decode, upto=12)
 # (safe; costs queueing), **preempt** a resident sequence (costs a stall), or crash. Real engines do
 # the first two and keep a **watermark** of free blocks at admission so that the second is rare.
 #
-# Overload the lecture's engine — the 7B on an H100, 7,452 blocks of 16 tokens — with real traffic:
+# Overload the {{ "lecture's" if card.is_lecture else "course's" }} engine — the {{ "7B" if card.is_lecture else mha.name }} on an {{ gpu.name.split("-")[0].upper() }}, {{ N.num_blocks:, }} blocks of 16 tokens — with real traffic:
 # the first 600 requests of the Azure LLM inference trace (conversation), arriving 8× faster than
-# recorded. The engine runs on its **cost-model clock** (each step priced by the roofline at H100
+# recorded. The engine runs on its **cost-model clock** (each step priced by the roofline at {{ gpu.name.split("-")[0].upper() }}
 # scale), so this replay takes a fraction of a second per setting and is exactly reproducible.
 
 # %% tags=["needs-traces"]
@@ -161,9 +167,10 @@ print(f"{azure.name} ({'SYNTHETIC stand-in: the real file is missing' if azure.s
       f"{summary['count']:,} requests over {summary['duration_s']:,.0f} s; prompt median {summary['prompt_median']:,.0f}"
       f", output median {summary['output_median']:,.0f} tokens")
 burst = azure.requests[:600]
-pool = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, H100), 16, LECTURE_7B.kv_bytes_per_token)
+pool = ledger.num_blocks(ledger.kv_budget_bytes(COURSE.mha, GPU), 16, COURSE.mha.kv_bytes_per_token)
 watermarks = [0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]
-sweep = watermark_sweep(burst, watermarks, num_blocks=pool, preemption="swap", speedup=8.0)
+sweep = watermark_sweep(burst, watermarks, num_blocks=pool, preemption="swap", speedup=8.0,
+                        cost_model=CostModel(COURSE.mha, GPU))
 print(f"{'watermark':>9} | {'refused':>7} | {'preempted':>9} | {'mean queueing':>13} | {'p99 TPOT':>8} | makespan")
 for r in sweep:
     print(f"{100 * r.watermark:8.1f}% | {r.waited:7d} | {r.total_preemptions:9d} | {r.mean_queueing_s:11.2f} s | "
@@ -177,8 +184,9 @@ by_w = {r.watermark: r for r in sweep}
 none, vllm, five, big = by_w[0.0], by_w[0.01], by_w[0.05], by_w[0.2]
 print(f"preemptions: {none.total_preemptions} with no watermark, {vllm.total_preemptions} at vLLM's 1%, "
       f"{five.total_preemptions} at 5%")
+queue_anyway = "nearly everyone queues" if none.waited > 0.6 * len(burst) else f"{none.waited / len(burst):.0%} queue"
 print(f"requests refused at least once: {none.waited} -> {vllm.waited} -> {five.waited} -> {big.waited} at 20% "
-      f"(of {len(burst)}: at 8x the recorded rate nearly everyone queues anyway)")
+      f"(of {len(burst)}: at 8x the recorded rate {queue_anyway} anyway)")
 print(f"mean queueing: {none.mean_queueing_s:.2f} s -> {vllm.mean_queueing_s:.2f} s at 1% -> "
       f"{five.mean_queueing_s:.2f} s at 5% -> {big.mean_queueing_s:.2f} s at 20%")
 print(f"p99 TPOT: {1e3 * none.p99_tpot_s:.1f} ms -> {1e3 * vllm.p99_tpot_s:.1f} ms at 1% -> "
@@ -186,8 +194,8 @@ print(f"p99 TPOT: {1e3 * none.p99_tpot_s:.1f} ms -> {1e3 * vllm.p99_tpot_s:.1f} 
 
 # %% [markdown]
 # A small watermark is nearly free here. It removes most of the preemptions, so the queue drains about
-# as fast as before or faster. Refusals barely move, because at eight times the recorded rate almost
-# every request waits for admission whatever the watermark. Only a large watermark costs: memory held
+# as fast as before or faster. Refusals barely move, because at eight times the recorded rate many
+# requests wait for admission whatever the watermark. Only a large watermark costs: memory held
 # back for growth nobody needs yet admits fewer sequences per step, and queueing grows — which is TTFT
 # (lab 07).
 #
@@ -241,14 +249,14 @@ check("6.1", breakeven_bandwidth)
 
 # %% [markdown]
 # Once 6.1 passes, the cell below writes the pair of stalls out and prices the lecture's live
-# derivation: a 4,096-token sequence of the 7B on an H100.
+# derivation{{ "" if card.is_lecture else " on the course's card" }}: a 4,096-token sequence of the {{ "7B" if card.is_lecture else mha.name }} on an {{ gpu.name.split("-")[0].upper() }}.
 
 # %%
 S = 4096
-m = LECTURE_7B
+m = COURSE.mha
 kv_per_token = m.kv_bytes_per_token  # lab 00's count
-rate = LECTURE_MFU * H100.peak_flops  # what a prefill achieves
-swap_s = ledger.swap_round_trip_s(S * kv_per_token, H100.link_bandwidth)
+rate = LECTURE_MFU * GPU.peak_flops  # what a prefill achieves
+swap_s = ledger.swap_round_trip_s(S * kv_per_token, GPU.link_bandwidth)
 if revealed("6.1"):  # the formula, once your own derivation has passed
     display(Markdown(r"""For a sequence of $S$ tokens,
 $\text{KV} = S \cdot 2\,L\,n_{kv}\,d_{head}\,b$, $\;t_{swap} = 2\,\text{KV}/W_{link}$,
@@ -260,26 +268,29 @@ $W^\ast = 2\,\text{KV}\cdot\text{MFU}\cdot F_{peak}/(2NS + 4\,L\,n_{heads}\,d_{h
     attention_flops = 4 * m.num_layers * m.num_heads * m.head_dim * S ** 2
     recompute_s = (weight_flops + attention_flops) / rate
     print(f"KV        = {S:,} × {kv_per_token:,} B = {kv:,} B = {kv / GB:.3f} GB")
-    print(f"swap      = 2 × {kv / GB:.3f} GB ÷ {H100.link_bandwidth / GB:.0f} GB/s = {1e3 * swap_s:.1f} ms")
+    print(f"swap      = 2 × {kv / GB:.3f} GB ÷ {GPU.link_bandwidth / GB:.0f} GB/s = {1e3 * swap_s:.1f} ms")
     print(f"recompute = ({weight_flops / 1e12:.1f} + {attention_flops / 1e12:.1f}) TFLOP ÷ {rate / 1e12:.1f} TFLOP/s "
           f"= {1e3 * recompute_s:.1f} ms")
-    print(f"ledger:     swap {1e3 * ledger.swap_round_trip_s(kv, H100.link_bandwidth):.1f} ms, "
-          f"recompute {1e3 * ledger.recompute_s(m, S, H100.peak_flops):.1f} ms")
-    print(f"swap wins at 4K on the H100 by {recompute_s / swap_s:.1f}×; counted causally (each query against the "
+    print(f"ledger:     swap {1e3 * ledger.swap_round_trip_s(kv, GPU.link_bandwidth):.1f} ms, "
+          f"recompute {1e3 * ledger.recompute_s(m, S, GPU.peak_flops):.1f} ms")
+    print(f"{'swap' if swap_s < recompute_s else 'recompute'} wins at 4K on the {GPU_LABEL} by "
+          f"{max(recompute_s, swap_s) / min(recompute_s, swap_s):.1f}×; counted causally (each query against the "
           f"keys before it) the recompute would be {1e3 * (weight_flops + attention_flops / 2) / rate:.1f} ms")
 
 # %% [markdown]
-# Your $W^\ast$ on the lecture's model, MHA and GQA-8. Before the figure below draws it against $S$: does
+# Your $W^\ast$ on the {{ "lecture's" if card.is_lecture else "course's" }} model, MHA and {{ gqa.attention }}. Before the figure below draws it against $S$: does
 # it rise or fall as sequences grow, and which term of your function decides that? (Self-check 4.)
 
 # %%
 if unlocked("6.1"):
-    for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
-        mine = breakeven_bandwidth(mdl, 4096, H100.peak_flops)
-        print(f"{mdl.name:>16}, 4K: W* = {mine / GB:.2f} GB/s (ledger {ledger.breakeven_link_bandwidth(mdl, 4096, H100.peak_flops) / GB:.2f})")
-    kv_4k, rec_4k = 4096 * LECTURE_7B.kv_bytes_per_token, ledger.recompute_s(LECTURE_7B, 4096, H100.peak_flops)
-    print(f"Erratum: the lecture prints 33.3 GB/s; exact arithmetic gives "
-          f"{ledger.breakeven_link_bandwidth(LECTURE_7B, 4096, H100.peak_flops) / GB:.2f} GB/s: it divides 2 × "
+    for mdl in (COURSE.mha, COURSE.gqa):
+        mine = breakeven_bandwidth(mdl, 4096, GPU.peak_flops)
+        print(f"{mdl.name:>16}, 4K: W* = {mine / GB:.2f} GB/s (ledger {ledger.breakeven_link_bandwidth(mdl, 4096, GPU.peak_flops) / GB:.2f})")
+    # the erratum is the lecture's own arithmetic: on its 7B and H100 (LECTURE_*), whatever the card
+    kv_4k, rec_4k = 4096 * LECTURE_7B.kv_bytes_per_token, ledger.recompute_s(LECTURE_7B, 4096, LECTURE_GPU.peak_flops)
+    on_lecture = "" if COURSE.is_lecture else " (on the lecture's 7B and H100)"
+    print(f"Erratum{on_lecture}: the lecture prints 33.3 GB/s; exact arithmetic gives "
+          f"{ledger.breakeven_link_bandwidth(LECTURE_7B, 4096, LECTURE_GPU.peak_flops) / GB:.2f} GB/s: it divides 2 × "
           f"{kv_4k / GB:.3f} GB by the recompute rounded to {1e3 * rec_4k:.0f} ms "
           f"({2 * kv_4k / (round(1e3 * rec_4k) / 1e3) / GB:.1f} GB/s), not by {1e3 * rec_4k:.1f} ms.")
 
@@ -294,26 +305,31 @@ if unlocked("6.1"):
 #    crosses the falling curve $W^\ast(S)$ at some length, so sequences on either side of it get
 #    different answers. One rule, "compare the link with $W^\ast$ at this sequence's length", is right
 #    for all of them; one answer, "always swap" or "always recompute", is not.)
-# 2. *GQA changes the answer, not just the magnitude*: GQA-8 shrinks the cache 4× and leaves the
-#    prefill's FLOPs alone. On a 16 GB/s link (PCIe Gen3 x16, a T4's), a 4K MHA sequence should be
-#    recomputed and the same-length GQA-8 sequence swapped — a pretraining decision rewrote the
+# 2. *GQA changes the answer, not just the magnitude*: {{ gqa.attention }} shrinks the cache {{ mha.num_kv_heads // gqa.num_kv_heads }}× and leaves the
+#    prefill's FLOPs alone. On a{{ "n" if 2 ** (int(ledger.breakeven_link_bandwidth(mha, 4096, gpu.peak_flops) / 2 / GB).bit_length() - 1) == 8 else "" }} {{ 2 ** (int(ledger.breakeven_link_bandwidth(mha, 4096, gpu.peak_flops) / 2 / GB).bit_length() - 1) }} GB/s link{{ " (PCIe Gen3 x16, a T4's)" if card.is_lecture else "" }}, a 4K MHA sequence should be
+#    recomputed and the same-length {{ gqa.attention }} sequence swapped — a pretraining decision rewrote the
 #    engine's preemption policy.
-# 3. *Both are stalls*: the swap alone lasts about three decode steps of the ambient batch (lab 07 prices
+# 3. *Both are stalls*: the swap alone lasts about {{ ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten or more")[min(10, round(N.swap_round_trip_s / N.tpot_s))] }} decode steps of the ambient batch (lab 07 prices
 #    a step).
 #
-# Once 6.1 passes, the cell below checks the second and third on the lecture's model, and draws
-# $W^\ast(S)$ for MHA and GQA-8:
+# Once 6.1 passes, the cell below checks the second and third on the {{ "lecture's" if card.is_lecture else "course's" }} model, and draws
+# $W^\ast(S)$ for MHA and {{ gqa.attention }}:
 
 # %%
 if revealed("6.1"):
-    for mdl in (LECTURE_7B, LECTURE_7B_GQA8):
-        sw = ledger.swap_round_trip_s(4096 * mdl.kv_bytes_per_token, 16 * GB)
-        rc = ledger.recompute_s(mdl, 4096, H100.peak_flops)
-        print(f"{mdl.name:>16} on 16 GB/s: swap {1e3 * sw:6.1f} ms, recompute {1e3 * rc:6.1f} ms → "
-              f"{ledger.preempt_choice(mdl, 4096, 16 * GB, H100.peak_flops)}")
-    tpot = ledger.tpot_s(LECTURE_7B, 186, 640, H100.hbm_bandwidth)
-    print(f"the 4K swap lasts {swap_s / tpot:.1f} decode steps of a B = 186 batch of 640-token sequences")
-    viz_engine.breakeven_figure([LECTURE_7B, LECTURE_7B_GQA8], H100).show()
+    # a link between the two forms' W* at 4K: the largest power of two (GB/s) at most half the MHA one
+    # (16 GB/s on the lecture's card, PCIe Gen3 x16)
+    split = GB * 2 ** math.floor(math.log2(ledger.breakeven_link_bandwidth(COURSE.mha, 4096, GPU.peak_flops) / 2 / GB))
+    for mdl in (COURSE.mha, COURSE.gqa):
+        sw = ledger.swap_round_trip_s(4096 * mdl.kv_bytes_per_token, split)
+        rc = ledger.recompute_s(mdl, 4096, GPU.peak_flops)
+        print(f"{mdl.name:>16} on {split / GB:g} GB/s: swap {1e3 * sw:6.1f} ms, recompute {1e3 * rc:6.1f} ms → "
+              f"{ledger.preempt_choice(mdl, 4096, split, GPU.peak_flops)}")
+    # the ambient batch: as many 640-token sequences as the card's pool holds (lab 03)
+    ambient = ledger.paged_concurrency(ledger.kv_budget_bytes(COURSE.mha, GPU), 640, 16, COURSE.mha.kv_bytes_per_token)
+    tpot = ledger.tpot_s(COURSE.mha, ambient, 640, GPU.hbm_bandwidth)
+    print(f"the 4K swap lasts {swap_s / tpot:.1f} decode steps of a B = {ambient} batch of 640-token sequences")
+    viz_engine.breakeven_figure([COURSE.mha, COURSE.gqa], GPU).show()
 
 # %% [markdown]
 # ## 4. Which sequence, and how: preemption in the engine
@@ -351,15 +367,15 @@ def preemption_plan(running, blocks_needed, block_size, model, gpu, link_bandwid
 check("6.2", preemption_plan)
 
 # %% [markdown]
-# Your plan for a batch of mixed lengths on a 32 GB/s link — where, as Exercise 4 will show, the
-# crossover sits between this batch's shorter and longer sequences, so one answer for all of them
-# ("always swap", "always recompute") is wrong, while one rule (compare the link with each victim's
-# $W^\ast(S)$) is right:
+# Your plan for a batch of mixed lengths on a 32 GB/s link. One rule (compare the link with each
+# victim's $W^\ast(S)$) is right for all of them; one answer for all of them ("always swap", "always
+# recompute") is wrong wherever the crossover falls between the batch's shorter and longer sequences
+# — and, as Exercise 4 will show, {{ "it does" if 300 < ledger.crossover_tokens(mha, 32 * GB, gpu.peak_flops) < 12_000 else "on this card it does not (on the lecture's card it does)" }}:
 
 # %%
 batch = [("a", 0.0, 9000), ("b", 0.5, 700), ("c", 1.25, 5400), ("d", 2.0, 300), ("e", 3.0, 12_000), ("f", 3.5, 2048)]
 if unlocked("6.2"):
-    print(preemption_plan(batch, 900, 16, LECTURE_7B, H100, 32 * GB))
+    print(preemption_plan(batch, 900, 16, COURSE.mha, GPU, 32 * GB))
 
 # %% [markdown]
 # ### Preemption loses the cache, never the tokens
@@ -368,18 +384,19 @@ if unlocked("6.2"):
 # tokens each, go through the engine four times: once with a pool big enough that nothing is ever
 # preempted, then with a pool of 64 blocks (of 16) under **swap**, **recompute** and **auto**.
 #
-# For `auto` the engine needs prices. We price the tiny model as if it ran on the lecture's H100 and
+# For `auto` the engine needs prices. We price the tiny model as if it ran on the {{ "lecture's" if card.is_lecture else "course's" }} {{ gpu.name.split("-")[0].upper() }} and
 # give it a made-up host link, chosen so that the break-even falls at 160 tokens, inside this batch —
-# so auto has a real choice to make. (On the H100's real 64 GB/s link a model this small would
-# recompute anything under about 14,700 tokens: its prefill is cheap next to its cache.) Those prices are
+# so auto has a real choice to make. (On the {{ gpu.name.split("-")[0].upper() }}'s real {{ gpu.link_bandwidth / GB:.0f }} GB/s link a model this small would
+# recompute anything under about {{ round(ledger.crossover_tokens(mha.__class__("tiny", 4, 4, 2, 32, 803_968, 4), gpu.link_bandwidth, gpu.peak_flops), -2):,.0f }} tokens: its prefill is cheap next to its cache.) Those prices are
 # also the engine's clock here, so the run is reproducible.
 
 # %%
 tiny = model.spec()
-demo_link = ledger.breakeven_link_bandwidth(tiny, 160, H100.peak_flops)
-pricing = CostModel(tiny, H100, link_bandwidth=demo_link)
+demo_link = ledger.breakeven_link_bandwidth(tiny, 160, GPU.peak_flops)
+pricing = CostModel(tiny, GPU, link_bandwidth=demo_link)
 print(f"demo link {demo_link / GB:,.0f} GB/s: crossover {pricing.crossover_tokens():.0f} tokens "
-      f"(on the real 64 GB/s link: {ledger.crossover_tokens(tiny, 64 * GB, H100.peak_flops):,.0f})")
+      f"(on the real {GPU.link_bandwidth / GB:.0f} GB/s link: "
+      f"{ledger.crossover_tokens(tiny, GPU.link_bandwidth, GPU.peak_flops):,.0f})")
 lengths = [220, 50, 280, 100, 180, 70]
 requests = [dict(prompt_ids=tok.encode(LECTURE_TEXT[190 * i:190 * i + n], errors="replace"),
                  max_new_tokens=32, sampling=SamplingParams(temperature=0.8, seed=40 + i))
@@ -412,20 +429,24 @@ for label, seconds in wall.items():
 # %% [markdown]
 # ### What each way costs, at the lecture's scale
 #
-# The tokens cannot tell swap from recompute; the clock can. Forty requests with 4,096-token prompts
-# and 256-token outputs arrive at once on the lecture's H100 (7,452 blocks): 29 prompts fit, they
-# grow, and the engine must preempt. Price the same burst on the H100's 64 GB/s link and on a
-# 32 GB/s one, three ways: always swap, always recompute, and victim by victim from the break-even —
+# The tokens cannot tell swap from recompute; the clock can. {{ "Forty" if N.num_blocks // 256 + 11 == 40 else N.num_blocks // 256 + 11 }} requests with 4,096-token prompts
+# and 256-token outputs arrive at once on the {{ "lecture's" if card.is_lecture else "course's" }} {{ gpu.name.split("-")[0].upper() }} ({{ N.num_blocks:, }} blocks): {{ N.num_blocks // 256 }} prompts fit, they
+# grow, and the engine must preempt. Price the same burst on the {{ gpu.name.split("-")[0].upper() }}'s {{ gpu.link_bandwidth / GB:.0f }} GB/s link and on a
+# {{ (32 if gpu.link_bandwidth > 32 * GB else gpu.link_bandwidth / 2 / GB):g }} GB/s one, three ways: always swap, always recompute, and victim by victim from the break-even —
 # **your `breakeven_bandwidth`** once 6.1 passes (a victim is swapped when the link is faster than your
 # $W^\ast$ at its length), the engine's own `auto` until then:
 
 # %%
-lecture_burst = [dict(prompt_len=4096, max_new_tokens=256, arrival_time=0.0) for _ in range(40)]
+fits = pool // 256  # the 4,096-token prompts (256 blocks each) the card's pool holds
+# eleven more requests than fit (40 on the lecture's card): they queue, and the residents' growth forces preemptions
+lecture_burst = [dict(prompt_len=4096, max_new_tokens=256, arrival_time=0.0) for _ in range(fits + 11)]
+# the second link: Exercise 4's slower 32 GB/s, or half the card's own link where 32 GB/s is not slower
+slow_link = 32 * GB if GPU.link_bandwidth > 32 * GB else GPU.link_bandwidth / 2
 
 
 def by_your_breakeven(link):
     """A preemption policy from your 6.1: swap when the link beats your W* at the victim's cached length."""
-    return lambda num_tokens: ("swap" if link > breakeven_bandwidth(LECTURE_7B, max(1, num_tokens), H100.peak_flops)
+    return lambda num_tokens: ("swap" if link > breakeven_bandwidth(COURSE.mha, max(1, num_tokens), GPU.peak_flops)
                                else "recompute")
 
 
@@ -433,10 +454,10 @@ ways = {"swap": "swap", "recompute": "recompute", "auto": "auto"}
 if unlocked("6.1"):  # from here on, your break-even chooses in the engine
     ways = {"swap": "swap", "recompute": "recompute", "your W*": by_your_breakeven}
 rows = []
-for link in (64 * GB, 32 * GB):
-    cm = CostModel(LECTURE_7B, H100, link_bandwidth=link)
-    roomy = run_requests(lecture_burst, num_blocks=40 * 272, cost_model=cm)
-    runs = {f"{label}, {link / GB:.0f} GB/s": run_requests(lecture_burst, num_blocks=pool, cost_model=cm,
+for link in (GPU.link_bandwidth, slow_link):
+    cm = CostModel(COURSE.mha, GPU, link_bandwidth=link)
+    roomy = run_requests(lecture_burst, num_blocks=len(lecture_burst) * 272, cost_model=cm)
+    runs = {f"{label}, {link / GB:g} GB/s": run_requests(lecture_burst, num_blocks=pool, cost_model=cm,
                                                            preemption=way(link) if callable(way) else way)
             for label, way in ways.items()}
     for row in viz_engine.stall_rows(runs, roomy):
@@ -444,24 +465,27 @@ for link in (64 * GB, 32 * GB):
         print(f"{row['label']:>19}: {row['swap']} swap + {row['recompute']} recompute; run took {row['clock_s']:.3f} s, "
               f"{1e3 * row['stall_s']:6.1f} ms more than with room for all {len(lecture_burst)}")
 swap64, rec64, victims = rows[0]["clock_s"], rows[1]["clock_s"], rows[0]["swap"]
-print(f"recompute − swap on 64 GB/s: {1e3 * (rec64 - swap64):.1f} ms for {victims} preemptions = "
+print(f"recompute − swap on {GPU.link_bandwidth / GB:g} GB/s: {1e3 * (rec64 - swap64):.1f} ms for {victims} preemptions = "
       f"{1e3 * (rec64 - swap64) / victims:.1f} ms each")
 if revealed("6.1"):
-    one_swap = ledger.swap_round_trip_s(4096 * LECTURE_7B.kv_bytes_per_token, 64 * GB)
-    one_recompute = ledger.recompute_s(LECTURE_7B, 4096, H100.peak_flops)
+    one_swap = ledger.swap_round_trip_s(4096 * COURSE.mha.kv_bytes_per_token, GPU.link_bandwidth)
+    one_recompute = ledger.recompute_s(COURSE.mha, 4096, GPU.peak_flops)
     print(f"the derivation at 4,096 tokens: {1e3 * one_recompute:.1f} − {1e3 * one_swap:.1f} = "
           f"{1e3 * (one_recompute - one_swap):.1f} ms (one of the engine's victims had already grown past 4,096 tokens)")
 viz_engine.stall_figure(rows, "ms", title="Extra time the burst took because memory ran out").show()
-cm64 = CostModel(LECTURE_7B, H100)
-timeline = {"room for all 40": run_requests(lecture_burst, num_blocks=40 * 272, cost_model=cm64),
-            "7,452 blocks, swap": run_requests(lecture_burst, num_blocks=pool, cost_model=cm64, preemption="swap"),
-            "7,452 blocks, recompute": run_requests(lecture_burst, num_blocks=pool, cost_model=cm64,
-                                                               preemption="recompute")}
-viz_engine.blocks_figure(timeline, pool, title="Blocks in use: the burst on the H100's pool (64 GB/s link)").show()
+cm64 = CostModel(COURSE.mha, GPU)  # the card's own link
+timeline = {f"room for all {len(lecture_burst)}": run_requests(lecture_burst, num_blocks=len(lecture_burst) * 272,
+                                                               cost_model=cm64),
+            f"{pool:,} blocks, swap": run_requests(lecture_burst, num_blocks=pool, cost_model=cm64, preemption="swap"),
+            f"{pool:,} blocks, recompute": run_requests(lecture_burst, num_blocks=pool, cost_model=cm64,
+                                                        preemption="recompute")}
+viz_engine.blocks_figure(timeline, pool, title=f"Blocks in use: the burst on the {GPU_LABEL}'s pool "
+                                               f"({GPU.link_bandwidth / GB:g} GB/s link)").show()
 
 # %% [markdown]
-# On 64 GB/s swapping is cheaper, and the break-even swaps. On 32 GB/s the stalls above favour
-# recompute, barely, and the break-even recomputes; at what length the two costs cross on that link is
+# On {{ gpu.link_bandwidth / GB:.0f }} GB/s swapping is cheaper, and the break-even swaps. On {{ (32 if gpu.link_bandwidth > 32 * GB else gpu.link_bandwidth / 2 / GB):g }} GB/s
+# {{ "the stalls above favour recompute, barely, and the break-even recomputes" if ledger.breakeven_link_bandwidth(mha, 4096, gpu.peak_flops) > (32 if gpu.link_bandwidth > 32 * GB else gpu.link_bandwidth / 2 / GB) * GB else "swapping is still cheaper on this card, and the break-even swaps again" }};
+# at what length the two costs cross on {{ "that link" if gpu.link_bandwidth > 32 * GB else "a 32 GB/s link" }} is
 # Exercise 4's question (6.3). And the extra time is more than the two stalls of the mechanism: a
 # preempted sequence also waits for blocks to come back — which is why the right goal is to preempt
 # *rarely*, not cheaply.
@@ -471,18 +495,21 @@ viz_engine.blocks_figure(timeline, pool, title="Blocks in use: the burst on the 
 #
 # The engine's `preemption=` also takes a policy of your own: a function of the victim's cached tokens
 # that returns `"swap"` or `"recompute"`, asked for every victim as the pool runs dry. Below, your
-# `preemption_plan` decides each victim of a mixed-length burst — 36 requests whose prompts cycle
+# `preemption_plan` decides each victim of a mixed-length burst — {{ 6 * round(1.8 * N.num_blocks / sum(-(-(p + 1024) // 16) for p in (700, 9000, 2048, 12_000, 300, 5400))) }} requests whose prompts cycle
 # through lengths from 300 to 12,000 tokens, 1,024 output tokens each, arriving 10 ms apart — on the
-# 7,452-block pool over a 32 GB/s link. It runs against the two single answers and against your own
+# {{ N.num_blocks:, }}-block pool over a 32 GB/s link. It runs against the two single answers and against your own
 # choice flipped; the extra time is against the same burst with room for everyone.
 
 # %%
-mixed = [dict(prompt_len=(700, 9000, 2048, 12_000, 300, 5400)[i % 6], max_new_tokens=1024, arrival_time=0.01 * i)
-         for i in range(36)]
-cm32 = CostModel(LECTURE_7B, H100, link_bandwidth=32 * GB)
+mixed_lengths = (700, 9000, 2048, 12_000, 300, 5400)
+# as many rounds of the six lengths as need about 1.8 pools at full length (six rounds, 36 requests, on the
+# lecture's card), so that the pool runs dry on any card
+rounds = round(1.8 * pool / sum(-(-(n + 1024) // 16) for n in mixed_lengths))
+mixed = [dict(prompt_len=mixed_lengths[i % 6], max_new_tokens=1024, arrival_time=0.01 * i) for i in range(6 * rounds)]
+cm32 = CostModel(COURSE.mha, GPU, link_bandwidth=32 * GB)
 if unlocked("6.2"):
     def your_policy(num_tokens):  # your 6.2, asked about one victim
-        return preemption_plan([("victim", 0.0, num_tokens)], 1, 16, LECTURE_7B, H100, 32 * GB)[0][1]
+        return preemption_plan([("victim", 0.0, num_tokens)], 1, 16, COURSE.mha, GPU, 32 * GB)[0][1]
 
     def flipped(num_tokens):
         return "swap" if your_policy(num_tokens) == "recompute" else "recompute"
@@ -509,7 +536,7 @@ if unlocked("6.2"):
 # vLLM paper's ablation (Kwon et al., SOSP 2023, §7.3, Fig. 19) found exactly that: swapping is slow
 # at small block sizes, where the copies are many and tiny, while recomputation does not care about
 # the block size — and it was never more than 20% slower than swapping at any size they tried. With
-# $t_0$ in the model, a 4K MHA sequence of the 7B on the H100's 64 GB/s link:
+# $t_0$ in the model, a 4K MHA sequence of the {{ "7B" if card.is_lecture else mha.name }} on the {{ gpu.name.split("-")[0].upper() }}'s {{ gpu.link_bandwidth / GB:.0f }} GB/s link:
 #
 # $$t_{swap} = 2\left(\frac{\text{KV}}{W} + 2L\left\lceil \frac{S}{b} \right\rceil t_0\right)$$
 #
@@ -517,27 +544,27 @@ if unlocked("6.2"):
 
 # %%
 if revealed("6.1"):
-    rec_4k = ledger.recompute_s(LECTURE_7B, 4096, H100.peak_flops)
+    rec_4k = ledger.recompute_s(COURSE.mha, 4096, GPU.peak_flops)
     print(f"{'t0':>6} | " + " | ".join(f"b = {b:>3}" for b in (1, 4, 16, 64, 256)) + f" | recompute {1e3 * rec_4k:.1f} ms")
     for t0 in (0.0, 1e-6, 5e-6, 20e-6):
         cells = []
         for b in (1, 4, 16, 64, 256):
-            sw = ledger.swap_round_trip_s(4096 * kv_per_token, H100.link_bandwidth,
-                                          ledger.swap_transfers(LECTURE_7B, 4096, b), t0)
+            sw = ledger.swap_round_trip_s(4096 * kv_per_token, GPU.link_bandwidth,
+                                          ledger.swap_transfers(COURSE.mha, 4096, b), t0)
             cells.append(f"{1e3 * sw:5.0f} ms {'S' if sw < rec_4k else 'R'}")
         print(f"{1e6 * t0:4.0f} µs | " + " | ".join(cells))
 
 # %% [markdown]
-# (S: swap is cheaper, R: recompute.) With no per-copy cost, swap wins at every block size; at a few
-# microseconds per copy the 16-token blocks vLLM uses by default make recompute the cheaper way back,
-# and only large blocks keep swap ahead — the §7.3 picture. The engine's `auto` mode prices the same
+# (S: swap is cheaper, R: recompute.) With no per-copy cost, swap wins at every block size;
+# {{ "at a few microseconds per copy the 16-token blocks vLLM uses by default make recompute the cheaper way back, and only large blocks keep swap ahead" if ledger.swap_round_trip_s(4096 * mha.kv_bytes_per_token, gpu.link_bandwidth, ledger.swap_transfers(mha, 4096, 16), 5e-6) > ledger.recompute_s(mha, 4096, gpu.peak_flops) else "on this card the 16-token blocks vLLM uses by default keep swap ahead at 5 µs per copy, and only smaller blocks or costlier copies make recompute the cheaper way back" }}
+# — the §7.3 picture. The engine's `auto` mode prices the same
 # term when its cost model is given a `block_transfer_s`, so the choice follows the block size. The
 # lecture burst of section 4 again, at $t_0 = 5$ µs:
 
 # %%
 for b in (16, 256):
-    cm_copies = CostModel(LECTURE_7B, H100, block_transfer_s=5e-6)
-    pool_b = ledger.num_blocks(ledger.kv_budget_bytes(LECTURE_7B, H100), b, LECTURE_7B.kv_bytes_per_token)
+    cm_copies = CostModel(COURSE.mha, GPU, block_transfer_s=5e-6)
+    pool_b = ledger.num_blocks(ledger.kv_budget_bytes(COURSE.mha, GPU), b, COURSE.mha.kv_bytes_per_token)
     res = run_requests(lecture_burst, num_blocks=pool_b, block_size=b, cost_model=cm_copies,
                                   preemption="auto")
     print(f"b = {b:>3}: auto chose swap {res.counters.preemptions['swap']} times and recompute "
@@ -556,15 +583,15 @@ for b in (16, 256):
 # %%
 group_cost = {}
 for together in (True, False):
-    swap_b = ledger.group_swap_bytes(8, 4096, 256, 16, LECTURE_7B.kv_bytes_per_token, together)
-    rec_f = ledger.group_recompute_flops(LECTURE_7B, 8, 4096, 256, together)
+    swap_b = ledger.group_swap_bytes(8, 4096, 256, 16, COURSE.mha.kv_bytes_per_token, together)
+    rec_f = ledger.group_recompute_flops(COURSE.mha, 8, 4096, 256, together)
     group_cost[together] = swap_b, rec_f
-    w_star = ledger.group_breakeven_link_bandwidth(LECTURE_7B, 8, 4096, 256, 16, H100.peak_flops, together=together)
+    w_star = ledger.group_breakeven_link_bandwidth(COURSE.mha, 8, 4096, 256, 16, GPU.peak_flops, together=together)
     print(f"{'as one group' if together else 'branch by branch':>17}: swap {swap_b / GB:6.2f} GB each way = "
-          f"{1e3 * ledger.swap_round_trip_s(swap_b, H100.link_bandwidth):6.1f} ms; recompute {rec_f / 1e12:6.1f} TFLOP "
+          f"{1e3 * ledger.swap_round_trip_s(swap_b, GPU.link_bandwidth):6.1f} ms; recompute {rec_f / 1e12:6.1f} TFLOP "
           f"= {1e3 * rec_f / rate:7.1f} ms; break-even {w_star / GB:.1f} GB/s")
 print(f"one 4,352-token sequence alone: break-even "
-      f"{ledger.breakeven_link_bandwidth(LECTURE_7B, 4352, H100.peak_flops) / GB:.1f} GB/s")
+      f"{ledger.breakeven_link_bandwidth(COURSE.mha, 4352, GPU.peak_flops) / GB:.1f} GB/s")
 print(f"the group together moves {group_cost[False][0] / group_cost[True][0]:.1f}× fewer bytes and computes "
       f"{group_cost[False][1] / group_cost[True][1]:.1f}× fewer FLOPs than branch by branch")
 
@@ -575,19 +602,19 @@ print(f"the group together moves {group_cost[False][0] / group_cost[True][0]:.1f
 # time) pays the unshared price, and the branches come back as private copies. What does *not* match
 # the break-even is vLLM's default choice between the two: it recomputes every single-sequence group
 # and swaps every multi-sequence group (recomputation of a group is not supported), whatever the
-# length and the link. On the H100's 64 GB/s link the byte arithmetic says swap for every length of
-# the MHA 7B; with a few microseconds per copy at $b = 16$ it says recompute — the default is right for the second
-# reading, and only the break-even knows which machine you are on.
+# length and the link. On the {{ gpu.name.split("-")[0].upper() }}'s {{ gpu.link_bandwidth / GB:.0f }} GB/s link the byte arithmetic says swap for every length of
+# the {{ "MHA 7B" if card.is_lecture else mha.name }}; {{ "with a few microseconds per copy at $b = 16$ it says recompute — the default is right for the second reading" if ledger.swap_round_trip_s(4096 * mha.kv_bytes_per_token, gpu.link_bandwidth, ledger.swap_transfers(mha, 4096, 16), 5e-6) > ledger.recompute_s(mha, 4096, gpu.peak_flops) else "with 5 µs per copy at $b = 16$ it still says swap at 4K on this card — the default is wrong for both readings here" }},
+# and only the break-even knows which machine you are on.
 #
 # ## 5. Exercise 4 — the break-even you will actually hit
 #
-# Exercise 4 asks two things of the lecture's model, on the givens at the top of the lab:
+# Exercise 4 asks two things of the {{ "lecture's" if card.is_lecture else "course's" }} model, on the givens at the top of the lab:
 #
 # 1. A **long GQA** sequence (`LONG_SEQ` tokens of the model with `GQA_KV_HEADS` KV heads): its
 #    recompute time, how many times cheaper its swap is over the card's link (`LINK_BW`), and the
 #    break-even bandwidth at which the two would cost the same. GQA shrinks what crosses the link;
 #    think about what it does to what the prefill computes.
-# 2. The length at which swapping stops winning on a **slower** link (`SLOW_LINK_BW`), for the **MHA**
+# 2. The length at which swapping stops winning on a {{ "**slower**" if G.SLOW_LINK_BW < G.LINK_BW else "**second**" }} link (`SLOW_LINK_BW`), for the **MHA**
 #    form of the model (as many KV heads as query heads, `HEADS`). Both sides of "swap = recompute"
 #    are functions of $S$; look at their powers of $S$ before you reach for a solver.
 #
@@ -634,25 +661,27 @@ if revealed("6.1", "6.3"):
 equation, $S^\ast = (2\,\text{kv}\,F/W - 2N)/(4\,L\,H\,d)$. The lecture's 16K GQA-8 sequence holds
 $16{,}384 \times 128$ KiB, exactly the bytes of a 4K MHA sequence, so its swap is the 4K MHA sequence's,
 while its prefill's weights term grows 4× and its attention 16×."""))
+    # the lecture's own numbers (LECTURE_*), whatever the card: this cell sets them beside what the lecture printed
+    whose = "" if COURSE.is_lecture else "the lecture's "
+    lecture_rate = LECTURE_MFU * LECTURE_GPU.peak_flops
     kv16 = 16_384 * LECTURE_7B_GQA8.kv_bytes_per_token
-    swap16 = ledger.swap_round_trip_s(kv16, H100.link_bandwidth)
-    recompute16 = ledger.recompute_s(LECTURE_7B_GQA8, 16_384, H100.peak_flops)
+    swap16 = ledger.swap_round_trip_s(kv16, LECTURE_GPU.link_bandwidth)
+    recompute16 = ledger.recompute_s(LECTURE_7B_GQA8, 16_384, LECTURE_GPU.peak_flops)
     w16 = 2 * LECTURE_7B_GQA8.num_params * 16_384
-    print(f"16K GQA-8: KV {kv16 / GB:.3f} GB; swap {1e3 * swap16:.1f} ms; recompute "
+    print(f"{whose}16K GQA-8: KV {kv16 / GB:.3f} GB; swap {1e3 * swap16:.1f} ms; recompute "
           f"({w16 / 1e12:.1f} + {(ledger.prefill_flops(LECTURE_7B_GQA8, 16_384) - w16) / 1e12:.1f}) TFLOP ÷ "
-          f"{rate / 1e12:.1f} TFLOP/s = {1e3 * recompute16:.1f} ms; swap wins {recompute16 / swap16:.1f}×; "
-          f"W* = {ledger.breakeven_link_bandwidth(LECTURE_7B_GQA8, 16_384, H100.peak_flops) / GB:.2f} GB/s (printed 5.9)")
-    crossover_32 = ledger.crossover_tokens(LECTURE_7B, 32 * GB, H100.peak_flops)
-    print(f"MHA crossover on 32 GB/s: {crossover_32:,.2f} tokens")
+          f"{lecture_rate / 1e12:.1f} TFLOP/s = {1e3 * recompute16:.1f} ms; swap wins {recompute16 / swap16:.1f}×; "
+          f"W* = {ledger.breakeven_link_bandwidth(LECTURE_7B_GQA8, 16_384, LECTURE_GPU.peak_flops) / GB:.2f} GB/s (printed 5.9)")
+    crossover_32 = ledger.crossover_tokens(LECTURE_7B, 32 * GB, LECTURE_GPU.peak_flops)
+    print(f"{whose}MHA crossover on 32 GB/s: {crossover_32:,.2f} tokens")
     attention_per_s2 = 4 * LECTURE_7B.num_layers * LECTURE_7B.num_heads * LECTURE_7B.head_dim
-    doubled = (2 * LECTURE_7B.kv_bytes_per_token * rate / (32 * GB) - 2 * LECTURE_7B.num_params) / (2 * attention_per_s2)
+    doubled = (2 * LECTURE_7B.kv_bytes_per_token * lecture_rate / (32 * GB) - 2 * LECTURE_7B.num_params) / (2 * attention_per_s2)
     print(f"Erratum: the lecture prints S ≈ 2,600; the root of its own equation is {crossover_32:,.0f}: ≈ 2,600 is "
           f"what twice the attention term (8·L·H·d·S²) gives, {doubled:,.0f} tokens.")
 
 # %% [markdown]
 # Either way the lesson of the exercise survives, and is sharper with the exact number: on a 32 GB/s
-# link most chat-length sequences (the Azure trace's median prompt is 1,020 tokens) should be
-# **recomputed**, and long ones swapped. "A single global policy is wrong" and "the threshold is a
+# link {{ "most chat-length sequences (the Azure trace's median prompt is 1,020 tokens) should be **recomputed**, and long ones swapped" if ledger.crossover_tokens(mha, 32 * GB, gpu.peak_flops) > 1020 else "the lecture's card should **recompute** most chat-length sequences (the Azure trace's median prompt is 1,020 tokens) and swap long ones, while this card " + ("recomputes only sequences shorter than most chat prompts" if ledger.crossover_tokens(mha, 32 * GB, gpu.peak_flops) > 0 else "swaps every length") }}. "A single global policy is wrong" and "the threshold is a
 # property of the model and the machine" do not contradict each other: the threshold curve $W^\ast(S)$
 # — equivalently the crossover length on a given link — is fixed by the model and the machine, and the
 # one property of a request that enters is its length, at which the curve is read. So no single answer
@@ -661,7 +690,7 @@ while its prefill's weights term grows 4× and its attention 16×."""))
 # %% [markdown]
 # Now explore. The panel draws both stalls against $S$ for the chosen model, GPU and link, marks the
 # crossover, and states the derivation at the chosen $S$ (it opens once 6.1 and 6.3 pass: it prices
-# 6.1's pair and marks 6.3's crossover). Try: MHA on 32 GB/s at 4K, then at your crossover, then 8K; switch to GQA-8 (does a
+# 6.1's pair and marks 6.3's crossover). Try: MHA on 32 GB/s at 4K, then at your crossover, then 8K; switch to {{ gqa.attention }} (does a
 # crossover remain?); put the 70B on an A100's 32 GB/s link.
 
 # %%
@@ -707,25 +736,26 @@ if unlocked("6.1"):  # your formula on the tiny model, at the FLOP rate this mac
 viz_engine.personal_breakeven_figure(prefill, link).show()
 
 # %% [markdown]
-# Compare with the lecture's H100 (the cell below, once 6.1 passes). For the tiny model on a CPU the
+# Compare with the {{ "lecture's" if card.is_lecture else "course's" }} {{ gpu.name.split("-")[0].upper() }} (the cell below, once 6.1 passes). For the tiny model on a CPU the
 # factor between link and break-even is far larger: its "link" is memory itself, and its prefill runs
 # at a few GFLOP/s. Same formula, different machine, different answer — which is the point of
 # objective 6.
 
 # %%
 if revealed("6.1"):
-    w_h100 = ledger.breakeven_link_bandwidth(LECTURE_7B, 4096, H100.peak_flops)
-    print(f"the lecture's H100: a 4K MHA sequence breaks even at {w_h100 / GB:.2f} GB/s against its "
-          f"{H100.link_bandwidth / GB:.0f} GB/s link, a factor of {H100.link_bandwidth / w_h100:.2f}")
+    w_gpu = ledger.breakeven_link_bandwidth(COURSE.mha, 4096, GPU.peak_flops)
+    print(f"the {'lecture' if COURSE.is_lecture else 'course'}'s {GPU_LABEL}: a 4K MHA sequence breaks even at "
+          f"{w_gpu / GB:.2f} GB/s against its {GPU.link_bandwidth / GB:.0f} GB/s link, a factor of "
+          f"{GPU.link_bandwidth / w_gpu:.2f}")
 
 # %% [markdown]
 # ## Self-check
 #
-# 1. The engine admitted 199 sequences and they all keep generating. What breaks, and which of the
-#    three moves is cheapest for the user?
+# 1. The lecture asks the room: "The engine admitted 199 sequences and they all keep generating. What
+#    breaks?" And which of the three moves is cheapest for the user?
 # 2. Why does a watermark reduce preemptions, and what does it cost instead?
-# 3. Derive the swap and the recompute stalls of a 4K MHA sequence of the 7B on the H100. Which term of
-#    the recompute does GQA-8 change?
+# 3. Derive the swap and the recompute stalls of a 4K MHA sequence of the {{ "7B" if card.is_lecture else mha.name }} on the {{ gpu.name.split("-")[0].upper() }}. Which term of
+#    the recompute does {{ gqa.attention }} change?
 # 4. Why does $W^\ast$ fall as $S$ grows?
 # 5. A preempted sequence resumes. Can its next token differ from the one it would have produced?
 #
@@ -733,17 +763,17 @@ if revealed("6.1"):
 
 # %%
 if revealed("6.1"):
-    kv_4k = 4096 * LECTURE_7B.kv_bytes_per_token
-    weights_4k = 2 * LECTURE_7B.num_params * 4096
-    attention_4k = 4 * LECTURE_7B.num_layers * LECTURE_7B.num_heads * LECTURE_7B.head_dim * 4096 ** 2
+    kv_4k = 4096 * COURSE.mha.kv_bytes_per_token
+    weights_4k = 2 * COURSE.mha.num_params * 4096
+    attention_4k = 4 * COURSE.mha.num_layers * COURSE.mha.num_heads * COURSE.mha.head_dim * 4096 ** 2
     display(Markdown(f"""1. Blocks run out mid-decode. Refusing new arrivals is cheapest: nobody resident is hurt; it costs
    the newcomers queueing time (TTFT).
 2. Admission stops while the free blocks would drop below the watermark, so the residents have room
    to grow before anyone must be evicted. It costs refusals: requests wait longer to be admitted.
-3. Swap: 2 × 4,096 × 512 KiB ÷ {H100.link_bandwidth / GB:.0f} GB/s =
-   {1e3 * ledger.swap_round_trip_s(kv_4k, H100.link_bandwidth):.1f} ms. Recompute: ({weights_4k / 1e12:.1f} +
+3. Swap: 2 × 4,096 × {COURSE.mha.kv_kib_per_token:,g} KiB ÷ {GPU.link_bandwidth / GB:.0f} GB/s =
+   {1e3 * ledger.swap_round_trip_s(kv_4k, GPU.link_bandwidth):.1f} ms. Recompute: ({weights_4k / 1e12:.1f} +
    {attention_4k / 1e12:.1f}) TFLOP ÷ {rate / 1e12:.1f} TFLOP/s = {1e3 * (weights_4k + attention_4k) / rate:.1f} ms.
-   GQA-8 changes none of the recompute's terms: it shrinks the KV (so the swap), not the prefill FLOPs.
+   {COURSE.gqa.attention} changes none of the recompute's terms: it shrinks the KV (so the swap), not the prefill FLOPs.
 4. The KV (numerator) is linear in S, the prefill FLOPs (denominator) quadratic, because of attention.
 5. No. Preemption loses the cache, never the tokens; the engine's sampling depends only on the
    request, the branch and the position, so the resumed sequence continues exactly (section 4)."""))

@@ -4,8 +4,8 @@
 # Paging changed **capacity**. An operator is not asked for capacity; they are asked for a *service
 # level*: the first token within so many milliseconds, and every token after it at a steady cadence.
 # This lab turns the capacity of labs 02–06 into that ledger — the one Assignment 4 will ask you for —
-# with the real engine loop of lab 06 running the lecture's H100 on its **cost-model clock** (each
-# step priced by the roofline, so the same scheduler replays a real trace at H100 scale on a laptop).
+# with the real engine loop of lab 06 running the {{ "lecture's H100" if card.is_lecture else f"course's {gpu.name}" }} on its **cost-model clock** (each
+# step priced by the roofline, so the same scheduler replays a real trace at {{ "H100" if card.is_lecture else gpu.name }} scale on a laptop).
 #
 # **Learning objective served** (the lecture's numbering)
 #
@@ -22,7 +22,7 @@ import math
 
 from IPython.display import HTML, Markdown, display
 
-from labsupport import ledger, workloads
+from labsupport import card, ledger, workloads
 from labsupport.block_allocator import BlockAllocator
 from labsupport.contiguous import ReserveToMaxAllocator
 from labsupport.costmodel import CostModel
@@ -31,16 +31,18 @@ from labsupport.engine import Engine
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.replay import ReplayConfig, chat_with_probe, replay, steady_batch_tpot
 from labsupport.slo import memory_ceiling, three_columns
-from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
+from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU  # LECTURE_*: the lecture's errata only
 from labsupport.units import fmt_bytes, fmt_gb
 from labsupport.viz import slo as viz_slo
 
-H100, MHA = LECTURE_GPU, LECTURE_7B
-KV = MHA.kv_bytes_per_token  # 524,288 B = 512 KiB per token
+COURSE = card.card()  # the course card (course.toml): its GPU, and its model in MHA and GQA form
+GPU, MHA = COURSE.gpu, COURSE.mha
+GPU_NAME = "H100" if COURSE.is_lecture else GPU.name  # how the lines below name the card (the lecture's "H100")
+KV = MHA.kv_bytes_per_token  # the card's KV bytes per token (524,288 B = 512 KiB on the lecture's card)
 SEQ = 512 + 128  # the lecture's chat sequence: 512-token prompt, 128 output tokens
-BUDGET = ledger.kv_budget_bytes(MHA, H100)
+BUDGET = ledger.kv_budget_bytes(MHA, GPU)
 POOL = ledger.num_blocks(BUDGET, 16, KV)
-print(f"{MHA.name} on {H100.name}: weights {fmt_gb(MHA.weight_bytes, 2)}, KV budget {fmt_gb(BUDGET, 2)}, "
+print(f"{MHA.name} on {GPU.name}: weights {fmt_gb(MHA.weight_bytes, 2)}, KV budget {fmt_gb(BUDGET, 2)}, "
       f"{POOL:,} blocks of 16 tokens")
 
 # %% [markdown]
@@ -52,8 +54,8 @@ print(f"{MHA.name} on {H100.name}: weights {fmt_gb(MHA.weight_bytes, 2)}, KV bud
 #   \;+\; \underbrace{t_{\text{prefill}}}_{\text{the forward pass over the prompt}}
 #   \;+\; \underbrace{t_{\text{sched}}}_{\text{waiting for the next iteration boundary}}$$
 #
-# * **Prefill** is the only term Lecture 2 priced: $2NS + 4LHd\,S^2$ FLOPs at 50% of peak, **129 ms**
-#   for a 4,096-token prompt.
+# * **Prefill** is the only term Lecture 2 priced: $2NS + 4LHd\,S^2$ FLOPs at 50% of peak, **{{ 1e3 * N.recompute_s:.0f }} ms**
+#   for a 4,096-token prompt{{ "" if card.is_lecture else f" on the {gpu.name} (the lecture prints 129 ms for its H100)" }}.
 # * **Scheduling delay** is the wait until the running step ends, because the batch is re-chosen only
 #   at step boundaries: at most one step — one decode step of the whole batch (section 2 prices it), more
 #   if that step is carrying someone else's prefill.
@@ -64,21 +66,21 @@ print(f"{MHA.name} on {H100.name}: weights {fmt_gb(MHA.weight_bytes, 2)}, KV bud
 # `.prefill_s`). First the two terms we can predict in closed form, read off real engine runs:
 
 # %%
-prefill_4k = ledger.recompute_s(MHA, 4096, H100.peak_flops)
-idle = Engine(cost_model=CostModel(), num_blocks=POOL, block_size=16)
+prefill_4k = ledger.recompute_s(MHA, 4096, GPU.peak_flops)
+idle = Engine(cost_model=CostModel(MHA, GPU), num_blocks=POOL, block_size=16)
 you = idle.add_request(prompt_len=4096, max_new_tokens=128, arrival_time=0.0)
 r = idle.run().requests[you]
 print(f"idle card, one 4,096-token prompt: queueing {1e3 * r.queueing_s:.1f} ms + prefill {1e3 * r.prefill_s:.2f} ms "
       f"+ scheduling delay {1e3 * r.scheduling_delay_s:.1f} ms = TTFT {1e3 * r.ttft_s:.2f} ms")
 print(f"ledger: prefill of 4,096 tokens = {ledger.prefill_flops(MHA, 4096) / 1e12:.1f} TFLOP "
-      f"/ (0.5 × {H100.peak_flops / 1e12:.0f} TFLOP/s) = {1e3 * prefill_4k:.2f} ms")
+      f"/ (0.5 × {GPU.peak_flops / 1e12:.0f} TFLOP/s) = {1e3 * prefill_4k:.2f} ms")
 
 # %% [markdown]
 # On an idle card the TTFT *is* the prefill. Now load the card. The panel below runs the engine on
 # the lecture's chat workload (512-token prompts, 128-token outputs, Poisson arrivals for 10 s)
 # and drops **your** request — a 4,096-token prompt — into it at t = 8 s. The bars are real requests'
 # splits: yours, the median chat request's, and the p99 one's. The panel opens at 62 requests/s, near
-# what the card can decode (section 3 counts its throughput); move the load across it.
+# what the {{ "card" if card.is_lecture else "lecture's card" }} can decode (section 3 counts its throughput); move the load across it.
 #
 # *Board (minutes 58–68): TTFT as three stacked bars, queueing biggest.*
 
@@ -86,11 +88,11 @@ print(f"ledger: prefill of 4,096 tokens = {ledger.prefill_flops(MHA, 4096) / 1e1
 viz_slo.ttft_panel(rate_per_s=62, probe_prompt=4096)
 
 # %% [markdown]
-# What to see: at low load your TTFT is your prefill (129 ms) plus a few ms of scheduling delay.
-# Past about 55 requests/s the pool is full (peak blocks ≈ 7,450 of 7,452) and **queueing** takes
+# What to see: at low load your TTFT is your prefill ({{ 1e3 * N.recompute_s:.0f }} ms) plus a few ms of scheduling delay.
+# Past about 55 requests/s{{ "" if card.is_lecture else " on the lecture's card (the readout shows yours)" }} the pool is full (peak blocks ≈ 7,450 of 7,452) and **queueing** takes
 # over — seconds, against a prefill of a tenth of a second. Notice also that the scheduling delay can
 # exceed one decode step: the step you arrive during may be carrying another request's prefill.
-# *An engine that reports "129 ms TTFT" is reporting the term it controls least.*
+# *An engine that reports "{{ 1e3 * N.recompute_s:.0f }} ms TTFT" is reporting the term it controls least.*
 #
 # The same three terms on the real clock: the tiny character model of lab 06 actually runs on this
 # CPU, and the engine times each step with the wall clock. Six requests arrive together; the numbers
@@ -139,7 +141,7 @@ for rid, rr in real_run.requests.items():
 # whose prefill ran in that step), and return a dict `{"scheduling_delay_s": ..., "queueing_s": ...,
 # "prefill_s": ...}` for a request that finished. Use the definitions at the top of this section; an
 # engine that is idle when a request arrives starts its next step at the arrival. The checkoff reads
-# the logs of engine runs under load on the lecture's H100.
+# the logs of engine runs under load on the {{ "lecture's H100" if card.is_lecture else f"course's {gpu.name}" }}.
 
 # %%
 def ttft_split(steps, request_id, arrival_time):
@@ -200,14 +202,18 @@ check("7.1", tpot)
 # request's TPOT is read off its timeline — shown beside your function once 7.1 passes.
 
 # %%
-measured = steady_batch_tpot([1, 29, 100, 186], seq_tokens=SEQ)
+NAIVE_B = ledger.naive_concurrency(BUDGET, 4096, KV)  # reserve-to-max slots of S_max = 4,096 (section 3's naive B)
+CEILING = memory_ceiling(MHA, GPU, SEQ)  # the paged pool's sequences of 640 tokens
+batches = sorted({b for b in (1, NAIVE_B, min(100, CEILING), CEILING) if b >= 1})  # 1, 29, 100, 186 on the lecture's
+measured = steady_batch_tpot(batches, seq_tokens=SEQ, model=MHA, gpu=GPU)
 if unlocked("7.1"):
     display(Markdown("The step streams every weight once, shared by the whole batch, plus the KV of **every** "
                      "sequence in it — the rest of your step is your **neighbours'** KV."))
     for b, t in measured.items():
-        print(f"B = {b:3d}: engine {1e3 * t:6.3f} ms, your tpot() {1e3 * tpot(MHA, H100, b, SEQ):6.3f} ms")
+        print(f"B = {b:3d}: engine {1e3 * t:6.3f} ms, your tpot() {1e3 * tpot(MHA, GPU, b, SEQ):6.3f} ms")
     lecture_gb = 640 * 512_000 / 1e9  # the lecture's "0.328 GB" per sequence: 512 KiB read as 512,000 B
-    print(f"The lecture prints 23.5 ms at B = 199; exact, {1e3 * tpot(MHA, H100, 199, SEQ):.2f} ms: its "
+    # the erratum is the lecture's: its 23.5 ms was printed for its own 7B on its H100, so exact is on those
+    print(f"The lecture prints 23.5 ms at B = 199; exact, {1e3 * tpot(LECTURE_7B, LECTURE_GPU, 199, SEQ):.2f} ms: its "
           f"{lecture_gb:.3f} GB per 640-token sequence reads 512 KiB as 512,000 B.")
 
 # %% [markdown]
@@ -244,7 +250,10 @@ check("7.2", max_batch)
 
 # %%
 if unlocked("7.1", "7.2"):  # the panel draws your TPOT(B) and the largest B under the SLO: it opens once both pass
-    display(viz_slo.tpot_panel(batch=186, seq_tokens=SEQ, tpot_slo_ms=20, measured=measured, tpot_fn=tpot))
+    # named, not left to the panel's default: `measured` ran on the card's MHA form (the panel's default model is
+    # the card's model), and the panel draws the engine's markers only on the configuration named here
+    display(viz_slo.tpot_panel(batch=CEILING, seq_tokens=SEQ, tpot_slo_ms=20, measured=measured, tpot_fn=tpot,
+                               model=MHA.name, gpu=GPU.name))
 
 # %% [markdown]
 # ## 3. Goodput is the metric; throughput is not
@@ -254,8 +263,8 @@ if unlocked("7.1", "7.2"):  # the panel draws your TPOT(B) and the largest B und
 #
 # | column | B | why |
 # |---|---|---|
-# | naive | reserve-to-max, S_max = 4,096 | 29 slots of 2.147 GB |
-# | paged at the memory ceiling | 7,452 blocks ÷ 40 per sequence | 186 (printed 199) |
+# | naive | reserve-to-max, S_max = 4,096 | {{ N.naive_concurrency }} slots of {{ N.naive_slot_bytes / GB:.3f }} GB |
+# | paged at the memory ceiling | {{ N.num_blocks:, }} blocks ÷ 40 per sequence | {{ N.paged_concurrency }} {{ "(the lecture prints 199)" if card.is_lecture else "(the lecture's card: 186, printed 199)" }} |
 # | paged at the SLO-limited B | the largest B with TPOT ≤ 20 ms | your 7.2 |
 #
 # Throughput of a steady batch is $B / \text{TPOT}(B)$; its goodput is the same number if
@@ -265,41 +274,42 @@ if unlocked("7.1", "7.2"):  # the panel draws your TPOT(B) and the largest B und
 
 # %%
 if unlocked("7.1"):  # your TPOT prices every column, and the SLO-limited B is searched on it
-    columns = three_columns(MHA, H100, SEQ, s_max=4096, block_size=16, tpot_slo_s=0.020, tpot_fn=tpot)
+    columns = three_columns(MHA, GPU, SEQ, s_max=4096, block_size=16, tpot_slo_s=0.020, tpot_fn=tpot)
 else:  # the library's stand-in until 7.1 passes
-    columns = three_columns(MHA, H100, SEQ, s_max=4096, block_size=16, tpot_slo_s=0.020)
+    columns = three_columns(MHA, GPU, SEQ, s_max=4096, block_size=16, tpot_slo_s=0.020)
 if revealed("7.1", "7.2"):  # the table's TPOTs are 7.1's answers and its third column is 7.2's
     display(HTML(viz_slo.goodput_table_html(columns)))
 
 # %% [markdown]
 # *Board: the three-column table, then strike out the middle column's throughput and write
 # "goodput 0".* The middle column moves the most tokens and serves nobody within the SLO; the naive
-# column, at about half its throughput, serves everyone. **"Which column would you deploy?"** —
+# column, at {{ 100 * N.naive_concurrency / ledger.tpot_s(mha, N.naive_concurrency, 640, gpu.hbm_bandwidth) / N.throughput_tok_s:.0f }}% of its throughput, serves everyone. **"Which column would you deploy?"** —
 # the only correct first answer is a question: *what is the SLO?* Move it:
 
 # %%
 if unlocked("7.1", "7.2"):  # every column priced by your tpot
-    display(viz_slo.goodput_table_panel(tpot_slo_ms=20, tpot_fn=tpot))
+    display(viz_slo.goodput_table_panel(tpot_slo_ms=20, tpot_fn=tpot, model=MHA.name))  # the table's model above
 
 # %% [markdown]
-# At 25 ms the middle column is the best; at 20 ms it is worthless; below the naive column's own TPOT
+# At {{ int(-(-1e3 * N.tpot_s // 5) * 5) }} ms the middle column is the best; at 20 ms it is worthless; below the naive column's own TPOT
 # (the table gives it) even the naive column fails. Neither configuration is wrong — *"what is this
 # engine's throughput?"* is the wrong
 # question, because throughput without a latency constraint can always be raised by making the
 # service worse.
 #
-# Where does the SLO bind, against the memory ceiling — for the MHA model, and for GQA-8, whose
-# sequences are 4× smaller? Once 7.1 and 7.2 pass, on your functions:
+# Where does the SLO bind, against the memory ceiling — for the MHA model, and for {{ gqa.attention }}, whose
+# sequences are {{ mha.kv_bytes_per_token // gqa.kv_bytes_per_token }}× smaller? Once 7.1 and 7.2 pass, on your functions:
 
 # %%
 if unlocked("7.1", "7.2"):
-    for model in (MHA, LECTURE_7B_GQA8):
-        ceiling = memory_ceiling(model, H100, SEQ)
-        print(f"{model.name:>16}: memory ceiling {ceiling:4d}, largest B under 20 ms {max_batch(model, H100, SEQ, 0.020):4d}")
+    for model in (MHA, COURSE.gqa):
+        ceiling = memory_ceiling(model, GPU, SEQ)
+        print(f"{model.name:>16}: memory ceiling {ceiling:4d}, largest B under 20 ms {max_batch(model, GPU, SEQ, 0.020):4d}")
     display(Markdown("*After paging, the SLO usually binds before the memory does* — the clearest sign that the "
                      "allocator problem is solved, and why the next eight weeks are about scheduling, kernels and bytes."))
-    printed = (0.020 * H100.hbm_bandwidth - 13.5e9) / 0.328e9  # the lecture's sum, on its own printed figures
-    print(f"The lecture prints 164; exact, {max_batch(MHA, H100, SEQ, 0.020)}: its 0.328 GB per sequence reads 512 KiB "
+    # the lecture's erratum, on the lecture's own card: its sum on its printed figures, and exact on its 7B and H100
+    printed = (0.020 * LECTURE_GPU.hbm_bandwidth - 13.5e9) / 0.328e9
+    print(f"The lecture prints 164; exact, {max_batch(LECTURE_7B, LECTURE_GPU, SEQ, 0.020)}: its 0.328 GB per sequence reads 512 KiB "
           f"as 512,000 B, and (20 ms × 3,350 GB/s − 13.5 GB) ÷ 0.328 GB = {printed:.1f} is then rounded up.")
     naive, ceiling_col = columns[0], columns[1]
     print(f"The lecture gives the naive column a third of the middle column's throughput; here it has "
@@ -308,26 +318,26 @@ if unlocked("7.1", "7.2"):
           f"{ceiling_col.batch}.")
 
 # %% [markdown]
-# ## 4. Your workload: the Azure conversation trace, replayed at H100 scale
+# ## 4. Your workload: the Azure conversation trace, replayed at {{ "H100" if card.is_lecture else gpu.name }} scale
 #
 # A steady batch of identical sequences meets the SLO all together or not at all. Real traffic does
 # not: lengths vary, arrivals are bursty, and prefills land in the middle of everyone's decode. Below,
 # the real engine replays the **Azure LLM Inference Trace 2023** (conversation; Patel et al., ISCA 2024,
-# CC BY 4.0) through its cost-model clock with the lecture's 7B on an H100, in three configurations:
+# CC BY 4.0) through its cost-model clock with {{ "the lecture's 7B on an H100" if card.is_lecture else f"the card's {mha.name} on the {gpu.name}" }}, in three configurations:
 #
 # * **reserve-to-max** — the engine with one block of S_max = 4,096 tokens per sequence, which is
-#   exactly a reserve-to-max allocator: 29 slots. A reserve-to-max engine has a context window, so it
+#   exactly a reserve-to-max allocator: {{ N.naive_concurrency }} slots. A reserve-to-max engine has a context window, so it
 #   does what a real one must with the requests longer than 4,096 tokens (counted below): it stops
 #   their generation at the window, and refuses the few whose prompt alone fills it. A sequence then
 #   never outgrows its slot, and nobody is ever preempted;
-# * **paged, b = 16** — 7,452 blocks, the engine's default `max_num_seqs` of 256;
+# * **paged, b = 16** — {{ N.num_blocks:, }} blocks, the engine's default `max_num_seqs` of 256;
 # * **paged, SLO-limited B** — the same, with `max_num_seqs` set to the largest B whose TPOT meets
 #   20 ms at this trace's mean sequence length (§10.6's operating point).
 #
 # **Sample, stated:** replaying the whole trace (19,366 requests over 58 minutes) three times does not
 # fit this notebook's one-minute CPU budget. We compare the three configurations on its **first 10
 # minutes** (2,867 real requests, in their real order and with their real lengths) with arrival times
-# **divided by 2** — the same requests at twice the real rate, which is where this card starts to be
+# **divided by 2** — the same requests at twice the real rate, which is where {{ "this card" if card.is_lecture else "the lecture's card" }} starts to be
 # loaded — and then replay the **whole trace once**, paged, at the same rate. (The command line does the
 # same: `python -m labsupport simulate --trace azure-conv --rate-scale 2 --ttft-slo-ms 1000
 # --tpot-slo-ms 20`.)
@@ -338,16 +348,17 @@ print(f"{azure.name} ({'SYNTHETIC stand-in' if azure.synthetic else 'real trace'
       f"{azure.summary()['duration_s'] / 60:.0f} minutes")
 window = [q for q in azure if q.arrival_s < 600]
 mean_len = sum(q.prompt_tokens + q.output_tokens for q in window) / len(window)
-b_slo = ledger.max_batch_for_tpot(MHA, round(mean_len), 0.020, H100.hbm_bandwidth)
+b_slo = ledger.max_batch_for_tpot(MHA, round(mean_len), 0.020, GPU.hbm_bandwidth)
 long = sum(q.prompt_tokens + q.output_tokens > 4096 for q in window)
 print(f"first 600 s: {len(window):,} requests, mean sequence {mean_len:,.0f} tokens -> SLO-limited B = {b_slo}")
 print(f"{long} of them ({100 * long / len(window):.1f}%) are longer than S_max = 4,096 tokens")
 
 # %% tags=["needs-traces"]
-configs = [ReplayConfig("reserve-to-max (29 slots)", s_max=4096),
+configs = [ReplayConfig(f"reserve-to-max ({NAIVE_B} slots)", s_max=4096),
            ReplayConfig("paged, b = 16"),
            ReplayConfig(f"paged, max_num_seqs = {b_slo}", max_num_seqs=b_slo)]
-replays = [replay(azure, c, speedup=2.0, window_s=600) for c in configs]
+CLOCK = CostModel(MHA, GPU)  # every replay on the card's MHA form, the model of sections 1-3
+replays = [replay(azure, c, cost_model=CLOCK, speedup=2.0, window_s=600) for c in configs]
 for rp in replays:
     c = rp.counters
     print(f"{rp.label}: {c['finished']:,}/{c['requests']:,} finished, {c['steps']:,} steps, peak batch "
@@ -358,7 +369,7 @@ print(f"reserve-to-max: {replays[0].note.split('; ')[-1]}")
 # And the whole trace, once, paged (a few seconds):
 
 # %% tags=["needs-traces"]
-whole = replay(azure, ReplayConfig("paged, b = 16, whole trace"), speedup=2.0)
+whole = replay(azure, ReplayConfig("paged, b = 16, whole trace"), cost_model=CLOCK, speedup=2.0)
 c = whole.counters
 print(f"{whole.note}: {c['finished']:,}/{c['requests']:,} finished, {c['steps']:,} steps, peak batch "
       f"{c['peak_running']}, peak blocks {c['peak_blocks']:,} of {c['num_blocks']:,}, leaked blocks {c['leaked_blocks']}")
@@ -384,7 +395,7 @@ viz_slo.FigureView(viz_slo.ttft_bars_figure([rp.mean_split() for rp in replays],
 viz_slo.goodput_slo_panel(replays, tpot_slo_ms=20, ttft_slo_s=1.0)
 
 # %% [markdown]
-# Three things to read off it:
+# Three things to read off it{{ "" if card.is_lecture else " (as they read on the lecture's card; check each against your card's readout)" }}:
 #
 # 1. **Reserve-to-max collapses on TTFT, not on TPOT.** With 29 slots the requests queue for tens of
 #    seconds; its TPOT is excellent, and nobody cares.
@@ -405,7 +416,7 @@ viz_slo.goodput_slo_panel(replays, tpot_slo_ms=20, ttft_slo_s=1.0)
 
 # %% tags=["needs-traces"]
 additive = replay(azure, ReplayConfig("paged, b = 16, additive clock", overlap=False),
-                                speedup=2.0, window_s=600)
+                  cost_model=CostModel(MHA, GPU, overlap=False), speedup=2.0, window_s=600)
 for rp in (replays[1], additive):
     print(f"{rp.label:>32}: goodput at TTFT <= 1 s, TPOT <= 20 ms: {100 * rp.goodput_frac(1.0, 0.020):5.1f}% of "
           f"requests; at TPOT <= 40 ms: {100 * rp.goodput_frac(1.0, 0.040):5.1f}%")
@@ -450,14 +461,14 @@ check("7.3", goodput)
 
 # %%
 for rate in (30, 40, 50, 62):
-    run = chat_with_probe(rate).result
+    run = chat_with_probe(rate, model=MHA, gpu=GPU).result
     report = run.slo(0.5, 0.020)
     yours = f"; your function {goodput(list(run.requests.values()), 0.5, 0.020):7,.0f}" if passed("7.3") else ""
     print(f"{rate:3d} req/s: throughput {report.throughput_tok_s:7,.0f} tok/s, goodput {report.goodput_tok_s:7,.0f} "
           f"tok/s (engine ledger{yours}), TPOT p50 {1e3 * report.tpot['p50']:5.2f} ms")
 
 # %% [markdown]
-# **Goodput and throughput move in opposite directions**: from 50 to 62 requests/s the card moves
+# **Goodput and throughput move in opposite directions**: from 50 to 62 requests/s {{ "the card" if card.is_lecture else "the lecture's card" }} moves
 # more tokens, and every one of them is late. Past the SLO-limited batch, extra load buys throughput
 # by spending everybody's latency.
 
@@ -466,7 +477,7 @@ for rate in (30, 40, 50, 62):
 #
 # A latency SLO is a promise to **each** request, and a dashboard that reports the mean TTFT averages
 # the promise away: hundreds of requests that got their first token in 30 ms hide the few that waited a
-# second. Between 50 and 62 requests/s above, the card passes from "everyone is fast" to "half are late";
+# second. Between 50 and 62 requests/s{{ " above, the card" if card.is_lecture else ", the lecture's card" }} passes from "everyone is fast" to "half are late";
 # somewhere on the way the mean still looks fine while a tenth of the users do not.
 #
 # ### Exercise 7.4 — the mean, the p99, and who missed
@@ -499,7 +510,7 @@ check("7.4", ttft_tail)
 # %%
 if unlocked("7.4"):
     for rate in (50, 55, 62):
-        run = chat_with_probe(rate).result
+        run = chat_with_probe(rate, model=MHA, gpu=GPU).result
         tail = ttft_tail(list(run.requests.values()), 0.5)
         report = run.slo(0.5, 0.020)
         verdict = "meets" if tail["mean_s"] <= 0.5 else "misses"
@@ -508,13 +519,13 @@ if unlocked("7.4"):
               f"(engine ledger: mean {1e3 * report.ttft['ttft']['mean']:6.1f} ms, p99 {1e3 * report.ttft['ttft']['p99']:7.1f} ms)")
 
 # %% [markdown]
-# At 55 requests/s the mean sits well inside the SLO while about one request in twelve misses it: the mean is a statement about the card, the p99 about the users. This is why the
+# At 55 requests/s{{ "" if card.is_lecture else " on the lecture's card" }} the mean sits well inside the SLO while about one request in twelve misses it: the mean is a statement about the card, the p99 about the users. This is why the
 # SLO ledger reports percentiles and goodput counts requests one by one, never an average.
 #
 # ## 5. Exercise 5 — what paging did and did not buy, on the agent ledger
 #
 # Lecture 5's 20-step agent: every step re-sends the whole context, **97,000** prompt tokens submitted,
-# **7,700** distinct, about 80 output tokens per step, on the GQA-8 model (128 KiB per token).
+# **7,700** distinct, about 80 output tokens per step, on the {{ gqa.attention }} model ({{ gqa.kv_bytes_per_token // KiB }} KiB per token).
 # `labsupport.workloads.agent_session` builds it:
 
 # %%
@@ -566,7 +577,7 @@ check("7.5", agent_session_ledger)
 # slot per session up front (reserve-to-max, S_max = 16,384), same model, same budget. Which one of
 # these changes would raise that gain the most?
 #
-# * `"mha"` — serve the MHA model instead of GQA-8 (4× the KV per token);
+# * `"mha"` — serve the MHA model instead of {{ gqa.attention }} ({{ mha.kv_bytes_per_token // gqa.kv_bytes_per_token }}× the KV per token);
 # * `"memory"` — a card with twice the memory;
 # * `"blocks"` — blocks of 256 tokens instead of 16;
 # * `"s_max"` — reserve 8,192-token slots instead of 16,384;
@@ -588,7 +599,7 @@ check("7.6", biggest_gain)
 # %%
 def sessions_held(model, hbm_scale=1.0, block_size=16, s_max=16_384, context=7_700):
     """Sessions of `context` tokens the real allocators hold: (paged, reserve-to-max)."""
-    budget = ledger.kv_budget_bytes(model, H100) + (hbm_scale - 1) * H100.hbm_bytes
+    budget = ledger.kv_budget_bytes(model, GPU) + (hbm_scale - 1) * GPU.hbm_bytes
     paged = BlockAllocator(ledger.num_blocks(budget, block_size, model.kv_bytes_per_token), block_size)
     naive = ReserveToMaxAllocator.from_budget(budget, model.kv_bytes_per_token, s_max=s_max)
     counts = []
@@ -604,33 +615,36 @@ def sessions_held(model, hbm_scale=1.0, block_size=16, s_max=16_384, context=7_7
     return tuple(counts)
 
 
-gqa = LECTURE_7B_GQA8
+gqa = COURSE.gqa
 if unlocked("7.5") and revealed("7.6"):  # runs your 7.5 and prints each change's gain, 7.6's answer
-    ex5 = agent_session_ledger(gqa, H100, [q.prompt_tokens for q in session])
-    print(f"peak KV {fmt_bytes(ex5['peak_kv_bytes'])}; prefill {ex5['prefill_s']:.2f} s of exclusive H100 time "
-          f"(the lecture's weights-only count: {submitted * 2 * gqa.num_params / (0.5 * H100.peak_flops):.2f} s)")
+    ex5 = agent_session_ledger(gqa, GPU, [q.prompt_tokens for q in session])
+    sketch = "the lecture's weights-only count" if COURSE.is_lecture else "the weights alone, as the lecture counts"
+    print(f"peak KV {fmt_bytes(ex5['peak_kv_bytes'])}; prefill {ex5['prefill_s']:.2f} s of exclusive {GPU_NAME} time "
+          f"({sketch}: {submitted * 2 * gqa.num_params / (0.5 * GPU.peak_flops):.2f} s)")
     for label, kw in (("the lecture's session", {}), ("mha", dict(model=MHA)), ("memory", dict(hbm_scale=2.0)),
                       ("blocks", dict(block_size=256)), ("s_max", dict(s_max=8_192)), ("steps", dict(context=4_700))):
         paged, naive = sessions_held(**{"model": gqa, **kw})
-        print(f"{label:>22}: paged {paged:4d}, reserve-to-max {naive:3d} -> gain {paged / naive:.2f}x")
+        gain = f"{paged / naive:.2f}x" if naive else "unbounded (no reserved slot fits on this card)"
+        print(f"{label:>22}: paged {paged:4d}, reserve-to-max {naive:3d} -> gain {gain}")
     display(Markdown("""The gain is nearly S_max over the session's peak context: what a reserved slot holds against what
 a session uses. Bytes per token and the budget scale both counts alike. Paging did nothing to the prefill
 time — and most of it is re-sent prompt, because every step re-prefills a context the card already
 computed. That is the whole argument for the prefix cache (Nov 9)."""))
-    print(f"The lecture prints 0.985 GB and 63 sessions; exact, {ex5['peak_kv_bytes'] / 1e9:.3f} GB and "
-          f"{ex5['sessions']}: it reads 128 KiB as 128,000 B ({distinct:,} × 128,000 B = {distinct * 128_000 / 1e9:.4f} "
+    lecture5 = agent_session_ledger(LECTURE_7B_GQA8, LECTURE_GPU, [q.prompt_tokens for q in session])  # its card's
+    print(f"The lecture prints 0.985 GB and 63 sessions; exact, {lecture5['peak_kv_bytes'] / 1e9:.3f} GB and "
+          f"{lecture5['sessions']}: it reads 128 KiB as 128,000 B ({distinct:,} × 128,000 B = {distinct * 128_000 / 1e9:.4f} "
           "GB), and its 62.5 / 0.985 = 63 sessions follows from that.")
 
 # %% [markdown]
 # ## Self-check
 #
-# 1. A dashboard reports "TTFT 129 ms". Which of the three terms is that, and which is usually larger
+# 1. A dashboard reports "TTFT {{ 1e3 * N.recompute_s:.0f }} ms". Which of the three terms is that, and which is usually larger
 #    on a loaded engine?
 # 2. Your request's TPOT doubled and nothing about your request changed. What did?
 # 3. Configuration A has twice B's throughput. Can B have more goodput? Construct the case.
-# 4. The memory ceiling is 186 and the SLO-limited B is your 7.2's answer. Which number should
+# 4. The memory ceiling is {{ N.paged_concurrency }} and the SLO-limited B is your 7.2's answer. Which number should
 #    `max_num_seqs` be, and what does it mean that the second is smaller?
-# 5. On the Azure replay, capping B did not raise goodput at 20 ms. Why not, and what would?
+# 5. On the Azure replay{{ "" if card.is_lecture else " of the lecture's card" }}, capping B did not raise goodput at 20 ms. Why not, and what would?
 #
 # The answers show once the checkoffs they lean on pass (7.7's TTFT terms, 7.1's TPOT, 7.2's batch, 7.3's
 # goodput):

@@ -25,17 +25,18 @@ from dataclasses import replace
 import numpy as np
 from IPython.display import HTML, Markdown, display
 
-from labsupport import ledger, workloads
+from labsupport import card, ledger, workloads
 from labsupport.course.checkoff import check, revealed, unlocked
 from labsupport.part_two import (attention_intensity, interference_spike, length_prediction_cost, map_rows, outputs,
                                   tlb_bytes, trace_numbers)
-from labsupport.replay import ReplayConfig, chat_requests, replay, tlb_replay, utilization_sweep
+from labsupport.replay import ReplayConfig, chat_requests, replay, tlb_replay, utilization_run, utilization_sweep
 from labsupport.sharing import measure_fanout, measure_fork_cost
-from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
+from labsupport.specs import GB
 from labsupport.viz import board as viz_board
 from labsupport.viz import slo as viz_slo
 
-H100, MHA = LECTURE_GPU, LECTURE_7B
+COURSE = card.card()  # the course's card (course.toml); the lecture's is its 7B MHA model on an H100 SXM
+GPU, MHA = COURSE.gpu, COURSE.mha  # the card's GPU, and its model with a KV head for every query head
 azure = workloads.load_azure("conv")
 azure_code = workloads.load_azure("code")
 mooncake = workloads.load_mooncake("conversation")
@@ -47,7 +48,7 @@ for w in (azure, azure_code, mooncake):
 #
 # §10.7's table has a column the lecture could not print: **each quantity's value**, recomputed here
 # from the real traces (Azure LLM Inference 2023, Patel et al., ISCA 2024; Mooncake FAST'25, Qin et
-# al., FAST 2025), the engine (cost-model clock, the lecture's 7B on an H100) and the ledger. Below
+# al., FAST 2025), the engine (cost-model clock, {{ "the lecture's 7B on an H100" if card.is_lecture else "`" + model.name + "` on `" + gpu.name + "`" }}) and the ledger. Below
 # are the nine values alone, in an order of their own (not the lecture's), each with the lab where
 # you first met it. Exercise 8.1 asks which quantity each one measures.
 
@@ -62,30 +63,33 @@ HTML(viz_board.map_table_html([rows[i] for i in VALUES_ORDER], columns=("its val
 #
 # **Attention's 1 FLOP/byte** (lab 04). A decode token attends to every cached key: $2d$ FLOPs for
 # $q\cdot k$ and $2d$ for the weighted sum of $v$, per head and layer, while reading $2 \cdot d \cdot b$
-# bytes of K and V per KV head and layer. For MHA that is $4LHd / 2LH_{kv}db = 1$ FLOP/byte; GQA-8
-# reads each KV head for 4 query heads, so **4** FLOP/byte. Either way far below the H100's ridge of 295:
+# bytes of K and V per KV head and layer. For MHA that is $4LHd / 2LH_{kv}db = 1$ FLOP/byte; {{ gqa.attention }}
+# reads each KV head for {{ gqa.gqa_group }} query heads, so **{{ gqa.gqa_group }}** FLOP/byte. Either way far below the {{ "H100" if card.is_lecture else "`" + gpu.name + "`" }}'s ridge of {{ gpu.peak_flops / gpu.hbm_bandwidth:.0f }}:
 # attention is bandwidth, and after paging it is the *gather's* bandwidth.
 
 # %%
-for m in (MHA, LECTURE_7B_GQA8):
+gpu_name = "H100" if COURSE.is_lecture else GPU.name  # the lecture's word for its own card
+for m in (MHA, COURSE.gqa):
     print(f"{m.name:>16}: {attention_intensity(m):.0f} FLOP per KV byte; "
-          f"the H100's ridge is {H100.peak_flops / H100.hbm_bandwidth:.0f} FLOP/byte")
+          f"the {gpu_name}'s ridge is {GPU.peak_flops / GPU.hbm_bandwidth:.0f} FLOP/byte")
 
 # %% [markdown]
 # **Effective B under request-level batching** (lab 06). Take the Azure trace's requests in arrival
-# order, 186 at a time (the memory ceiling), and run each batch until its longest member finishes —
+# order, 186 at a time (the memory ceiling on the lecture's card), and run each batch until its longest member finishes —
 # what an engine that re-chooses the batch only per request does. The tokens produced divided by the
 # steps run is the batch you actually got:
 
 # %% tags=["needs-traces"]
 rb = numbers["request_batching"]
 print(f"{rb['batches']} batches of {rb['batch']}: effective B mean {rb['mean_effective_b']:.1f}, median "
-      f"{rb['median_effective_b']:.1f} — {100 * rb['mean_effective_b'] / rb['batch']:.0f}% of the slots paging "
-      f"bought, because each batch waits for its longest output (mean output {rb['mean_output']:.0f} tokens)")
+      f"{rb['median_effective_b']:.1f} — {100 * rb['mean_effective_b'] / rb['batch']:.0f}% of "
+      f"{'the slots paging bought' if COURSE.is_lecture else 'the batch'}, because each batch waits for its "
+      f"longest output (mean output {rb['mean_output']:.0f} tokens)")
 
 # %% [markdown]
-# **The interference spike** (lab 07). 186 chat sequences decode; one 4,096-token prompt arrives. The
-# lecture *adds* the prefill to the decode step: $(129.4 + 22.65)/22.65 = 6.71\times$. Whether a step's
+# **The interference spike** (lab 07). 186 chat sequences decode (the memory batch on the lecture's card); one
+# 4,096-token prompt arrives. The lecture *adds* the prefill to the decode step, on its own card:
+# $(129.4 + 22.65)/22.65 = 6.71\times$. Whether a step's
 # arithmetic and its memory traffic add up or overlap is an assumption about the hardware, and the
 # engine's cost model can take either: by default it lets them overlap perfectly (the step takes the
 # longer of the two), the kindest case; `CostModel(overlap=False)` adds them, the lecture's model,
@@ -149,14 +153,16 @@ check("8.1", row_quantities)
 #
 # * `"memory batch"`: 640-token sequences a `BlockAllocator` over the card's KV budget holds
 #   (16-token blocks, a 4 GB reserve);
-# * `"TPOT"`: the engine's cost-model step for 186 of them decoding (seconds);
+# * `"TPOT"`: the engine's cost-model step for 186 of them decoding (the memory batch on the lecture's card,
+#   kept on every card; seconds);
 # * `"longest gap"`: a neighbour's longest wait between two tokens when a 4,096-token prompt joins the
 #   186 (an engine run, seconds);
 # * `"prefill"`: that prompt's prefill step alone (seconds).
 
 # %%
-baseline = outputs(MHA, H100)
-print({k: round(v, 5) for k, v in baseline.items()}, "(the lecture's 7B on the H100)")
+baseline = outputs(MHA, GPU)
+print({k: round(v, 5) for k, v in baseline.items()},
+      "(the lecture's 7B on the H100)" if COURSE.is_lecture else f"({MHA.name} on the {GPU.name})")
 
 # %% [markdown]
 # ### Exercise 8.8 — change the quantity a row attacks
@@ -183,8 +189,8 @@ check("8.8", attacked)
 # ### Exercise 8.2 — which output each change moves
 #
 # The lecture places each row by the quantity it attacks; it does not say what that buys. Predict first,
-# then measure: for each of the three quantities, double it (`factor=2`) on the lecture's 7B and H100
-# with your `attacked`, read `outputs` again, and set `largest_move` to a dict from the quantity to the
+# then measure: for each of the three quantities, double it (`factor=2`) on {{ "the lecture's 7B and H100" if card.is_lecture else "the card's `" + mha.name + "` and `" + gpu.name + "`" }}
+# (`MHA` and `GPU`) with your `attacked`, read `outputs` again, and set `largest_move` to a dict from the quantity to the
 # output that moved by the largest factor, whichever way (`"memory batch"`, `"TPOT"`, `"longest gap"`
 # or `"prefill"`).
 
@@ -196,7 +202,7 @@ QUANTITIES_ON_THE_SPECS = ("KV bytes per token", "bytes per weight and per cache
 ### BEGIN SOLUTION 8.2: set largest_move to {quantity: the output that moves by the largest factor} for the three quantities
 largest_move = {}
 for quantity in QUANTITIES_ON_THE_SPECS:
-    after = outputs(*attacked(MHA, H100, quantity, 2))
+    after = outputs(*attacked(MHA, GPU, quantity, 2))
     largest_move[quantity] = max(after, key=lambda k: max(after[k] / baseline[k], baseline[k] / after[k]))
 ### END SOLUTION
 check("8.2", largest_move)
@@ -204,11 +210,11 @@ check("8.2", largest_move)
 # %%
 if revealed("8.2"):
     for quantity in QUANTITIES_ON_THE_SPECS:
-        after = outputs(*attacked(MHA, H100, quantity, 2))
+        after = outputs(*attacked(MHA, GPU, quantity, 2))
         print(f"{quantity:>42}: " + ", ".join(f"{k} {max(after[k] / baseline[k], baseline[k] / after[k]):.3f}x"
                                                for k in baseline))
-    display(Markdown("""Halving the bytes of every number moves the memory batch *more* than 2×: the pool holds
-twice the tokens per byte, and the halved weights give back 6.74 GB to the pool as well. TPOT moves at most
+    display(Markdown(f"""Halving the bytes of every number moves the memory batch *more* than 2×: the pool holds
+twice the tokens per byte, and the halved weights give back {MHA.weight_bytes / 2 / GB:.2f} GB to the pool as well. TPOT moves at most
 2× (the weights and the KV are all the bytes a decode step reads). And no change to bytes moves the longest
 gap or the prefill: a step that carries a 4,096-token prompt is arithmetic. That row — §2.16's spike —
 is placed by moving the prefill off the decode step, which is what disaggregation (Oct 14) and chunked
@@ -216,7 +222,8 @@ prefill (section 2) do; the other rows need a trace or a new engine (the notes a
 
 # %% [markdown]
 # The whole table in the lecture's order — with the quantity and the date of Part II that attacks each
-# row once 8.1 passes:
+# row once 8.1 passes. Its first column quotes the lecture, numbers included (its 129 ms, 199 decodes,
+# 512 KiB and 13.5 GB are the lecture's card's); the values are this lab's:
 
 # %% tags=["needs-traces"]
 shown = ["still broken after today", "the quantity", "its value here", "where it goes", "computed in"]
@@ -233,7 +240,7 @@ HTML(viz_board.map_table_html(rows, columns=shown))
 #
 # | vLLM knob | the quantity it sets | computed in |
 # |---|---|---|
-# | `gpu_memory_utilization` | the KV budget, hence the pool's block count (62.52 GB at 1.0 with a 4 GB activation reserve) | lab 02 |
+# | `gpu_memory_utilization` | the KV budget, hence the pool's block count ({{ N.kv_budget_bytes / GB:.2f }} GB at 1.0 with a 4 GB activation reserve) | lab 02 |
 # | `max_num_seqs` | the decode batch B of §10.6 — the SLO-limited B, when it is below the memory ceiling | lab 07 |
 # | `max_num_batched_tokens` | the tokens one step may carry: the chunked-prefill limit Oct 14 explains | labs 06, 07 |
 # | `block_size` | §10.3's table: tail waste against table length and the kernel's contiguous run | labs 03, 04 |
@@ -259,13 +266,14 @@ check("8.3", num_gpu_blocks)
 # %%
 if unlocked("8.3"):
     for u in (1.0, 0.95, 0.9):
-        blocks = num_gpu_blocks(MHA, H100, u)
+        blocks = num_gpu_blocks(MHA, GPU, u)
         print(f"gpu_memory_utilization={u}: {blocks:,} blocks of 16 tokens = {blocks * 16 * MHA.kv_bytes_per_token / GB:.2f} GB "
               f"of KV -> {blocks // 40} sequences of 640 tokens")
 
 # %% [markdown]
-# vLLM's default of 0.9 leaves 8 GB of the card unused by design (other processes, fragmentation in the
-# allocator beneath PyTorch); the lecture's 62.52 GB budget is `gpu_memory_utilization = 1.0`.
+# vLLM's default of 0.9 leaves {{ 0.1 * gpu.hbm_bytes / GB:g }} GB of the card unused by design (other processes, fragmentation in the
+# allocator beneath PyTorch); the KV budget of the lecture's arithmetic ({{ N.kv_budget_bytes / GB:.2f }} GB here) is
+# `gpu_memory_utilization = 1.0`.
 #
 # ### Exercise 8.4 — `max_num_seqs` → the B of §10.6
 #
@@ -317,13 +325,13 @@ $\lfloor \text{SLO} \cdot \text{mfu} \cdot F_{peak} / 2N \rfloor$."""))
 # `gpu_memory_utilization = 0.9`; the lecture's chat workload arrives at 50 requests/s for 20 s; the
 # SLOs are 1 s TTFT and 20 ms TPOT. (Our engine does not split a prompt across steps: with a token
 # budget, a prompt that does not fit waits for a step with room, and one longer than the whole budget
-# runs alone. The 512-token prompts here always fit.)
+# runs alone. {{ "The 512-token prompts here always fit." if 0.020 * 0.5 * gpu.peak_flops // (2 * mha.num_params) >= 512 else "On this card a 512-token prompt is longer than the whole budget: each runs alone." }})
 
 # %%
 if unlocked("8.3", "8.4", "8.5"):
-    pool = num_gpu_blocks(MHA, H100, 0.9)
-    b_knob = max_num_seqs_for(MHA, H100, 0.9, 640, 0.020)
-    t_knob = max_num_batched_tokens_for(MHA, H100, 0.020)
+    pool = num_gpu_blocks(MHA, GPU, 0.9)
+    b_knob = max_num_seqs_for(MHA, GPU, 0.9, 640, 0.020)
+    t_knob = max_num_batched_tokens_for(MHA, GPU, 0.020)
     chat = chat_requests(50, num_requests=1000)
     settings = [("defaults (256 seqs, no token budget)", 256, None), (f"max_num_seqs={b_knob}", b_knob, None),
                 (f"max_num_seqs={b_knob}, max_num_batched_tokens={t_knob}", b_knob, t_knob)]
@@ -338,15 +346,15 @@ if unlocked("8.3", "8.4", "8.5"):
 
 # %% [markdown]
 # Capping the batch alone barely helps: the late tokens come from the steps that carry prefills. Capping
-# the **tokens per step** removes the spike — every gap stays under 20 ms (here with room to spare; the
-# attention FLOPs the closed form neglects grow with context and can eat into it) — and, here, *raises*
-# throughput too, because steps stop
-# stalling 150 decoders behind a pile of prompts. The same knob on lab 07's Azure replay (first 10
-# minutes at twice the real rate):
+# the **tokens per step** is what shortens the longest gap. On the lecture's card it removes the spike —
+# every gap stays under 20 ms, with room to spare (the attention FLOPs the closed form neglects grow with
+# context and can eat into it) — and even *raises* throughput, because steps stop stalling 150 decoders
+# behind a pile of prompts{{ "" if card.is_lecture else "; on this card, read the three lines above: a capped step may still run late, and a card that cannot prefill 50 requests/s misses the SLOs under any cap" }}.
+# The same knob on lab 07's Azure replay (first 10 minutes at twice the real rate):
 
 # %% tags=["needs-traces"]
 if unlocked("8.5"):
-    budget_tokens = max_num_batched_tokens_for(MHA, H100, 0.020)
+    budget_tokens = max_num_batched_tokens_for(MHA, GPU, 0.020)
     azure_runs = [replay(azure, ReplayConfig("paged, b = 16"), speedup=2.0, window_s=600),
                   replay(azure, ReplayConfig(f"max_num_batched_tokens = {budget_tokens}",
                                                                    max_num_batched_tokens=budget_tokens),
@@ -441,11 +449,13 @@ for sigma, margin in ((0.0, 1.0), (0.25, 1.0), (0.5, 1.0), (0.5, 2.0), (0.5, 3.0
 # and what a "page fault" — bringing one sequence's blocks in from host memory mid-step — would stall.
 
 # %%
-tlb = tlb_bytes()
-print(f"per decode step at B = 186: block tables {tlb['table_bytes']:,} B (int32, re-read per layer) against "
+# tlb_bytes prices the card's model (COURSE.model): a step of as many 640-token sequences as its KV budget holds
+resident = ledger.paged_concurrency(ledger.kv_budget_bytes(COURSE.model, GPU), 640, 16, COURSE.model.kv_bytes_per_token)
+tlb = tlb_bytes(resident)
+print(f"per decode step at B = {resident:,}: block tables {tlb['table_bytes']:,} B (int32, re-read per layer) against "
       f"{tlb['kv_bytes'] / GB:.2f} GB of KV: a ratio of {tlb['ratio']:.1e}, one part in {1 / tlb['ratio']:,.0f}")
-print(f"one 640-token sequence swapped in over 64 GB/s: {1e3 * tlb['swap_in_one_way_s']:.2f} ms, against a "
-      f"{1e3 * tlb['step_s']:.2f} ms step — a fault stalls all 186 sequences")
+print(f"one 640-token sequence swapped in over {GPU.link_bandwidth / GB:g} GB/s: {1e3 * tlb['swap_in_one_way_s']:.2f} "
+      f"ms, against a {1e3 * tlb['step_s']:.2f} ms step — a fault stalls all {resident:,} sequences")
 
 # %% [markdown]
 # A KV "TLB" would be a small cache of block-table entries, keyed by (sequence, logical block), next to
@@ -456,8 +466,9 @@ print(f"one 640-token sequence swapped in over 64 GB/s: {1e3 * tlb['swap_in_one_
 # %% tags=["needs-traces"]
 loaded = [type(r)(r.request_id, r.arrival_s / 2, r.prompt_tokens, r.output_tokens) for r in azure
           if r.arrival_s < 600]
-sizes_tlb = (256, 1024, 2048, 4096, 7452)
-tlb_run = tlb_replay(loaded, sizes_tlb, max_steps=8_000)
+pool_blocks = ledger.num_blocks(ledger.kv_budget_bytes(COURSE.model, GPU), 16, COURSE.model.kv_bytes_per_token)
+sizes_tlb = (256, 1024, 2048, 4096, pool_blocks)  # the largest holds a translation for every block of the pool
+tlb_run = tlb_replay(loaded, sizes_tlb, num_blocks=pool_blocks, max_steps=8_000)
 print(f"{tlb_run.steps:,} steps, {tlb_run.lookups:,} table lookups; working set up to {tlb_run.peak_working_set:,} "
       f"translations; {tlb_run.new_translations:,} first-time translations")
 for e in sizes_tlb:
@@ -470,7 +481,7 @@ for e in sizes_tlb:
 # set is larger than the TLB, LRU serves nothing, because each layer sweeps the same entries in the
 # same order and evicts each one just before it is needed: a smaller TLB is only as good as the share
 # of steps whose working set happens to fit.
-# Either way it saves reads that were one part in tens of thousands of the step's bytes (the ratio above); what it could save is latency
+# Either way it saves reads that were one part in {{ "tens of thousands" if 640 * model.kv_bytes_per_token >= 20_000 * model.num_layers * ledger.block_table_bytes(640, 16) else "thousands" }} of the step's bytes (the ratio above); what it could save is latency
 # (the dependent load before each K/V read, lab 04). Demand paging is the absence that costs more: a
 # fault mid-step stalls the whole batch for a swap-in of milliseconds, which is why engines preempt
 # between steps instead.
@@ -479,7 +490,7 @@ for e in sizes_tlb:
 #
 # *Construct a workload on which utilization goes from 15% to 99% and throughput barely moves.* Below:
 # the lecture's chat workload at rising arrival rates, on reserve-to-max (one block of S_max = 4,096
-# tokens per sequence: 29 slots) and on paging (b = 16). Utilization is measured after every engine step
+# tokens per sequence: {{ ledger.naive_concurrency(ledger.kv_budget_bytes(model, gpu), 4096, model.kv_bytes_per_token) }} slots) and on paging (b = 16). Utilization is measured after every engine step
 # as tokens held over the slots handed out, and averaged over the run: the **share of what is
 # reserved**, over the sequences' lives. That is the right reading here, because at these loads the
 # pool is not full. Lab 02's checkoffs 2.3 and 2.4 read the share of the whole budget (at the end of
@@ -487,8 +498,12 @@ for e in sizes_tlb:
 # taken; each convention is fair, and each reproduces one of the lecture's printed pairs.
 
 # %%
-rates = [5, 10, 20, 25, 30, 40, 60]
-sweep = utilization_sweep(rates)
+# the sweep runs on the card's model (COURSE.model); its reserve-to-max engine has this many slots
+slots = ledger.naive_concurrency(ledger.kv_budget_bytes(COURSE.model, GPU), 4096, COURSE.model.kv_bytes_per_token)
+# arrival rates from a sixth of the slot count per second to twice it, rounded to whole 5/s where they are that large
+unit = 5 if slots >= 15 else 0.5
+rates = [unit * round(slots * f / unit) for f in (1 / 6, 1 / 3, 2 / 3, 5 / 6, 1, 4 / 3, 2)]
+sweep = utilization_sweep(rates, num_requests=max(300, 10 * slots))
 viz_slo.FigureView(viz_slo.utilization_figure(rates, sweep), "utilization and throughput against offered load")
 
 # %%
@@ -504,7 +519,7 @@ for label, runs in sweep.items():
 # least as long as its prompt, the other way round from the sweep's chat requests — and on which the
 # engine measures reserve-to-max utilization between 10% and 20% (the claim starts near 15%), paged
 # utilization ≥ 95%, throughputs within 5% of each other — and a card that is actually busy: at its
-# busiest the reserve-to-max engine runs at least 20 of its 29 slots at once. (A nearly idle card keeps
+# busiest the reserve-to-max engine runs at least {{ ledger.naive_concurrency(ledger.kv_budget_bytes(model, gpu), 4096, model.kv_bytes_per_token) * 2 // 3 + 1 }} of its {{ ledger.naive_concurrency(ledger.kv_budget_bytes(model, gpu), 4096, model.kv_bytes_per_token) }} slots at once. (A nearly idle card keeps
 # its throughput under any allocator; the claim is interesting only where slots could have been the
 # limit.) The sweep above measured where the chat workload's slots fill; your requests live on the card
 # for a different number of steps, so read its measurement, do not copy its rate.
@@ -515,8 +530,15 @@ for label, runs in sweep.items():
 def utilization_workload():
     """A workload whose KV utilization jumps under paging while its throughput does not."""
     ### BEGIN SOLUTION 8.7: return a list of (arrival_s, prompt_tokens, output_tokens) tuples
-    # the sweep: chat (128 output tokens) fills 28 slots at 20/s; 512 output tokens live 4x the steps
-    return chat_requests(20 * 128 / 512 * 1.25, num_requests=300, prompt=256, output=512)
+    # the sweep: chat requests (128 output tokens) fill the naive engine's slots at the first rate whose run peaks
+    # near them; 512 output tokens live about 4x the steps, so start a little above a quarter of that rate, and
+    # raise it, measured on the engine, until the naive engine is busy (a compute-bound card needs more)
+    naive = sweep["reserve-to-max (S_max 4,096)"]
+    fills = next((r for r, run in zip(rates, naive) if run.peak_running >= 0.9 * run.slots), rates[-1])
+    rate, n = fills * 128 / 512 * 1.25, min(1_500, max(300, 10 * naive[0].slots))
+    while utilization_run(chat_requests(rate, n, prompt=256, output=512), 4096).peak_running <= naive[0].slots * 2 // 3:
+        rate *= 1.25
+    return chat_requests(rate, num_requests=n, prompt=256, output=512)
     ### END SOLUTION
 
 
@@ -526,13 +548,13 @@ check("8.7", utilization_workload)
 # On the sweep's chat workload the two utilizations measure **14.0% and 98.7%**, both averaged over the
 # run: the timing plan's "14%", and a match for §10.3's printed 98.7%, which the lecture itself derives
 # as 100% minus its 1.3% internal fragmentation (lab 03) — while the throughputs agree to the token until
-# 25 requests/s.
+# {{ "25 requests/s" if card.is_lecture else "the reserve-to-max engine's slots fill (the printout above)" }}.
 
 # %%
 if revealed("8.7"):
-    display(Markdown("""Yours hold the same pattern at a different rate: concurrency is arrival rate × how long
+    display(Markdown(f"""Yours hold the same pattern at a different rate: concurrency is arrival rate × how long
 a request lives on the card, and a decode-heavy request lives about as many steps as it emits tokens,
-so four times the output fills the same 29 slots at about a quarter of the rate. What the construction
+so four times the output fills the same {slots} slots at about a quarter of the rate. What the construction
 tells you about when to deploy paging: utilization converts into throughput only when the naive engine
 was **turning requests away for lack of slots** — when memory, not arrivals and not the SLO, is the
 binding constraint. On an under-loaded card the win is invisible; the paper leads with utilization
@@ -544,11 +566,11 @@ because that is the quantity paging changes everywhere."""))
 # §10.4's sharing factor.* Token cost alone charged each of the k branches for the whole context it
 # re-sends: $k\,(C + o)$ prefill-and-cache tokens. With copy-on-write the context is prefilled and held
 # once and each branch adds only its own output: $C + k\,o$ — their ratio is §10.4's sharing factor.
-# The data: k branches off the agent's 7,700-token context, 80 output tokens each, GQA-8, blocks
+# The data: k branches off the agent's 7,700-token context, 80 output tokens each, {{ gqa.attention }}, blocks
 # counted on the real allocator:
 
 # %%
-gqa = LECTURE_7B_GQA8
+gqa = COURSE.gqa  # the card's model with grouped KV heads
 C, o = 7_700, 80
 for k in (1, 2, 4, 6, 8, 16):
     counted = measure_fanout(k, C, o, 16)
@@ -577,7 +599,7 @@ print(f"at k = 6: prefill {6 * ledger.prefill_flops(gqa, C) / ledger.prefill_flo
 #
 # 1. Name the quantity each of these attacks: disaggregation; the prefix cache; speculative decoding;
 #    quantization.
-# 2. `gpu_memory_utilization` goes from 0.9 to 0.95 on the lecture's card. How many more 640-token
+# 2. `gpu_memory_utilization` goes from 0.9 to 0.95 on {{ "the lecture's card" if card.is_lecture else "this card (`" + gpu.name + "`)" }}. How many more 640-token
 #    sequences fit, and will `max_num_seqs` change for a 20 ms SLO?
 # 3. Why does capping `max_num_batched_tokens` raise goodput on a workload where capping `max_num_seqs`
 #    does not?
@@ -589,19 +611,20 @@ print(f"at k = 6: prefill {6 * ledger.prefill_flops(gqa, C) / ledger.prefill_flo
 # %%
 if revealed("8.1", "8.3", "8.4"):
     per_seq = math.ceil(640 / 16)  # blocks one 640-token sequence holds
-    pools = {u: num_gpu_blocks(MHA, H100, u) for u in (0.9, 0.95)}
+    pools = {u: num_gpu_blocks(MHA, GPU, u) for u in (0.9, 0.95)}
     seqs = {u: blocks // per_seq for u, blocks in pools.items()}
-    knob = {u: max_num_seqs_for(MHA, H100, u, 640, 0.020) for u in (0.9, 0.95)}
+    knob = {u: max_num_seqs_for(MHA, GPU, u, 640, 0.020) for u in (0.9, 0.95)}
     moves = ("does not change" if knob[0.9] == knob[0.95] else f"moves from {knob[0.9]} to {knob[0.95]}")
+    binds = "the SLO binds first" if knob[0.95] < seqs[0.95] else "the pool binds, not the SLO"
     display(Markdown(f"""1. The prefill-in-decode TPOT spike; re-sent identical prefixes (92%); tokens per pass over the
    weights (one); bytes per weight and per cached value.
-2. 0.05 × {H100.hbm_bytes / GB:.0f} GB = {0.05 * H100.hbm_bytes / GB:g} GB more: {pools[0.95] - pools[0.9]:,} more blocks
+2. 0.05 × {GPU.hbm_bytes / GB:.0f} GB = {0.05 * GPU.hbm_bytes / GB:g} GB more: {pools[0.95] - pools[0.9]:,} more blocks
    ({pools[0.9]:,} → {pools[0.95]:,}), {seqs[0.95] - seqs[0.9]} more sequences ({seqs[0.9]} → {seqs[0.95]} at b = 16) —
-   and `max_num_seqs` {moves} ({knob[0.95]} at a 20 ms SLO), because the SLO binds first.
+   and `max_num_seqs` {moves} ({knob[0.95]} at a 20 ms SLO), because {binds}.
 3. The late tokens came from steps that carried prefills, not from large batches; a token budget bounds
    each step's compute, the batch cap does not.
 4. No: the card was not memory-bound at that load. The same change raises throughput as soon as
-   arrivals need more than 29 slots — and it made long context affordable."""))
+   arrivals need more than {slots} slots — and it made long context affordable."""))
 
 # %% [markdown]
 # This is the last lab of Lecture 10. Instructors: `99_board` runs the lecture's 75 minutes on a projector.

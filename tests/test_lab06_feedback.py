@@ -284,7 +284,7 @@ def test_6_1_is_posed_without_its_recipe_or_its_numbers():
                      r"LEDGER"):
         assert not re.search(giveaway, before), giveaway
     after = source[source.index("### END SOLUTION", source.index("### BEGIN SOLUTION 6.1")):]
-    assert "breakeven_bandwidth(LECTURE_7B, max(1, num_tokens)" in after  # the engine's policy calls it
+    assert "breakeven_bandwidth(COURSE.mha, max(1, num_tokens)" in after  # the engine's policy calls it
     assert "equal and solve" not in get("6.1").hint
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from labsupport import card
 from labsupport.course.checkoffs._hidden import kv_blocks, kv_per_token, random_pair
 from labsupport.course.registry import case, choice, function, value
 from labsupport.costmodel import CostModel
@@ -85,8 +86,9 @@ def _memory_batch(rng):
 
 # --- 1.5: the five jobs, attributed from a run of the real engine (objective 1, built) ----------------------
 
-# The lab's own run: a dozen chat requests arriving by step on the lecture's 7B and H100 (the lab source builds the
-# same list; the graders keep their own copy).  (step it arrives before, prompt tokens, max new tokens)
+# The lab's own run: a dozen chat requests arriving by step on the course card's model in MHA form and its GPU (the
+# lab source builds the same list; the graders keep their own copy).  (step it arrives before, prompt tokens, max new
+# tokens)
 LAB_REQUESTS = ((0, 512, 24), (0, 380, 40), (1, 600, 12), (3, 512, 30), (4, 90, 48), (6, 1_000, 20),
                 (9, 256, 36), (10, 512, 16), (14, 700, 28), (15, 128, 40), (20, 512, 24), (24, 2_048, 8))
 LAB_POOL = 600  # blocks of 16 tokens: room for everyone, so nobody is preempted
@@ -131,7 +133,7 @@ def _ledger_slips(result, model, block_size: int, trace: dict) -> dict:
 
 
 def job_case(model, requests, num_blocks: int, block_size: int = 16, what: str = ""):
-    """One case of 1.5: the engine run on `model` (cost-model clock, the lecture's H100) as the student's input."""
+    """One case of 1.5: the engine run on `model` (cost-model clock, the course card's GPU) as the student's input."""
     trace, result = job_run(CostModel(model), requests, num_blocks=num_blocks, block_size=block_size)
     slips = _ledger_slips(result, model, block_size, trace)
     keys = {k: {"rel_tol": 1e-6, "mistakes": slips[k]} for k in LEDGER_KEYS}
@@ -154,7 +156,7 @@ def _random_requests(rng) -> list[tuple[int, int, int]]:
     name="job_ledger",
 )
 def _job_ledger(rng):
-    yield job_case(LECTURE_7B, LAB_REQUESTS[:6], 200, what="job_ledger(<the lab's first six requests>)")
+    yield job_case(card.card().mha, LAB_REQUESTS[:6], 200, what="job_ledger(<the lab's first six requests>)")
     yield job_case(LECTURE_7B_GQA8, [(0, 30, 5), (0, 17, 1), (2, 100, 7), (3, 1, 3)], 40, block_size=8)
     yield job_case(LLAMA3_8B, [(0, 700, 6), (5, 16, 9), (5, 33, 2)], 120, block_size=32)
     for _ in range(2):
@@ -165,20 +167,23 @@ def _job_ledger(rng):
 # --- 1.4: a question the lecture does not answer, answered by the trace --------------------------------------------
 
 def _ledger_changes() -> frozenset:
-    """Which of the five numbers move when the lab's run is replayed on GQA-8 with the same pool: measured here."""
-    mha = _ledger_of(job_run(CostModel(LECTURE_7B), LAB_REQUESTS, num_blocks=LAB_POOL)[1], LECTURE_7B, 16)
-    gqa = _ledger_of(job_run(CostModel(LECTURE_7B_GQA8), LAB_REQUESTS, num_blocks=LAB_POOL)[1], LECTURE_7B_GQA8, 16)
+    """Which of the five numbers move when the lab's run (the card's model in MHA form) is replayed on its GQA form
+    with the same pool: measured here, on the card's GPU, as the lab runs it."""
+    course = card.card()
+    mha = _ledger_of(job_run(CostModel(course.mha), LAB_REQUESTS, num_blocks=LAB_POOL)[1], course.mha, 16)
+    gqa = _ledger_of(job_run(CostModel(course.gqa), LAB_REQUESTS, num_blocks=LAB_POOL)[1], course.gqa, 16)
     return frozenset(k for k in LEDGER_KEYS if abs(gqa[k] - mha[k]) > 1e-3 * abs(mha[k]))
 
 
 GQA_MOVES = _ledger_changes()
 
 choice(
-    "1.4", "What GQA-8 moves in the five jobs' ledger",
+    "1.4", f"What {card.card().gqa.attention} moves in the five jobs' ledger",
     answer=GQA_MOVES, options=LEDGER_KEYS,
-    hint="GQA-8 keeps every weight and every query head and shrinks only the KV each token leaves behind. Ask of "
-         "each job's number: is it counted in KV bytes, in places, in weight arithmetic, or in time — and if in "
-         "time, which of a step's two costs sets its longest step, the bytes it reads or the arithmetic it does?",
+    hint=f"{card.card().gqa.attention} keeps every weight and every query head and shrinks only the KV each token "
+         "leaves behind. Ask of each job's number: is it counted in KV bytes, in places, in weight arithmetic, or in "
+         "time — and if in time, which of a step's two costs sets its longest step, the bytes it reads or the "
+         "arithmetic it does?",
     mistakes={"batch": "The pool has the same number of blocks and the arrivals come at the same steps: every "
                        "forward pass seats the same sequences.",
               "run": "The weights and the query heads are unchanged, so each token costs the same FLOP.",

@@ -8,12 +8,14 @@ from __future__ import annotations
 import math
 import random
 
+from labsupport import card
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
 from labsupport.course.checkoffs._hidden import distinct_mistakes, givens_kv as _kv
 from labsupport.course.data import live
 from labsupport.fragmentation import run_until_fragmented
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.course.registry import DRAW_TRIES, case, choice, function, givens, namespace, value
+from labsupport.specs import KiB, MiB
 
 
 def _budget(g) -> int:
@@ -39,7 +41,7 @@ def _hidden(rng: random.Random) -> dict:
                 and 2 <= budget // (n.S_MAX * kv) <= 300  # a naive batch, and a life the lab steps through quickly
                 and budget // (n.S_MAX_LONG * kv) >= 1 and budget // (n.S_MAX_BROCHURE * kv_gqa) >= 1
                 and budget // (n.BLOCK * kv_gqa) <= 400_000  # a block pool the lab's allocator fills in a second
-                and _every_step_counts(n) and _fragmented_run(n) is not None):
+                and _every_step_counts(n) and _differs_from_card(n) and _fragmented_run(n) is not None):
             return g
     return None
 
@@ -54,6 +56,18 @@ def _every_step_counts(n) -> bool:
     return (frac(budget / (n.S_MAX * kv)) and frac(budget / (n.S_MAX_LONG * kv))
             and frac(budget / (n.S_MAX_BROCHURE * _kv(n, n.GQA_KV_HEADS))) and (n.PROMPT + n.OUTPUT) % n.BLOCK
             and long_ >= 1 and abs(short / long_ - n.S_MAX_LONG / n.S_MAX) > 1e-3 * short / long_)
+
+
+def _brochure_cost(g) -> float:
+    return _paged(g, _kv(g, g.GQA_KV_HEADS)) / _slots(g, g.S_MAX_BROCHURE, _kv(g, g.GQA_KV_HEADS))
+
+
+def _differs_from_card(n) -> bool:
+    """2.7's and 2.8's answers, ratios of whole counts, differ from the card's by more than their tolerances (the
+    build's rule 1): a draw's ratio may land on the card's (29 / 3 on the lecture's; 36 / 4 = 18 / 2 on an A100 with
+    Qwen2.5-7B), and a typed-in number would pass there."""
+    far = lambda a, b, rel: abs(a - b) > rel * max(abs(a), abs(b))  # noqa: E731
+    return far(_long_context_cost(n), _long_context_cost(G), 1e-4) and far(_brochure_cost(n), _brochure_cost(G), 5e-5)
 
 
 def _fragmented_run(g):
@@ -76,13 +90,15 @@ _FALLBACKS = (dict(HBM_BYTES=48 * 10**9, PARAMS=2_927_000_000, DTYPE_BYTES=1, RE
                    KV_HEADS=48, GQA_KV_HEADS=4, HEAD_DIM=256, HBM_BW=4_800 * 10**9, PROMPT=1388, OUTPUT=361,
                    S_MAX=8_192, S_MAX_LONG=16_384, S_MAX_BROCHURE=262_144, BLOCK=32, S_MAX_SHORT=256,
                    SHARE_SHORT=0.5, SHARE_LONG=0.02))
-G = givens(hidden=_hidden, fallbacks=_FALLBACKS)  # the lecture's: solutions/02_naive_allocator.py's givens cell
+G = givens(hidden=_hidden, fallbacks=_FALLBACKS)  # the card's: solutions/02_naive_allocator.py's givens cell, built
 
-KV_MHA = _kv(G)  # 524,288 B: the lecture's 7B, every layer and head, K and V, bf16
-KV_GQA8 = _kv(G, G.GQA_KV_HEADS)  # 131,072 B: the same model with 8 KV heads
-BUDGET = _budget(G)  # 62,520,000,000 B of KV on an 80 GB H100
+# G is the course card's (course.toml); the lecture's card gives the numbers in these comments
+KV_MHA = _kv(G)  # the card's model in MHA form: 524,288 B for the lecture's 7B, every layer and head, K and V, bf16
+KV_GQA8 = _kv(G, G.GQA_KV_HEADS)  # the same model with the card's GQA KV heads: 131,072 B with the lecture's 8
+BUDGET = _budget(G)  # 62,520,000,000 B of KV on the lecture's 80 GB H100
 SEQ = G.PROMPT + G.OUTPUT
-PRINTED_BUDGET = 62_500_000_000  # the lecture's board writes the budget as 62.5 GB
+LECTURE_CARD = card.card().is_lecture  # the lecture's own slips (its printed numbers) are traps on its card only
+PRINTED_BUDGET = round(BUDGET, -8)  # the budget as a board writes it, to 0.1 GB: the lecture's 62.5 GB
 _SLOTS = "labsupport.ledger.naive_concurrency"
 _UTIL = (_SLOTS, "labsupport.ledger.naive_utilization")
 _SLOT_BYTES = "labsupport.ledger.naive_slot_bytes"
@@ -106,8 +122,17 @@ def _internal(g, budget=None) -> float:
     return _slots(g, g.S_MAX, _kv(g), budget) * (g.S_MAX - g.PROMPT - g.OUTPUT) * _kv(g) / budget
 
 
-_G_GIB = namespace(dict(vars(G), RESERVE_BYTES=4 * 2**30))  # the lecture's givens with the reserve read as 4 GiB
-_GIB_RESERVE = _budget(_G_GIB)  # its budget: 28 slots
+_WHOSE = "the lecture's" if LECTURE_CARD else "the lab's model's"  # whose KV bytes per token KV_MHA are
+
+
+def _slips(want, rel: float, found) -> list:
+    """The slips of `found` that miss `want` (and each other) on the card's givens: on another card a slip may land on
+    the answer (an H200's 4 GiB reserve leaves the same 56 slots), and its remark would tell the wrong story."""
+    return distinct_mistakes(want, found, rel=rel)
+
+
+_G_GIB = namespace(dict(vars(G), RESERVE_BYTES=4 * 2**30))  # the card's givens with the reserve read as 4 GiB
+_GIB_RESERVE = _budget(_G_GIB)  # its budget: 28 slots on the lecture's card
 _GIB_REMARK = "That reads the 4 GB reserve as 4 GiB (4,294,967,296 B); the reserve, like the card, is decimal GB."
 
 value(
@@ -120,8 +145,8 @@ value(
               ((G.S_MAX - G.PROMPT) * KV_MHA, "The output tokens land in the slot too: the sequence ends up holding "
                "PROMPT + OUTPUT tokens."),
               (SEQ * KV_MHA, "That is what the sequence fills; the question is what it leaves empty."),
-              ((G.S_MAX - SEQ) * KV_MHA // 1024 * 1000, "512 KiB per token is 524,288 B, not 512,000 B: a KiB is "
-               "1,024 bytes."),
+              ((G.S_MAX - SEQ) * KV_MHA // 1024 * 1000, f"{KV_MHA / KiB:g} KiB per token is {KV_MHA:,} B, not "
+               f"{KV_MHA // 1024 * 1000:,} B: a KiB is 1,024 bytes."),
               ((G.S_MAX - SEQ) * KV_MHA // 2, "Count both tensors: every layer keeps a key and a value per KV head.")],
     unit=" B",
     forbid=(_SLOT_BYTES,),
@@ -263,7 +288,7 @@ def _internal_share(rng: random.Random):
                   "free space outside the slots included; internal fragmentation is inside a sequence's own slot."),
                  (never / reserved if reserved else None, "That is a share of the slots' reservation; the question is "
                   "a share of the whole KV budget."),
-                 (never * KV_MHA / budget, "That converts with the lecture's 524,288 B per token; this allocator's "
+                 (never * KV_MHA / budget, f"That converts with {_WHOSE} {KV_MHA:,} B per token; this allocator's "
                   "bytes per token are `alloc.kv_bytes_per_token`."),
                  (100 * want, "Return a fraction (0.8405 for 84.05%), not a percentage.")]
         mistakes = distinct_mistakes(want, wrong, rel=1e-9, floor=1.0)  # the slips that differ on this allocator
@@ -282,7 +307,8 @@ value(
     rel_tol=1e-5,  # the reading the prompt names: before each step's token lands (PROMPT ... PROMPT + OUTPUT - 1)
     hint="A busy card's slot holds a sequence at some random moment of its life: what does the budget hold on "
          "average over those moments? Step a full allocator through its decode steps and read it while each runs.",
-    mistakes=[(_util(G, G.S_MAX, KV_MHA), "That is the end of life, every sequence at PROMPT + OUTPUT tokens: 2.3's "
+    mistakes=_slips(_slots(G, G.S_MAX, KV_MHA) * _life_mean(G) * KV_MHA / BUDGET, 1e-5, [
+              (_util(G, G.S_MAX, KV_MHA), "That is the end of life, every sequence at PROMPT + OUTPUT tokens: 2.3's "
                "reading. Average over the steps instead."),
               (_life_mean(G) / G.S_MAX, "That is one slot's mean occupancy; utilization is over the whole budget, "
                "which the whole slots do not quite fill."),
@@ -290,8 +316,9 @@ value(
               (_slots(_G_GIB, G.S_MAX, KV_MHA) * _life_mean(G) * KV_MHA / _GIB_RESERVE, _GIB_REMARK),
               (_slots(G, G.S_MAX, KV_MHA) * (_life_mean(G) + 1) * KV_MHA / BUDGET, "That reads each step after its "
                "token lands; read it while the step runs, before the new token is appended."),
-              (_slots(G, G.S_MAX, KV_MHA) * _life_mean(G) * KV_MHA / PRINTED_BUDGET, "That is over the lecture's "
-               "printed 62.5 GB; the exact budget is 62.52e9 B.")],
+              (_slots(G, G.S_MAX, KV_MHA) * _life_mean(G) * KV_MHA / PRINTED_BUDGET, "That is over "
+               + ("the lecture's printed" if LECTURE_CARD else "the budget rounded to") + f" {PRINTED_BUDGET / 1e9:g} "
+               f"GB; the exact budget is {BUDGET / 1e9:g}e9 B.")]),
     forbid=("labsupport.ledger.naive_utilization_time_avg",),
     derive="step the allocator's sequences through their decode steps and average the utilization you read",
 )
@@ -310,12 +337,14 @@ value(
          "from HBM, and which of those bytes does the whole batch share? A memory-bound step lasts as long as "
          "those reads take. How many tokens does one step give, and how many sequences does the naive allocator "
          "let into the batch?",
-    mistakes=[(_slots(G, G.S_MAX, KV_MHA) / (G.PARAMS * G.DTYPE_BYTES / G.HBM_BW), "The step also reads each "
+    mistakes=_slips(_naive_tok_s(G), 1e-3, [
+              (_slots(G, G.S_MAX, KV_MHA) / (G.PARAMS * G.DTYPE_BYTES / G.HBM_BW), "The step also reads each "
                "sequence's KV, not only the weights."),
               (_naive_tok_s(G, G.S_MAX), "The kernel reads the tokens a sequence holds, not its whole reserved slot."),
-              (_naive_tok_s(G, bw=G.HBM_BW * 2**30 / 10**9), "That reads 3,350 GB/s as GiB/s; a card's bandwidth is "
-               "decimal, 10**9 bytes per GB."),
-              (_naive_tok_s(_G_GIB), _GIB_REMARK + " It leaves 28 slots, not 29.")],
+              (_naive_tok_s(G, bw=G.HBM_BW * 2**30 / 10**9), f"That reads {G.HBM_BW / 1e9:,.0f} GB/s as GiB/s; a "
+               "card's bandwidth is decimal, 10**9 bytes per GB."),
+              (_naive_tok_s(_G_GIB), _GIB_REMARK + f" It leaves {_slots(_G_GIB, G.S_MAX, KV_MHA, _GIB_RESERVE)} slots, "
+               f"not {_slots(G, G.S_MAX, KV_MHA)}.")]),
     unit=" tok/s",
     # slo.three_columns (viz.slo imports it too): §10.6's table, whose naive column is this batch's throughput on
     # the givens' model and card (found by tests/test_one_call_answers.py)
@@ -342,8 +371,9 @@ def _rtm_util(budget, s_max: int, seq: int, kv: int) -> float:
 )
 def _reserve_to_max_utilization(rng: random.Random):
     """The lecture's long-context advertisement first (its 1.9%), then its other readings (§10.2's 15.2%, Exercise
-    1's MHA brochure that admits nobody and its GQA-8 0.39%, a limit shorter than the sequence), then budgets, limits
-    and models the lab never shows; the wants by hand (`_rtm_util`)."""
+    1's MHA brochure that admits nobody on the lecture's card and its GQA-8 0.39%, a limit shorter than the
+    sequence), on the course card's givens; then budgets, limits and models the lab never shows; the wants by hand
+    (`_rtm_util`)."""
     lecture = [(BUDGET, G.S_MAX_LONG, SEQ, KV_MHA), (BUDGET, G.S_MAX, SEQ, KV_MHA),
                (BUDGET, G.S_MAX_BROCHURE, SEQ, KV_MHA), (BUDGET, G.S_MAX_BROCHURE, SEQ, KV_GQA8),
                (BUDGET, 512, SEQ, KV_MHA)]
@@ -360,11 +390,12 @@ def _reserve_to_max_utilization(rng: random.Random):
         (G.S_MAX_LONG, KV_MHA): [(0.019, "The lecture prints 1.9%: one slot's occupancy, 640 of 32,768 positions "
                                   "(1.95%), cut short. Utilization is over the whole budget, which holds whole slots "
                                   "only.")],
-        (G.S_MAX, KV_MHA): [(0.152, "The lecture prints 15.2%: 9.5 of 62.5 GB, with 512 KiB read as 512,000 B. At "
-                             "524,288 B a token, over 62.52 GB, it is a little more.")],
-        (G.S_MAX_BROCHURE, KV_GQA8): [(0.0039, "The lecture's 0.39% takes 128 KiB as 128,000 B (0.082 GB a "
-                                       "sequence); 640 x 131,072 B is 0.0839 GB.")],
     }
+    if LECTURE_CARD:  # these two are readings of the lecture's H100 and 7B: another card's answers are elsewhere
+        lecture_slips[G.S_MAX, KV_MHA] = [(0.152, "The lecture prints 15.2%: 9.5 of 62.5 GB, with 512 KiB read as "
+                                           "512,000 B. At 524,288 B a token, over 62.52 GB, it is a little more.")]
+        lecture_slips[G.S_MAX_BROCHURE, KV_GQA8] = [(0.0039, "The lecture's 0.39% takes 128 KiB as 128,000 B (0.082 "
+                                                     "GB a sequence); 640 x 131,072 B is 0.0839 GB.")]
     for budget, s_max, seq, kv in lecture + drawn:
         want = _rtm_util(budget, s_max, seq, kv)
         slots = budget // (s_max * kv)
@@ -393,7 +424,8 @@ value(
     hint="The service sells sequences served at once. How many chat sequences does the card hold at each limit, "
          "when only a whole slot holds one? The slot grows by the ratio of the limits; does the count fall by the "
          "same ratio?",
-    mistakes=[(G.S_MAX_LONG / G.S_MAX, "That is the lecture's reasoning, 'the slot grew 8x': true of one slot, not of "
+    mistakes=_slips(_long_context_cost(G), 1e-4, [
+              (G.S_MAX_LONG / G.S_MAX, "That is the lecture's reasoning, 'the slot grew 8x': true of one slot, not of "
                "the card. The budget holds whole slots, and the remainder no whole slot can use grows with the slot."),
               (_long_context_cost(_G_GIB, _GIB_RESERVE), _GIB_REMARK),
               (1 / _long_context_cost(G), "That is the factor upside down: give how many times fewer sequences "
@@ -401,25 +433,27 @@ value(
               (_slots(G, G.S_MAX, KV_MHA) / (BUDGET / (G.S_MAX_LONG * KV_MHA)), "That counts a fraction of a long "
                "slot; only whole slots hold a sequence."),
               ((BUDGET / (G.S_MAX * KV_MHA)) / _slots(G, G.S_MAX_LONG, KV_MHA), "That counts a fraction of a slot at "
-               "S_MAX; only whole slots hold a sequence.")],
+               "S_MAX; only whole slots hold a sequence.")]),
     forbid=_UTIL,
     derive="count the whole slots the budget holds at each limit yourself (or read two utilizations of your own 2.6)",
 )
 
 value(
     "2.8", "Exercise 1: what the brochure cost",
-    expected=lambda g: _paged(g, _kv(g, g.GQA_KV_HEADS)) / _slots(g, g.S_MAX_BROCHURE, _kv(g, g.GQA_KV_HEADS)),
+    expected=lambda g: _brochure_cost(g),
     rel_tol=5e-5,  # 745 / 3 = 248.33 exactly; 248.0 is the sketch's approximate 744 / 3, not this answer
     hint="Compare two concurrencies of the same GQA model and the same PROMPT + OUTPUT-token sequences: paged (whole "
          "BLOCK-token blocks per sequence, whole blocks in the budget) against reserve-to-max at S_MAX_BROCHURE. The "
          "cost is their ratio.",
-    mistakes=[(744 / 3, "744 is the sketch's approximate count (≈ 744); count the whole 2 MiB blocks exactly."),
+    mistakes=_slips(_brochure_cost(G), 5e-5, [
+              *([(744 / 3, "744 is the sketch's approximate count (≈ 744); count the whole "
+                 f"{G.BLOCK * KV_GQA8 / MiB:g} MiB blocks exactly.")] if LECTURE_CARD else []),  # the lecture's H100
               ((BUDGET / (SEQ * KV_GQA8)) / _slots(G, G.S_MAX_BROCHURE, KV_GQA8),
                "That divides the budget by the sequence's bytes without flooring: paged concurrency counts whole "
                "sequences, each holding whole blocks, in whole blocks of the pool."),
               (_paged(G, KV_MHA) / _slots(G, G.S_MAX, KV_MHA), "That is the MHA model at S_MAX; this part is "
                "GQA against the brochure's reservation."),
-              (_paged(_G_GIB, KV_GQA8) / _slots(_G_GIB, G.S_MAX_BROCHURE, KV_GQA8), _GIB_REMARK)],
+              (_paged(_G_GIB, KV_GQA8) / _slots(_G_GIB, G.S_MAX_BROCHURE, KV_GQA8), _GIB_REMARK)]),
     forbid=("labsupport.ledger.paged_concurrency", _SLOTS),
     derive="count the GQA paged sequences and the brochure slots in the budget yourself, then take the ratio",
 )
@@ -512,7 +546,8 @@ value(
     mistakes=[(G.BLOCK * KV_MHA, "A whole block is never empty: a sequence takes its last block only for a token it "
                "stores there, so at least one position is filled."),
               (G.BLOCK * KV_MHA / 2, "That is the average tail over many lengths; the question is the worst case."),
-              ((G.BLOCK - 1) * KV_MHA // 1024 * 1000, "512 KiB per token is 524,288 B, not 512,000 B."),
+              ((G.BLOCK - 1) * KV_MHA // 1024 * 1000, f"{KV_MHA / KiB:g} KiB per token is {KV_MHA:,} B, not "
+               f"{KV_MHA // 1024 * 1000:,} B."),
               (G.BLOCK - 1, "That is the count of positions; give their bytes.")],
     unit=" B",
     forbid=(_SLOT_BYTES, "labsupport.ledger.tail_waste_tokens"),

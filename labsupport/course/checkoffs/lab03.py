@@ -88,8 +88,8 @@ _FALLBACKS = (dict(LAYERS=40, KV_HEADS=40, HEAD_DIM=256, DTYPE_BYTES=4, HBM_BYTE
                    WEIGHT_BYTES=4, RESERVE_BYTES=2 * 10**9, PROMPT=2856, OUTPUT=292, BLOCK=32, TABLE_TOKENS=8194,
                    ENTRY_BYTES=8, MEDIAN_TOKENS=1385, TAIL_SHARE=0.01, PRINTED_TABLE_BYTES=514, TAIL_TOKENS=83_100))
 G = givens(hidden=_hidden, fallbacks=_FALLBACKS)
-KV_MHA = _kv(G)  # 524,288 B per token
-BUDGET = _budget(G)  # 62,520,000,000 B
+KV_MHA = _kv(G)  # the card's MHA form: 524,288 B per token on the lecture's card
+BUDGET = _budget(G)  # 62,520,000,000 B on the lecture's card
 SEQ = G.PROMPT + G.OUTPUT
 
 # "Which slot holds this token", answered by the allocator, the kernels' helper or the cache's own arithmetic.
@@ -232,11 +232,12 @@ def _fit_mistakes(budget: int, kv: int, block_size: int, seq_tokens: int, want: 
     name="sequences_that_fit",
 )
 def _sequences_that_fit(rng):
-    """The lecture's pool first (its 640-token chat sequences at b = 16), then other models, cards and lengths: a
-    sequence a token past whole blocks, one exactly whole, one shorter than a block, a pool that holds none."""
+    """The card's pool first (the chat workload's 640-token sequences at b = 16), then other models, cards and
+    lengths: a sequence a token past whole blocks, one exactly whole, one shorter than a block, a pool that holds
+    none."""
     models = [(G.LAYERS, G.KV_HEADS, G.HEAD_DIM, G.DTYPE_BYTES), (32, 8, 128, 2), (16, 16, 64, 1), (40, 40, 96, 4),
               (rng.choice((12, 24, 48)), rng.choice((4, 8, 32)), rng.choice((64, 128)), rng.choice((1, 2)))]
-    want = _fit_by_hand(BUDGET, KV_MHA, G.BLOCK, SEQ)  # 7,452 blocks of 8 MiB // 40 a sequence = 186
+    want = _fit_by_hand(BUDGET, KV_MHA, G.BLOCK, SEQ)  # the lecture's card: 7,452 blocks of 8 MiB // 40 = 186
     yield case(BUDGET, KV_MHA, G.BLOCK, SEQ, want=want, whole=True,
                mistakes=_fit_mistakes(BUDGET, KV_MHA, G.BLOCK, SEQ, want),
                what=f"sequences_that_fit({BUDGET:_}, {KV_MHA:_}, {G.BLOCK}, {SEQ})")
@@ -288,9 +289,9 @@ value(
         ((g.PROMPT + g.OUTPUT) / (g.PROMPT + g.OUTPUT + g.BLOCK / 2), "That is the final length over the final "
          "length plus a b/2 tail: the lecture's rule of thumb for lengths spread evenly modulo b. This workload's "
          "lengths are not spread: every sequence runs through the same PROMPT ... PROMPT + OUTPUT - 1 tokens."),
-        (1 - 199 * g.BLOCK / 2 * _kv(g) / _budget(g), "That is 100% less the lecture's 1.3% (199 sequences, each "
-         "with a b/2 tail): the lecture's rule of thumb, not this pool. Count what the sequences of every step hold "
-         "and reserve.")],
+        (1 - 199 * g.BLOCK / 2 * _kv(g) / _budget(g), "That is 100% less the tails of 199 sequences, each a b/2 "
+         "tail (the lecture's 1.3%): the lecture's rule of thumb, not this pool. Count what the sequences of every "
+         "step hold and reserve.")],
     forbid=("labsupport.ledger.paged_utilization_time_avg",),
     derive="put a sequence of every step on a BlockAllocator and read what they hold against what they reserve",
 )

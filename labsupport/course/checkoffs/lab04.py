@@ -26,7 +26,7 @@ def _hidden(rng):
 
 _FALLBACKS = (dict(BATCH=256, SEQ_LEN=4096, Q_HEADS=6, KV_HEADS=2, HEAD_DIM=256, DTYPE_BYTES=4),  # two draws, frozen
               dict(BATCH=256, SEQ_LEN=16_384, Q_HEADS=80, KV_HEADS=16, HEAD_DIM=256, DTYPE_BYTES=4))
-G = givens(hidden=_hidden, fallbacks=_FALLBACKS)  # one layer of the lecture's 7B with GQA-8 at the kernel benchmark's headline point
+G = givens(hidden=_hidden, fallbacks=_FALLBACKS)  # one layer of the card's GQA model at the benchmark's headline point
 
 
 def _parts(batch, seq_len, q_heads, kv_heads, head_dim, dtype_bytes) -> tuple[int, int]:

@@ -192,8 +192,9 @@ def _exercise4_keys(g) -> dict:
                                                    "part of the prefill too.")]},
         "swap_advantage": {"rel_tol": 1e-2, "abs_tol": 0.0, "mistakes": [
             (rec / (swap / 2), "That prices a one-way trip; a swap goes out over the link now and back in later."),
-            (rec / (2 * _kv_bytes(mha, s) / g.LINK_BW), "That swaps the MHA cache; the 16K sequence is the GQA "
-                                                         "model's, whose KV has GQA_KV_HEADS heads.")]},
+            (rec / (2 * _kv_bytes(mha, s) / g.LINK_BW), "That swaps the MHA cache; the long sequence (LONG_SEQ "
+                                                         "tokens) is the GQA model's, whose KV has GQA_KV_HEADS "
+                                                         "heads.")]},
         "breakeven_gbs": {"rel_tol": 1e-2, "abs_tol": 0.0, "unit": " GB/s", "mistakes": [
             (_kv_bytes(gqa, s) / rec / GB, "That is the one-way bandwidth; the swap moves the KV twice."),
             (2 * _kv_bytes(mha, s) / rec / GB, "That uses the MHA cache; the sequence is the GQA model's.")]},

@@ -6,12 +6,16 @@ from __future__ import annotations
 import functools
 import math
 
+from labsupport import card
 from labsupport.course.checkoffs._hidden import kv_blocks, kv_per_token, random_pair, tpot_batch, weight_bytes
 from labsupport.course.data import live
 from labsupport.course.harness import engine_requests, engine_run, engine_run_requests, engine_run_steps
 from labsupport.course.registry import case, choice, function
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
+# Exercise 5's "mha" change on the course card: the KV per token of its MHA form over its GQA form's (4 for the
+# lecture's 7B and its GQA-8); the lab's 7.6 runs on the card's models
+_MHA_OVER_GQA = card.card().mha.kv_bytes_per_token // card.card().gqa.kv_bytes_per_token
 _POOL = ("labsupport.ledger.paged_concurrency", "labsupport.slo.memory_ceiling", "labsupport.viz.slo.memory_ceiling")
 
 
@@ -100,7 +104,8 @@ def _max_batch(rng):
 
 
 def _run_configs(rng):
-    """(seed, rate, blocks, n_req) of small engine runs on the lecture's H100: three fixed, one nobody has seen."""
+    """(seed, rate, blocks, n_req) of small engine runs on the course card (the harness's CostModel: its model and
+    GPU), in pools of up to 7,452 blocks (the lecture's whole pool): three fixed, one nobody has seen."""
     return [(1, 40.0, 7452, 60), (2, 400.0, 400, 80), (3, 5.0, 7452, 30),
             (rng.getrandbits(32), rng.choice((10.0, 80.0, 300.0)), rng.choice((300, 900, 7452)), rng.randint(20, 70))]
 
@@ -265,8 +270,8 @@ choice(
     hint="Write both session counts as a budget divided by what one session holds: a reserve-to-max slot holds "
          "S_max tokens whatever the session does, a paged session its peak context in whole blocks. Their ratio "
          "is then nearly one quantity over another; ask which change moves that ratio, not the two counts.",
-    mistakes={"mha": "MHA makes every token 4× bigger in both allocators: both counts fall about 4×, and their "
-                     "ratio barely moves.",
+    mistakes={"mha": f"MHA makes every token {_MHA_OVER_GQA}× bigger in both allocators: both counts fall about "
+                     f"{_MHA_OVER_GQA}×, and their ratio barely moves.",
               "memory": "Twice the budget holds about twice as many sessions in both allocators: the ratio barely "
                         "moves.",
               "blocks": "A larger block wastes a little more of each session's last block: the gain falls, "

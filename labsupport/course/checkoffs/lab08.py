@@ -9,7 +9,7 @@ from dataclasses import replace
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course.checkoffs._hidden import RESERVE, kv_blocks, random_pair, tpot_batch, weight_bytes
 from labsupport.course.registry import case, function, value
-from labsupport import card
+from labsupport import card, ledger
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 _BLOCKS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes", "labsupport.replay.lecture_pool",
@@ -77,12 +77,12 @@ def _num_gpu_blocks(rng):
 @function(
     "8.4", "max_num_seqs → the B of §10.6",
     hint="max_num_seqs caps the decode batch. Set it to the largest B the card can actually serve within the "
-         "TPOT SLO: it must fit the block pool (8.1's blocks ÷ the blocks one sequence of seq_tokens needs) and "
+         "TPOT SLO: it must fit the block pool (8.3's blocks ÷ the blocks one sequence of seq_tokens needs) and "
          "its memory-bound step must clear the SLO (lab 07's TPOT(B) solved for B). The smaller of the two "
          "binds.",
     forbid=(*_BLOCKS, "labsupport.ledger.paged_concurrency", "labsupport.ledger.max_batch_for_tpot",
             "labsupport.slo.memory_ceiling", "labsupport.viz.slo.memory_ceiling"),
-    derive="take the smaller of the pool's ceiling (8.1's blocks) and lab 07's TPOT(B) = SLO solved for a whole B",
+    derive="take the smaller of the pool's ceiling (8.3's blocks) and lab 07's TPOT(B) = SLO solved for a whole B",
     name="max_num_seqs_for",
 )
 def _max_num_seqs(rng):
@@ -169,16 +169,22 @@ def _tail_waste(rng):
                        what=f"tail_waste_fraction({shown}, block_size={bs})")
 
 
+# Seed 4 runs on the card's model (replay.utilization_run): its reserve-to-max slots at S_max = 4,096, the lecture's 29
+# on the lecture's card, and the load bar the judge sets (more than two thirds of them at the naive engine's busiest).
+_SLOTS = ledger.naive_concurrency(ledger.kv_budget_bytes(card.model(), card.gpu()), 4096,
+                                  card.model().kv_bytes_per_token)
+
+
 @function(
     "8.7", "Discussion seed 4: utilization 15% → 99%, throughput unmoved, decode-heavy",
     hint="Utilization is the share of reserved KV that holds tokens; throughput is tokens per second. Paging "
          "raises the first by reserving only what a sequence uses. It raises the second only if the naive "
          "engine was turning requests away for lack of slots. So: keep every sequence far shorter than S_max "
          "(a reserve-to-max slot is then mostly empty, near 15% full), and load the card until the naive engine "
-         "runs at least 20 of its 29 slots at its busiest — an idle card proves nothing — without turning "
-         "requests away for lack of slots. How many sequences run at once is the arrival rate times how long "
-         "each one lives on the card, and a decode-heavy request lives as many steps as it has output tokens: "
-         "scale the sweep's measured rate by that.",
+         f"runs at least {_SLOTS * 2 // 3 + 1} of its {_SLOTS} slots at its busiest — an idle card proves nothing — "
+         "without turning requests away for lack of slots. How many sequences run at once is the arrival rate times "
+         "how long each one lives on the card, and a decode-heavy request lives as many steps as it has output "
+         "tokens: scale the sweep's measured rate by that.",
     name="utilization_workload",
 )
 def _utilization_workload(rng):
@@ -249,18 +255,22 @@ def _largest_moves() -> dict:
 
 
 def _largest_moves_uncached() -> dict:
-    """Measured here: which of part_two.outputs' four moves by the largest factor when each quantity doubles."""
+    """Measured here: which of part_two.outputs' four moves by the largest factor when each quantity doubles, on
+    the course card's MHA model and GPU, as lab 08's section 1b measures it (MHA, GPU)."""
     from labsupport.part_two import outputs
 
-    base = outputs()
+    c = card.card()
+    base = outputs(c.mha, c.gpu)
     out = {}
     for quantity in ATTACKED:
-        after = outputs(*_attacked(card.model(), card.gpu(), quantity, 2))  # the course card, as outputs() is
+        after = outputs(*_attacked(c.mha, c.gpu, quantity, 2))
         out[quantity.lower()] = max(base, key=lambda k: max(after[k] / base[k], base[k] / after[k]))
     return out
 
 
 OUTPUT_NAMES = ("memory batch", "TPOT", "longest gap", "prefill")
+_ON_CARD = ("the lecture's 7B and H100" if card.card().is_lecture
+            else f"the course card's {card.card().mha.name} and {card.card().gpu.name}")
 value(
     "8.2", "Which output each change moves the most",
     expected=_largest_moves, judge_name="matching", options=OUTPUT_NAMES, noun="change",
@@ -273,7 +283,7 @@ value(
                                "and none of these three changes the FLOP." for q in ATTACKED},
         **{f"{q}=prefill": "A lone prefill is arithmetic: 2 FLOP per weight per token, at the card's peak."
            for q in ATTACKED}}.items()},
-    fixed="measured on the lecture's 7B and H100 (section 1b): each quantity doubled once; no given to vary",
-    hint="For each change, compare its four outputs with the lecture's, as factors (whichever way they move), and "
-         "take the largest. Then ask why: is that output set by bytes held, bytes read per step, or FLOP?",
+    fixed=f"measured on {_ON_CARD} (section 1b): each quantity doubled once; no given to vary",
+    hint="For each change, compare its four outputs with section 1b's baseline, as factors (whichever way they move), "
+         "and take the largest. Then ask why: is that output set by bytes held, bytes read per step, or FLOP?",
 )
