@@ -3,8 +3,8 @@
 A grade's plan is a lab's hidden givens and every function checkoff's hidden cases, with their expected values
 (real mechanisms: allocators, caches, seeded engine runs).  Issue "A grade that never fails honest work" asks
 for a one-off of 100,000 (student, secret) plans a lab, every one of which builds (goal: no failure); the slow
-tier of tests/test_grade_plan.py draws 2,000 a lab.  Student i is `student{i}` under one secret per 1,000
-students (`plans secret {i // 1000}`), so runs split by --start and --count add up to one sweep.  Prints a
+tier of tests/test_grade_plan.py draws 300 whole plans and 5,000 hidden givens a lab.  Student i is
+`student{i}` under one secret per 1,000 students (`plans secret {i // 1000}`), so runs split by --start and --count add up to one sweep.  Prints a
 line a lab: plans built, failures (the first few, each with its student), the median and slowest plan.
 """
 from __future__ import annotations
