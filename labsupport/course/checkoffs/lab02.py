@@ -53,7 +53,12 @@ def _every_step_counts(n) -> bool:
     kv, budget = _kv(n), _budget(n)
     frac = lambda x: abs(x - round(x)) > 1e-3 * x  # noqa: E731
     short, long_ = budget // (n.S_MAX * kv), budget // (n.S_MAX_LONG * kv)
+    # 2.5's throughput saturates in B (B over a step that grows with B): fractional slots must still move it past
+    # its tolerance, or a batch of budget / slot (not whole slots) would pass there
+    b_frac, seq_bytes = budget / (n.S_MAX * kv), (n.PROMPT + n.OUTPUT) * kv
+    tok_s_frac = b_frac * n.HBM_BW / (n.PARAMS * n.DTYPE_BYTES + b_frac * seq_bytes)
     return (frac(budget / (n.S_MAX * kv)) and frac(budget / (n.S_MAX_LONG * kv))
+            and abs(tok_s_frac - _naive_tok_s(n)) > 2e-3 * _naive_tok_s(n)
             and frac(budget / (n.S_MAX_BROCHURE * _kv(n, n.GQA_KV_HEADS))) and (n.PROMPT + n.OUTPUT) % n.BLOCK
             and long_ >= 1 and abs(short / long_ - n.S_MAX_LONG / n.S_MAX) > 1e-3 * short / long_)
 
