@@ -21,7 +21,9 @@ import pytest
 
 from labsupport.specs import GB, GPUS, MODELS
 
-pytestmark = pytest.mark.slow
+# slow; and under pytest-xdist on the browser tests' worker: its build and grade start kernels and sandboxes that,
+# beside a Chromium measuring a chart's text, would leave that page too little of a 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
 ROOT = Path(__file__).resolve().parents[1]
 SECOND = '[card]\ngpu = "h200"\nmodel = "llama-3-8b"\n'
 
