@@ -130,12 +130,6 @@ def _internal(g, budget=None) -> float:
 _WHOSE = "the lecture's" if LECTURE_CARD else "the lab's model's"  # whose KV bytes per token KV_MHA are
 
 
-def _slips(want, rel: float, found) -> list:
-    """The slips of `found` that miss `want` (and each other) on the card's givens: on another card a slip may land on
-    the answer (an H200's 4 GiB reserve leaves the same 56 slots), and its remark would tell the wrong story."""
-    return distinct_mistakes(want, found, rel=rel)
-
-
 _G_GIB = namespace(dict(vars(G), RESERVE_BYTES=4 * 2**30))  # the card's givens with the reserve read as 4 GiB
 _GIB_RESERVE = _budget(_G_GIB)  # its budget: 28 slots on the lecture's card
 _GIB_REMARK = "That reads the 4 GB reserve as 4 GiB (4,294,967,296 B); the reserve, like the card, is decimal GB."
@@ -312,7 +306,7 @@ value(
     rel_tol=1e-5,  # the reading the prompt names: before each step's token lands (PROMPT ... PROMPT + OUTPUT - 1)
     hint="A busy card's slot holds a sequence at some random moment of its life: what does the budget hold on "
          "average over those moments? Step a full allocator through its decode steps and read it while each runs.",
-    mistakes=_slips(_slots(G, G.S_MAX, KV_MHA) * _life_mean(G) * KV_MHA / BUDGET, 1e-5, [
+    mistakes=distinct_mistakes(_slots(G, G.S_MAX, KV_MHA) * _life_mean(G) * KV_MHA / BUDGET, rel=1e-5, found=[
               (_util(G, G.S_MAX, KV_MHA), "That is the end of life, every sequence at PROMPT + OUTPUT tokens: 2.3's "
                "reading. Average over the steps instead."),
               (_life_mean(G) / G.S_MAX, "That is one slot's mean occupancy; utilization is over the whole budget, "
@@ -342,7 +336,7 @@ value(
          "from HBM, and which of those bytes does the whole batch share? A memory-bound step lasts as long as "
          "those reads take. How many tokens does one step give, and how many sequences does the naive allocator "
          "let into the batch?",
-    mistakes=_slips(_naive_tok_s(G), 1e-3, [
+    mistakes=distinct_mistakes(_naive_tok_s(G), rel=1e-3, found=[
               (_slots(G, G.S_MAX, KV_MHA) / (G.PARAMS * G.DTYPE_BYTES / G.HBM_BW), "The step also reads each "
                "sequence's KV, not only the weights."),
               (_naive_tok_s(G, G.S_MAX), "The kernel reads the tokens a sequence holds, not its whole reserved slot."),
@@ -429,7 +423,7 @@ value(
     hint="The service sells sequences served at once. How many chat sequences does the card hold at each limit, "
          "when only a whole slot holds one? The slot grows by the ratio of the limits; does the count fall by the "
          "same ratio?",
-    mistakes=_slips(_long_context_cost(G), 1e-4, [
+    mistakes=distinct_mistakes(_long_context_cost(G), rel=1e-4, found=[
               (G.S_MAX_LONG / G.S_MAX, "That is the lecture's reasoning, 'the slot grew 8x': true of one slot, not of "
                "the card. The budget holds whole slots, and the remainder no whole slot can use grows with the slot."),
               (_long_context_cost(_G_GIB, _GIB_RESERVE), _GIB_REMARK),
@@ -450,7 +444,7 @@ value(
     hint="Compare two concurrencies of the same GQA model and the same PROMPT + OUTPUT-token sequences: paged (whole "
          "BLOCK-token blocks per sequence, whole blocks in the budget) against reserve-to-max at S_MAX_BROCHURE. The "
          "cost is their ratio.",
-    mistakes=_slips(_brochure_cost(G), 5e-5, [
+    mistakes=distinct_mistakes(_brochure_cost(G), rel=5e-5, found=[
               *([(744 / 3, "744 is the sketch's approximate count (≈ 744); count the whole "
                  f"{G.BLOCK * KV_GQA8 / MiB:g} MiB blocks exactly.")] if LECTURE_CARD else []),  # the lecture's H100
               ((BUDGET / (SEQ * KV_GQA8)) / _slots(G, G.S_MAX_BROCHURE, KV_GQA8),
