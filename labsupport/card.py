@@ -153,8 +153,9 @@ def model(name: str | None = None) -> ModelSpec:
     """A catalogue model by name (or the card's contrast by its name), or the card's model."""
     if name is None:
         return card().model
-    return card().models().get(name.strip().lower()) if isinstance(name, str) and name.strip().lower() in \
-        card().models() else get_model(name)
+    own = card().models()
+    key = name.strip().lower() if isinstance(name, str) else None
+    return own[key] if key in own else get_model(name)
 
 
 def gpu(name: str | None = None) -> GPUSpec:
