@@ -780,24 +780,49 @@ class Engine:
             c.peak_running = batch
 
     # -- the whole run --------------------------------------------------------------------------------
-    def run(self, max_steps: int | None = None, progress: bool = False) -> EngineResult:
-        """Step until every request has finished or been rejected; then check nothing leaked."""
+    def iterations(self, schedule=(), max_steps: int | None = None, idle: bool = False):
+        """§10.5's loop as an iterator: every caller that walks a run step by step walks this one loop.
+
+        Yields `(StepOutput, arrived)` for each iteration, `arrived` being the ids of the requests added just
+        before it.  `schedule` holds `(k, add_request keyword arguments)` pairs: each request joins just before
+        iteration k (0-based), so such a run is the same whatever the clock says.  An idle step (the clock jumps
+        to the next arrival) is yielded only with `idle=True`, and is not counted as an iteration.  Stops when
+        nothing is left to do or after `max_steps` iterations.
+        """
         if max_steps is not None:
             max_steps = as_count("max_steps", max_steps, 1)
+        pending = sorted(((int(k), i, kw) for i, (k, kw) in enumerate(schedule)), key=lambda x: x[:2])
+        k = 0
+        while max_steps is None or k < max_steps:
+            arrived = []
+            while pending and pending[0][0] <= k:
+                arrived.append(self.add_request(**pending.pop(0)[2]))
+            out = self.step()
+            if out is None:
+                if not pending:
+                    return
+                k = pending[0][0]  # nothing runs until the next scheduled arrival
+                continue
+            if out.idle:
+                if idle:
+                    yield out, arrived
+                continue
+            yield out, arrived
+            k += 1
+
+    def run(self, max_steps: int | None = None, progress: bool = False) -> EngineResult:
+        """Step until every request has finished or been rejected (or `max_steps` iterations); then check nothing
+        leaked."""
         bar = None
         if progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=self._unfinished, desc="requests", unit="req")
-        steps = 0
         last = self._unfinished
-        while self.step():
-            steps += 1
+        for _ in self.iterations(max_steps=max_steps):
             if bar is not None and self._unfinished != last:
                 bar.update(last - self._unfinished)
                 last = self._unfinished
-            if max_steps is not None and steps >= max_steps:
-                break
         if bar is not None:
             bar.close()
         if not self.has_unfinished:

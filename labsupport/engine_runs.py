@@ -80,27 +80,17 @@ def stream_engine(engine, schedule: Sequence[tuple[int, dict]], max_steps: int =
     clock, so it is waiting at that step boundary.  `on_step` sees each StepRecord as it happens
     (a live view can redraw there).  Returns the log, with the engine's result attached.
     """
-    pending = sorted(((int(k), i, kw) for i, (k, kw) in enumerate(schedule)), key=lambda x: (x[0], x[1]))
+    schedule = list(schedule)
+    # the ids add_request gives, in the order the loop adds them (its sort is stable: by step, then by place)
+    joining = [kw for _, _, kw in sorted((int(k), i, kw) for i, (k, kw) in enumerate(schedule))]
     prompts, max_new, fan = {}, {}, {}
     steps: list[StepRecord] = []
-    k = 0
-    while k < max_steps:
-        arrived = []
-        while pending and pending[0][0] <= k:
-            _, _, kw = pending.pop(0)
-            rid = engine.add_request(**kw)
+    for out, arrived in engine.iterations(schedule, max_steps=max_steps):
+        for rid in arrived:
+            kw = joining.pop(0)
             prompts[rid] = list(kw["prompt_ids"]) if kw.get("prompt_ids") is not None else None
             max_new[rid] = kw.get("max_new_tokens", 16)
             fan[rid] = kw.get("n", 1)
-            arrived.append(rid)
-        out = engine.step()
-        if out is None:
-            if pending:
-                k = pending[0][0]
-                continue
-            break
-        if out.idle:  # the clock jumped to the next arrival: not an iteration of the loop
-            continue
         if out.tokens is None:
             raise ValueError("stream_engine shows every token: give the Engine a model, or record_token_times=True")
         preempted = {"swap": 0, "recompute": 0}
@@ -114,7 +104,6 @@ def stream_engine(engine, schedule: Sequence[tuple[int, dict]], max_steps: int =
         steps.append(rec)
         if on_step is not None:
             on_step(rec)
-        k += 1
     res = engine.result()
     return StreamLog(steps, prompts, max_new, fan, engine.num_blocks, engine.block_size, res)
 
@@ -149,27 +138,17 @@ def job_run(cost_model, requests: Sequence[tuple[int, int, int]], *, num_blocks:
 
     engine = Engine(cost_model=cost_model, num_blocks=num_blocks, block_size=block_size, watermark=0.0,
                     max_num_seqs=max_num_seqs, record_token_times=True)
-    pending = sorted((int(k), i, int(p), int(m)) for i, (k, p, m) in enumerate(requests))
-    lengths, steps, k = [], [], 0
-    while True:
-        while pending and pending[0][0] <= k:
-            _, _, prompt, new = pending.pop(0)
-            engine.add_request(prompt_len=prompt, max_new_tokens=new)  # its id: its place in the list
-            lengths.append({"prompt_tokens": prompt, "max_new_tokens": new})
-        out = engine.step()
-        if out is None:
-            if not pending:
-                break
-            k = pending[0][0]
-            continue
-        if out.idle:
-            continue
+    schedule = [(int(k), {"prompt_len": int(p), "max_new_tokens": int(m)}) for k, p, m in requests]
+    # a request's id is its place in the order the loop adds them: by step, then by place in `requests`
+    lengths = [{"prompt_tokens": kw["prompt_len"], "max_new_tokens": kw["max_new_tokens"]}
+               for _, _, kw in sorted((k, i, kw) for i, (k, kw) in enumerate(schedule))]
+    steps = []
+    for out, _ in engine.iterations(schedule):
         if out.preempted:
             raise ValueError("job_run keeps runs without preemption: give the pool more blocks")
         steps.append({"start_s": out.start, "end_s": out.end, "admitted": list(out.admitted),
                       "tokens": [[e.request_id, e.index] for e in out.tokens], "finished": list(out.finished),
                       "blocks_in_use": engine.allocator.num_used_blocks})
-        k += 1
     model = cost_model.model
     trace = {"num_params": int(model.num_params), "kv_bytes_per_token": int(model.kv_bytes_per_token),
              "block_size": block_size, "num_blocks": num_blocks, "requests": lengths, "steps": steps}

@@ -261,9 +261,8 @@ def utilization_run(requests, block_size: int, label: str = "", model: ModelSpec
     load(engine, requests)
     alloc = engine.allocator
     held = reserved = 0.0
-    last = engine.clock
-    while engine.step():
-        dt, last = engine.clock - last, engine.clock
+    for out, _ in engine.iterations():
+        dt = out.end - out.start
         if alloc.num_used_blocks:
             held += dt * sum(alloc.seq_lens[s] for s in alloc.block_tables)
             reserved += dt * alloc.num_used_blocks * block_size
@@ -309,7 +308,7 @@ def tlb_replay(requests, entries, num_blocks: int = 7452, block_size: int = 16, 
     hits = {e: 0 for e in entries}
     lookups = new = peak = steps = 0
     held: dict = {}
-    while steps < max_steps and engine.step():
+    for _ in engine.iterations():
         tables = engine.allocator.block_tables
         if not tables:
             continue
@@ -324,6 +323,8 @@ def tlb_replay(requests, entries, num_blocks: int = 7452, block_size: int = 16, 
         for e in entries:
             if e >= w:
                 hits[e] += layers * w - fresh
+        if steps >= max_steps:
+            break
     return TLBReplay(steps, layers, lookups, new, peak, hits)
 
 

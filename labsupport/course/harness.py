@@ -596,9 +596,7 @@ def engine_run(seed: int, rate: float, blocks: int, n_req: int) -> tuple[list, l
         t += rng.expovariate(rate)
         engine.add_request(prompt_len=rng.randint(16, 3000), max_new_tokens=rng.choice([1, 2, 40, 200]),
                            n=rng.choice([1, 1, 1, 2, 3]), arrival_time=t)
-    steps = []
-    while (out := engine.step()) is not None:
-        steps.append(out)
+    steps = [out for out, _ in engine.iterations(idle=True)]
     return steps, list(engine.result().requests.values())
 
 
