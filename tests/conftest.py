@@ -11,10 +11,26 @@ import pytest
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test`), the browser tests share one worker: each drives a JupyterLab server and a
-    Chromium, and two at once on a 2-core machine would race their own timeouts."""
+    Chromium, and two at once on a 2-core machine would race their own timeouts.  A module whose tests share an
+    expensive fixture keeps to one worker too."""
     for item in items:
-        if item.get_closest_marker("browser") and not item.get_closest_marker("xdist_group"):
+        if item.get_closest_marker("xdist_group"):
+            continue
+        if item.get_closest_marker("browser"):
             item.add_marker(pytest.mark.xdist_group("browser"))
+        elif _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def _shares_a_module_fixture(item) -> bool:
+    """Whether the test uses a module- or session-scoped fixture of its own module (a batch graded once, a model
+    trained once): its module's tests then share one worker, or each worker would build the fixture again."""
+    info = getattr(item, "_fixtureinfo", None)
+    module = getattr(item, "module", None)
+    if info is None or module is None:
+        return False
+    return any(defs and defs[-1].scope in ("module", "session") and getattr(defs[-1].func, "__module__", "") ==
+               module.__name__ for defs in info.name2fixturedefs.values())
 
 
 @pytest.fixture
