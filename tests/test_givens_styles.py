@@ -106,7 +106,8 @@ WRITERS = {"nbformat 4.0": write_v40, "Colab": write_colab, "Jupytext": write_ju
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Every notebook of this file's lab 97, in one batch of two at a time."""
+    """Every notebook of this file's lab 97, in one batch of two at a time (a grading batch of 23 notebooks,
+    about a minute on 2 cores: the slow tier's)."""
     tmp, paths = tmp_path_factory.mktemp("styles"), {}
     for name, (givens_cell, answer) in STYLES.items():
         paths[name] = T.notebook(tmp / _slug(name) / "97_lab.ipynb", answer, OTHERS, givens_cell=givens_cell)
@@ -136,6 +137,7 @@ def _slug(name: str) -> str:
 ALL_PASS = {"97.1": "passed", "97.2": "passed", "97.3": "passed"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(STYLES))
 def test_a_givens_cell_written_any_honest_way_follows_the_hidden_givens(graded, name):
     g = graded[name]
@@ -143,24 +145,28 @@ def test_a_givens_cell_written_any_honest_way_follows_the_hidden_givens(graded, 
     assert not any("no givens cell" in n for n in g.notes), g.notes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(NUMBERS))
 def test_a_number_of_any_numeric_type_is_a_number(graded, name):
     g = graded[name]
     assert T.statuses(g) == ALL_PASS, G.format_grade(g)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SAVED_BY)
 def test_a_notebook_whose_ids_and_tags_were_lost_has_its_givens_cell_found(graded, name):
     g = graded[name]
     assert T.statuses(g) == ALL_PASS and not g.notes, G.format_grade(g)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(UNSEEN))
 def test_an_unmarked_givens_cell_that_binds_unseen_is_found_by_running(graded, name):
     g = graded[name]
     assert T.statuses(g) == ALL_PASS and not g.notes and not g.error, G.format_grade(g)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAILS))
 def test_an_answer_that_does_not_follow_the_givens_still_fails(graded, name):
     result = next(c for c in graded[name].checkoffs if c.id == "97.1")

@@ -53,8 +53,10 @@ def _assert_well_formed(lab: int, plan: G.Plan) -> None:
 
 
 @pytest.mark.parametrize("lab", LABS)
-def test_a_hundred_plans_per_lab_all_build(lab):
-    for plan in _plans(lab, 100):
+def test_twenty_plans_per_lab_all_build(lab):
+    """The contributor's loop: 20 whole plans a lab over 4 secrets (lab 07's, with their engine runs, about 0.5 s
+    each); the slow tier builds 300 a lab and draws 5,000 sets of hidden givens."""
+    for plan in _plans(lab, 20):
         _assert_well_formed(lab, plan)
 
 
