@@ -87,7 +87,8 @@ def test_no_staff_source_or_bytecode_is_in_the_sandbox(tmp_path):
                  "labsupport.course.grade", "labsupport.course.registry"):
         assert found[name] == "ModuleNotFoundError", (name, found[name])
     tree = found["tree"]
-    assert "course/runner.py" in tree and "course/harness.py" in tree and "course/records" in tree  # the runner's own
+    assert "course/runner.py" in tree and "course/records" in tree  # the runner's own
+    assert "course/harness/__init__.py" in tree and "course/harness/lab07.py" in tree  # public, unlike checkoffs/
     assert not [p for p in tree if "__pycache__" in p or p.endswith((".pyc", ".pyo"))], tree
     assert not [p for p in tree if any(p == s or p.startswith(s + "/") for s in S.STAFF_ONLY)], tree
     assert found["pyc"] == "FileNotFoundError" and found["write"] in ("OSError", "PermissionError")
@@ -219,7 +220,7 @@ def test_a_function_walking_the_stack_finds_no_recipe_or_expected_value_lab_07(t
     (job,), (outcome,) = sandbox.jobs, sandbox.outcomes
     sent = json.dumps({k: v for k, v in job.items() if k != "cells"})  # (the attack's own cells name them)
     assert "engine_run" not in sent and "engine_requests" not in sent and '"want"' not in sent
-    assert "harness:" not in sent  # no recipe names a function of the harness: only records go in
+    assert "course.harness" not in sent  # no recipe names a function of the harness: only records go in
     (answer,) = _answers(outcome, "7.7")
     observations = answer["observations"]
     assert len(observations) == len(job["cases"]["7.7"]) >= 20

@@ -228,7 +228,7 @@ def test_4_2_two_derivations_pass():
 
 
 def test_4_2_cases_are_data_and_the_kernels_see_nan_where_no_sequence_lives():
-    from labsupport.course.harness import kernel_case_tensors
+    from labsupport.course.harness.lab04 import kernel_case_tensors
 
     cases = get("4.2").prepare(case_rng("4.2"))
     kinds = [k.data["kind"] for k in cases]

@@ -4,7 +4,8 @@
     record.py     the public record check() reads (records/labNN.json): expected values on the lecture's givens
     checkoff.py   check("N.M", answer): instant feedback in the student's notebook
     judge.py      an answer against its expected value, in one line (check() and grade alike)
-    harness.py    a handed-in function run on a checkoff's cases, wherever it lives
+    harness/      a handed-in function run on a checkoff's cases, wherever it lives (public): the shared core,
+                  and per lab harness/labNN.py, its harnesses and judges, beside its grader checkoffs/labNN.py
     scan.py       derive, don't call: the one static scan of an exercise's cells
     data.py       the plain data that crosses into and out of a sandbox
     registry.py   how a lab's graders declare checkoffs (checkoffs/labNN.py: expected formulas, hidden givens)

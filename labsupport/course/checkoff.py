@@ -80,7 +80,7 @@ def check(checkoff_id: str, answer) -> None:
         return collect(checkoff_id, answer)
     entry = get(checkoff_id)
     caller = inspect.currentframe().f_back
-    harness.LAST_ERROR = None
+    harness.base.LAST_ERROR = None  # one variable, in harness/base.py, that _raised sets
     try:
         if data.contains_unfinished(answer):  # `slot_bytes = ...`, as the student copy left it
             raise judge.Unfinished()
@@ -100,7 +100,7 @@ def check(checkoff_id: str, answer) -> None:
         return
     _RESULTS[checkoff_id] = {"status": FAILED, "detail": f"{problem}\nHint: {entry['hint']}"}
     print(plain(FAIL_LINE.format(id=checkoff_id, problem=judge.sentence(problem), hint=entry["hint"])))
-    for line in student_traceback(harness.LAST_ERROR):
+    for line in student_traceback(harness.base.LAST_ERROR):
         print(line)
 
 

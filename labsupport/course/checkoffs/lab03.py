@@ -1,5 +1,5 @@
 """Lab 03 checkoffs: PagedAttention's block table (§10.3, Exercise 3); the function checkoffs compare with the
-real BlockAllocator (3.2 in lockstep with it: labsupport.course.harness's "append")."""
+real BlockAllocator (3.2 in lockstep with it: labsupport.course.harness.lab03's "append")."""
 from __future__ import annotations
 
 import math

@@ -10,7 +10,7 @@ import random
 
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course.data import live
-from labsupport.course.harness import chat_hash_ids
+from labsupport.course.harness.lab05 import chat_hash_ids
 from labsupport.course.registry import case, function, givens, value
 from labsupport.sharing import measure_fanout, replay_prefix_cache
 

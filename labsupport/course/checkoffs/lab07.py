@@ -9,7 +9,7 @@ import math
 from labsupport import card
 from labsupport.course.checkoffs._hidden import kv_blocks, kv_per_token, random_pair, tpot_batch, weight_bytes
 from labsupport.course.data import live
-from labsupport.course.harness import engine_requests, engine_run, engine_run_requests, engine_run_steps
+from labsupport.course.harness.lab07 import engine_requests, engine_run, engine_run_requests, engine_run_steps
 from labsupport.course.registry import case, choice, function
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 

@@ -1,5 +1,5 @@
 """Lab 08 checkoffs: §10.7 and the vLLM knobs — each knob mapped to a quantity of the labs.  8.7 is an open
-question: its judge (labsupport.course.harness's "utilization_workload") runs the engine on the workload."""
+question: its judge (labsupport.course.harness.lab08's "utilization_workload") runs the engine on the workload."""
 from __future__ import annotations
 
 import functools
