@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from labsupport import card
 from labsupport.course.checkoff import check
 from labsupport.course.checkoffs import get
 from labsupport.course.judge import Mismatch
 from labsupport.course.registry import GIVENS, case_rng, namespace
+
+# The lab's given, by hand from the course card's model (§10.1): K and V, per layer, per KV head, head_dim elements of
+# dtype_bytes bytes each; in KiB (2**10 bytes).  The lecture's card: 2 x 32 x 32 x 128 x 2 B = 512 KiB.
+_M = card.card().model
+KV_BYTES = 2 * _M.num_layers * _M.num_kv_heads * _M.head_dim * _M.dtype_bytes
+KIB = KV_BYTES // 1024 if KV_BYTES % 1024 == 0 else KV_BYTES / 1024
 
 
 def _problem(cid: str, answer) -> str:
@@ -21,16 +28,17 @@ def _problem(cid: str, answer) -> str:
 def test_0_1_two_derivations_pass_on_every_set_of_givens():
     checkoff = get("0.1")
     sets = [GIVENS[0].lecture, *GIVENS[0].draw(case_rng("givens", b"feedback test", "lab00"), 3)]
-    assert sets[0] == {"KV_KIB": 512}
+    assert sets[0] == {"KV_KIB": KIB}  # the card's given (512 on the lecture's card)
     for g in sets:
         want = checkoff.expect(namespace(g))
         checkoff.verdict(g["KV_KIB"] * 1024, want)
         checkoff.verdict(g["KV_KIB"] << 10, want)
-    assert checkoff.prepare(None) == 524_288  # 512 x 1,024, by hand
+    assert checkoff.prepare(None) == KV_BYTES  # the card's bytes per token (512 x 1,024 = 524,288 on the lecture's)
 
 
-@pytest.mark.parametrize("answer, words", [(512_000, "decimal kB"), (512 * 2**20, "MiB"), (512 * 1024 * 8, "bits")])
+@pytest.mark.parametrize("answer, words", [(KIB * 1000, "decimal kB"), (KIB * 2**20, "MiB"), (KIB * 1024 * 8, "bits")])
 def test_0_1_names_the_units_slip(answer, words):
+    """On the card's given (the lecture's 512 KiB: 512,000, 512 MiB, 512 x 1,024 x 8)."""
     assert words in _problem("0.1", answer)
 
 
@@ -90,6 +98,7 @@ def test_0_2_prompt_does_not_list_the_factors():
     ("KiB, not MiB", lambda g: g["KV_KIB"] * 2**20),
     ("bytes, not bits", lambda g: g["KV_KIB"] * 2**10 * 8),
     ("the given itself (the lecture's 512 typed in)", lambda g: 512 * 2**10),
+    ("the given itself (the card's KV_KIB typed in)", lambda g: KV_BYTES),
 ])
 def test_0_1_each_named_step_fails_on_every_hidden_set(dropped, derive):
     """0.1 names one step (KV_KIB KiB in bytes); every way of dropping it fails on hidden givens."""

@@ -1,14 +1,16 @@
 """Lab 01's build exercise: the five jobs charged from a run of the real engine (1.5), and what GQA-8 moves (1.4).
 
 The expected numbers are worked by hand from the lecture's 7B on the lecture's H100 (6.74e9 parameters of 2 B,
-512 KiB of KV per token, 3.35 TB/s), on a two-request run small enough to follow step by step.  Two different
-correct derivations pass every case (on other models, block sizes and arrivals); each slip the prompt warns
-about is rejected with its remark.
+512 KiB of KV per token, 3.35 TB/s), passed explicitly so that they hold on any course card, on a two-request run
+small enough to follow step by step.  What GQA moves (1.4) is the lab's answer on the course card: derived from
+it.  Two different correct derivations pass every case (on other models, block sizes and arrivals); each slip the
+prompt warns about is rejected with its remark.
 """
 from __future__ import annotations
 
 import pytest
 
+from labsupport import card
 from labsupport.costmodel import CostModel
 from labsupport.course.checkoff import check
 from labsupport.course.checkoffs import get
@@ -16,7 +18,7 @@ from labsupport.course.checkoffs.lab01 import GQA_MOVES, LAB_POOL, LAB_REQUESTS
 from labsupport.course.judge import Mismatch
 from labsupport.course.registry import case_rng
 from labsupport.engine_runs import job_run
-from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8
+from labsupport.specs import LECTURE_7B, LECTURE_GPU, LECTURE_MFU
 
 pytestmark = pytest.mark.usefixtures("fresh_results")
 
@@ -59,7 +61,7 @@ def per_request(trace):
 def test_a_two_request_run_by_hand():
     """r0: 20-token prompt, 3 new tokens, from step 1; r1: 5 and 2, from step 2.  Step 1 prefills r0 (2 blocks);
     step 2 decodes r0 and prefills r1 (3 blocks); step 3 decodes both, and both finish (0 blocks)."""
-    trace, _ = job_run(CostModel(LECTURE_7B), [(0, 20, 3), (1, 5, 2)], num_blocks=10)
+    trace, _ = job_run(CostModel(LECTURE_7B, LECTURE_GPU), [(0, 20, 3), (1, 5, 2)], num_blocks=10)
     assert [s["blocks_in_use"] for s in trace["steps"]] == [2, 3, 0]
     got = walk(trace)
     assert got["admit"] == (23 + 7) * KV                    # both live after step 2: (20 + 3) + (5 + 2) tokens
@@ -123,12 +125,19 @@ def test_each_step_the_prompt_names_matters(slip, capsys):
 
 
 def test_gqa_moves_only_the_memory_jobs():
-    """By hand: GQA-8 keeps the weights (same FLOP per token) and the pool of 600 blocks with arrivals by step (same
-    places); KV per token falls 4x (admit and allocate, in bytes).  The longest wait is the step that prefills
-    the 2,048-token prompt, compute-bound: 2 x 6.74e9 x 2,048 FLOP at half of 989 TFLOP/s is 55.8 ms against
-    about 4 ms of reads — and attention's FLOPs do not depend on the KV heads — so it does not move."""
+    """By hand, on the course card's model (MHA form against its GQA form) and GPU, as the lab runs it: GQA keeps the
+    weights (same FLOP per token) and the pool of 600 blocks with arrivals by step (same places); KV per token falls
+    by the ratio of KV heads (admit and allocate, in bytes; 32 / 8 = 4x on the lecture's 7B).  The longest wait is
+    the step that prefills the 2,048-token prompt, compute-bound: 2 x params x 2,048 FLOP at half of the card's
+    peak (the lecture's card: 2 x 6.74e9 x 2,048 at half of 989 TFLOP/s is 55.8 ms against about 4 ms of reads) —
+    and attention's FLOPs do not depend on the KV heads — so it does not move."""
     assert GQA_MOVES == frozenset({"admit", "allocate"})
-    mha = walk(job_run(CostModel(LECTURE_7B), LAB_REQUESTS, num_blocks=LAB_POOL)[0])
-    gqa = walk(job_run(CostModel(LECTURE_7B_GQA8), LAB_REQUESTS, num_blocks=LAB_POOL)[0])
-    assert gqa["admit"] * 4 == mha["admit"] and gqa["allocate"] * 4 == mha["allocate"]
-    assert mha["stream"] > 2 * 6.74e9 * 2_048 / (0.5 * 989e12)
+    course = card.card()
+    ratio = course.mha.num_kv_heads // course.gqa.num_kv_heads
+    assert ratio * course.gqa.num_kv_heads == course.mha.num_kv_heads and ratio > 1
+    mha = walk(job_run(CostModel(course.mha, course.gpu), LAB_REQUESTS, num_blocks=LAB_POOL)[0])
+    gqa = walk(job_run(CostModel(course.gqa, course.gpu), LAB_REQUESTS, num_blocks=LAB_POOL)[0])
+    assert gqa["admit"] * ratio == mha["admit"] and gqa["allocate"] * ratio == mha["allocate"]
+    assert gqa["batch"] == mha["batch"] and gqa["run"] == mha["run"]
+    assert gqa["stream"] == pytest.approx(mha["stream"], rel=1e-9)
+    assert mha["stream"] > 2 * course.mha.num_params * 2_048 / (LECTURE_MFU * course.gpu.peak_flops)

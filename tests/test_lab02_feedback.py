@@ -2,9 +2,11 @@
 derivations, on the lecture's givens and on hidden ones, and rejects the plausible wrong answers with a
 remark that names the mistake.
 
-The lecture's numbers are worked out here by hand from the prose of §10.2: 80e9 B of HBM less
-2 x 6.74e9 B of weights less a 4e9 B reserve leave 62.52e9 B of KV; a token costs 2 x 32 x 32 x 128
-x 2 = 524,288 B (MHA) or 131,072 B (GQA-8); 62.52e9 // (4,096 x 524,288) = 29 slots.
+The lecture's numbers are worked out here by hand from the prose of §10.2, on the lecture's givens passed
+explicitly (LECTURE): 80e9 B of HBM less 2 x 6.74e9 B of weights less a 4e9 B reserve leave 62.52e9 B of KV; a
+token costs 2 x 32 x 32 x 128 x 2 = 524,288 B (MHA) or 131,072 B (GQA-8); 62.52e9 // (4,096 x 524,288) = 29 slots.
+What the lab's graders pose by default (their first cases, their remarks) is on the course card: its givens (CARD)
+are written here by hand from the card's spec fields, and the same formulas (`_ns`) give the expected numbers.
 """
 from __future__ import annotations
 
@@ -14,22 +16,36 @@ import types
 
 import pytest
 
+from labsupport import card
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
 from labsupport.fragmentation import run_until_fragmented
 from labsupport.course.checkoffs import get
 from labsupport.course.judge import Mismatch, close
 from labsupport.course.registry import GIVENS, case_rng, namespace
 
-KV, KV_GQA, BUDGET, SEQ = 524_288, 131_072, 62_520_000_000, 640
 LECTURE = dict(HBM_BYTES=80 * 10**9, PARAMS=6_740_000_000, DTYPE_BYTES=2, RESERVE_BYTES=4 * 10**9, LAYERS=32,
                KV_HEADS=32, GQA_KV_HEADS=8, HEAD_DIM=128, HBM_BW=3_350 * 10**9, PROMPT=512, OUTPUT=128,
                S_MAX=4096, S_MAX_LONG=32_768, S_MAX_BROCHURE=131_072, BLOCK=16, S_MAX_SHORT=512,
                SHARE_SHORT=0.70, SHARE_LONG=0.05)
 
 
+def _card_givens(gpu, model):
+    """Lab 02's givens on a card, from its spec fields (as the givens cell's card= lines bind them): the model in MHA
+    form, its GQA form's KV heads, the GPU's memory and bandwidth; the workload stays the lecture's."""
+    c = card.Card(gpu, model)
+    return dict(LECTURE, HBM_BYTES=gpu.hbm_bytes, PARAMS=round(c.mha.num_params), DTYPE_BYTES=c.mha.dtype_bytes,
+                LAYERS=c.mha.num_layers, KV_HEADS=c.mha.num_kv_heads, GQA_KV_HEADS=c.gqa.num_kv_heads,
+                HEAD_DIM=c.mha.head_dim, HBM_BW=gpu.hbm_bandwidth)
+
+
+_C = card.card()
+CARD = _card_givens(_C.gpu, _C.model)  # the course card's
+
+
 def _sets():
     get("2.1")  # loads lab 02's graders
-    return [LECTURE, *GIVENS[2].draw(case_rng("givens", b"feedback test", "lab02"), 3)]
+    own = [] if CARD == LECTURE else [CARD]
+    return [LECTURE, *own, *GIVENS[2].draw(case_rng("givens", b"feedback test", "lab02"), 3)]
 
 
 def _ns(g):
@@ -40,6 +56,34 @@ def _ns(g):
     g.seq = g.PROMPT + g.OUTPUT
     g.slots = g.budget // (g.S_MAX * g.kv)
     return g
+
+
+K = _ns(CARD)  # the card's numbers by hand (the lecture's card: 524,288 B, 131,072 B, 62.52e9 B, 640 tokens, 29 slots)
+KV, KV_GQA, BUDGET, SEQ = K.kv, K.kv_gqa, K.budget, K.seq
+
+
+def test_the_labs_givens_are_the_cards():
+    """The givens the graders pose by default are the card's spec fields (the lecture's on the lecture's card)."""
+    get("2.1")
+    assert GIVENS[2].lecture == CARD
+
+
+def test_the_fallback_sets_differ_from_every_catalogue_cards_givens():
+    """A grade whose draws never differ takes the fixed fallback sets, which must differ from the card's givens in
+    every given whatever card course.toml names (the H200's 4.8 TB/s, an L40S's 48 GB, Qwen2.5's 4 KV heads)."""
+    from labsupport.specs import GPUS, LECTURE_RESERVED_BYTES, MODELS
+
+    get("2.1")
+    fallbacks = GIVENS[2].fallbacks
+    assert len(fallbacks) >= 2 and fallbacks[0] != fallbacks[1]
+    cards = [(gpu, model) for gpu in set(GPUS.values()) for model in set(MODELS.values())
+             if gpu.hbm_bytes - model.num_params * model.dtype_bytes - LECTURE_RESERVED_BYTES > 0]
+    assert len(cards) > 10
+    for gpu, model in cards:
+        theirs = _card_givens(gpu, model)
+        for f in fallbacks:
+            assert set(f) == set(theirs)
+            assert not [k for k in f if f[k] == theirs[k]], (gpu.name, model.name, f)
 
 
 def _rtm_util(budget, s_max, seq, kv):
@@ -102,7 +146,8 @@ def test_two_derivations_pass_on_the_lecture_and_on_hidden_givens(cid):
 
 
 def test_the_lecture_values_by_hand():
-    lecture = {cid: get(cid).prepare(case_rng(cid)) for cid in DERIVATIONS}
+    get("2.1")
+    lecture = {cid: get(cid).expect(namespace(LECTURE)) for cid in DERIVATIONS}  # the lecture's givens, named
     assert lecture["2.1"] == 3_456 * 524_288 == 1_811_939_328
     assert lecture["2.4"] == pytest.approx(29 * 575.5 * 524_288 / 62.52e9, rel=1e-12)  # 14.00%
     assert lecture["2.5"] == pytest.approx(29 / ((13.48e9 + 29 * 640 * 524_288) / 3.35e12), rel=1e-12)  # 4,186
@@ -121,32 +166,54 @@ def _problem(cid: str, answer) -> str:
     return str(err.value)
 
 
-GIB_BUDGET = 80 * 10**9 - 13_480_000_000 - 4 * 2**30  # a 4 GiB reserve: 62,225,032,704 B, 28 slots
-WRONG = [  # (checkoff, a plausible wrong answer on the lecture's givens, words the remark must contain)
-    ("2.1", 4096 * KV, "whole slot"),
-    ("2.1", (4096 - 512) * KV, "output tokens"),
-    ("2.1", 3456 * 512_000, "524,288 B"),
-    ("2.4", 28 * 575.5 * KV / GIB_BUDGET, "4 GiB"),
-    ("2.5", 29 / (13.48e9 / 3.35e12), "not only the weights"),
-    ("2.5", 28 / ((13.48e9 + 28 * 640 * KV) / 3.35e12), "4 GiB"),
-    ("2.5", 29 / ((13.48e9 + 29 * 4096 * KV) / 3.35e12), "whole reserved slot"),
-    ("2.7", 32_768 / 4096, "the slot grew 8x"),  # the lecture's per-slot reasoning
-    ("2.7", 28 / 3, "4 GiB"),  # 62,225,032,704 // 2,147,483,648 = 28; // 17,179,869,184 = 3
-    ("2.7", 3 / 29, "upside down"),
-    ("2.7", 29 / (BUDGET / (32_768 * KV)), "fraction of a long slot"),  # 29 / 3.639
-    ("2.8", (GIB_BUDGET // (16 * KV_GQA) // 40) / 3, "4 GiB"),  # 29,671 blocks // 40 = 741 over 3 slots
-    ("2.8", BUDGET / (640 * KV_GQA) / 3, "without flooring"),  # 248.43
-    ("2.8", 744 / 3, "approximate count"),
-    ("2.10", 0.05, "share of the requests"),
-    ("2.10", 32_768 / (512 + 4096 + 32_768), "equally"),
-    ("2.10", 1 - 1_638.4 / 3_020.8, "everyone else"),
-    ("2.12", 16 * KV, "at least one position is filled"),
-    ("2.12", 15, "give their bytes"),
+def _gib(g):
+    """The budget with the 4 GB reserve read as 4 GiB (the lecture's card: 62,225,032,704 B, 28 slots)."""
+    return g.HBM_BYTES - g.PARAMS * g.DTYPE_BYTES - 4 * 2**30
+
+
+LECTURE_ONLY = "the lecture's own printed slip"
+WRONG = [  # (checkoff, a plausible wrong answer worked by hand on the card's givens, words the remark must contain);
+    # the comments give the lecture's card's numbers
+    ("2.1", lambda g: g.S_MAX * g.kv, "whole slot"),  # 4,096 x 524,288
+    ("2.1", lambda g: (g.S_MAX - g.PROMPT) * g.kv, "output tokens"),  # (4,096 - 512) x 524,288
+    ("2.1", lambda g: (g.S_MAX - g.seq) * (g.kv // 1024 * 1000), f"{KV:,} B"),  # 3,456 x 512,000: "524,288 B"
+    ("2.4", lambda g: (_gib(g) // (g.S_MAX * g.kv)) * _life(g, g.PROMPT) * g.kv / _gib(g), "4 GiB"),  # 28 x 575.5
+    # 29 / (13.48e9 / 3.35e12)
+    ("2.5", lambda g: g.slots / (g.PARAMS * g.DTYPE_BYTES / g.HBM_BW), "not only the weights"),
+    ("2.5", lambda g: (b := _gib(g) // (g.S_MAX * g.kv)) / ((g.PARAMS * g.DTYPE_BYTES + b * g.seq * g.kv) / g.HBM_BW),
+     "4 GiB"),  # 28 / ((13.48e9 + 28 x 640 x 524,288) / 3.35e12)
+    ("2.5", lambda g: g.slots / ((g.PARAMS * g.DTYPE_BYTES + g.slots * g.S_MAX * g.kv) / g.HBM_BW),
+     "whole reserved slot"),  # 29 / ((13.48e9 + 29 x 4,096 x 524,288) / 3.35e12)
+    ("2.7", lambda g: g.S_MAX_LONG / g.S_MAX, "the slot grew 8x"),  # the lecture's per-slot reasoning
+    # 62,225,032,704 // 2,147,483,648 = 28; // 17,179,869,184 = 3
+    ("2.7", lambda g: (_gib(g) // (g.S_MAX * g.kv)) / (_gib(g) // (g.S_MAX_LONG * g.kv)), "4 GiB"),
+    ("2.7", lambda g: (g.budget // (g.S_MAX_LONG * g.kv)) / g.slots, "upside down"),  # 3 / 29
+    ("2.7", lambda g: g.slots / (g.budget / (g.S_MAX_LONG * g.kv)), "fraction of a long slot"),  # 29 / 3.639
+    # 29,671 blocks // 40 = 741 over 3 slots
+    ("2.8", lambda g: (_gib(g) // (g.BLOCK * g.kv_gqa) // -(-g.seq // g.BLOCK))
+     / (_gib(g) // (g.S_MAX_BROCHURE * g.kv_gqa)), "4 GiB"),
+    ("2.8", lambda g: g.budget / (g.seq * g.kv_gqa) / (g.budget // (g.S_MAX_BROCHURE * g.kv_gqa)),
+     "without flooring"),  # 248.43
+    ("2.8", lambda g: 744 / 3, "approximate count", LECTURE_ONLY),  # the sketch's "≈ 744" sequences on its H100
+    ("2.10", lambda g: g.SHARE_LONG, "share of the requests"),  # 0.05
+    ("2.10", lambda g: g.S_MAX_LONG / sum(s for s, _ in _mix(g)), "equally"),  # 32,768 / (512 + 4,096 + 32,768)
+    ("2.10", lambda g: 1 - g.SHARE_LONG * g.S_MAX_LONG / sum(p * s for s, p in _mix(g)), "everyone else"),
+    ("2.12", lambda g: g.BLOCK * g.kv, "at least one position is filled"),  # 16 x 524,288
+    ("2.12", lambda g: g.BLOCK - 1, "give their bytes"),  # 15
 ]
 
 
-@pytest.mark.parametrize("cid, answer, words", WRONG, ids=[f"{c}-{i}" for i, (c, _, _) in enumerate(WRONG)])
-def test_a_plausible_wrong_answer_is_told_what_it_is(cid, answer, words):
+@pytest.mark.parametrize("cid, wrong, words, only", [(*row, None)[:4] for row in WRONG],
+                         ids=[f"{c}-{i}" for i, (c, *_) in enumerate(WRONG)])
+def test_a_plausible_wrong_answer_is_told_what_it_is(cid, wrong, words, only):
+    answer = wrong(K)
+    if only and not _C.is_lecture:
+        _problem(cid, answer)  # still rejected here, without the lecture's remark
+        pytest.skip(f"{words!r} names {only}, a number of the lecture's card only")
+    spec, right = get(cid).value_spec(), DERIVATIONS[cid][0](K)
+    if close(answer, right, spec.get("rel_tol", 1e-9), spec.get("abs_tol", 0.0)):
+        get(cid).verdict(answer, get(cid).prepare(case_rng(cid)))  # on this card the reading is right: it passes
+        pytest.skip(f"on this card ({_C.gpu.name}, {_C.model.name}) the reading {words!r} gives the right answer")
     assert words in _problem(cid, answer)
 
 
@@ -238,15 +305,16 @@ def test_2_3_cases_are_live_allocators_and_data_only():
             {s: (v.size, v.length) for s, v in c.args[0].real.slots.items()}
 
 
-def test_2_3_the_lecture_allocator_by_hand():
-    """The first case is the lecture's pool: 62.52e9 // (4,096 x 524,288) = 29 reserve-to-max slots; its want is
-    the tokens the live slots hold x 524,288 B over 62.52e9 B (never what the slots reserve)."""
+def test_2_3_the_card_allocator_by_hand():
+    """The first case is the card's pool: BUDGET // (4,096 x KV) reserve-to-max slots (the lecture's card:
+    62.52e9 // (4,096 x 524,288) = 29); its want is the tokens the live slots hold x KV over BUDGET (never what the
+    slots reserve)."""
     first = get("2.3").prepare(case_rng("2.3"))[0]
     alloc, budget = first.args[0].real, first.args[1]
-    assert alloc.max_seqs == 29 and budget == 62_520_000_000 and alloc.kv_bytes_per_token == 524_288
+    assert alloc.max_seqs == K.slots and budget == BUDGET and alloc.kv_bytes_per_token == KV
     tokens = sum(slot.length for slot in alloc.slots.values())
-    assert 0 < len(alloc.slots) < 29 and first.want == pytest.approx(tokens * 524_288 / 62.52e9, rel=1e-12)
-    assert first.what == f"utilization(<allocator with {len(alloc.slots)} live sequences>, budget_bytes=62,520,000,000)"
+    assert 0 < len(alloc.slots) < K.slots and first.want == pytest.approx(tokens * KV / BUDGET, rel=1e-12)
+    assert first.what == f"utilization(<allocator with {len(alloc.slots)} live sequences>, budget_bytes={BUDGET:,})"
 
 
 @pytest.mark.parametrize("fn, words", [
@@ -396,9 +464,9 @@ def test_2_13_placement_drives_the_real_allocator():
 def test_2_14_the_lecture_run_by_hand():
     """The lecture's run (seed 0) on 62.52e9 // 524,288 = 119,247 positions: refused at a 4,096-token request with
     12,751 positions free (6,685,196,288 B), none of its holes 4,096 wide. A placement read off the real allocator
-    and one counted from its layout both pass; on hidden givens too."""
+    and one counted from its layout both pass; on the card's and on hidden givens too."""
     checkoff = get("2.14")
-    assert checkoff.expect() == 12_751 * KV == 6_685_196_288
+    assert checkoff.expect(namespace(LECTURE)) == 12_751 * 524_288 == 6_685_196_288
     for g in _sets():
         n = _ns(g)
         run = run_until_fragmented(n.budget // n.kv, _mix(n), kv_bytes_per_token=n.kv, seed=0, stop_sizes=[n.S_MAX],
@@ -450,28 +518,31 @@ def test_each_build_passes_two_derivations_on_the_labs_and_on_hidden_cases(cid, 
             checkoff.verdict(fn, cases)
 
 
-def test_the_builds_lecture_cases_by_hand():
-    """The first case of each build is the lecture's (test_answer_scan's LECTURE_RESULT reads it there).
-    2.2: 29 slots of 4,096 at the end of life, 640 tokens each: 29 x 3,456 x 524,288 / 62.52e9 = 84.05%; the same
-    pool just after prefill (512 held, headed for 640) is the same 84.05%. 2.6: 62.52e9 // (32,768 x 524,288) = 3
-    slots holding 640 tokens: 3 x 640 x 524,288 / 62.52e9 = 1.61%, the lecture's "1.9%". 2.9: a request reserves
-    0.7 x 512 + 0.25 x 4,096 + 0.05 x 32,768 = 3,020.8 positions x 524,288 B on average; 62.52e9 / that = 39.48."""
+def test_the_builds_card_cases_by_hand():
+    """The first case of each build is the card's (test_answer_scan's LECTURE_RESULT reads it there); the lecture's
+    card's numbers in brackets.  2.2: the card's slots of 4,096 at the end of life, 640 tokens each, leave
+    slots x 3,456 x KV / BUDGET never filled [29 x 3,456 x 524,288 / 62.52e9 = 84.05%]; the same pool just after
+    prefill (512 held, headed for 640) is the same. 2.6: BUDGET // (32,768 x KV) slots holding 640 tokens
+    [3 x 640 x 524,288 / 62.52e9 = 1.61%, the lecture's "1.9%"]. 2.9: a request reserves 0.7 x 512 + 0.25 x 4,096
+    + 0.05 x 32,768 = 3,020.8 positions x KV on average [62.52e9 / (3,020.8 x 524,288) = 39.48]."""
     first, second = get("2.2").prepare(case_rng("2.2"))[:2]
-    assert first.args[0].real.num_seqs == 29 and first.args[1] == BUDGET
-    assert first.want == pytest.approx(29 * 3_456 * 524_288 / 62.52e9, rel=1e-12) == second.want
+    assert first.args[0].real.num_seqs == K.slots and first.args[1] == BUDGET
+    assert first.want == pytest.approx(K.slots * (4_096 - 640) * KV / BUDGET, rel=1e-12) == second.want
     assert {s.length for s in second.args[0].real.slots.values()} == {512}
     rtm = get("2.6").prepare(case_rng("2.6"))[0]
-    assert rtm.args == (BUDGET, 32_768, 640, KV) and rtm.want == pytest.approx(3 * 640 * 524_288 / 62.52e9, rel=1e-12)
+    long_slots = BUDGET // (32_768 * KV)
+    assert rtm.args == (BUDGET, 32_768, 640, KV) and rtm.want == pytest.approx(long_slots * 640 * KV / BUDGET,
+                                                                                rel=1e-12)
     est = get("2.9").prepare(case_rng("2.9"))[0]
     assert est.args[0] == BUDGET and est.args[2] == KV
-    assert est.want == pytest.approx(62.52e9 / (3_020.8 * 524_288), rel=1e-12)  # 39.48
+    assert est.want == pytest.approx(BUDGET / (3_020.8 * KV), rel=1e-12)
 
 
 @pytest.mark.parametrize("cid, fn, words", [
     ("2.2", lambda a, b: sum(s.size - s.length for s in a.slots.values()) * a.kv_bytes_per_token / b, "third waste"),
     ("2.2", lambda a, b: sum(s.size - (s.length if s.final is None else max(s.final, s.length))
                              for s in a.slots.values()) * a.kv_bytes_per_token / b, "not a negative amount"),
-    ("2.2", lambda a, b: _never_by_slot(a, b) * b / a.kv_bytes_per_token * 524_288 / b, "kv_bytes_per_token"),
+    ("2.2", lambda a, b: _never_by_slot(a, b) * b / a.kv_bytes_per_token * KV / b, "kv_bytes_per_token"),
     ("2.2", lambda a, b: sum(s.size for s in a.slots.values()) * a.kv_bytes_per_token / b, "everything the slots"),
     ("2.6", lambda b, s, n, kv: min(n, s) / s, "one slot's occupancy"),
     ("2.6", lambda b, s, n, kv: (b // (s * kv)) * n * kv / b, "cannot grow"),

@@ -1,8 +1,9 @@
 """Lab 03's rewritten exercises: two different correct derivations pass, the plausible wrong ones are named.
 
-Hand numbers (the lecture's givens): KV = 2 x 32 x 32 x 128 x 2 = 524,288 B per token; budget =
-80e9 - 2 x 6.74e9 - 4e9 = 62.52e9 B; 62.52e9 // (16 x 524,288) = 7,452 blocks of 8 MiB; a 640-token
-sequence holds 40 of them, so 7,452 // 40 = 186 sequences.
+Hand numbers, on the course card's model in its MHA form and its GPU (the lab's givens), written out below:
+KV = 2 x layers x KV heads x head_dim x bytes per token; budget = HBM - weights - 4e9; whole blocks of 16 tokens
+in the budget; a 640-token sequence holds 40 of them.  On the lecture's card: 2 x 32 x 32 x 128 x 2 = 524,288 B;
+80e9 - 2 x 6.74e9 - 4e9 = 62.52e9 B; 62.52e9 // (16 x 524,288) = 7,452 blocks of 8 MiB; 7,452 // 40 = 186.
 """
 from __future__ import annotations
 
@@ -11,13 +12,33 @@ from statistics import NormalDist
 
 import pytest
 
+from labsupport import card
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course import checkoff as C
 from labsupport.course.checkoff import check, results
 from labsupport.course.checkoffs import get, load_lab
 from labsupport.course.registry import GIVENS, case_rng, namespace
 
-KV, BUDGET, BLOCKS = 524_288, 62_520_000_000, 7_452
+RESERVE = 4 * 10**9  # §10.2's reserve for activations and workspace
+
+
+def _hand(model, gpu):
+    """(KV bytes per token, KV budget, whole 16-token blocks, 640-token sequences) by hand from the specs' fields."""
+    kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+    budget = gpu.hbm_bytes - round(model.num_params) * model.dtype_bytes - RESERVE
+    blocks = budget // (16 * kv)
+    return kv, budget, blocks, blocks // math.ceil(640 / 16)
+
+
+KV, BUDGET, BLOCKS, SEQS = _hand(card.card().mha, card.card().gpu)  # the lab's givens: the card's MHA form
+LECTURE_KV, LECTURE_BUDGET = 524_288, 62_520_000_000  # the lecture's worked numbers (Exercise 3 below)
+
+
+def test_the_hand_numbers_are_the_lectures_on_its_card():
+    """The hand derivation above, on the lecture's specs passed explicitly, gives §10.3's worked numbers."""
+    from labsupport.specs import LECTURE_7B, LECTURE_GPU
+
+    assert _hand(LECTURE_7B, LECTURE_GPU) == (LECTURE_KV, LECTURE_BUDGET, 7_452, 186)
 
 
 @pytest.fixture(autouse=True)
@@ -48,23 +69,25 @@ def _fit_bytes(budget, kv, b, seq):
 
 
 def test_3_5_whole_blocks_then_whole_sequences():
-    assert get("3.5").cases(case_rng("3.5"))[0].want == 186  # 62.52e9 // 8 MiB = 7,452 blocks; 640 tokens hold 40
+    first = get("3.5").cases(case_rng("3.5"))[0]  # the card's pool: BUDGET // 8 MiB blocks; 640 tokens hold 40
+    assert first.args == (BUDGET, KV, 16, 640) and first.want == SEQS  # the lecture's: 7,452 // 40 = 186
     pool = BlockAllocator(BLOCKS, 16)  # the real allocator agrees: admit 640-token sequences until one is refused
     while pool.can_allocate(pool.blocks_needed(640)):
         pool.allocate(len(pool.block_tables), 640)
-    assert len(pool.block_tables) == 186
+    assert len(pool.block_tables) == SEQS
     _passes("3.5", _fit_blocks)
     _passes("3.5", _fit_bytes)
-    # the tokens alone: 62.52e9 // (640 x 524,288) = 186 too (640 fills 40 blocks exactly), so a later case names it
+    # the tokens alone: BUDGET // (640 x KV) = SEQS too (640 fills 40 blocks exactly), so a later case names it
     _fails("3.5", lambda budget, kv, b, seq: budget // (seq * kv), "the sequence's tokens")
     _fails("3.5", lambda budget, kv, b, seq: budget / (b * kv) / math.ceil(seq / b), "whole things")
-    _fails("3.5", lambda budget, kv, b, seq: budget // ((seq + b / 2) * kv), "b/2 tail")  # 184 on the lecture's
-    _fails("3.5", lambda budget, kv, b, seq: (budget // (b * kv)) // (seq // b + 1), "S // b + 1")  # 7,452 // 41 = 181
+    _fails("3.5", lambda budget, kv, b, seq: budget // ((seq + b / 2) * kv), "b/2 tail")  # 184 on the lecture's card
+    # S // b + 1 blocks a sequence: 7,452 // 41 = 181 on the lecture's card
+    _fails("3.5", lambda budget, kv, b, seq: (budget // (b * kv)) // (seq // b + 1), "S // b + 1")
     _fails("3.5", lambda budget, kv, b, seq: 199, "printed figure")
 
 
 def test_3_5_the_sloppy_count_passes_the_lecture_and_only_other_cases_catch_it():
-    """640 tokens fill 40 blocks exactly, so BUDGET // (640 x KV) = 186 is right on the lecture's case; the cases with a
+    """640 tokens fill 40 blocks exactly, so BUDGET // (640 x KV) is right on the card's case; the cases with a
     sequence a token past whole blocks catch it, the public ones and every secret draw."""
     from labsupport.course.judge import Mismatch
 
@@ -80,12 +103,17 @@ def test_3_5_the_sloppy_count_passes_the_lecture_and_only_other_cases_catch_it()
 
 # the busy pool by hand: 128 sequences of 512 ... 639 tokens hold 128 x 575.5 = 73,664 tokens; their blocks reserve
 # 512 (n = 512: 32 blocks) + 16 x 16 x (33 + ... + 39) + 15 x 16 x 40 = 512 + 64,512 + 9,600 = 74,624 slots;
-# the pool's 7,452 whole blocks of 8 MiB cover 62,511,644,672 / 62.52e9 = 99.987% of the budget
-BUSY = 7_452 * 16 * KV / BUDGET * 73_664 / 74_624  # 0.987008
+# the pool's whole blocks of 16 x KV cover BLOCKS x 16 x KV of the budget (the lecture's card: 7,452 blocks of 8 MiB,
+# 62,511,644,672 / 62.52e9 = 99.987%)
+BUSY = BLOCKS * 16 * KV / BUDGET * 73_664 / 74_624  # 0.987008 on the lecture's card
+LECTURE_BUSY = 7_452 * 16 * LECTURE_KV / LECTURE_BUDGET * 73_664 / 74_624
 
 
 def test_3_6_the_busy_pool_two_ways_and_the_other_readings_named():
-    assert abs(get("3.6").expect() - BUSY) < 1e-12 and f"{BUSY:.4%}" == "98.7008%"
+    assert abs(get("3.6").expect() - BUSY) < 1e-12 and 0.9 < BUSY < 1
+    lecture = dict(GIVENS[3].lecture, LAYERS=32, KV_HEADS=32, HEAD_DIM=128, DTYPE_BYTES=2, HBM_BYTES=80 * 10**9,
+                   PARAMS=6_740_000_000, WEIGHT_BYTES=2)  # the lecture's card's givens, named explicitly
+    assert abs(get("3.6").expect(namespace(lecture)) - LECTURE_BUSY) < 1e-12 and f"{LECTURE_BUSY:.4%}" == "98.7008%"
     # 1. one sequence at each step of the life, on a real allocator, read at once
     ages = BlockAllocator(128 * 40, 16)
     for k in range(128):
@@ -103,11 +131,11 @@ def test_3_6_the_busy_pool_two_ways_and_the_other_readings_named():
     fills = [n / (math.ceil(n / 16) * 16) for n in range(512, 640)]
     _fails("3.6", sum(fills) / 128 * BLOCKS * 16 * KV / BUDGET, "one step's", "every step at once")  # 0.986979
     _fails("3.6", 73_664 / 74_624, "pool's whole blocks")  # 0.987136: the blocks' own fill
-    _fails("3.6", 186 * 575.5 * KV / BUDGET, "lab 02's 2.4")  # 0.8977: 3.5's count filled once, then decoded
-    _fails("3.6", 186 * 640 * KV / BUDGET, "end of life")  # 0.9983
+    _fails("3.6", SEQS * 575.5 * KV / BUDGET, "lab 02's 2.4")  # 0.8977 (lecture): 3.5's count filled once, decoded
+    _fails("3.6", SEQS * 640 * KV / BUDGET, "end of life")  # 0.9983 on the lecture's card
     _fails("3.6", BLOCKS * 16 * KV / BUDGET * (73_664 + 128) / (74_624 + 128), "after its token lands")  # 513 ... 640
     _fails("3.6", 640 / 648, "rule of thumb", "b/2 tail")  # 98.77%: the final length plus a b/2 tail
-    _fails("3.6", 1 - 199 * 8 * KV / BUDGET, "1.3%")  # 98.67%: 100% less the lecture's internal fragmentation
+    _fails("3.6", 1 - 199 * 8 * KV / BUDGET, "1.3%")  # 98.67% (lecture): 100% less its internal fragmentation
 
 
 def _table_closed(seq_lens, b, width):
@@ -175,12 +203,12 @@ def test_3_10_two_derivations_pass_and_the_sketch_shortcuts_are_named():
 
 
 def test_the_lognormal_batch_that_fits_by_hand():
-    """Exercise 3's batch: sigma = ln 25 / 1.6449 = 1.9569; mean = 800 e^(sigma^2 / 2) = 800 x 6.786 = 5,428
-    tokens; 62.52e9 / (5,428 x 524,288) = 21.97, so 21 whole sequences fit, not 199."""
+    """Exercise 3's batch, on the lecture's card: sigma = ln 25 / 1.6449 = 1.9569; mean = 800 e^(sigma^2 / 2) =
+    800 x 6.786 = 5,428 tokens; 62.52e9 / (5,428 x 524,288) = 21.97, so 21 whole sequences fit, not 199."""
     sigma = math.log(25) / 1.6448536269514722
     mean = 800 * math.exp(sigma ** 2 / 2)
     assert 5_420 < mean < 5_435
-    assert int(BUDGET // (mean * KV)) == 21
+    assert int(LECTURE_BUDGET // (mean * LECTURE_KV)) == 21
 
 
 def test_every_givens_set_keeps_the_exercises_physical():
