@@ -8,7 +8,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 
-from labsupport import viz
+from labsupport import card, viz
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LLAMA3_70B
 from labsupport.viz import roofline
 
@@ -59,27 +59,49 @@ def test_units_are_labelled():
         viz.in_unit(1, "gigs")
 
 
+def _memory_batch(model, gpu, s_max):
+    """§10.2 by hand: (HBM - weights - 4 GB reserve) // (S_max x 2 L n_kv d_head b)."""
+    kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+    budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4e9
+    return int(budget // (s_max * kv_per_token))
+
+
 def test_panel_reacts_to_its_controls():
+    C = card.card()  # the panel opens on the course card (29 on the lecture's: 62.52e9 // 2,147,483,648)
     panel = roofline.batch_gap_panel()
     assert set(panel.controls) == {"gpu", "model", "s_max"}
     assert isinstance(panel.figure, go.FigureWidget)
-    assert list(panel.figure.data[0].y)[1] == 29
+    assert list(panel.figure.data[0].y)[1] == _memory_batch(C.model, C.gpu, 4096)
     before = panel.text()
-    panel.controls["s_max"].value = 32_768
-    assert list(panel.figure.data[0].y)[1] == 3
-    assert "memory permits B = 3:" in panel.text() and panel.text() != before
-    panel.controls["model"].value = "lecture-7b-gqa8"  # 62.52e9 // (32,768 x 131,072 B) = 14
-    assert list(panel.figure.data[0].y)[1] == 14
-    panel.controls["gpu"].value = "h200"  # 989 / 4,800 x 2 / 2 = 206.0
-    assert list(panel.figure.data[0].y)[0] == pytest.approx(989e12 / 4800e9)
-    assert "h200" in panel.figure.layout.title.text
+    panel.controls["s_max"].value = 32_768  # the lecture's card: 3
+    assert list(panel.figure.data[0].y)[1] == _memory_batch(C.model, C.gpu, 32_768)
+    assert f"memory permits B = {_memory_batch(C.model, C.gpu, 32_768):,}:" in panel.text() and panel.text() != before
+    panel.controls["model"].value = C.contrast.name  # lecture-7b-gqa8: 62.52e9 // (32,768 x 131,072 B) = 14
+    assert C.contrast.num_kv_heads != C.model.num_kv_heads
+    assert list(panel.figure.data[0].y)[1] == _memory_batch(C.contrast, C.gpu, 32_768)
+    other = "h200" if C.gpu.name != "h200" else "h100-sxm-80gb"
+    panel.controls["gpu"].value = other  # the ridge: 989 / 4,800 x 2 / 2 = 206.0 on an H200
+    assert list(panel.figure.data[0].y)[0] == pytest.approx(GPUS[other].peak_flops / GPUS[other].hbm_bandwidth
+                                                           * C.contrast.dtype_bytes / 2)
+    assert list(panel.figure.data[0].y)[1] == _memory_batch(C.contrast, GPUS[other], 32_768)
+    assert other in panel.figure.layout.title.text
     assert panel.updates == 3
 
 
+def test_panel_reacts_to_its_controls_on_the_lectures_card():
+    panel = roofline.batch_gap_panel(model="lecture-7b", gpu="h100-sxm-80gb")
+    assert list(panel.figure.data[0].y) == [pytest.approx(RIDGE_H100), 29]
+    panel.controls["s_max"].value = 32_768
+    assert list(panel.figure.data[0].y)[1] == 3 and "memory permits B = 3:" in panel.text()
+    panel.controls["model"].value = "lecture-7b-gqa8"  # 62.52e9 // (32,768 x 131,072 B) = 14
+    assert list(panel.figure.data[0].y)[1] == 14
+
+
 def test_panel_text_is_deterministic_and_is_its_plain_repr():
+    C = card.card()
     a, b = roofline.batch_gap_panel(), roofline.batch_gap_panel()
     assert a.text() == b.text()
-    assert a.text().splitlines()[0].endswith("[gpu=h100-sxm-80gb, model=lecture-7b, s_max=4,096]")
+    assert a.text().splitlines()[0].endswith(f"[gpu={C.gpu.name}, model={C.model.name}, s_max=4,096]")
     bundle = a._repr_mimebundle_()
     assert bundle["text/plain"] == a.text()
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == a.widget.model_id

@@ -11,9 +11,11 @@ import json
 from html import escape as html_escape
 from pathlib import Path
 
+import math
+
 import pytest
 
-from labsupport import part_two
+from labsupport import card, part_two
 from labsupport import replay as R
 from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8
 from labsupport.viz import board as viz_board
@@ -23,6 +25,31 @@ from real_traces import real_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_TRACES = all(real_trace(name) for name in workloads.TRACES)  # as the labs find them
+GB = 1e9
+
+
+def _hand() -> dict:
+    """The board's numbers on the course card, by hand from the lecture's formulas (the lecture's card in brackets):
+    KV per token 2 L n_kv d_head b (524,288 B); budget HBM - weights - 4 GB (62.52e9); 4,096-token slots (29);
+    16-token blocks (7,452), 40 of them per 640-token sequence (186); TPOT (W + B x 640 x KV) / bandwidth; the SLO's
+    batch floor((SLO x bandwidth - W) / (640 x KV)) (159 at 20 ms); swap 2 x 4,096 x KV / link (67.11 ms);
+    recompute (2 N 4,096 + 4 L H d 4,096^2) / (50% of peak) (129.44 ms)."""
+    m, g = card.model(), card.gpu()
+    kv = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
+    weights = m.num_params * m.dtype_bytes
+    budget = g.hbm_bytes - weights - 4e9
+    naive, blocks = int(budget // (4096 * kv)), int(budget // (16 * kv))
+    paged = blocks // 40
+    rate = 0.5 * g.peak_flops
+    return dict(m=m, g=g, kv=kv, weights=weights, budget=budget, naive=naive, blocks=blocks, paged=paged,
+                tpot=lambda b: (weights + b * 640 * kv) / g.hbm_bandwidth,
+                slo_b=lambda slo: math.floor((slo * g.hbm_bandwidth - weights) / (640 * kv)),
+                naive_util=naive * 640 * kv / budget, paged_util=paged * 640 * kv / budget,
+                util_32k=int(budget // (32_768 * kv)) * 640 * kv / budget,
+                fanout=(8 * (4096 + 256) * kv / GB, (4096 + 8 * 256) * kv / GB),  # 34,816 and 6,144 tokens
+                swap_ms=1e3 * 2 * 4096 * kv / g.link_bandwidth,
+                recompute_ms=1e3 * (2 * m.num_params * 4096 + 4 * m.num_layers * m.num_heads * m.head_dim * 4096**2) / rate,
+                gain=paged / naive)
 
 
 def test_attention_intensity():
@@ -53,21 +80,30 @@ def test_routing_and_dependence_on_a_toy_trace():
 
 
 def test_tlb_bytes_by_hand():
+    h = _hand()  # the card's memory batch (186 on the lecture's), 40 entries of 4 B per table, one per layer
     t = part_two.tlb_bytes()
-    assert t["table_bytes"] == 186 * 40 * 4 * 32
-    assert t["kv_bytes"] == 186 * 640 * 524_288
-    assert t["swap_in_one_way_s"] == pytest.approx(640 * 524_288 / 64e9)
+    assert t["table_bytes"] == h["paged"] * 40 * 4 * h["m"].num_layers  # 186 x 40 x 4 x 32
+    assert t["kv_bytes"] == h["paged"] * 640 * h["kv"]  # 186 x 640 x 524,288
+    assert t["swap_in_one_way_s"] == pytest.approx(640 * h["kv"] / h["g"].link_bandwidth)  # 640 x 524,288 / 64e9
 
 
 def test_interference_spike_is_bounded_by_the_ledger():
-    sp = part_two.interference_spike()
-    prefill = (2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / (0.5 * 989e12)
-    step_186 = (13.48e9 + 186 * 640 * 524_288) / 3.35e12
+    sp = part_two.interference_spike()  # the card's memory batch of chat neighbours on the card
+    h = _hand()
+    m = h["m"]
+    prefill = h["recompute_ms"] / 1e3  # a 4,096-token prefill at 50% of peak: 129.44 ms on the lecture's card
+    # a decode step of the memory batch at its longest (640 tokens), on the roofline: the larger of its bytes over the
+    # bandwidth and its FLOPs (2 N + 4 L H d S per sequence) at 50% of peak; 22.65 ms, memory-bound, on the lecture's
+    step = max(h["tpot"](h["paged"]),
+               h["paged"] * (2 * m.num_params + 4 * m.num_layers * m.num_heads * m.head_dim * 640) / (0.5 * h["g"].peak_flops))
     assert sp["prefill_s"] == pytest.approx(prefill)
-    assert sp["lecture_additive_ratio"] == pytest.approx((prefill + step_186) / step_186)
+    # §2.16's 6.7x is the lecture's own figure, on the lecture's card whatever the course's
+    lecture_prefill = (2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / (0.5 * 989e12)
+    step_186 = (13.48e9 + 186 * 640 * 524_288) / 3.35e12
+    assert sp["lecture_additive_ratio"] == pytest.approx((lecture_prefill + step_186) / step_186)
     # the step holding the prefill is at least the prefill and at most prefill plus a full decode step
-    assert prefill <= sp["spike_gap_s"] <= prefill + step_186
-    assert sp["usual_gap_s"] < step_186 < sp["spike_gap_s"]
+    assert prefill <= sp["spike_gap_s"] <= prefill + step
+    assert sp["usual_gap_s"] < step < sp["spike_gap_s"]
 
 
 FAKE = {"request_batching": {"batch": 186, "batches": 1, "mean_effective_b": 55.0, "median_effective_b": 54.0,
@@ -86,10 +122,12 @@ def test_map_rows_follow_the_lectures_table():
         "Pruning and quantization, Nov 11", "Speculative decoding, Nov 18", "Agent serving, Nov 18 and Nov 23"]
     for r in rows:
         assert r.lab in part_two.LAB_NAMES and f'{part_two.LAB_NAMES[r.lab]}.ipynb' in r.lab_link
-    assert "524,288 B = 512 KiB" in rows[4].value
-    assert "4.02 ms" in rows[6].value  # 13.48e9 / 3.35e12
-    assert "20%" in rows[6].value  # 13.48 / (13.48 + 159 x 0.3355) = 20.2%
-    assert "242 tok/s" in rows[7].value  # 1 / ((13.48e9 + 640 x 524,288) / 3.35e12)
+    h = _hand()  # the values are the card's (the lecture's in the comments)
+    assert f"{h['kv']:,} B = {h['kv'] // 1024} KiB" in rows[4].value  # 524,288 B = 512 KiB
+    assert f"{1e3 * h['weights'] / h['g'].hbm_bandwidth:.2f} ms" in rows[6].value  # 13.48e9 / 3.35e12 = 4.02 ms
+    slo = h["slo_b"](0.020)  # 13.48 / (13.48 + 159 x 0.3355) = 20.2%
+    assert f"{100 * h['weights'] / (h['weights'] + slo * 640 * h['kv']):.0f}% of the bytes at B = {slo}" in rows[6].value
+    assert f"{1 / h['tpot'](1):,.0f} tok/s" in rows[7].value  # 1 / ((13.48e9 + 640 x 524,288) / 3.35e12) = 242
     assert "92.06%" in rows[5].value
     html = viz_board.map_table_html(rows)
     assert html.count("<tr>") == 10 and 'href="04_paged_kernel.ipynb"' in html
@@ -106,23 +144,36 @@ def test_segments_follow_the_timing_plan():
     assert [s.protected for s in segs] == [False, True, True, False, False, False, False]
     assert all(s.answer and s.board and s.reveals for s in segs)
     assert all(s.ask for s in segs[:-1]) and not segs[-1].ask  # the lecture asks nothing in 68–75
-    # numbers in the notes are the exact ones: 29 x 640 x 524,288 / 62.52e9 = 15.56%, 3 x 640 x ... = 1.61%
-    assert "15.56%" in segs[1].board and "1.61%" in segs[1].answer
-    assert "18.25 GB against 3.22 GB" in segs[3].board  # 34,816 and 6,144 tokens x 524,288 B
-    assert "B = 159" in segs[5].answer and "6.41×" in segs[6].board  # 186 / 29
+    # numbers in the notes are the exact ones, on the card: 29 x 640 x 524,288 / 62.52e9 = 15.56%, 3 x 640 x ... = 1.61%
+    h = _hand()
+    assert f"(exact {100 * h['naive_util']:.2f}%" in segs[1].board and f"= {100 * h['util_32k']:.2f}%" in segs[1].answer
+    assert "exact {:.2f} GB against {:.2f} GB".format(*h["fanout"]) in segs[3].board  # 18.25 against 3.22 GB
+    assert f"(B = {h['slo_b'](0.020)} exact" in segs[5].answer  # 159
+    assert f"is {h['gain']:.2f}×" in segs[6].board  # 186 / 29 = 6.41
 
 
-# what each reveal derives, in the notes' order (hand arithmetic: tests/test_browser_board.py's docstring)
-REVEALED = {1: ["9.73 of 62.52 GB", "15.56%", "1.95%"], 2: ["one new block", "15.56% → 99.83%", "29 → 186", "gather"],
-            3: ["7 + 1", "18.25 GB against 3.22 GB", "5.67×"], 4: ["67.1 ms", "129.4 ms", "runs out of blocks"],
-            6: ["6.41×"]}
+def _revealed() -> dict:
+    """What each reveal derives, in the notes' order, on the card by hand (`_hand`); on the lecture's card:
+    {1: ["9.73 of 62.52 GB", "15.56%", "1.95%"], 2: ["one new block", "15.56% → 99.83%", "29 → 186", "gather"],
+     3: ["7 + 1", "18.25 GB against 3.22 GB", "5.67×"], 4: ["67.1 ms", "129.4 ms", "runs out of blocks"], 6: ["6.41×"]}
+    (tests/test_browser_board.py's docstring)."""
+    h = _hand()
+    naive, paged, nu, pu = h["naive"], h["paged"], 100 * h["naive_util"], 100 * h["paged_util"]
+    unshared, shared = h["fanout"]
+    return {1: [f"{naive * 640 * h['kv'] / GB:.2f} of {h['budget'] / GB:.2f} GB", f"{nu:.2f}%", f"{100 * 640 / 32_768:.2f}%"],
+            2: ["one new block", f"{nu:.2f}% → {pu:.2f}%", f"{naive} → {paged}", "gather"],
+            3: ["7 + 1", f"{unshared:.2f} GB against {shared:.2f} GB", f"{34_816 / 6_144:.2f}×"],
+            4: [f"{h['swap_ms']:.1f} ms", f"{h['recompute_ms']:.1f} ms", "runs out of blocks"],
+            6: [f"{h['gain']:.2f}×"]}
+
+
 DIRECTIONS = ("Board:", "Only then", "Let them", "Say:", "Expect confusion", "(exact", "never cut", "Minutes",
               "do not show the result", "Force them", "Let the silence", "Reading-only")
 
 
 def test_results_wait_for_their_reveal_in_the_notes_order():
     data = viz_board.load_board_data()
-    for i, results in REVEALED.items():
+    for i, results in _revealed().items():
         view = viz_board.segment_view(i, data)
         assert not [r for r in results if r in view.room_text()], f"segment {i} shows a result before its reveal"
         first_seen = []
@@ -155,16 +206,20 @@ def test_board_pictures_are_the_lectures():
     fig = viz_board.five_jobs_figure()
     assert sum(1 for s in fig.layout.shapes if s.type == "circle") == 2  # memory, circled twice
     assert len(viz_board.engine_loop_figure(0).layout.annotations) >= 6  # the six verbs in a cycle
+    h = _hand()  # the card's: 67.11 ms and 129.44 ms on the lecture's
     bars = viz_board.engine_loop_figure(2)
-    assert bars.data[0].x[0] == pytest.approx(1e3 * 2 * 4096 * 524_288 / 64e9)
-    assert bars.data[1].x[0] == pytest.approx(1e3 * (2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / (0.5 * 989e12))
+    assert bars.data[0].x[0] == pytest.approx(h["swap_ms"])
+    assert bars.data[1].x[0] == pytest.approx(h["recompute_ms"])
     table = viz_board.block_table_figure(5)  # HTML: a table reads at any width
     assert "<td>4,096</td>" in table and "<td>256</td>" in table and "1 token<" in table  # 4,096 / 1; 4,096 / 16
     pairs = viz_board.block_table_figure(2)
-    assert [list(t.x) for t in pairs.data][:2] == [[pytest.approx(15.564, abs=1e-3), pytest.approx(99.826, abs=1e-3)],
-                                                 [15.2, 98.7]]  # 186 x 640 / (7,452 x 16) = 99.83% paged
-    bars = viz_board.swap_recompute_figure()
-    assert bars.data[0].y[0] == pytest.approx(1e3 * 2 * 4096 * 524_288 / 64e9)
+    # exact on the card beside the lecture's print: 186 x 640 / (7,452 x 16) = 99.83% paged on the lecture's card
+    assert [list(t.x) for t in pairs.data][:2] == [[pytest.approx(100 * h["naive_util"], abs=1e-3),
+                                                  pytest.approx(100 * h["paged_util"], abs=1e-3)], [15.2, 98.7]]
+    bars = viz_board.swap_recompute_figure()  # the card's MHA form first: 2 x 4,096 x 524,288 B / 64 GB/s
+    mha = card.card().mha
+    assert bars.data[0].y[0] == pytest.approx(
+        1e3 * 2 * 4096 * (2 * mha.num_layers * mha.num_kv_heads * mha.head_dim * mha.dtype_bytes) / h["g"].link_bandwidth)
 
 
 def test_every_segment_builds_from_the_shipped_data():
@@ -266,14 +321,18 @@ def test_the_three_operating_points_come_from_the_ledger():
     3.35e12 B/s): naive floor(62.52e9 / (4,096 x 524,288)) = 29; paged 7,452 blocks // 40 = 186; at a 20 ms SLO
     floor((0.020 x 3.35e12 - 13.48e9) / 335,544,320) = floor(159.5) = 159; at 25 ms floor(209.4) = 209.
     TPOT at B = 29: (13.48e9 + 29 x 335,544,320) / 3.35e12 = 6.93 ms."""
+    h = _hand()  # on the course card; the docstring's numbers are the lecture's card
     points = viz_board.operating_points(0.020)
-    assert [(name, b) for name, b, _ in points] == [("naive", 29), ("memory ceiling", 186), ("SLO bound", 159)]
-    assert points[0][2] == pytest.approx((13.48e9 + 29 * 335_544_320) / 3.35e12)
-    assert viz_board.operating_points(0.025)[2][1] == 209
+    want = [("naive", h["naive"]), ("memory ceiling", h["paged"]), ("SLO bound", h["slo_b"](0.020))]
+    assert [(name, b) for name, b, _ in points] == want  # 29, 186, 159
+    assert points[0][2] == pytest.approx(h["tpot"](h["naive"]))  # 6.93 ms
+    assert viz_board.operating_points(0.025)[2][1] == h["slo_b"](0.025)  # 209
     fig = viz_board.slo_figure(3, _splits(), 500)
     ticks = list(fig.data[1].x)
-    assert [t.split("B = ")[1] for t in ticks] == ["29", "186", "159"]  # each column named with its batch
-    assert "goodput 0" in fig.data[1].text[1] and "8,210 tok/s" not in fig.data[1].text[1]  # struck at 20 ms
+    assert [t.split("B = ")[1] for t in ticks] == [str(b) for _, b in want]  # each column named with its batch
+    assert h["tpot"](h["paged"]) > 0.020  # the ceiling's step misses 20 ms (22.65 ms), so it is struck
+    throughput = f"{h['paged'] / h['tpot'](h['paged']):,.0f} tok/s"  # 8,210 tok/s
+    assert "goodput 0" in fig.data[1].text[1] and throughput not in fig.data[1].text[1]  # struck at 20 ms
     before = viz_board.slo_figure(0, _splits(), 500)
     assert not any(before.data[1].y) and not any(before.data[1].text)  # the TPOTs wait for their reveal
 
@@ -294,18 +353,24 @@ def test_each_shape_is_drawn_on_the_axis_it_shows():
         assert all(fig.layout[name].visible is not False for name in ("xaxis", "xaxis2"))
         rows = {y for t in fig.data for y in t.y}
         assert any("32K" in y for y in rows) == (step >= 3), (step, rows)
+    h = _hand()  # the card's slots: 29 of 2.147 GB on the lecture's
     gb = [t for t in viz_board.naive_figure(0, 500).data if t.xaxis == "x2"]
-    assert sum(len(t.x) for t in gb) == 2 * 29 and gb[0].x[0] + gb[1].x[0] == pytest.approx(4096 * 524_288 / 1e9)
-    # S_max = 131,072: a slot is 131,072 x 524,288 = 68.72 GB > 62.52 GB, none fits; 65,536: 34.36 GB, one
-    assert "0 × 128K" in {y for t in viz_board.naive_figure(3, 500, s_max=131_072).data for y in t.y}
-    assert "<b>1</b> fit" in viz_board.whatif_readout(1, 65_536)
+    assert sum(len(t.x) for t in gb) == 2 * h["naive"] and gb[0].x[0] + gb[1].x[0] == pytest.approx(4096 * h["kv"] / GB)
+    # S_max = 131,072: on the lecture's card a slot is 131,072 x 524,288 = 68.72 GB > 62.52 GB, none fits (the row
+    # stays and says so); 65,536: 34.36 GB, one
+    n128, n64 = int(h["budget"] // (131_072 * h["kv"])), int(h["budget"] // (65_536 * h["kv"]))
+    big = viz_board.naive_figure(3, 500, s_max=131_072)
+    assert f"{n128} × 128K" in {y for t in big.data for y in t.y}
+    assert any("none fits" in (a.text or "") for a in big.layout.annotations) == (n128 == 0)
+    assert f"<b>{n64}</b> fit" in viz_board.whatif_readout(1, 65_536)
 
 
 def test_the_concurrency_pair_waits_for_its_own_reveal():
     """16–36: at step 2 only the utilization panel holds bars; 29 → 186 arrives at step 3."""
     two, three = viz_board.block_table_figure(2), viz_board.block_table_figure(3)
     assert [list(t.x) for t in two.data if t.xaxis == "x2"] == [[0, 0], [0, 0]]
-    assert [list(t.x) for t in three.data if t.xaxis == "x2"] == [[29, 186], [29, 199]]
+    h = _hand()  # exact on the card (29 → 186 on the lecture's), then the lecture's print
+    assert [list(t.x) for t in three.data if t.xaxis == "x2"] == [[h["naive"], h["paged"]], [29, 199]]
 
 
 def test_the_what_if_slider_appears_only_after_the_reveal():
@@ -323,7 +388,10 @@ def test_the_what_if_slider_appears_only_after_the_reveal():
         assert view.figure.to_dict() != before
         view.reveal(view.steps - 1)
         assert not view.whatif_box.children
-    assert "B = 209</b>" in viz_board.whatif_readout(5, 0.025) and "B = 186: meets it" in viz_board.whatif_readout(5, 0.025)
+    h = _hand()  # at 25 ms on the lecture's card: deploy B = 209; the ceiling's 186 (22.65 ms) meets it
+    meets = "meets it" if h["tpot"](h["paged"]) <= 0.025 else "goodput 0"
+    assert f"B = {h['slo_b'](0.025)}</b>" in viz_board.whatif_readout(5, 0.025)
+    assert f"B = {h['paged']}: {meets}" in viz_board.whatif_readout(5, 0.025)
 
 
 def test_the_presenter_view_follows_the_deck():

@@ -13,7 +13,7 @@ import statistics
 import pytest
 import torch
 
-from labsupport import engine_runs, machine
+from labsupport import card, engine_runs, machine
 from labsupport import replay as R
 from labsupport.costmodel import CostModel
 from labsupport.course.checkoff import check
@@ -72,16 +72,37 @@ def test_at_the_crossover_the_swap_recompute_title_says_tie():
     assert "swap wins" in VE.swap_recompute_figure(LECTURE_7B, H100, 8192, 32 * GB).layout.title.text
 
 
+def _by_hand(m, gpu, s, link):
+    """§10.5 by hand for model m: (swap round trip, recompute at 50% MFU, break-even link, crossover on `link`)."""
+    kv_per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
+    rate = 0.5 * gpu.peak_flops
+    flops = 2 * m.num_params * s + 4 * m.num_layers * m.num_heads * m.head_dim * s ** 2
+    # 2 S kv / W = (2 N S + 4 L H d S^2) / F  ->  S = (2 kv F / W - 2 N) / (4 L H d); none when negative
+    cross = (2 * kv_per_token * rate / link - 2 * m.num_params) / (4 * m.num_layers * m.num_heads * m.head_dim)
+    return 2 * s * kv_per_token / link, flops / rate, 2 * s * kv_per_token * rate / flops, cross
+
+
 def test_swap_recompute_panel_reacts():
+    C = card.card()  # the panel opens on the card's MHA form and GPU: the lecture's 67.1 / 129.4 ms, 33.18 GB/s
     panel = VE.swap_recompute_panel()
     text = panel.text()
-    assert "67.1 ms" in text and "129.4 ms" in text and "33.18 GB/s" in text
+    swap, rec, w_star, _ = _by_hand(C.mha, C.gpu, 4096, 64e9)
+    assert f"{1e3 * swap:,.1f} ms" in text and f"{1e3 * rec:,.1f} ms" in text and f"{w_star / 1e9:,.2f} GB/s" in text
     before = list(panel.figure.data[0].y)
     panel.controls["link_gbs"].value = 32
     assert list(panel.figure.data[0].y) == [2 * y for y in before]  # half the link, twice the swap
-    assert "crossover at 5,195 tokens" in panel.text()
-    panel.controls["model"].value = "lecture-7b-gqa8"
+    cross = _by_hand(C.mha, C.gpu, 4096, 32e9)[3]  # 5,195.19 on the lecture's card
+    assert cross > 0 and f"crossover at {cross:,.0f} tokens" in panel.text()
+    panel.controls["model"].value = C.gqa.name  # a quarter of the KV: 2 kv F / W falls below 2 N
+    assert _by_hand(C.gqa, C.gpu, 4096, 32e9)[3] < 0
     assert "swap wins at every length" in panel.text()
+
+
+def test_swap_recompute_readout_tells_the_lectures_pair():
+    text = VE.swap_recompute_readout(4096, 64, "lecture-7b", "h100-sxm-80gb")
+    assert "67.1 ms" in text and "129.4 ms" in text and "33.18 GB/s" in text
+    assert "crossover at 5,195 tokens" in VE.swap_recompute_readout(4096, 32, "lecture-7b", "h100-sxm-80gb")
+    assert "swap wins at every length" in VE.swap_recompute_readout(4096, 32, "lecture-7b-gqa8", "h100-sxm-80gb")
 
 
 def test_breakeven_figure_marks_the_lectures_two_numbers():
@@ -209,8 +230,10 @@ def test_stall_rows_and_figures():
     ref = engine_runs.run_requests(reqs, num_blocks=12, cost_model=cm)
     runs = {m: engine_runs.run_requests(reqs, num_blocks=10, cost_model=cm, preemption=m) for m in ("swap", "recompute")}
     rows = {r["label"]: r for r in VE.stall_rows(runs, ref)}
-    # the victim holds 80 tokens = 5 blocks of 16 x 524,288 B when it is swapped out, and again when back in
-    assert rows["swap"]["swapped_bytes"] == 2 * 5 * 16 * 524_288
+    # the victim holds 80 tokens = 5 blocks of 16 x KV per token (524,288 B on the lecture's card) when it is
+    # swapped out, and again when back in; CostModel() is the card's model
+    m = card.model()
+    assert rows["swap"]["swapped_bytes"] == 2 * 5 * 16 * (2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes)
     assert (rows["swap"]["swap"], rows["recompute"]["recompute"]) == (1, 1)
     assert rows["recompute"]["swapped_bytes"] == 0 and rows["recompute"]["recomputed_tokens"] > 0
     assert rows["swap"]["stall_s"] == pytest.approx(runs["swap"].clock_s - ref.clock_s)

@@ -11,10 +11,11 @@ import math
 import plotly.graph_objects as go
 import pytest
 
-from labsupport import block_size, fragmentation
+from labsupport import block_size, card, fragmentation
 from labsupport.block_allocator import BlockAllocator
 from labsupport.contiguous import ContiguousAllocator
 from labsupport.fig2 import Breakdown
+from labsupport.specs import GPUS
 from labsupport.viz import memory as vm
 
 KV = 2 * 32 * 32 * 128 * 2  # 524,288 B per token, the lecture's 7B MHA in bf16
@@ -97,22 +98,36 @@ def test_slot_stack_figure_with_no_slot_says_so():
     assert any("zero requests" in a.text for a in fig.layout.annotations)
 
 
+def _slots(m, gpu, s_max):
+    """§10.2 by hand: reserve-to-max slots, (HBM - weights - 4 GB) // (S_max x 2 L n_kv d_head b), and the budget."""
+    budget = gpu.hbm_bytes - m.num_params * m.dtype_bytes - 4e9
+    return int(budget // (s_max * 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes)), budget
+
+
 def test_naive_panel_follows_its_controls():
+    C = card.card()  # the panel opens on the course card: 29 slots of 4K on the lecture's
     panel = vm.naive_panel()
-    assert "29 sequences" in panel.text()
+    assert f"real allocator: {_slots(C.model, C.gpu, 4096)[0]:,} sequences" in panel.text()
     before = panel.figure.to_dict()
     panel.controls["s_max"].value = 32_768
     assert panel.figure.to_dict() != before
-    assert "3 sequences" in panel.text() and "1.61%" in panel.text()  # 3 x 640 x 524,288 / 62.52e9
-    panel.controls["model"].value = "lecture-7b-gqa8"
-    assert "14 sequences" in panel.text()  # 62.52e9 / (32,768 x 131,072) = 14.56
+    n, budget = _slots(C.model, C.gpu, 32_768)  # the lecture's: 3 x 640 x 524,288 / 62.52e9 = 1.61%
+    kv = 2 * C.model.num_layers * C.model.num_kv_heads * C.model.head_dim * C.model.dtype_bytes
+    assert f"real allocator: {n:,} sequences" in panel.text()
+    assert f"utilization {100 * n * 640 * kv / budget:.2f}%" in panel.text()
+    panel.controls["model"].value = C.contrast.name  # lecture-7b-gqa8: 62.52e9 / (32,768 x 131,072) = 14.56
+    assert f"real allocator: {_slots(C.contrast, C.gpu, 32_768)[0]:,} sequences" in panel.text()
     panel.controls["s_max"].value = 131_072
-    panel.controls["model"].value = "lecture-7b"
-    assert "0 sequences" in panel.text()
+    panel.controls["model"].value = C.mha.name  # the lecture's card: a 68.7 GB slot in 62.52 GB, 0 sequences
+    assert f"real allocator: {_slots(C.mha, C.gpu, 131_072)[0]:,} sequences" in panel.text()
+    panel.controls["gpu"].value = "a100-40gb"  # a 68.7 GB MHA slot against a budget under 23 GB: none fits
+    assert _slots(C.mha, GPUS["a100-40gb"], 131_072)[0] == 0
+    assert "real allocator: 0 sequences" in panel.text()
     assert panel.error is None
 
 
 def test_naive_panel_reports_a_card_the_weights_overflow():
+    C = card.card()
     panel = vm.naive_panel()
     before = panel.figure.to_dict()
     panel.controls["model"].value = "llama-3-70b"
@@ -120,7 +135,9 @@ def test_naive_panel_reports_a_card_the_weights_overflow():
     assert panel.error and "no room" in panel.error
     panel.controls["gpu"].value = "h100-sxm-80gb"  # 80 - 141.2 - 4 < 0 as well
     assert panel.error
-    panel.controls["model"].value = "lecture-7b"
+    panel.controls["model"].value = C.model.name
+    assert panel.error is None
+    panel.controls["gpu"].value = C.gpu.name  # back on the card: the figure it opened with
     assert panel.error is None and panel.figure.to_dict() == before
 
 

@@ -98,7 +98,9 @@ def _banner(fig) -> list[str]:
 
 
 def test_s_max_panel_across_its_edge_and_back_equals_a_fresh_figure():
-    panel = memory.naive_panel()  # (the board had this panel too; it now stages fixed pictures, issue 28)
+    # the lecture's card, named: its edge is the lecture's (the board had this panel too; it now stages fixed
+    # pictures, issue 28)
+    panel = memory.naive_panel(model=LECTURE_7B.name, gpu=LECTURE_GPU.name)
     assert isinstance(panel, memory.Panel)
     sent = SentState(panel.figure)
     # 131,072 x 524,288 B = 68.7 GB per slot > the 62.52 GB budget: no slot, the banner
@@ -167,7 +169,7 @@ def published(monkeypatch):
 
 
 def test_a_panel_leaves_a_static_copy_that_follows_its_slider(published):
-    panel = memory.naive_panel()
+    panel = memory.naive_panel(model=LECTURE_7B.name, gpu=LECTURE_GPU.name)  # the lecture's 29 and 232 slots
     panel._ipython_display_()
     (widget, _, _), (note, note_id, _), (fig, fig_id, _) = published
     assert WIDGET_VIEW in widget and "s_max=4,096" in widget["text/plain"]

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labsupport import ledger
+from labsupport import card, ledger
 from labsupport import sharing as S
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course import checkoff as C
@@ -148,8 +148,10 @@ def test_fanout_panel_reacts_and_reads_out_the_factor():
     panel.controls["n"].value = 16  # 16 x 4,352 = 69,632 tokens against 4,096 + 16 x 256 = 8,192
     assert [list(b.y) for b in panel.figure.data] != before
     assert "factor 8.5×" in panel.text()
-    panel.controls["model"].value = "lecture-7b-gqa8"  # a quarter of the bytes, the same factor
-    assert "131,072 B per token" in panel.text() and "factor 8.5×" in panel.text()
+    gqa = card.card().gqa  # the card's fewer-KV-heads form (lecture-7b-gqa8: a quarter of the bytes), the same factor
+    per_token = 2 * gqa.num_layers * gqa.num_kv_heads * gqa.head_dim * gqa.dtype_bytes  # 131,072 B on the lecture's
+    panel.controls["model"].value = gqa.name
+    assert f"{per_token:,} B per token" in panel.text() and "factor 8.5×" in panel.text()
 
 
 # --- fork cost ---------------------------------------------------------------------------------------

@@ -9,10 +9,13 @@ floor(62.52e9 / 2^31) = 29.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import plotly.graph_objects as go
 import pytest
 
+from labsupport import card
 from labsupport import replay as R
 from labsupport import slo as S
 from labsupport.costmodel import CostModel
@@ -30,6 +33,22 @@ def hand_tpot(batch: int, seq_bytes: float = SEQ_BYTES) -> float:
     return (W + batch * seq_bytes) / BW
 
 
+def hand_card(m=None, gpu=None, seq_tokens: int = 640, s_max: int = 4096, b: int = 16, slo_s: float = 0.020) -> dict:
+    """§10.2–§10.6 by hand on a card (the course card unless told): KV per token 2 L n_kv d_head bytes, budget HBM -
+    weights - 4 GB, reserve-to-max slots, paged blocks and ceiling, the memory-bound TPOT and the SLO's batch."""
+    c = card.card()
+    m, gpu = m or c.model, gpu or c.gpu
+    kv = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
+    weights = m.num_params * m.dtype_bytes
+    budget = gpu.hbm_bytes - weights - 4e9
+    blocks = int(budget // (b * kv))
+    ceiling = blocks // -(-seq_tokens // b)
+    tpot = lambda batch: (weights + batch * seq_tokens * kv) / gpu.hbm_bandwidth
+    slo_b = min(ceiling, math.floor((slo_s * gpu.hbm_bandwidth - weights) / (seq_tokens * kv)))
+    return dict(kv=kv, weights=weights, budget=budget, naive=int(budget // (s_max * kv)), blocks=blocks,
+                ceiling=ceiling, slo_b=slo_b, tpot=tpot)
+
+
 def test_tpot_terms_split_the_step_into_weights_you_and_neighbours():
     terms = S.tpot_terms(LECTURE_7B, LECTURE_GPU, 186, 640)
     assert terms["weights"] == pytest.approx(W / BW)
@@ -42,7 +61,7 @@ def test_tpot_terms_split_the_step_into_weights_you_and_neighbours():
 
 
 def test_three_columns_are_the_lectures_table_exactly():
-    naive, ceiling, slo = S.three_columns()
+    naive, ceiling, slo = S.three_columns(LECTURE_7B, LECTURE_GPU)
     assert (naive.batch, ceiling.batch, slo.batch) == (29, 186, 159)
     assert (naive.printed_batch, ceiling.printed_batch, slo.printed_batch) == ("29", "199", "164")
     for col in (naive, ceiling, slo):
@@ -52,16 +71,27 @@ def test_three_columns_are_the_lectures_table_exactly():
     assert ceiling.goodput_tok_s == 0 and ceiling.throughput_tok_s == pytest.approx(8210.4, abs=0.1)
     assert naive.goodput_tok_s == pytest.approx(4185.6, abs=0.1)
     # at 25 ms the middle column meets the SLO and keeps its throughput; the SLO-limited one rises to it
-    loose = S.three_columns(tpot_slo_s=0.025)
+    loose = S.three_columns(LECTURE_7B, LECTURE_GPU, tpot_slo_s=0.025)
     assert loose[1].goodput_tok_s == loose[1].throughput_tok_s and loose[2].batch == 186
     # GQA-8: memory ceiling 29,812 // 40 = 745, SLO bound floor((0.02 x 3.35e12 - 13.48e9) / (640 x 131,072)) = 638
-    assert [c.batch for c in S.three_columns(LECTURE_7B_GQA8)] == [116, 745, 638]
+    assert [c.batch for c in S.three_columns(LECTURE_7B_GQA8, LECTURE_GPU)] == [116, 745, 638]
     with pytest.raises(ValueError, match="no KV budget"):
         S.three_columns(LLAMA3_70B, GPUS["h100"])
 
 
-def test_goodput_table_strikes_the_middle_column():
+def test_three_columns_default_to_the_card():
+    h = hand_card()  # the lecture's card: 29, 186, 159
     cols = S.three_columns()
+    assert [c.batch for c in cols] == [h["naive"], h["ceiling"], h["slo_b"]]
+    for col in cols:
+        assert col.tpot_s == pytest.approx(h["tpot"](col.batch))
+    assert [c.meets_slo for c in cols] == [h["tpot"](c.batch) <= 0.020 for c in cols]
+    lecture = card.card().is_lecture  # the printed 29 / 199 / 164 stand beside the lecture's own card only
+    assert [c.printed_batch for c in cols] == (["29", "199", "164"] if lecture else ["", "", ""])
+
+
+def test_goodput_table_strikes_the_middle_column():
+    cols = S.three_columns(LECTURE_7B, LECTURE_GPU)  # the lecture's table, its printed 8,470 beside the exact 8,210
     fig = viz_slo.goodput_table_figure(cols)
     throughput, goodput = fig.data
     assert list(throughput.y) == pytest.approx([c.batch / hand_tpot(c.batch) for c in cols])
@@ -76,14 +106,19 @@ def test_goodput_table_strikes_the_middle_column():
 
 
 def test_goodput_table_panel_reacts_to_the_slo():
+    h = hand_card()  # the panel opens on the card at 20 ms: the ceiling's step misses it (22.65 ms at B = 186)
+    assert h["tpot"](h["ceiling"]) > 0.020
     panel = viz_slo.goodput_table_panel()
     before = list(panel.figure.data[1].y)
     assert before[1] == 0
-    panel.controls["tpot_slo_ms"].value = 25.0
+    loose_ms = math.ceil(1e3 * h["tpot"](h["ceiling"])) + 2  # 25 ms on the lecture's card
+    assert loose_ms <= 60  # the slider's end
+    panel.controls["tpot_slo_ms"].value = loose_ms
     after = list(panel.figure.data[1].y)
-    assert after[1] == pytest.approx(186 / hand_tpot(186))
-    assert "meets the SLO), throughput 8,210" in panel.text()
-    panel.controls["model"].value = "llama-3-70b"  # 141.2 GB of weights: no budget on an 80 GB card
+    assert after[1] == pytest.approx(h["ceiling"] / h["tpot"](h["ceiling"]))  # 186 / 22.65 ms = 8,210
+    assert f"meets the SLO), throughput {h['ceiling'] / h['tpot'](h['ceiling']):,.0f}" in panel.text()
+    assert 70.6e9 * 2 + 4e9 > card.gpu().hbm_bytes  # 141.2 GB of weights and the reserve overflow the card
+    panel.controls["model"].value = "llama-3-70b"
     assert panel.error and "no KV budget" in panel.error
     assert list(panel.figure.data[1].y) == after  # the figure keeps its last good state
 
@@ -99,7 +134,7 @@ def test_tpot_figure_and_panel_follow_the_slider():
     assert any("B ≤ 159" in a.text for a in fig.layout.annotations)
     assert any("memory ceiling 186" in a.text for a in fig.layout.annotations)
 
-    panel = viz_slo.tpot_panel(measured=measured)
+    panel = viz_slo.tpot_panel(measured=measured, model=LECTURE_7B.name, gpu=LECTURE_GPU.name)
     assert len(panel.figure.data) == 5  # the engine's markers, on the card the panel opens on
     panel.controls["batch"].value = 29
     assert panel.figure.data[3].y[0] == pytest.approx(1e3 * hand_tpot(29))
@@ -108,12 +143,30 @@ def test_tpot_figure_and_panel_follow_the_slider():
     assert len(panel.figure.data) == 4
 
 
+def test_tpot_panel_opens_on_the_card():
+    C, h = card.card(), hand_card()
+    panel = viz_slo.tpot_panel(measured={29: 0.005})
+    assert len(panel.figure.data) == 5  # markers measured on the configuration the panel opens on
+    panel.controls["batch"].value = 29
+    assert panel.figure.data[3].y[0] == pytest.approx(1e3 * h["tpot"](29))
+    verdict = "meets" if h["tpot"](29) <= 0.020 else "misses"
+    assert f"TPOT at B = 29: {1e3 * h['weights'] / C.gpu.hbm_bandwidth:.2f} ms weights" in panel.text()
+    assert f"{verdict} the 20 ms SLO" in panel.text()
+    assert f"largest B under the SLO: {math.floor((0.020 * C.gpu.hbm_bandwidth - h['weights']) / (640 * h['kv']))}; " \
+           f"memory ceiling (b = 16): {h['ceiling']}" in panel.text()
+    panel.controls["model"].value = C.contrast.name
+    assert len(panel.figure.data) == 4
+
+
 def test_steady_batch_on_the_engine_matches_the_closed_form():
-    measured = R.steady_batch_tpot([1, 29, 186], seq_tokens=640)
+    measured = R.steady_batch_tpot([1, 29, 186], seq_tokens=640, model=LECTURE_7B, gpu=LECTURE_GPU)
     for b, t in measured.items():
         assert t == pytest.approx(hand_tpot(b), rel=1e-9)
     with pytest.raises(ValueError, match="do not fit"):
-        R.steady_batch_tpot([200], seq_tokens=640)  # 200 x 40 blocks > 7,452
+        R.steady_batch_tpot([200], seq_tokens=640, model=LECTURE_7B, gpu=LECTURE_GPU)  # 200 x 40 blocks > 7,452
+    h = hand_card()  # with no model named, the card's; at B = 1 a step is the weights and one sequence's KV
+    (alone,) = R.steady_batch_tpot([1], seq_tokens=640).values()
+    assert alone == pytest.approx(h["tpot"](1), rel=1e-9)
 
 
 def test_ttft_bars_stack_the_three_terms():
@@ -165,7 +218,8 @@ def test_replay_goodput_agrees_with_the_engines_ledger():
     window = [r for r in trace if r.arrival_s < 3.0]
     assert rp.counters["requests"] == len(window) == rp.counters["finished"]
     # the same requests, straight into the engine: its own slo_report is the reference
-    engine = Engine(cost_model=CostModel(), num_blocks=7452, block_size=16, record_token_times=False)
+    # the card's whole pool at b = 16, as replay takes it: 62.52e9 // (16 x 524,288) = 7,452 on the lecture's
+    engine = Engine(cost_model=CostModel(), num_blocks=hand_card()["blocks"], block_size=16, record_token_times=False)
     for r in window:
         engine.add_request(prompt_len=r.prompt_tokens, max_new_tokens=r.output_tokens, arrival_time=r.arrival_s / 1.5)
     result = engine.run()
@@ -206,8 +260,9 @@ def test_utilization_is_what_the_allocator_holds():
     assert 512 / 4096 <= naive.utilization <= 639 / 4096  # one 4,096-token slot holding 512..639 tokens
     assert 512 / 528 <= paged.utilization <= 1.0
     assert naive.throughput_tok_s == exact.throughput_tok_s == paged.throughput_tok_s  # same steps, same clock
+    slots = hand_card()["naive"]  # the card's 4,096-token slots: 29 on the lecture's
     with pytest.raises(ValueError, match="rejected"):
-        R.utilization_run([(0.0, 130_000, 10)], 4096)  # 32 slots of 4,096 > the pool's 29
+        R.utilization_run([(0.0, slots * 4096 + 1, 10)], 4096)  # slots + 1 slots of 4,096 > the pool's
     assert R.chat_requests(10, 5)[0][1:] == (512, 128)
 
 
@@ -226,16 +281,18 @@ def test_reserve_to_max_replay_never_preempts():
     reqs = [Request(i, 0.001 * i, int(p), int(o)) for i, (p, o) in
             enumerate(zip(rng.integers(100, 5000, 300), rng.integers(1, 900, 300)))]
     trace = Workload("mixed", reqs, "test", True)
-    rp = R.replay(trace, R.ReplayConfig("naive", s_max=4096))
+    lecture = CostModel(LECTURE_7B, LECTURE_GPU)  # the lecture's 29-slot pool, named: the old emulation's contrast
+    rp = R.replay(trace, R.ReplayConfig("naive", s_max=4096), cost_model=lecture)  # needs a pool under pressure
     refused = sum(r.prompt_tokens >= 4096 for r in reqs)
     cut = sum(r.prompt_tokens < 4096 < r.prompt_tokens + r.output_tokens for r in reqs)
     c = rp.counters
     assert c["preemptions"] == {"swap": 0, "recompute": 0}
-    assert c["peak_running"] <= 62_520_000_000 // (4096 * 524_288) == 29
+    assert c["num_blocks"] == 62_520_000_000 // (4096 * 524_288) == 29
+    assert c["peak_running"] <= 29
     assert c["requests"] == 300 and c["finished"] == 300 - refused and c["truncated"] == cut > 0
     assert refused > 0 and (~rp.finished).sum() == refused and np.isnan(rp.ttft_s[~rp.finished]).all()
     kept = [r for r in reqs if r.prompt_tokens < 4096]
     assert rp.tokens.sum() == sum(min(r.output_tokens, 4096 - r.prompt_tokens) for r in kept)
     # the old emulation (a 4,096-token block, no window) lets long requests take a second block and preempt
-    old = R.replay(trace, R.ReplayConfig("naive", block_size=4096))
+    old = R.replay(trace, R.ReplayConfig("naive", block_size=4096), cost_model=lecture)
     assert sum(old.counters["preemptions"].values()) > 0
