@@ -124,6 +124,8 @@ class BlockAllocator:
         return [table[i // bs] * bs + i % bs for i in range(start, end)]
 
     def _resident(self, seq_id) -> list[int]:
+        """The live block table of a resident sequence; an unknown, unhashable or swapped-out (§10.5) id is
+        refused by name.  Every operation on a resident sequence looks it up here."""
         try:
             table = self.block_tables.get(seq_id)
         except TypeError:
@@ -208,12 +210,7 @@ class BlockAllocator:
         copied first (copy-on-write): `cow=(src, dst)` tells the cache which block to copy.
         `token_id` is the token's id, which a prefix index needs to register the block it completes.
         """
-        try:
-            table = self.block_tables.get(seq_id)
-        except TypeError:
-            raise UnknownSequence.unhashable(seq_id) from None
-        if table is None:
-            self._raise_missing(seq_id)
+        table = self._resident(seq_id)
         if token_id is not None:
             token_id = _as_count("token_id", token_id, 0)
         n = self.seq_lens[seq_id]

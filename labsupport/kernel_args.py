@@ -94,6 +94,15 @@ def _check_cache(name: str, cache: torch.Tensor) -> None:
         raise ValueError(f"head dim (dim 3 of {name}) must be a power of two <= {MAX_HEAD_DIM}, got {head_dim}")
 
 
+def _check_heads(num_q_heads: int, num_kv_heads: int) -> None:
+    """GQA's grouping (§10.3 step 3): query head h reads KV head h // (Hq / Hkv), one grid row per query head."""
+    if num_kv_heads < 1 or num_kv_heads > _MAX_GRID_YZ or num_q_heads < 1 or num_q_heads % num_kv_heads:
+        raise ValueError(f"Hq ({num_q_heads}) must be a positive multiple of Hkv ({num_kv_heads})")
+    if num_q_heads > _MAX_GRID_YZ:
+        raise ValueError(f"Hq must be <= {_MAX_GRID_YZ} (one grid row per query head in the split-K merge), "
+                         f"got {num_q_heads}")
+
+
 def _check_gpu_dtype(t: torch.Tensor, interpreting: bool) -> None:
     if t.device.type == "cuda" and t.dtype == torch.bfloat16 and not interpreting:
         major, minor = torch.cuda.get_device_capability(t.device)
@@ -174,11 +183,7 @@ def _validate_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, valid
     batch, num_q_heads, q_dim = q.shape
     if q_dim != head_dim:
         raise ValueError(f"q head dim {q_dim} does not match the cache's head dim {head_dim}")
-    if num_q_heads < 1 or num_q_heads % num_kv_heads:
-        raise ValueError(f"Hq ({num_q_heads}) must be a positive multiple of Hkv ({num_kv_heads})")
-    if num_q_heads > _MAX_GRID_YZ:
-        raise ValueError(f"Hq must be <= {_MAX_GRID_YZ} (one grid row per query head in the split-K merge), "
-                         f"got {num_q_heads}")
+    _check_heads(num_q_heads, num_kv_heads)
     if batch > 2**31 - 1:
         raise ValueError(f"batch {batch} is too large for one launch")
     _check_index_tensors(block_tables, seq_lens, batch)
@@ -236,8 +241,7 @@ def check_contiguous_attention(q, k, v, seq_lens, scale, num_splits, tile_tokens
     if q.shape[2] != head_dim or not (_is_pow2(head_dim) and head_dim <= MAX_HEAD_DIM):
         raise ValueError(f"head dim must be a power of two <= {MAX_HEAD_DIM} shared by q and k; "
                          f"got q {q.shape[2]}, k {head_dim}")
-    if num_kv_heads < 1 or num_kv_heads > _MAX_GRID_YZ or num_q_heads < 1 or num_q_heads % num_kv_heads:
-        raise ValueError(f"Hq ({num_q_heads}) must be a positive multiple of Hkv ({num_kv_heads})")
+    _check_heads(num_q_heads, num_kv_heads)
     if seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (batch,):
         raise ValueError(f"seq_lens must be int32 [B={batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     _check_gpu_dtype(q, interpreting)

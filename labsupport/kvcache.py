@@ -38,13 +38,35 @@ def _check_dtype(dtype) -> torch.dtype:
 
 
 class _KVShape:
-    """Shape, dtype and device checks shared by both caches (errors name the offending value)."""
+    """What both caches hold per token -- L layers of Hkv heads of D values in one dtype on one device
+    (§10.2) -- and their checks of the K/V they are given (errors name the offending value)."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
     device: torch.device
+
+    def _set_shape(self, num_layers, num_kv_heads, head_dim, dtype, device) -> None:
+        self.num_layers = _as_count("num_layers", num_layers, 1)
+        self.num_kv_heads = _as_count("num_kv_heads", num_kv_heads, 1)
+        self.head_dim = _as_count("head_dim", head_dim, 1)
+        self.dtype = _check_dtype(dtype)
+        self.device = as_device("device", device)
+
+    def _zero_pools(self, rows: int, row_tokens: int) -> None:
+        """K and V of every layer, each [rows, row_tokens, Hkv, D]: a row is a block (paged) or one
+        sequence's reserved slot (reserve-to-max)."""
+        shape = (rows, row_tokens, self.num_kv_heads, self.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+
+    def _check_prompt(self, k, v) -> int:
+        """A prefill's k, v [L, T, Hkv, D]; returns its T tokens."""
+        if not isinstance(k, torch.Tensor) or k.dim() != 4:
+            raise ValueError(f"add_sequence: k must be a 4-D tensor [L, T, Hkv, D], got {getattr(k, 'shape', type(k))}")
+        self._check_kv(k, v, (self.num_layers, k.shape[1]), "add_sequence")
+        return k.shape[1]
 
     def _check_kv(self, k, v, lead: tuple[int, ...], what: str) -> None:
         want = (*lead, self.num_kv_heads, self.head_dim)
@@ -101,20 +123,14 @@ class PagedKVCache(_KVShape):
         if block_size & (block_size - 1):
             # the Triton kernel tiles a block with tl.arange, which needs a power of two
             raise ValueError(f"block_size must be a power of two, got {block_size}")
-        self.num_layers = _as_count("num_layers", num_layers, 1)
-        self.num_kv_heads = _as_count("num_kv_heads", num_kv_heads, 1)
-        self.head_dim = _as_count("head_dim", head_dim, 1)
-        self.dtype = _check_dtype(dtype)
-        self.device = as_device("device", device)
+        self._set_shape(num_layers, num_kv_heads, head_dim, dtype, device)
         allocator = PrefixCachingAllocator if enable_prefix_caching else BlockAllocator
         self.allocator = allocator(num_blocks, block_size, kv_bytes_per_token=self.kv_bytes_per_token)
         self.block_size = block_size
         self.num_blocks = self.allocator.num_blocks
         self._check_pool_fits(f"a KV pool of {self.num_blocks:,} blocks of {block_size} tokens on {self.device}",
                               self.pool_bytes)
-        shape = (self.num_blocks, block_size, self.num_kv_heads, self.head_dim)
-        self.k_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
-        self.v_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
+        self._zero_pools(self.num_blocks, block_size)
         # flat [num_blocks * block_size, Hkv, D] views: a slot indexes them directly
         self._k_flat = [k.view(-1, self.num_kv_heads, self.head_dim) for k in self.k_cache]
         self._v_flat = [v.view(-1, self.num_kv_heads, self.head_dim) for v in self.v_cache]
@@ -177,10 +193,7 @@ class PagedKVCache(_KVShape):
                      token_ids: Sequence[int] | None = None) -> list[int]:
         """Prefill: store k, v [L, T, Hkv, D] for a new sequence; returns its block table.
         Tokens found in the prefix index are not rewritten (their blocks are shared)."""
-        if not isinstance(k, torch.Tensor) or k.dim() != 4:
-            raise ValueError(f"add_sequence: k must be a 4-D tensor [L, T, Hkv, D], got {getattr(k, 'shape', type(k))}")
-        t = k.shape[1]
-        self._check_kv(k, v, (self.num_layers, t), "add_sequence")
+        t = self._check_prompt(k, v)
         slots = self.prepare_prefill(seq_id, t, token_ids)
         start = self.allocator.cached_tokens(seq_id)
         for layer in range(self.num_layers):  # shapes were checked above; slots come from the allocator
@@ -302,18 +315,12 @@ class ContiguousKVCache(_KVShape):
                  dtype: torch.dtype = torch.float32, device="cpu"):
         self.max_seqs = _as_count("max_seqs", max_seqs, 1)
         self.s_max = _as_count("s_max", s_max, 1)
-        self.num_layers = _as_count("num_layers", num_layers, 1)
-        self.num_kv_heads = _as_count("num_kv_heads", num_kv_heads, 1)
-        self.head_dim = _as_count("head_dim", head_dim, 1)
-        self.dtype = _check_dtype(dtype)
-        self.device = as_device("device", device)
+        self._set_shape(num_layers, num_kv_heads, head_dim, dtype, device)
         self._check_pool_fits(f"{self.max_seqs:,} reserve-to-max slots of S_max = {self.s_max:,} tokens on "
                               f"{self.device}", self.max_seqs * self.s_max * self.kv_bytes_per_token)
         self.allocator = ReserveToMaxAllocator(self.max_seqs * self.s_max, self.s_max,
                                                kv_bytes_per_token=self.kv_bytes_per_token)
-        shape = (self.max_seqs, self.s_max, self.num_kv_heads, self.head_dim)
-        self.k_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
-        self.v_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
+        self._zero_pools(self.max_seqs, self.s_max)
 
     @property
     def pool_bytes(self) -> int:
@@ -321,10 +328,7 @@ class ContiguousKVCache(_KVShape):
 
     def add_sequence(self, seq_id: Hashable, k: torch.Tensor, v: torch.Tensor) -> int:
         """Prefill k, v [L, T, Hkv, D] into a free slot; returns the slot index."""
-        if not isinstance(k, torch.Tensor) or k.dim() != 4:
-            raise ValueError(f"add_sequence: k must be a 4-D tensor [L, T, Hkv, D], got {getattr(k, 'shape', type(k))}")
-        t = k.shape[1]
-        self._check_kv(k, v, (self.num_layers, t), "add_sequence")
+        t = self._check_prompt(k, v)
         if t > self.s_max:
             raise ValueError(f"add_sequence: a prompt of {t} tokens exceeds S_max={self.s_max}")
         try:

@@ -23,32 +23,28 @@ kernels at most; `LABSUPPORT_BROWSER_AHEAD` starts more); the whole pass prints 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from browser_support import (  # noqa: F401  (browser is a fixture)
+    ROOT,
+    WIDGET_ERRORS,
+    WINDOW,
+    browser,
+    page_errors,
+    screenshot_folder,
+    serve_lab,
+    skip_without_chromium,
+)
 from labsupport import ledger
 from labsupport.specs import LECTURE_7B, LECTURE_GPU
 
-ROOT = Path(__file__).resolve().parents[1]
-# Debian's chromium by default; LABSUPPORT_CHROMIUM names another Chromium or Chrome binary.
-CHROMIUM = os.environ.get("LABSUPPORT_CHROMIUM") or next(
-    (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))),
-    "/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
-WINDOW = {"width": 1280, "height": 800}
 STUDENT_NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-WIDGET_ERRORS = ("model not found", "Error displaying widget", "Error rendering")
 MIN_TRACK_PX = 200
 RUN_ALL_TIMEOUT_MS = 300_000
 SLIDER_REDRAW_TIMEOUT_MS = 180_000  # a panel that replays an engine run redraws in seconds, minutes when loaded
@@ -59,101 +55,16 @@ SCREENSHOT_EVERY_OUTPUT = bool(os.environ.get("LABSUPPORT_SCREENSHOTS"))
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, seconds: float = 90) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"JupyterLab did not answer {url} within {seconds} s:\n{log.read_text()[-3000:]}")
-
-
-@contextlib.contextmanager
-def serve_lab(tmp: Path, args: tuple[str, ...] = ()):
-    """A JupyterLab on a copy of notebooks/ and solutions/ under `tmp`, with `args` after the test's
-    own flags; yields its base URL."""
-    served = tmp / "root"
-    for folder in ("notebooks", "solutions"):
-        shutil.copytree(ROOT / folder, served / folder, ignore=shutil.ignore_patterns("*.py", ".ipynb_checkpoints"))
-    config, settings = tmp / "config", tmp / "settings"
-    (config / "labconfig").mkdir(parents=True)
-    # No news/update toasts over the notebook; the machine has no network to fetch them anyway.
-    (config / "labconfig" / "page_config.json").write_text(json.dumps(
-        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
-    # Attach every cell to the page, so that every output can be found and measured (JupyterLab's
-    # default skips laying out cells off screen; widths are the same either way).
-    (settings / "@jupyterlab" / "notebook-extension").mkdir(parents=True)
-    (settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
-        json.dumps({"windowingMode": "none"}))
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
-           "JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces")}
-    port = _free_port()
-    log = tmp / "jupyterlab.log"
-    with open(log, "w") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-             f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.token=",
-             "--ServerApp.password=", "--ServerApp.allow_root=True", "--ServerApp.disable_check_xsrf=True",
-             # the served folder, unless `args` name one (the Makefile's `--notebook-dir=.`, run from it)
-             *([] if any(a.startswith("--notebook-dir") for a in args) else [f"--ServerApp.root_dir={served}"]),
-             *args],
-            cwd=served, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    with serving(proc, f"http://127.0.0.1:{port}", "/api/status", log) as base:
-        yield base
-
-
-@contextlib.contextmanager
-def serving(proc: subprocess.Popen, base: str, ready_path: str, log: Path):
-    """`base` once `proc` answers `ready_path`; the server is stopped (killed if it must be) on the way out."""
-    try:
-        _wait_http(base + ready_path, proc, log)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
     """The JupyterLab every notebook opens in, and the folder screenshots go to."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium package (`apt-get install -y chromium`, "
-                    "which `make test` does as root) or set LABSUPPORT_CHROMIUM to a Chromium or Chrome binary")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    skip_without_chromium()
     tmp = tmp_path_factory.mktemp("jupyterlab")
-    shots = Path(os.environ.get("LABSUPPORT_SCREENSHOTS") or tmp / "screenshots")
-    shots.mkdir(parents=True, exist_ok=True)
+    shots = screenshot_folder(tmp)
     started = time.perf_counter()
     with serve_lab(tmp) as base:
         yield base, shots
     print(f"\nbrowser pass: {time.perf_counter() - started:.0f} s (screenshots in {shots})")
-
-
-@pytest.fixture(scope="module")
-def browser(jupyterlab):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 # Notebooks started while this one is checked. Two ahead cut the pass from 244 s to 214 s on an idle
@@ -175,10 +86,7 @@ class Runs:
         if name in self.open or name not in STUDENT_NOTEBOOKS:
             return
         page = self.browser.new_page(viewport=WINDOW)
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-        page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}")
-                if msg.type == "error" or any(n in msg.text for n in WIDGET_ERRORS) else None)
+        errors = page_errors(page)
         _open(page, self.base, name)
         self.open[name] = (page, errors, _click_run_all(page))
 

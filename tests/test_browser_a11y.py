@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 import test_browser as tb  # the module pytest collected: its hook list is the one its test reads
-from test_browser import browser, jupyterlab, runs  # noqa: F401  (fixtures for a Run All of our own)
+from browser_support import browser  # noqa: F401  (a fixture)
+from test_browser import jupyterlab, runs  # noqa: F401  (fixtures for a Run All of our own)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 

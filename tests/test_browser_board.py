@@ -30,28 +30,29 @@ slots of 4,096 tokens, blocks of 16 tokens, 7,452 blocks):
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from test_browser import (  # noqa: F401  (browser is a fixture)
-    CHROMIUM,
+from browser_support import (  # noqa: F401  (browser is a fixture)
+    FULL_HD,
     ROOT,
-    WIDGET_ERRORS,
-    _click_run_all,
-    _free_port,
+    XGA,
     browser,
-    serving,
+    copy_notebooks,
+    jupyter_lab,
+    make_flags,
+    page_errors,
+    screenshot_folder,
+    serve_present,
+    skip_without_chromium,
 )
-from test_browser_present import FULL_HD, XGA, make_flags
+from test_browser import _click_run_all
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -95,31 +96,16 @@ def _instructor_sentences() -> list[str]:
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
     """JupyterLab as `make board` starts it, on a copy of the repository's notebooks; and the screenshot folder."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium package or set LABSUPPORT_CHROMIUM")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    skip_without_chromium()
     tmp = tmp_path_factory.mktemp("board")
-    shots = Path(os.environ.get("LABSUPPORT_SCREENSHOTS") or tmp / "screenshots")
-    shots.mkdir(parents=True, exist_ok=True)
+    shots = screenshot_folder(tmp)
     served = tmp / "root"
-    shutil.copytree(ROOT / "notebooks", served / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    copy_notebooks(served)
     (copy,) = make_flags("BOARD_COPY")
     (served / copy).parent.mkdir(parents=True)
     shutil.copy(ROOT / "notebooks" / "99_board.ipynb", served / copy)  # as `make board` does
     (config,) = make_flags("BOARD_CONFIG")
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp / "config"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
-           "JUPYTER_CONFIG_PATH": str(ROOT / config), "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces")}
-    port = _free_port()
-    log = tmp / "jupyterlab.log"
-    with open(log, "w") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-             f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.token=",
-             "--ServerApp.password=", "--ServerApp.allow_root=True", "--ServerApp.disable_check_xsrf=True",
-             *make_flags("BOARD_FLAGS")],
-            cwd=served, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    with serving(proc, f"http://127.0.0.1:{port}", "/api/status", log) as base:
+    with jupyter_lab(tmp, served, make_flags("BOARD_FLAGS"), env={"JUPYTER_CONFIG_PATH": str(ROOT / config)}) as base:
         yield base, shots, copy
 
 
@@ -258,12 +244,8 @@ def _toggle_file_browser(page, want_open: bool) -> None:
 def test_the_board_stages_each_segment(jupyterlab, browser):
     base, shots, copy = jupyterlab
     page = browser.new_page(viewport=XGA)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: None if SLOW_MODEL in str(exc) else errors.append(f"page error: {exc}"))
-    page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}")
-            if (msg.type == "error" or any(n in msg.text for n in WIDGET_ERRORS))
-            and not any(known in msg.text for known in (REPLACED_CHART, SLOW_MODEL))
-            else None)
+    errors = page_errors(page, known_exception=lambda exc: SLOW_MODEL in str(exc),
+                         known_message=lambda msg: any(known in msg.text for known in (REPLACED_CHART, SLOW_MODEL)))
     problems: list[str] = []
     try:
         page.goto(f"{base}/", wait_until="domcontentloaded", timeout=90_000)
@@ -340,22 +322,6 @@ def _rewind(page) -> list[str]:
 
 
 # --- present mode ---------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def serve_present(tmp: Path, notebook: str = "notebooks/99_board.ipynb"):
-    """Voila as `make present` starts it (the Makefile's flags), on a loopback port."""
-    served = tmp / "root"
-    shutil.copytree(ROOT / "notebooks", served / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    port = _free_port()
-    log = tmp / "voila.log"
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp / "config"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime")}
-    with open(log, "w") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "voila", *make_flags("PRESENT_FLAGS"), notebook, "--no-browser",
-                                 f"--port={port}", "--Voila.ip=127.0.0.1"],
-                                cwd=served, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    with serving(proc, f"http://127.0.0.1:{port}", "/voila/static/voila.js", log) as base:
-        yield base
-
 
 def test_present_mode_steps_through_the_lecture_by_keyboard(jupyterlab, browser, tmp_path):
     _, shots, _ = jupyterlab

@@ -6,45 +6,30 @@ Chromium.  The board (`make board`, `make present`: issue 28) is tests/test_brow
 * Present mode (`make present NB=notebooks/06_engine_loop.ipynb`): the lab served without code, every
   chart drawn, no widget or JavaScript error, every panel's first slider moves its figure.
 
-Helpers and fixtures come from tests/test_browser.py (one Chromium).  Screenshots go to the test's tmp
-dir, or to $LABSUPPORT_SCREENSHOTS.
+The servers and the Chromium come from tests/browser_support.py, the panel checks from
+tests/test_browser.py.  Screenshots go to the test's tmp dir, or to $LABSUPPORT_SCREENSHOTS.
 """
 from __future__ import annotations
 
-import contextlib
-import os
-import shlex
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from test_browser import (  # noqa: F401  (browser is a fixture)
-    _PANELS,
-    CHROMIUM,
-    ROOT,
+from browser_support import (  # noqa: F401  (browser is a fixture)
     WIDGET_ERRORS,
-    _free_port,
-    _move_first_slider,
+    WINDOW,
     browser,
+    make_flags,
+    page_errors,
+    screenshot_folder,
     serve_lab,
-    serving,
+    serve_present,
+    skip_without_chromium,
 )
+from test_browser import _PANELS, _move_first_slider
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
-
-XGA = {"width": 1024, "height": 768}
-FULL_HD = {"width": 1920, "height": 1080}
-
-
-def make_flags(name: str) -> list[str]:
-    """A Makefile variable's value, as `make` itself expands it."""
-    out = subprocess.run(["make", "-s", "-C", str(ROOT), f"print-{name}"], capture_output=True, text=True,
-                         check=True).stdout
-    return shlex.split(out)
 
 
 def _default_url(flags: list[str]) -> str:
@@ -53,23 +38,10 @@ def _default_url(flags: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def jupyterlab(tmp_path_factory):
-    """The screenshot folder (and the checks that a browser can run at all)."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium package or set LABSUPPORT_CHROMIUM")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-    tmp = tmp_path_factory.mktemp("present")
-    shots = Path(os.environ.get("LABSUPPORT_SCREENSHOTS") or tmp / "screenshots")
-    shots.mkdir(parents=True, exist_ok=True)
-    yield None, shots  # `make board` is tests/test_browser_board.py's; each test here starts its own server
-
-
-def _errors_of(page) -> list[str]:
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-    page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}")
-            if msg.type == "error" or any(n in msg.text for n in WIDGET_ERRORS) else None)
-    return errors
+def shots(tmp_path_factory):
+    """The screenshot folder; each test here starts its own server (`make board`'s is tests/test_browser_board.py's)."""
+    skip_without_chromium()
+    return screenshot_folder(tmp_path_factory.mktemp("present"))
 
 
 # --- landing pages ---------------------------------------------------------------------------------
@@ -82,7 +54,7 @@ def test_make_lab_lands_in_notebooks(browser, tmp_path):
     flags = make_flags("LAB_FLAGS")
     assert _default_url(flags) == "/lab/tree/notebooks"
     with serve_lab(tmp_path, tuple(flags)) as base:
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page = browser.new_page(viewport=WINDOW)
         try:
             page.goto(f"{base}/", wait_until="domcontentloaded", timeout=90_000)
             page.wait_for_function(f"() => ({_LISTED})().includes('01_five_jobs.ipynb')", timeout=90_000)
@@ -108,22 +80,6 @@ def _known_voila_error(exc) -> bool:
     return "setData is not a function" in str(exc) and "/labextensions/jupyterlab-plotly/" in (exc.stack or "")
 
 
-@contextlib.contextmanager
-def serve_present(tmp: Path, notebook: str):
-    """Voila as `make present NB=<notebook>` starts it (the Makefile's flags), on a loopback port."""
-    served = tmp / "root"
-    shutil.copytree(ROOT / "notebooks", served / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    port = _free_port()
-    log = tmp / "voila.log"
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp / "config"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime")}
-    with open(log, "w") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "voila", *make_flags("PRESENT_FLAGS"), notebook, "--no-browser",
-                                 f"--port={port}", "--Voila.ip=127.0.0.1"],
-                                cwd=served, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    with serving(proc, f"http://127.0.0.1:{port}", "/voila/static/voila.js", log) as base:
-        yield base
-
-
 # Voila runs the cells one by one: under load a pause between two can outlast a poll, so "settled" also
 # wants every panel already holding a chart (a panel that never gets one is reported after the wait).
 _CHARTS_SETTLED = """() => {
@@ -140,16 +96,12 @@ _CODE_SHOWN = "() => document.querySelectorAll('.jp-CodeCell .jp-InputArea, .cm-
 
 
 @pytest.mark.parametrize("notebook", PRESENTED, ids=lambda n: Path(n).stem)
-def test_present_mode(jupyterlab, browser, tmp_path, notebook):
-    _, shots = jupyterlab
+def test_present_mode(shots, browser, tmp_path, notebook):
     started = time.perf_counter()
     with serve_present(tmp_path, notebook) as base:
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: None if _known_voila_error(exc) else errors.append(f"page error: {exc}"))
-        page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}")
-                if (msg.type == "error" or any(n in msg.text for n in WIDGET_ERRORS))
-                and not (msg.location or {}).get("url", "").startswith(OFFLINE_ONLY) else None)
+        page = browser.new_page(viewport=WINDOW)
+        errors = page_errors(page, known_exception=_known_voila_error,
+                             known_message=lambda msg: (msg.location or {}).get("url", "").startswith(OFFLINE_ONLY))
         try:
             page.goto(f"{base}/", wait_until="domcontentloaded", timeout=300_000)
             # every chart drawn: their number stops growing (polled 3 s apart) and each has its SVG

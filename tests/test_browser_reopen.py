@@ -23,16 +23,14 @@ import urllib.request
 import nbformat
 import pytest
 
+from browser_support import WIDGET_ERRORS, WINDOW, browser  # noqa: F401  (browser is a fixture)
 from labsupport.viz import reopen
-from test_browser import (  # noqa: F401  (the fixtures: one JupyterLab, one Chromium)
+from test_browser import (  # noqa: F401  (jupyterlab is a fixture: the labs' one JupyterLab)
     _ALL_CELLS_RAN,
     _RENDERED,
     RUN_ALL_TIMEOUT_MS,
-    WIDGET_ERRORS,
-    WINDOW,
     _click_run_all,
     _shut_down_kernel,
-    browser,
     jupyterlab,
 )
 

@@ -320,7 +320,44 @@ def live_figure(figure: go.Figure) -> go.FigureWidget:
     return widget
 
 
-class Panel:
+def panel_box(title: str, controls, *below) -> "widgets.VBox":
+    """A lab panel's box: its title line, its controls in a row, then `below` (its chart, readout, ...)."""
+    import ipywidgets as widgets
+
+    box = widgets.VBox([panel_header(title), controls_row(controls), *below])
+    box.add_class("lab-panel")  # the class the panel's CSS and the Namer (a11y) look for
+    return box
+
+
+class LiveView:
+    """What every live panel of §10.1–§10.7 shows: its widget, then a note and a static copy of its figure
+    that stand in for it once the kernel is gone (`reopen`), both kept current on every redraw.
+
+    A subclass sets `widget`, calls `_start_figure` with its first figure, calls `_redraw_figure` with
+    each fresh one, and says what it shows in `text()` and `_note_text()`.
+    """
+
+    def _start_figure(self, first: go.Figure) -> None:
+        self.figure = live_figure(first)
+        self.copy = reopen.FigureCopy(first)  # what a reopened notebook shows in its place
+        self.note = reopen.NoteCopy(self._note_text())
+
+    def _redraw_figure(self, fresh: go.Figure) -> None:
+        patch_figure(self.figure, fresh)
+        self.copy.update(fresh)
+        self.note.update(self._note_text())
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = self.text()  # the widget's own repr embeds random trace uids
+        return bundle
+
+    def _ipython_display_(self):
+        """The widget, then the note and the static copy that stand in for it once the kernel is gone."""
+        reopen.show_live(self._repr_mimebundle_(), self.note, [self.copy])
+
+
+class Panel(LiveView):
     """Controls wired to a FigureWidget and a readout line; display it as the last line of a cell.
 
     `make_figure(**values)` and `readout(**values)` receive the controls' values by name.  An input
@@ -340,17 +377,14 @@ class Panel:
         self.updates = 0
         self.error: str | None = None
         first = make_figure(**self.values)
-        self.figure = live_figure(first)
-        self.readout = widgets.HTML()
         self._text = self._readout(**self.values) if self._readout else ""
+        self._start_figure(first)  # after _text: the note is written from text()
+        self.readout = widgets.HTML()
         self.readout.value = self._readout_html()
-        self.copy = reopen.FigureCopy(first)  # what a reopened notebook shows in its place
-        self.note = reopen.NoteCopy(self._note_text())
         for control in self.controls.values():
             control.observe(self._on_change, names="value")
-        self.widget = widgets.VBox([panel_header(title), controls_row(self.controls.values()), self.figure,
-                                    self.readout, fit_width(), a11y.namer()])  # the namer names its slider handles and chart
-        self.widget.add_class("lab-panel")
+        self.widget = panel_box(title, self.controls.values(), self.figure, self.readout, fit_width(),
+                                a11y.namer())  # the namer names its slider handles and chart
 
     @property
     def values(self) -> dict:
@@ -375,9 +409,7 @@ class Panel:
         else:
             self.error = None
             self._text = text
-            patch_figure(self.figure, new)
-            self.copy.update(new)
-            self.note.update(self._note_text())
+            self._redraw_figure(new)
             self.updates += 1
         self.readout.value = self._readout_html()
 
@@ -390,15 +422,6 @@ class Panel:
 
     def _note_text(self) -> str:
         return f"Below, this panel's figure as last drawn: {self.text().splitlines()[0]}."
-
-    def _repr_mimebundle_(self, **kwargs):
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = self.text()  # the widget's own repr embeds random trace uids
-        return bundle
-
-    def _ipython_display_(self):
-        """The widget, then the note and the static copy that stand in for it once the kernel is gone."""
-        reopen.show_live(self._repr_mimebundle_(), self.note, [self.copy])
 
 
 def _label(control) -> str:

@@ -34,21 +34,19 @@ from labsupport.fragmentation import fill_reserve_to_max, naive_measurement
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import MiB
 from labsupport.units import fmt_gb, fmt_pct
-from labsupport.viz import reopen
 from labsupport.viz import (
     FONT_SIZE,
     PALETTE,
     S_MAX_OPTIONS,
+    LiveView,
     Panel,
     bytes_axis_title,
-    controls_row,
-    fit_width,
-    live_figure,
     dropdown,
+    fit_width,
     gpu_options,
     in_unit,
     model_options,
-    panel_header,
+    panel_box,
     selection_slider,
     styled,
 )
@@ -404,7 +402,7 @@ def block_table_figure(allocator: BlockAllocator, seq_ids: Sequence[Hashable] | 
                   margin=dict(l=30, r=30, t=120, b=20))
 
 
-class BlockTableExplorer:
+class BlockTableExplorer(LiveView):
     """A real `PagedKVCache` behind step buttons: grow a sequence by one token, free one, reset.
 
     Every action goes through the cache's own operations (`add_sequence`, `append`, `free`, writing
@@ -432,16 +430,12 @@ class BlockTableExplorer:
             button.on_click(lambda _b, action=action: self.step(action))
         self.controls["block_size"].observe(lambda _c: self.reset(), names="value")
         self._build_cache()
-        first = self._figure()
-        self.figure = live_figure(first)
-        self.copy = reopen.FigureCopy(first)  # what a reopened notebook shows in its place
-        self.note = reopen.NoteCopy(self._note_text())
+        self._start_figure(self._figure())
         self.readout = widgets.HTML()
         self.readout.value = self._readout_html()
-        self.widget = widgets.VBox([panel_header("Two sequences, one pool: the block table"),
-                                    controls_row([self.controls["block_size"], *self.buttons.values()]),
-                                    self.figure, self.readout, fit_width()])
-        self.widget.add_class("lab-panel")
+        self.widget = panel_box("Two sequences, one pool: the block table",
+                                [self.controls["block_size"], *self.buttons.values()],
+                                self.figure, self.readout, fit_width())
 
     @property
     def block_size(self) -> int:
@@ -517,12 +511,7 @@ class BlockTableExplorer:
         return block_table_figure(self.cache.allocator, [n for n in self.names], highlight=self.highlight)
 
     def _redraw(self) -> None:
-        from labsupport.viz import patch_figure
-
-        fresh = self._figure()
-        patch_figure(self.figure, fresh)
-        self.copy.update(fresh)
-        self.note.update(self._note_text())
+        self._redraw_figure(self._figure())
         self.readout.value = self._readout_html()
 
     def summary(self) -> str:
@@ -540,14 +529,6 @@ class BlockTableExplorer:
 
     def _note_text(self) -> str:
         return f"Below, the block table as last drawn: {self.text().splitlines()[0]}, {self.summary()}."
-
-    def _repr_mimebundle_(self, **kwargs):
-        bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = self.text()
-        return bundle
-
-    def _ipython_display_(self):
-        reopen.show_live(self._repr_mimebundle_(), self.note, [self.copy])
 
 
 def board_script(a_tokens: int = 8, b_tokens: int = 5, a_prompt: int = 3, b_prompt: int = 2) -> list[str]:
