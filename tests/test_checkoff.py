@@ -48,6 +48,12 @@ def _fail(checkoff_id, answer) -> str:
     return text
 
 
+def _kv_kib() -> int:
+    """0.1's given, KV_KIB, as the lab's record publishes it (check() reads that record): the lecture's 512 on its
+    card.  0.1 asks for it in bytes: KV_KIB x 1,024."""
+    return record.read(0)["givens"]["KV_KIB"]
+
+
 def _as_a_cell(source: str, number: int = 7) -> str:
     """Run `source` as a notebook cell would run: its text in linecache (IPython puts it there); what it printed."""
     filename = f"<cell {number} of a test notebook>"
@@ -64,22 +70,23 @@ def _as_a_cell(source: str, number: int = 7) -> str:
 # --- the one-line pass, and failures that teach --------------------------------------------------
 
 def test_pass_prints_exactly_one_line(capsys):
-    check("0.1", 512 * 1024)
+    check("0.1", _kv_kib() * 1024)
     assert capsys.readouterr().out == "✅ Checkoff 0.1 passed\n"
     assert C.results() == {"0.1": {"status": "passed", "detail": ""}}
 
 
 def test_wrong_value_names_the_problem_not_the_answer():
-    text = _fail("0.1", 512_000)
+    kib = _kv_kib()
+    text = _fail("0.1", kib * 1000)  # 512,000 on the lecture's givens
     assert text.count("\n") == 1  # one line: nothing of the student's raised
-    assert "512,000" in text and "too low" in text and "decimal kB" in text and "KiB" in text
-    assert "524,288" not in text and "524288" not in text  # the answer is never printed
+    assert f"{kib * 1000:,}" in text and "too low" in text and "decimal kB" in text and "KiB" in text
+    assert f"{kib * 1024:,}" not in text and str(kib * 1024) not in text  # the answer (524,288) is never printed
     assert "passed" not in text
     assert C.results()["0.1"]["status"] == "failed"
 
 
 def test_units_slip_is_named():
-    assert "KiB" in str(_fail("0.1", 512 * 1000 * 1.024 * 1.024))  # off by 1.024 from 524,288
+    assert "KiB" in str(_fail("0.1", _kv_kib() * 1000 * 1.024 * 1.024))  # off by 1.024 from 524,288 (lecture)
     assert "GB" in judge.units_slip(2.147e9 / 2**30 * 1e9, 2.147e9)  # GiB figure read as GB
     assert "factor of 2" in judge.units_slip(10, 20)
     assert judge.units_slip(21, 20) == ""
@@ -103,8 +110,8 @@ def test_value_rejects_non_numbers_with_a_reason(answer, words):
 
 
 def test_value_accepts_numpy_and_torch_scalars(capsys):
-    check("0.1", np.int64(524_288))
-    check("0.1", torch.tensor(524_288.0))
+    check("0.1", np.int64(_kv_kib() * 1024))
+    check("0.1", torch.tensor(_kv_kib() * 1024.0))
     assert capsys.readouterr().out.count("✅ Checkoff 0.1 passed") == 2
 
 
@@ -217,7 +224,7 @@ def test_passed_and_unlocked_follow_this_kernels_results(capsys):
     assert not C.passed("0.1") and not C.unlocked("0.1", "0.2")
     assert capsys.readouterr().out == ("⬜ This cell runs your answers to 0.1, 0.2: run it again once checkoffs "
                                        "0.1, 0.2 pass.\n")
-    check("0.1", 512 * 1024)
+    check("0.1", _kv_kib() * 1024)
     capsys.readouterr()
     assert C.passed("0.1") and C.unlocked("0.1") and capsys.readouterr().out == ""
     assert not C.unlocked("0.1", "0.2")
@@ -355,12 +362,17 @@ def test_labs_register_their_checkoffs_in_order():
 
 
 def test_the_record_holds_the_lecture_expectation_sealed():
-    """The record check() reads: 0.1's expected value on the lecture's givens is 512 x 1,024 = 524,288, and no
-    search of the file finds it."""
-    assert C.get("0.1")["spec"]["want"] == 524_288
-    assert record.read(0)["givens"] == {"KV_KIB": 512}
+    """The record check() reads: 0.1's given is the course card's KV per token in KiB and its expected value that in
+    bytes, and no search of the file finds it.  On the lecture's card: 2 x 32 x 32 x 128 x 2 B = 512 KiB, 524,288 B
+    (the record is built for the card: a record of another card's build fails here)."""
+    from labsupport import card
+
+    m = card.card().model
+    kib = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes // 1024
+    assert record.read(0)["givens"] == {"KV_KIB": kib}
+    assert C.get("0.1")["spec"]["want"] == kib * 1024
     text = record.path(0).read_text(encoding="utf-8")
-    assert "524288" not in text and "524,288" not in text
+    assert str(kib * 1024) not in text and f"{kib * 1024:,}" not in text
     assert record.unseal(record.seal({"want": 524_288}, 0), 0) == {"want": 524_288}
     assert record.seal({"want": 524_288}, 0) != record.seal({"want": 524_288}, 1)  # masked per lab
 
@@ -476,31 +488,64 @@ def test_forbidden_names_must_be_dotted():
 # --- the two utilization conventions (§10.2, §10.3) and the brochure, by hand ----------------------------
 # 62.52e9 B of KV hold 29 slots of 4,096 x 524,288 B; over a life a sequence holds 512 ... 639 tokens
 # while its 128 steps run, (512 + 639) / 2 = 575.5 on average; at the end of life it holds 640.
+# Each test pins the lecture's worked example on the lecture's specs, then checks the card's own numbers through
+# check(): labs 02 and 03 pose on the course card's model in its MHA form (card.mha) and its GPU, and their record
+# is built for that card (a record of another card's build fails the check() half).
 _HAND_BUDGET, _HAND_KV = 62_520_000_000, 524_288
+_LIFE = range(512, 512 + 128)  # the tokens held while the 128 decode steps run: 575.5 on average
+
+
+def _kv_and_budget(model, gpu) -> tuple[int, float]:
+    """KV bytes per token, 2 x L x n_kv x d x b, and the KV budget, HBM - weights - the 4 GB reserve."""
+    return (2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes,
+            gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4e9)
+
+
+def _card():
+    from labsupport import card
+
+    return card.card()
 
 
 def test_naive_utilization_over_the_life_checkoff():
-    over_life = 29 * 575.5 * _HAND_KV / _HAND_BUDGET  # 0.139957, the timing plan's 14%
-    assert f"{over_life:.2%}" == "14.00%"
+    assert _kv_and_budget(LECTURE_7B, LECTURE_GPU) == (_HAND_KV, _HAND_BUDGET)
+    assert _HAND_BUDGET // (4096 * _HAND_KV) == 29 and sum(_LIFE) / len(_LIFE) == 575.5
+    assert f"{29 * 575.5 * _HAND_KV / _HAND_BUDGET:.2%}" == "14.00%"  # 0.139957, the timing plan's 14%
+    kv, budget = _kv_and_budget(_card().mha, _card().gpu)
+    slots = budget // (4096 * kv)  # 29 on the lecture's card
+    over_life = slots * 575.5 * kv / budget
     check("2.4", over_life)
-    check("2.4", 29 * 576.5 * _HAND_KV / _HAND_BUDGET)  # reading after each step's token: the same convention
-    assert "end of life" in _fail("2.4", 29 * 640 * _HAND_KV / _HAND_BUDGET)  # 15.56%, 2.3's reading
+    check("2.4", slots * 576.5 * kv / budget)  # reading after each step's token: the same convention
+    assert "end of life" in _fail("2.4", slots * 640 * kv / budget)  # 15.56% on the lecture's: 2.3's reading
     assert "one slot's mean occupancy" in _fail("2.4", 575.5 / 4096)  # 14.05%: the slot, not the budget
 
 
 def test_paged_utilization_over_the_life_checkoff():
     # ceil(n / 16) * 16 slots for n = 512 ... 639: 16 lengths in each of 8 block counts 33 ... 40 (n = 512 is 32)
     slots = 32 * 16 + sum(16 * 16 * k for k in range(33, 40)) + 15 * 16 * 40
+    assert slots == sum(-(-n // 16) * 16 for n in _LIFE)
     tokens = 128 * 575.5
-    pool = 7452 * 16 * _HAND_KV / _HAND_BUDGET  # 62.52e9 // 8 MiB whole blocks
-    assert f"{tokens / slots * pool:.2%}" == "98.70%"
+    assert tokens == sum(_LIFE)
+    assert _HAND_BUDGET // (16 * _HAND_KV) == 7452  # 62.52e9 // 8 MiB whole blocks
+    assert f"{tokens / slots * (7452 * 16 * _HAND_KV / _HAND_BUDGET):.2%}" == "98.70%"
+    kv, budget = _kv_and_budget(_card().mha, _card().gpu)
+    blocks = budget // (16 * kv)  # 7,452 on the lecture's card
+    pool = blocks * 16 * kv / budget  # the share of the budget the pool's whole blocks cover
     check("3.6", tokens / slots * pool)
     assert "pool's whole blocks" in _fail("3.6", tokens / slots)  # the blocks' own fill, 98.71%: the pool's share left out
-    assert "end of life" in _fail("3.6", 186 * 640 * _HAND_KV / _HAND_BUDGET)  # 99.83%
+    assert "end of life" in _fail("3.6", blocks // 40 * 640 * kv / budget)  # 186 sequences: 99.83% on the lecture's
 
 
 def test_brochure_cost_is_exact():
     # GQA-8: 131,072 B per token; 62.52e9 // (16 x 131,072) = 29,811 blocks // 40 = 745 sequences paged,
     # against 62.52e9 // (131,072 x 131,072) = 3 reserve-to-max slots: 745 / 3 = 248.33
-    check("2.8", 745 / 3)
-    assert "744 is the sketch's approximate count" in _fail("2.8", 248.0)
+    kv, budget = _kv_and_budget(LECTURE_7B.with_kv_heads(8), LECTURE_GPU)
+    assert (kv, budget // (16 * kv) // 40, budget // (131_072 * kv)) == (131_072, 745, 3)
+    c = _card()
+    kv, budget = _kv_and_budget(c.gqa, c.gpu)  # the card's model with fewer KV heads (its weights are the same)
+    assert budget == _kv_and_budget(c.mha, c.gpu)[1]
+    paged, naive = budget // (16 * kv) // 40, budget // (131_072 * kv)
+    check("2.8", paged / naive)
+    assert "without flooring" in _fail("2.8", budget / (640 * kv) / naive)  # fractional sequences paged
+    if c.is_lecture:  # the sketch's 744 is a slip of the lecture's H100 alone (lab02.py: LECTURE_CARD)
+        assert "744 is the sketch's approximate count" in _fail("2.8", 248.0)

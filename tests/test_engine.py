@@ -283,13 +283,13 @@ def test_cost_model_additive_and_per_copy_terms_by_hand():
     mem = (13.48e9 + 186 * 640 * 524_288) / 3350e9
     prefill = (2 * 6.74e9 * 4096 + 4 * 32 * 32 * 128 * 4096**2) / 494.5e12
     decode = (186 * 2 * 6.74e9 + 186 * 640 * 4 * 32 * 32 * 128) / 494.5e12
-    additive = CostModel(overlap=False)
+    additive = CostModel(LECTURE_7B, LECTURE_GPU, overlap=False)  # the lecture's card, whatever course.toml names
     st = additive.step(decode_seqs=186, decode_context_tokens=186 * 640, prefill_lens=[4096])
     assert st.total_s == pytest.approx(mem + prefill + decode)
     assert additive.step_s(186, 186 * 640, additive.prefill_flops(4096), 0.0) == pytest.approx(st.total_s)
     assert H100.step(decode_seqs=186, decode_context_tokens=186 * 640, prefill_lens=[4096]).total_s == pytest.approx(
         max(mem, prefill + decode))
-    copies = CostModel(block_transfer_s=5e-6)
+    copies = CostModel(LECTURE_7B, LECTURE_GPU, block_transfer_s=5e-6)
     assert copies.step_s(0, 0, 0.0, 1e9, swap_blocks=10) == pytest.approx(1e9 / 64e9 + 10 * 2 * 32 * 5e-6)
     assert copies.swap_round_trip_s(4096, 16) == pytest.approx(2 * (4096 * 524_288 / 64e9 + 2 * 32 * 256 * 5e-6))
     assert copies.preempt_choice(4096, 16) == "recompute" and copies.preempt_choice(4096, 256) == "swap"
@@ -300,7 +300,13 @@ def test_cost_model_additive_and_per_copy_terms_by_hand():
 
 
 def test_engine_clock_charges_every_swapped_block_copy():
-    """The same forced-swap run with and without a per-copy cost differs by exactly copies x cost."""
+    """The same forced-swap run with and without a per-copy cost differs by exactly copies x cost.  The clock
+    prices the course card's model (CostModel's default): a block of 16 tokens is 16 x 2 x L x n_kv x d x b bytes
+    (8 MiB for the lecture's 7B), copied as 2 x L tensors (K and V of every layer)."""
+    from labsupport import card
+
+    m = card.card().model
+    block_bytes = 16 * 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
     runs = {}
     for t0 in (0.0, 7e-6):
         eng = Engine(cost_model=CostModel(block_transfer_s=t0), num_blocks=24, block_size=16, watermark=0.0,
@@ -310,8 +316,9 @@ def test_engine_clock_charges_every_swapped_block_copy():
         runs[t0] = eng.run()
     a, b = runs[0.0], runs[7e-6]
     assert a.counters.preemptions == b.counters.preemptions and a.counters.preemptions["swap"] > 0
-    blocks = (a.counters.swapped_out_bytes + a.counters.swapped_in_bytes) // (16 * 524_288)
-    assert b.clock_s - a.clock_s == pytest.approx(blocks * 2 * 32 * 7e-6)
+    assert (a.counters.swapped_out_bytes + a.counters.swapped_in_bytes) % block_bytes == 0  # whole blocks move
+    blocks = (a.counters.swapped_out_bytes + a.counters.swapped_in_bytes) // block_bytes
+    assert b.clock_s - a.clock_s == pytest.approx(blocks * 2 * m.num_layers * 7e-6)
 
 
 def test_ttft_splits_into_scheduling_delay_queueing_and_prefill():

@@ -60,24 +60,40 @@ def refused(capsys, main, *argv, needle: str) -> str:
 
 # --- ledger ---------------------------------------------------------------------------------------
 
+def _card_kv_and_budget() -> tuple[int, float]:
+    """The course card's KV bytes per token (2 x L x n_kv x d x b) and KV budget (HBM - weights - 4 GB), by hand:
+    524,288 B and 62.52 GB on the lecture's card."""
+    from labsupport import card
+
+    m, g = card.card().model, card.card().gpu
+    return (2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes,
+            g.hbm_bytes - m.num_params * m.dtype_bytes - 4e9)
+
+
 def test_ledger_json_is_strict_when_no_naive_slot_fits(capsys):
-    # S_max = 1,000,000 tokens x 524,288 B = 524.3 GB per slot > the 62.52 GB budget: naive concurrency 0,
-    # so the gain paged/naive is undefined: null with a note, and n/a in the table (was Infinity / "infx")
+    # S_max = 1,000,000 tokens x 524,288 B = 524.3 GB per slot > the 62.52 GB budget (the lecture's card; on
+    # H200 + Llama-3-8B 131.1 GB > 120.94 GB): naive concurrency 0, so the gain paged/naive is undefined: null
+    # with a note, and n/a in the table (was Infinity / "infx")
+    kv, budget = _card_kv_and_budget()
+    assert budget < 1_000_000 * kv  # the premise: on the course card no 1M-token slot fits
     rc, out, _ = run(capsys, ledger_cli.main, "--s-max", "1000000", "--json")
     assert rc == 0
     d = strict_loads(out)
-    assert d["naive_concurrency"] == 62_520_000_000 // (1_000_000 * 524_288) == 0
+    assert d["naive_concurrency"] == 0
     assert d["concurrency_gain"] is None
     assert any("concurrency_gain" in n for n in d["notes"])
     rc, out, _ = run(capsys, ledger_cli.main, "--s-max", "1000000")
     assert rc == 0 and "inf" not in out.lower().replace("info", "")
-    assert "0 -> 186 (n/a" in out  # 7,452 blocks // 40 blocks per 640-token sequence = 186
+    paged = int(budget // (16 * kv)) // 40  # 7,452 blocks // 40 blocks per 640-token sequence = 186 (lecture)
+    assert f"0 -> {paged} (n/a" in out
 
 
 def test_ledger_json_default_is_strict_and_has_no_notes(capsys):
+    kv, budget = _card_kv_and_budget()
+    naive, paged = int(budget // (4096 * kv)), int(budget // (16 * kv)) // 40  # 29 and 186 on the lecture's card
     rc, out, _ = run(capsys, ledger_cli.main, "--json")
     d = strict_loads(out)
-    assert rc == 0 and d["notes"] == [] and d["concurrency_gain"] == pytest.approx(186 / 29)
+    assert rc == 0 and d["notes"] == [] and d["concurrency_gain"] == pytest.approx(paged / naive)
 
 
 def test_ledger_zero_token_fanout_is_one_line_not_zero_division(capsys):
@@ -169,13 +185,18 @@ def test_simulate_values_that_used_to_overflow_later_are_refused_up_front(capsys
 
 
 def test_simulate_pool_larger_than_the_machine_is_refused_with_the_memory_it_needs(capsys, monkeypatch):
-    # 1e9 GB / (16 x 524,288 B) = 119,209,289,550 blocks: 8.6 TB of bookkeeping at 72 B each, on any machine
+    # the course card's model (no --model): on the lecture's, 1e9 GB / (16 x 524,288 B) = 119,209,289,550 blocks,
+    # 8.6 TB of bookkeeping at 72 B each, on any machine (Llama-3-8B's 131,072 B: 476,837,158,203 blocks, 34.3 TB)
+    kv, _ = _card_kv_and_budget()
+    blocks = 10**18 // (16 * kv)
     err = refused(capsys, simulate.main, "--kv-budget-gb", "1e9", needle="--kv-budget-gb")
-    assert "119,209,289,550 blocks" in err and "8.6 TB" in err
-    # and the bound is this machine's memory: with 1 GB free, 1e5 GB (11,920,928 blocks, 858 MB) still fits
-    # but 1e6 GB (119,209,289 blocks, 8.6 GB) does not
+    assert f"{blocks:,} blocks" in err and f"{blocks * 72 / 1e12:.1f} TB" in err
+    # and the bound is this machine's memory: with 1 GB free, 1e6 GB (119,209,289 blocks, 8.6 GB on the lecture's
+    # card; 476,837,158 blocks, 34.3 GB on Llama-3-8B's) does not fit
     monkeypatch.setattr(checks, "memory_available_bytes", lambda: 10**9)
-    refused(capsys, simulate.main, "--kv-budget-gb", "1e6", needle="8.6 GB of memory")
+    blocks = 10**15 // (16 * kv)
+    refused(capsys, simulate.main, "--kv-budget-gb", "1e6", needle=f"{blocks:,} blocks")
+    refused(capsys, simulate.main, "--kv-budget-gb", "1e6", needle=f"{blocks * 72 / 1e9:.1f} GB of memory")
 
 
 def test_engine_and_allocator_refuse_a_pool_the_machine_cannot_hold():

@@ -131,7 +131,7 @@ def test_decode_cadence_and_slo():
 
 
 def test_compute_lecture_scenario():
-    r = LC.compute(LC.Scenario())
+    r = LC.compute(LC.Scenario(model=LECTURE_7B, gpu=H100))  # the lecture's card, whatever course.toml names
     assert r["naive_concurrency"] == 29 and r["paged_concurrency"] == 186
     assert r["kv_budget_bytes"] == pytest.approx(62.52e9)
     assert r["swap_round_trip_s"] == pytest.approx(0.067108864)
@@ -158,20 +158,21 @@ def test_other_configuration_llama3_8b_on_h200():
 
 
 def test_exercises():
-    e1 = LC.exercise1()
+    # the lecture's exercises on the lecture's card (the defaults follow course.toml's): MHA 7B, its GQA-8, H100
+    e1 = LC.exercise1(LECTURE_7B, LECTURE_7B_GQA8, H100)
     assert e1["mha_slot_bytes"] == 131_072 * 524_288 and e1["mha_naive_concurrency"] == 0
     assert e1["gqa_slot_bytes"] == 131_072 * 131_072 and e1["gqa_naive_concurrency"] == 3
     assert e1["gqa_naive_utilization"] == pytest.approx(3 * 640 * 131_072 / 62.52e9)
     # 62.52e9 / (16 * 131,072) = 29,811.9 -> 29,811 blocks // 40 = 745
     assert e1["gqa_paged_concurrency"] == 745
-    e2 = LC.exercise2()
+    e2 = LC.exercise2(LECTURE_7B, H100)
     mean = 0.7 * 512 * KV_MHA + 0.25 * 4096 * KV_MHA + 0.05 * 32768 * KV_MHA
     assert e2["mean_slot_bytes"] == pytest.approx(mean)
     assert int(e2["mean_concurrency"]) == 39
     mu, sigma = L.lognormal_params()
     assert math.exp(mu) == pytest.approx(800)
     assert sigma == pytest.approx(math.log(25) / 1.6448536, rel=1e-6)
-    e3 = {r["block_size"]: r for r in LC.exercise3()}
+    e3 = {r["block_size"]: r for r in LC.exercise3(model=LECTURE_7B, gpu=H100)}
     assert [e3[b]["entries_at_median"] for b in (8, 16, 64, 256)] == [100, 50, 13, 4]
     assert [e3[b]["entries_at_p95"] for b in (8, 16, 64, 256)] == [2500, 1250, 313, 79]
     # mean tail (b - 1) / 2 tokens of 524,288 B, at B = 199 sequences, over the 62.52 GB budget
@@ -180,7 +181,7 @@ def test_exercises():
         assert e3[b]["waste_at_batch_bytes"] == 199 * (b - 1) / 2 * 524_288
         assert e3[b]["waste_fraction_of_budget"] == pytest.approx(199 * (b - 1) / 2 * 524_288 / 62.52e9)
     assert e3[16]["waste_at_batch_bytes"] == 782_499_840  # 0.78 GB = 1.25% (the lecture's 0.80 GB, 1.3%)
-    e4 = LC.exercise4()
+    e4 = LC.exercise4(LECTURE_7B_GQA8, LECTURE_7B, H100)
     assert e4["kv_bytes"] == 16384 * 131_072 == 2_147_483_648
     rec = 2 * 6.74e9 * 16384 + 4 * 32 * 32 * 128 * 16384**2
     assert e4["recompute_flops"] == pytest.approx(rec) and rec == pytest.approx(361.6e12, rel=1e-3)
@@ -190,11 +191,39 @@ def test_exercises():
     assert e4["swap_s"] == pytest.approx(2 * 2_147_483_648 / 64e9)  # the same 67 ms as a 4K MHA sequence
     assert e4["mha_crossover_tokens"] == pytest.approx((2 * 524_288 * 494.5e12 / 32e9 - 13.48e9) / 524_288)
     assert e2["slot_bytes"] == [512 * KV_MHA, 4096 * KV_MHA, 32768 * KV_MHA]
-    e5 = LC.exercise5()
+    e5 = LC.exercise5(LECTURE_7B_GQA8, H100)
     assert e5["peak_kv_bytes"] == 7700 * 131_072
     assert e5["sessions_paged"] == 29_811 // math.ceil(7700 / 16) == 61
     assert e5["sessions_naive"] == 29
     assert e5["prefill_s"] == pytest.approx(97_000 * 2 * 6.74e9 / 494.5e12)
+
+
+def test_the_defaults_are_the_course_cards():
+    """With no model or GPU the scenario and the exercises take course.toml's card: checked by hand on its fields
+    (the lecture's card gives 29 -> 186, 0 and 3 slots at 128K; H200 + Llama-3-8B gives 225 -> 1,441, 1 and 7)."""
+    from labsupport import card
+
+    c = card.card()
+    kv = lambda m: 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes  # noqa: E731
+    budget = lambda m: c.gpu.hbm_bytes - m.num_params * m.dtype_bytes - 4e9  # noqa: E731
+    m = c.model
+    r = LC.compute(LC.Scenario())
+    assert r["kv_bytes_per_token"] == kv(m) and r["kv_budget_bytes"] == pytest.approx(budget(m))
+    assert r["naive_concurrency"] == math.floor(budget(m) / (4096 * kv(m)))
+    assert r["paged_concurrency"] == math.floor(budget(m) / (16 * kv(m))) // 40
+    assert r["max_batch_for_slo"] == max(0, math.floor(  # the SLO's batch alone (§10.6's table caps it at the pool)
+        (0.020 * c.gpu.hbm_bandwidth - m.num_params * m.dtype_bytes) / (640 * kv(m))))
+    # Exercise 1: the card's model with more KV heads, then with fewer; one budget (their weights are the same)
+    mha, gqa = (c.model, c.contrast) if c.model.num_kv_heads > c.contrast.num_kv_heads else (c.contrast, c.model)
+    assert mha.num_params == gqa.num_params and mha.num_kv_heads > gqa.num_kv_heads
+    e1 = LC.exercise1()
+    for tag, mm in (("mha", mha), ("gqa", gqa)):
+        assert e1[f"{tag}_slot_bytes"] == 131_072 * kv(mm)
+        assert e1[f"{tag}_naive_concurrency"] == math.floor(budget(mha) / (131_072 * kv(mm)))
+    assert e1["gqa_paged_concurrency"] == math.floor(budget(mha) / (16 * kv(gqa))) // 40
+    e5 = LC.exercise5()
+    assert e5["peak_kv_bytes"] == 7700 * kv(gqa)
+    assert e5["sessions_paged"] == math.floor(budget(gqa) / (16 * kv(gqa))) // math.ceil(7700 / 16)
 
 
 # printed value, its precision (decimals; -2 = hundreds) and the exact value, each derived by hand
@@ -316,7 +345,7 @@ def test_utilization_over_the_life_by_brute_force():
 
 
 def test_ledger_json_reports_both_conventions():
-    r = LC.compute(LC.Scenario())
+    r = LC.compute(LC.Scenario(model=LECTURE_7B, gpu=H100))  # the lecture's 29, 186 and 98.7%
     assert r["naive_utilization"] == pytest.approx(29 * 640 * 524_288 / 62.52e9)
     assert r["naive_utilization_time_avg"] == pytest.approx(29 * 575.5 * 524_288 / 62.52e9)
     assert r["paged_utilization"] == pytest.approx(186 * 640 * 524_288 / 62.52e9)

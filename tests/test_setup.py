@@ -62,13 +62,25 @@ def _run(*args, **kw):
 
 
 def test_ledger_md_numbers_match_the_ledger():
+    """LEDGER.md sets Lecture 10's numbers beside what the lecture printed: it is about the lecture's card, so it is
+    compared with the ledger on the lecture's model and GPU named explicitly, whatever course.toml names."""
+    from labsupport.specs import LECTURE_7B, LECTURE_GPU
+
     ledger = (ROOT / "LEDGER.md").read_text()
     m = re.search(r"<!-- ledger:begin -->\n(.*?)\n<!-- ledger:end -->", ledger, re.S)
     assert m, "LEDGER.md lacks the generated ledger section"
-    out = _run("ledger", "--markdown")
+    lecture = ("--model", LECTURE_7B.name, "--gpu", LECTURE_GPU.name)
+    out = _run("ledger", "--markdown", *lecture)
     assert out.returncode == 0, out.stderr
     assert m.group(1).strip() == out.stdout.strip(), (
-        "LEDGER.md's numbers are stale: regenerate with `python -m labsupport ledger --markdown`")
+        f"LEDGER.md's numbers are stale: regenerate with `python -m labsupport ledger --markdown {' '.join(lecture)}`")
+    # and the section's lead rows are the lecture's by hand: 2 x 32 x 32 x 128 x 2 B a token; 80 - 13.48 - 4 GB
+    kv = 2 * LECTURE_7B.num_layers * LECTURE_7B.num_kv_heads * LECTURE_7B.head_dim * LECTURE_7B.dtype_bytes
+    budget = LECTURE_GPU.hbm_bytes - LECTURE_7B.num_params * LECTURE_7B.dtype_bytes - 4e9
+    naive, paged = int(budget // (4096 * kv)), int(budget // (16 * kv)) // 40  # 29 slots; 7,452 blocks // 40 = 186
+    assert (kv, naive, paged) == (524_288, 29, 186)
+    assert f"| KV bytes per token | {kv:,} B (512 KiB) |" in m.group(1)
+    assert f"| Concurrency: naive -> paged | {naive} -> {paged} " in m.group(1)
 
 
 GUIDES = ("README.md", "LEDGER.md", "GRADING.md", "COURSE_AUTHORING.md", "INSTRUCTORS.md", "labsupport/README.md")
@@ -106,13 +118,21 @@ def test_ledger_cli_json_keys_and_values():
                 "fanout_tokens_shared fanout_factor swap_round_trip_s recompute_flops recompute_s breakeven_link_gbs "
                 "crossover_tokens tpot_s throughput_tok_s max_batch_for_slo ridge_batch").split():
         assert key in r, key
-    assert r["kv_bytes_per_token"] == 524_288 and r["naive_concurrency"] == 29
-    # explicit shape flags: a 16-layer, 8-KV-head model has a quarter... 2*16*8*128*2 bytes per token
+    # no flags: the course card's model and GPU (the subprocess reads the same course.toml), by hand on its fields;
+    # the lecture's card gives 524,288 B and 29 slots of 4,096 tokens
+    from labsupport import card
+
+    m, g = card.card().model, card.card().gpu
+    kv = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
+    assert r["kv_bytes_per_token"] == kv
+    assert r["naive_concurrency"] == int((g.hbm_bytes - m.num_params * m.dtype_bytes - 4e9) // (4096 * kv))
+    # explicit shape flags override the card's model: 16 layers and 8 KV heads, its head size and bytes per value
     out = _run("ledger", "--json", "--layers", "16", "--kv-heads", "8", "--link-gbs", "32", "--s-max", "2048")
     r = json.loads(out.stdout)
-    assert r["kv_bytes_per_token"] == 2 * 16 * 8 * 128 * 2
-    assert r["naive_slot_bytes"] == 2048 * 65_536
-    assert r["swap_round_trip_s"] == pytest.approx(2 * 2048 * 65_536 / 32e9)
+    kv = 2 * 16 * 8 * m.head_dim * m.dtype_bytes  # 65,536 B on either card (head size 128, 2 B)
+    assert r["kv_bytes_per_token"] == kv
+    assert r["naive_slot_bytes"] == 2048 * kv
+    assert r["swap_round_trip_s"] == pytest.approx(2 * 2048 * kv / 32e9)
 
 
 @pytest.mark.parametrize("flags, needle", [

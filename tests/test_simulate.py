@@ -11,6 +11,7 @@ import labsupport  # noqa: F401
 from labsupport.bench import engine as bench_engine
 from labsupport.cli import simulate
 from labsupport.replay import replay
+from labsupport.specs import LECTURE_7B, LECTURE_GPU
 from labsupport.workloads import REPO_ROOT
 from real_traces import real_trace
 
@@ -26,6 +27,16 @@ def run_json(capsys, *args) -> dict:
     return json.loads(out)
 
 
+def _card_by_hand():
+    """The course card's model and GPU, its KV bytes per token (2 x L x n_kv x d x b) and its KV budget
+    (HBM - weights - 4 GB), by hand: 524,288 B and 62.52 GB on the lecture's H100 with its 7B."""
+    from labsupport import card
+
+    m, g = card.card().model, card.card().gpu
+    return m, g, 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes, \
+        g.hbm_bytes - m.num_params * m.dtype_bytes - 4e9
+
+
 def _azure_rows(limit=None):
     with open(AZURE_CONV, newline="") as f:
         rows = [(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv.DictReader(f)]
@@ -35,21 +46,22 @@ def _azure_rows(limit=None):
 @pytest.mark.slow  # the whole trace: 19,366 requests
 @needs_azure
 def test_full_azure_conv_replay_accounts_for_every_request(capsys):
-    d = run_json(capsys, "--trace", "azure-conv")  # lecture H100: lecture-7b, 62.52 GB, b = 16
+    d = run_json(capsys, "--trace", "azure-conv")  # the course card's (lecture: lecture-7b on H100, 62.52 GB), b = 16
+    m, g, kv, budget = _card_by_hand()
     rows = _azure_rows()
     assert d["requests"] == len(rows) == 19_366
     assert d["finished"] + d["rejected"] == 19_366 and d["rejected"] == 0
     assert d["output_tokens"] == sum(o for _, o in rows)
     assert d["leaked_blocks"] == 0
-    assert d["num_blocks"] == 62_520_000_000 // (16 * 524_288) == 7452
-    assert 0 < d["peak_blocks"] <= 7452
+    assert d["num_blocks"] == int(budget // (16 * kv))  # 62.52e9 // (16 x 524,288) = 7,452 on the lecture's card
+    assert 0 < d["peak_blocks"] <= d["num_blocks"]
     t = d["ttft"]
     for k in ("p50", "p99"):  # every part is a time, and the parts are no larger than the whole
         assert 0 <= t["queueing"][k] <= t["ttft"][k] and 0 < t["prefill"][k] <= t["ttft"][k]
     assert t["ttft"]["mean"] == pytest.approx(t["queueing"]["mean"] + t["prefill"]["mean"]
                                               + t["scheduling_delay"]["mean"])
-    # a lone decode step of the lecture 7B moves at least the weights: 13.48 GB / 3.35 TB/s = 4.02 ms
-    assert d["tpot"]["p50"] >= 13.48e9 / 3350e9
+    # a lone decode step moves at least the weights: 13.48 GB / 3.35 TB/s = 4.02 ms for the lecture's 7B on its H100
+    assert d["tpot"]["p50"] >= m.num_params * m.dtype_bytes / g.hbm_bandwidth
     assert 0 <= d["goodput_req_frac"] <= 1
 
 
@@ -66,7 +78,8 @@ def test_azure_conv_replay_figures_are_unchanged():
     from labsupport.workloads import load_trace
 
     rows = _azure_rows()
-    rp = replay(load_trace("azure-conv").requests, cost_model=CostModel(), num_blocks=7452)
+    # the lecture's 7B on its H100, named: these are the lecture's figures whatever course.toml names
+    rp = replay(load_trace("azure-conv").requests, cost_model=CostModel(LECTURE_7B, LECTURE_GPU), num_blocks=7452)
     res, rep = rp.result, rp.report(1.0, 0.020)
     assert rep.finished == len(rows) == 19_366 and rep.rejected == 0
     assert rep.output_tokens == sum(o for _, o in rows) == 4_088_665
@@ -98,12 +111,15 @@ def test_engine_step_reads_as_the_loop():
 
 @needs_azure
 def test_requests_longer_than_the_pool_are_rejected_the_rest_complete(capsys):
-    # 1 GB of KV = floor(1e9 / 8 MiB) = 119 blocks of 16 tokens; admission keeps int(0.01 x 119) = 1 free
-    d = run_json(capsys, "--trace", "azure-conv", "--limit", "300", "--kv-budget-gb", "1")
+    # the lecture's 7B, named (a card's smaller KV per token holds every one of these 300 in 1 GB): 1 GB of KV =
+    # floor(1e9 / 8 MiB) = 119 blocks of 16 tokens; admission keeps int(0.01 x 119) = 1 free
+    d = run_json(capsys, "--trace", "azure-conv", "--limit", "300", "--kv-budget-gb", "1", "--model", LECTURE_7B.name,
+                 "--gpu", LECTURE_GPU.name)
     rows = _azure_rows(300)
     blocks = lambda t: -(-t // 16)
-    never = [(p, o) for p, o in rows if blocks(p + o - 1) > 119 or blocks(p) + 1 > 119]
-    assert d["num_blocks"] == 119
+    pool = 10**9 // (16 * 2 * 32 * 32 * 128 * 2)
+    never = [(p, o) for p, o in rows if blocks(p + o - 1) > pool or blocks(p) + 1 > pool]
+    assert d["num_blocks"] == pool == 119
     assert 0 < d["rejected"] == len(never) and d["finished"] == 300 - len(never)
     assert d["leaked_blocks"] == 0 and len(d["rejections"]) == len(never)
     assert "blocks" in d["rejections"][0]
@@ -154,10 +170,11 @@ def test_synthetic_chat_workload(capsys):
     d = run_json(capsys, "--trace", "synthetic", "--synthetic-requests", "40", "--synthetic-rate", "100")
     assert d["requests"] == d["finished"] == 40 and d["output_tokens"] == 40 * 128
     assert d["synthetic"] is True and d["leaked_blocks"] == 0
-    assert d["num_blocks"] == 7452  # 62.52e9 // (16 x 524,288)
+    _, _, kv, budget = _card_by_hand()  # the course card's pool, by hand
+    assert d["num_blocks"] == int(budget // (16 * kv))  # 62.52e9 // (16 x 524,288) = 7,452 on the lecture's card
     d = run_json(capsys, "--trace", "synthetic", "--synthetic-requests", "40", "--block-size", "32",
                  "--kv-budget-gb", "10")
-    assert d["num_blocks"] == 10_000_000_000 // (32 * 524_288) == 596 and d["block_size"] == 32
+    assert d["num_blocks"] == 10_000_000_000 // (32 * kv) and d["block_size"] == 32  # 596 on the lecture's card
 
 
 def test_rate_scale_compresses_arrivals():
