@@ -116,6 +116,10 @@ GPUS: dict[str, GPUSpec] = {
     "h100-sxm-80gb": GPUSpec("h100-sxm-80gb", 80 * GB, 3350 * GB, 989 * TFLOP, 64 * GB),
     # NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS bf16 dense; PCIe Gen5 x16.
     "h200": GPUSpec("h200", 141 * GB, 4800 * GB, 989 * TFLOP, 64 * GB),
+    # NVIDIA DGX B200 datasheet: 8 B200 GPUs with 1,440 GB of HBM3e at 64 TB/s in all, so 180 GB and 8 TB/s
+    # each; NVIDIA HGX B200 (1,000 W): 4.5 PFLOPS FP16/BF16 with sparsity per GPU, 2.25 dense.  The HGX
+    # baseboard reaches its host through PCIe Gen5 x16 switches: 64 GB/s per direction.
+    "b200": GPUSpec("b200", 180 * GB, 8000 * GB, 2250 * TFLOP, 64 * GB),
     # NVIDIA A100 datasheet: 80 GB HBM2e SXM at 2,039 GB/s; 40 GB HBM2 at 1,555 GB/s;
     # 312 TFLOPS bf16 dense; PCIe Gen4 x16, 32 GB/s per direction.
     "a100-80gb": GPUSpec("a100-80gb", 80 * GB, 2039 * GB, 312 * TFLOP, 32 * GB),

@@ -39,7 +39,7 @@ def test_the_card_is_what_course_toml_names():
 
 
 def test_the_catalogue_holds_four_gpus_and_four_models_the_issue_names():
-    assert {"a100-80gb", "h100-sxm-80gb", "h200", "l40s"} <= set(GPUS)
+    assert {"a100-80gb", "h100-sxm-80gb", "h200", "b200", "l40s"} <= set(GPUS)
     assert {"lecture-7b", "llama-3-8b", "mistral-7b", "qwen2.5-7b"} <= set(MODELS)
     # KV bytes per token by hand, 2 * L * n_kv * d * 2 B
     assert MODELS["mistral-7b"].kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072

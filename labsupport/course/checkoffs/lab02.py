@@ -88,13 +88,13 @@ def _fragmented_run(g):
 
 
 # Each fallback differs in every given from the givens of every catalogue card (specs.py: no GPU has 94 or 192 GB or
-# 8 TB/s, no model 1 or 2 KV heads), so that it serves whatever card course.toml names.
+# 9 TB/s, no model 1 or 2 KV heads), so that it serves whatever card course.toml names.
 _FALLBACKS = (dict(HBM_BYTES=192 * 10**9, PARAMS=8_468_000_000, DTYPE_BYTES=4, RESERVE_BYTES=5 * 10**9, LAYERS=40,
-                   KV_HEADS=24, GQA_KV_HEADS=2, HEAD_DIM=256, HBM_BW=8_000 * 10**9, PROMPT=1928, OUTPUT=121,
+                   KV_HEADS=24, GQA_KV_HEADS=2, HEAD_DIM=256, HBM_BW=9_000 * 10**9, PROMPT=1928, OUTPUT=121,
                    S_MAX=8_192, S_MAX_LONG=16_384, S_MAX_BROCHURE=262_144, BLOCK=8, S_MAX_SHORT=1_024,
                    SHARE_SHORT=0.5, SHARE_LONG=0.15),
               dict(HBM_BYTES=94 * 10**9, PARAMS=9_954_000_000, DTYPE_BYTES=1, RESERVE_BYTES=8 * 10**9, LAYERS=16,
-                   KV_HEADS=48, GQA_KV_HEADS=2, HEAD_DIM=256, HBM_BW=8_000 * 10**9, PROMPT=1388, OUTPUT=361,
+                   KV_HEADS=48, GQA_KV_HEADS=2, HEAD_DIM=256, HBM_BW=9_000 * 10**9, PROMPT=1388, OUTPUT=361,
                    S_MAX=8_192, S_MAX_LONG=16_384, S_MAX_BROCHURE=262_144, BLOCK=32, S_MAX_SHORT=256,
                    SHARE_SHORT=0.5, SHARE_LONG=0.02))
 G = givens(hidden=_hidden, fallbacks=_FALLBACKS)  # the card's: solutions/02_naive_allocator.py's givens cell, built
