@@ -1,8 +1,8 @@
 """§10.7's map of Part II, computed: each row's quantity, read off the mechanisms, the traces and engine runs
-(lab 08; the board reads the trace-bound ones from `labsupport/viz/board_data.json`).
+(lab 08; the board reads the trace-bound ones from `labsupport/viz/board/board_data.json`).
 
 The discussion seeds get their data here too (`request_level_batching`, `interference_spike`, `routing_hit_rates`,
-`dependent_requests`, `tlb_bytes`, `length_prediction_cost`); `labsupport.viz.board` draws the table.
+`dependent_requests`, `tlb_bytes`, `length_prediction_cost`); `labsupport.viz.board.map` draws the table.
 """
 from __future__ import annotations
 
@@ -43,6 +43,16 @@ def slo_batch(model=None, gpu=None, seq_tokens: int = 640, tpot_slo_s: float = 0
     return ledger.max_batch_for_tpot(model, seq_tokens, tpot_slo_s, gpu.hbm_bandwidth)
 
 
+def _decode_step_s(model, gpu, batch: int, seq_tokens: int = 640) -> float:
+    """One decode step of `batch` sequences of `seq_tokens` tokens on the roofline (the engine's CostModel): the
+    larger of its bytes over the bandwidth (the ledger's TPOT, the memory term) and its FLOPs at 50% of peak.
+    Memory-bound for the lecture's 7B on its H100 (22.65 ms at B = 186); a GQA model's small KV lets the batch
+    grow until the FLOPs dominate."""
+    from labsupport.costmodel import CostModel
+
+    return CostModel(model, gpu).step(decode_seqs=batch, decode_context_tokens=batch * seq_tokens).total_s
+
+
 def request_level_batching(output_lengths: Sequence[int], batch: int | None = None) -> dict:
     """§10.5 / Oct 7: consecutive requests batched `batch` at a time (the card's memory batch unless told), each
     batch running until its longest member finishes.  Effective B = tokens produced ÷ steps run, averaged."""
@@ -62,7 +72,8 @@ def request_level_batching(output_lengths: Sequence[int], batch: int | None = No
 def interference_spike(neighbours: int | None = None, prompt: int = 4096, overlap: bool = True, model=None,
                        gpu=None) -> dict:
     """§2.16 on the engine: `neighbours` chat sequences decode (512-token prompts), one `prompt`-token
-    request arrives mid-run; a neighbour's longest gap between tokens against its usual gap.
+    request arrives mid-run; a neighbour's longest gap between tokens against its usual gap.  Unless told,
+    `neighbours` is the memory batch of `model` on `gpu` (each the course card's unless told).
 
     overlap=True prices each step by the roofline's max(compute, memory); False adds them, as
     Lecture 2's 6.7x does (the decode steps themselves then get their arithmetic added too)."""
@@ -72,7 +83,7 @@ def interference_spike(neighbours: int | None = None, prompt: int = 4096, overla
     from labsupport.engine import Engine
 
     model, gpu = model or card.model(), gpu or card.gpu()
-    neighbours = memory_batch() if neighbours is None else neighbours  # the card's memory batch
+    neighbours = memory_batch(model, gpu) if neighbours is None else neighbours  # this model's memory batch here
     pool = ledger.num_blocks(ledger.kv_budget_bytes(model, gpu), 16, model.kv_bytes_per_token)
     clock = CostModel(model, gpu, overlap=overlap)
     engine = Engine(cost_model=clock, num_blocks=pool, block_size=16, watermark=0.0, max_num_seqs=neighbours + 1)
@@ -159,14 +170,15 @@ def dependent_requests(workload, share: float = 0.5) -> float:
 
 def tlb_bytes(batch: int | None = None, seq_tokens: int = 640, block_size: int = 16, entry_bytes: int = 4) -> dict:
     """Seed 3: block-table bytes a decode step reads (one table per sequence, re-read per layer)
-    against the KV bytes it reads — what a KV 'TLB' could save (the course card's model and GPU)."""
+    against the KV bytes it reads — what a KV 'TLB' could save (the course card's model and GPU).  "step_s" is
+    that step on the roofline: the larger of its bytes over the bandwidth and its FLOPs at 50% of peak."""
     m, gpu = card.model(), card.gpu()
     batch = memory_batch(m, gpu, seq_tokens, block_size) if batch is None else batch
     table = batch * ledger.block_table_bytes(seq_tokens, block_size, entry_bytes) * m.num_layers
     kv = batch * seq_tokens * m.kv_bytes_per_token
     swap_in = seq_tokens * m.kv_bytes_per_token / gpu.link_bandwidth
     return {"table_bytes": table, "kv_bytes": kv, "ratio": table / kv, "swap_in_one_way_s": swap_in,
-            "step_s": ledger.tpot_s(m, batch, seq_tokens, gpu.hbm_bandwidth)}
+            "step_s": _decode_step_s(m, gpu, batch, seq_tokens)}
 
 
 def length_prediction_cost(workload, sigma: float, margin: float = 1.0, seed: int = 0) -> dict:
@@ -244,7 +256,10 @@ def map_rows(numbers: dict) -> list[MapRow]:
     b_mem, b_slo = memory_batch(m, gpu), slo_batch(m, gpu)
     w_frac_slo = m.weight_bytes / ledger.decode_step_bytes(m, b_slo, 640)
     floor = m.weight_bytes / gpu.hbm_bandwidth
-    cadence = ledger.tpot_s(m, b_mem, 640, gpu.hbm_bandwidth)  # the memory batch's decode step (§2.16 adds to it)
+    # the memory batch's decode step on the roofline (§2.16 adds the prefill to it): its memory term, the ledger's
+    # TPOT, on the lecture's card; its FLOPs where they take longer (a GQA model's large batch)
+    cadence = _decode_step_s(m, gpu, b_mem)
+    prefill = ledger.recompute_s(m, 4096, gpu.peak_flops)  # the card's 4,096-token prefill at 50% of peak
     return [
         MapRow("The gather kernel paging created, and attention's 1 FLOP/byte",
                "achieved bandwidth on an indirect access",
@@ -254,8 +269,8 @@ def map_rows(numbers: dict) -> list[MapRow]:
                f"request-level batches of {rb['batch']} Azure requests average B = {rb['mean_effective_b']:.0f}",
                "Batching and scheduling I, Oct 7", "06"),
         MapRow("One 129 ms prefill wrecks 199 decodes' cadence", "§2.16's 6.7× TPOT spike",
-               f"{1e3 * sp['prefill_s']:.1f} ms prefill in a {1e3 * cadence:.2f} ms "
-               f"cadence: {(sp['prefill_s'] + cadence) / cadence:.2f}× added, {sp['engine_ratio']:.2f}× on the engine's clock",
+               f"{1e3 * prefill:.1f} ms prefill in a {1e3 * cadence:.2f} ms "
+               f"cadence: {(prefill + cadence) / cadence:.2f}× added, {sp['engine_ratio']:.2f}× on the engine's clock",
                "Disaggregation, Oct 14", "07"),
         MapRow("A cache hit on the wrong replica is a cache miss", "which card a request lands on",
                f"Mooncake prefix hits {100 * rt['1']:.1f}% on 1 card, {100 * rt['8']:.1f}% round-robin over 8",
@@ -271,7 +286,7 @@ def map_rows(numbers: dict) -> list[MapRow]:
                f"{m.weight_bytes / GB:.2f} GB = {1e3 * floor:.2f} ms of every step; {100 * w_frac_slo:.0f}% of "
                f"the bytes at B = {b_slo}", "Pruning and quantization, Nov 11", "01"),
         MapRow("One forward pass yields one token", "tokens per pass over the weights",
-               f"1 per sequence: one stream tops out at {1 / ledger.tpot_s(m, 1, 640, gpu.hbm_bandwidth):,.0f} tok/s",
+               f"1 per sequence: one stream tops out at {1 / _decode_step_s(m, gpu, 1):,.0f} tok/s",
                "Speculative decoding, Nov 18", "07"),
         MapRow("The engine sees finished strings, not the agent's structure", "the dependence between requests",
                f"{100 * numbers['dependent']:.1f}% of Mooncake requests re-send ≥ half their prompt from an earlier one",

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 # what the release leaves out of the package, by hand: the graders, the staff commands and the ledger command
-# (viz/board.py stays: lab 08 draws its map of Part II with it)
+# (viz/board/ stays: lab 08 draws its map of Part II with it)
 STAFF = ("course/checkoffs", "course/build.py", "course/grade.py", "course/sandbox.py", "course/runner.py",
          "course/report.py", "course/registry.py", "course/release.py", "course/autograder.py", "course/scaffold.py",
          "bench/notebooks.py", "bench/grade.py", "cli/ledger.py")

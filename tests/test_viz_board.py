@@ -17,7 +17,8 @@ import pytest
 
 from labsupport import card, part_two
 from labsupport import replay as R
-from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8
+from labsupport.slo import TTFTSplit
+from labsupport.specs import LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU
 from labsupport.viz import board as viz_board
 from labsupport.workloads import Request, Workload
 from labsupport import workloads
@@ -31,7 +32,8 @@ GB = 1e9
 def _hand() -> dict:
     """The board's numbers on the course card, by hand from the lecture's formulas (the lecture's card in brackets):
     KV per token 2 L n_kv d_head b (524,288 B); budget HBM - weights - 4 GB (62.52e9); 4,096-token slots (29);
-    16-token blocks (7,452), 40 of them per 640-token sequence (186); TPOT (W + B x 640 x KV) / bandwidth; the SLO's
+    16-token blocks (7,452), 40 of them per 640-token sequence (186); TPOT (W + B x 640 x KV) / bandwidth, the memory
+    term, and the roofline's step, the larger of it and B (2 N + 4 L H d 640) FLOPs at 50% of peak; the SLO's
     batch floor((SLO x bandwidth - W) / (640 x KV)) (159 at 20 ms); swap 2 x 4,096 x KV / link (67.11 ms);
     recompute (2 N 4,096 + 4 L H d 4,096^2) / (50% of peak) (129.44 ms)."""
     m, g = card.model(), card.gpu()
@@ -41,8 +43,11 @@ def _hand() -> dict:
     naive, blocks = int(budget // (4096 * kv)), int(budget // (16 * kv))
     paged = blocks // 40
     rate = 0.5 * g.peak_flops
+    flops_640 = 2 * m.num_params + 4 * m.num_layers * m.num_heads * m.head_dim * 640  # one 640-token sequence's decode
+    tpot = lambda b: (weights + b * 640 * kv) / g.hbm_bandwidth  # the memory term
     return dict(m=m, g=g, kv=kv, weights=weights, budget=budget, naive=naive, blocks=blocks, paged=paged,
-                tpot=lambda b: (weights + b * 640 * kv) / g.hbm_bandwidth,
+                tpot=tpot, rate=rate, flops_640=flops_640,
+                step=lambda b: max(tpot(b), b * flops_640 / rate),  # the roofline: the larger of bytes and FLOPs
                 slo_b=lambda slo: math.floor((slo * g.hbm_bandwidth - weights) / (640 * kv)),
                 naive_util=naive * 640 * kv / budget, paged_util=paged * 640 * kv / budget,
                 util_32k=int(budget // (32_768 * kv)) * 640 * kv / budget,
@@ -222,6 +227,94 @@ def test_board_pictures_are_the_lectures():
         1e3 * 2 * 4096 * (2 * mha.num_layers * mha.num_kv_heads * mha.head_dim * mha.dtype_bytes) / h["g"].link_bandwidth)
 
 
+def _attention(m) -> str:
+    """By hand from the spec's heads: 'MHA' when every query head has its own KV head, else 'GQA-n' for n KV heads
+    (the lecture's 7B: 32 of 32, MHA; Llama 3 8B: 8 of 32, GQA-8)."""
+    return "MHA" if m.num_kv_heads == m.num_heads else f"GQA-{m.num_kv_heads}"
+
+
+def test_the_stall_names_the_attention_of_the_model_it_prices():
+    """46–58 and the labs' swap-or-recompute bars on any card (a reviewer, on H200 + Llama 3 8B: the titles said MHA
+    and GQA-8 whatever the model, and the bars were cut at 160 ms)."""
+    c = card.card()
+    title = viz_board.engine_loop_figure(2).layout.title.text.replace("<br>", " ")
+    assert f"A preempted 4,096-token {_attention(c.model)} sequence" in title
+    fig = viz_board.swap_recompute_figure()
+    title = fig.layout.title.text.replace("<br>", " ")
+    assert f"({_attention(c.mha)})" in title and f"({_attention(c.gqa)})" in title
+    g = c.gpu
+    stalls = []  # ms: 67.11 and 129.44 (MHA), 16.78 and 129.44 - the GQA form's attention FLOPs are the same (GQA-8)
+    for m in (c.mha, c.gqa):
+        kv = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
+        stalls += [1e3 * 2 * 4096 * kv / g.link_bandwidth,
+                   1e3 * (2 * m.num_params * 4096 + 4 * m.num_layers * m.num_heads * m.head_dim * 4096**2)
+                   / (0.5 * g.peak_flops)]
+    assert sorted(y for t in fig.data for y in t.y) == pytest.approx(sorted(stalls))
+    assert fig.layout.yaxis.range[0] == 0 and fig.layout.yaxis.range[1] >= 1.15 * max(stalls)  # every label inside
+
+
+def test_the_naive_segment_quotes_the_lecture_as_the_lectures():
+    """6–16's notes: the card's used-of-budget figure, the lecture's '9.5 of 62.5' named as its quote; the 32K slots
+    and the realloc's copy are the card's (3 slots of 2.147 GB, 28 others waiting, on the lecture's card)."""
+    h = _hand()
+    seg = viz_board.SEGMENTS[1]
+    used, budget = h["naive"] * 640 * h["kv"] / GB, h["budget"] / GB  # 9.73 of 62.52 GB on the lecture's card
+    assert f"the card's {used:.2f} of {budget:.2f} GB (the lecture's quote, for its own card: '9.5 of 62.5')" in seg.board
+    slots = int(h["budget"] // (32_768 * h["kv"]))
+    assert f": {slots} whole slot{'' if slots == 1 else 's'} × 640 tokens" in seg.answer
+    assert f"while {h['naive'] - 1} others wait" in seg.confusion
+
+
+def test_the_slo_segment_says_when_its_tpot_is_the_memory_term():
+    """58–68: §10.6's TPOT is the ledger's memory term.  Where the step's FLOPs take longer (H200 + Llama 3 8B: at
+    B = 952, 952 x (2 x 8.03e9 + 4 x 32 x 32 x 128 x 640) / 494.5e12 = 31.56 ms against 19.98 ms of bytes) the notes
+    and the room's lines say so, with the roofline's batch: floor(0.020 x 494.5e12 / 16.40e9) = 603.  On the
+    lecture's card the FLOPs take 4.44 ms at B = 159: nothing is added."""
+    h = _hand()
+    seg = viz_board.SEGMENTS[5]
+    slo_b, paged = h["slo_b"](0.020), h["paged"]
+    bound = slo_b * h["flops_640"] / h["rate"] > h["tpot"](slo_b)
+    roofline_b = min(slo_b, math.floor(0.020 * h["rate"] / h["flops_640"]))
+    if bound:
+        assert f"a 20 ms SLO holds B = {roofline_b}." in seg.answer and "memory term" in seg.answer
+        assert f"on the roofline <b>B = {roofline_b}</b>" in seg.reveals[2]
+    else:
+        assert "memory term" not in seg.answer + " ".join(seg.reveals)
+    ceiling_bound = paged * h["flops_640"] / h["rate"] > h["tpot"](paged)  # 47.78 ms against 28.53 ms on the H200
+    assert (f"on the roofline <b>{1e3 * h['step'](paged):.2f} ms</b>" in seg.reveals[0]) == ceiling_bound
+    if h["tpot"](paged) <= 0.025:  # 22.65 ms on the lecture's card
+        assert f"At 25 ms the memory-ceiling column (B = {paged}) wins." in seg.answer
+    else:  # 28.53 ms on H200 + Llama 3 8B: the SLO-limited column still
+        assert f"At 25 ms the SLO-limited column still wins (B = {h['slo_b'](0.025)})" in seg.answer
+        assert f"needs {1e3 * h['tpot'](paged):.2f} ms" in seg.answer
+
+
+def test_the_map_prices_the_cadence_on_the_roofline():
+    """§10.7's spike row and the one-stream row: the memory batch's step is the larger of its bytes and its FLOPs
+    (22.65 ms, memory-bound, on the lecture's card; 47.78 ms, compute-bound, at B = 1441 on H200 + Llama 3 8B, where
+    the bytes alone say 28.53 ms), and the prefill is the card's (129.4 ms on the lecture's)."""
+    h = _hand()
+    rows = part_two.map_rows(FAKE)
+    step, prefill = h["step"](h["paged"]), h["recompute_ms"] / 1e3
+    assert (f"{1e3 * prefill:.1f} ms prefill in a {1e3 * step:.2f} ms cadence: {(prefill + step) / step:.2f}× added"
+            in rows[2].value)
+    assert f"one stream tops out at {1 / h['step'](1):,.0f} tok/s" in rows[7].value
+    assert part_two.tlb_bytes()["step_s"] == pytest.approx(step)
+
+
+@pytest.mark.parametrize("model", [LECTURE_7B, LECTURE_7B_GQA8], ids=lambda m: m.name)
+def test_the_interference_spike_takes_its_neighbours_from_the_model_it_prices(model):
+    """Its neighbours default to the memory batch of the model and GPU passed in, not the card's: on the lecture's
+    H100, 7,452 blocks // 40 = 186 for the 7B and floor(62.52e9 / (16 x 131,072)) // 40 = 745 for its GQA-8; the
+    reference step is theirs at 576 tokens, (13.48e9 + 186 x 576 x 524,288) / 3.35e12 = 20.79 ms for the 7B."""
+    g = LECTURE_GPU
+    kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+    weights = model.num_params * model.dtype_bytes
+    neighbours = int((g.hbm_bytes - weights - 4e9) // (16 * kv)) // 40
+    sp = part_two.interference_spike(model=model, gpu=g)
+    assert sp["decode_step_s"] == pytest.approx((weights + neighbours * 576 * kv) / g.hbm_bandwidth)
+
+
 def test_every_segment_builds_from_the_shipped_data():
     data = viz_board.load_board_data()
     for i, seg in enumerate(viz_board.SEGMENTS):
@@ -253,7 +346,7 @@ def test_shipped_board_data_is_current():
     """board_data.json must be what the engine and the traces give today (regenerate with --write)."""
     shipped = json.loads(viz_board.BOARD_DATA.read_text())
     fresh = json.loads(json.dumps(viz_board.compute_board_data()))
-    assert fresh == shipped, "labsupport/viz/board_data.json is stale: run `python -m labsupport.viz.board --write`"
+    assert fresh == shipped, "labsupport/viz/board/board_data.json is stale: run `python -m labsupport.viz.board --write`"
 
 
 def test_length_prediction_cost_by_hand():
@@ -340,7 +433,7 @@ def test_the_three_operating_points_come_from_the_ledger():
 def _splits():
     data = viz_board.load_board_data()
     rate = max(data["ttft_splits"], key=float)
-    return [viz_board.TTFTSplit(**s) for s in data["ttft_splits"][rate]]
+    return [TTFTSplit(**s) for s in data["ttft_splits"][rate]]
 
 
 def test_each_shape_is_drawn_on_the_axis_it_shows():

@@ -59,7 +59,7 @@ ETC = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.c
 # Staff-only parts of the package (relative to labsupport/): what no student code may see, as source or as bytecode.
 # One list, one rule (`student_files`): the student release leaves these out, and so does the copy of the package a
 # grading sandbox sees; the release also leaves out GRADING_ONLY, which the sandbox runs.  The graders, the staff
-# commands and the ledger command's one-call answers.  (viz/board.py stays: lab 08 draws its map of Part II with it;
+# commands and the ledger command's one-call answers.  (viz/board/ stays: lab 08 draws its map of Part II with it;
 # the board notebook itself is not in the release.)
 STAFF_ONLY = ("course/checkoffs", "course/build.py", "course/grade.py", "course/registry.py", "course/report.py",
               "course/release.py", "course/autograder.py", "course/scaffold.py", "bench/notebooks.py",
