@@ -633,6 +633,21 @@ def check_labs(labs: list[Lab], root: Path) -> list[str]:
     return diffs
 
 
+def refresh_board_data(root: Path) -> None:
+    """The board's engine runs and trace figures (labsupport/viz/board/board_data.json) computed again before the
+    board is built, on the card course.toml names: a retargeted course's board shows its own card's runs.  Kept as
+    it is without the real traces (its trace figures would be the stand-ins')."""
+    from labsupport.viz.board.map import write_board_data
+    from labsupport.workloads import FETCH_COMMAND, TRACES, find_trace
+
+    path = root / "labsupport" / "viz" / "board" / "board_data.json"
+    if any(find_trace(name) is None for name in TRACES):
+        print(f"build: the board's data ({path.relative_to(root)}) is kept as it is: its figures need the real "
+              f"traces (`{FETCH_COMMAND}` fetches them)", file=sys.stderr, flush=True)
+        return
+    write_board_data(path)
+
+
 def _say_if_on_stand_ins(lab: Lab, solution: nbformat.NotebookNode) -> None:
     from labsupport.workloads import FETCH_COMMAND, TRACES, find_trace
     tagged = sum(TAG_NEEDS_TRACES in c.metadata.get("tags", []) for c in solution.cells)
@@ -689,6 +704,8 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join([*diffs, f"build --check: {len(labs)} lab(s), {len(diffs)} difference(s)"]))
             return 1 if diffs else 0
         for lab in labs:
+            if lab.instructor and not args.no_execute:
+                refresh_board_data(root)
             solution_s, student_s = build_lab(lab, run=not args.no_execute)
             ran = (f"ran in {solution_s:.1f} s; the student copy's Run All reached its end in {student_s:.1f} s"
                    if not args.no_execute else "not executed")
