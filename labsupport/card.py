@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from labsupport.specs import (LECTURE_7B, LECTURE_GPU, LECTURE_RESERVED_BYTES, MODELS, GPUSpec, ModelSpec, get_gpu,
-                              get_model)
+from labsupport.specs import (GB, LECTURE_7B, LECTURE_GPU, LECTURE_MFU, LECTURE_RESERVED_BYTES, MODELS, GPUSpec,
+                              ModelSpec, get_gpu, get_model)
 
 try:  # Python 3.11+
     import tomllib
@@ -70,6 +70,17 @@ class Card:
     def is_lecture(self) -> bool:
         """True on the lecture's own card, where the labs' numbers are the lecture's printed ones."""
         return self.gpu == LECTURE_GPU and self.model == LECTURE_7B
+
+    @property
+    def slow_link_bandwidth(self) -> float:
+        """§10.5 Exercise 4's slower host link, B/s per direction: the fastest PCIe rate (32, 16, 8, 4, 2, 1 GB/s)
+        below the card's own link and below 90% of the link at which the MHA form's swap costs what recomputing
+        its weights does (kv·F/N, F the achieved FLOP/s), so that swapping stops winning at a positive length
+        (the lecture's card: 32 GB/s, under its 38.5)."""
+        m = self.mha
+        edge = m.kv_bytes_per_token * LECTURE_MFU * self.gpu.peak_flops / m.num_params
+        return next((gb * GB for gb in (32, 16, 8, 4, 2, 1) if gb * GB < min(self.gpu.link_bandwidth, 0.9 * edge)),
+                    0.5 * GB)
 
     def models(self) -> dict[str, ModelSpec]:
         """The card's model and its contrast by name: what a panel's model menu offers first."""

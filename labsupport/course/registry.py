@@ -110,7 +110,7 @@ def givens_cell(source: str, where: str = "the givens cell") -> dict:
 # writes the card's value (course.toml) and drops the marker; {gpu} {model} {mha} {gqa} in the comment become names.
 CARD_MARK = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*)(?P<eq>\s*=\s*)(?P<literal>[^#\n]*?)(?P<pad>\s*)"
                        r"#\s*card=(?P<expr>[a-z_]+(?:\.[a-z_]+)+):\s*(?P<comment>.*)$")
-CARD_ROOTS = ("gpu", "model", "mha", "gqa")
+CARD_ROOTS = ("gpu", "model", "mha", "gqa", "card")
 
 
 def _card_literal(value, like: str, where: str) -> str:
@@ -133,6 +133,7 @@ def card_givens(source: str, where: str = "the givens cell") -> str:
     c = course_card.card()
     roots = {"gpu": c.gpu, "model": c.model, "mha": c.mha, "gqa": c.gqa}
     names = {key: spec.name for key, spec in roots.items()}
+    roots["card"] = c  # the card's own derived givens (Card.slow_link_bandwidth)
     lines = []
     for number, line in enumerate(source.split("\n"), start=1):
         found = CARD_MARK.match(line)
