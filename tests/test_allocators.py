@@ -23,7 +23,7 @@ from labsupport.contiguous import (
     next_pow2,
     orca_reservation,
 )
-from labsupport.fig2 import fig2_breakdown
+from labsupport.measure.fig2 import fig2_breakdown
 from labsupport.memory_stats import InvariantError, OutOfBlocks, ReservationExceeded, SwappedOut, UnknownSequence
 from real_traces import real_trace
 

@@ -61,6 +61,22 @@ KV_KIB = 512
 # the cell numbers the tests below read are those of the lab's own cells)
 
 
+def card_kv_kib() -> int:
+    """Lab 00's KV_KIB as its graders declare it (the repository's 00_setup givens cell, on the course card): the card's
+    model's KV per token in KiB, 2 x L x n_kv x d x b / 1,024, by hand: 512 on the lecture's card, 56 on Qwen2.5-7B."""
+    from labsupport import card
+
+    m = card.card().model
+    return 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes // 1024
+
+
+def demo_on_the_card() -> str:
+    """The demo with 0.1 answered as its executed check() grades it: on the KV_KIB of lab 00's record in the package
+    (the course card's, once built for it; 512 x 1,024 on the lecture's), whatever the demo's own givens cell (512) and
+    prompt say."""
+    return DEMO.replace("kib = 512 * 1024", f"kib = {record.read(0)['givens']['KV_KIB']} * 1024")
+
+
 def make_lab(tmp_path: Path, text: str = DEMO, name: str = "00_demo") -> B.Lab:
     (tmp_path / "solutions").mkdir(exist_ok=True)
     (tmp_path / "solutions" / f"{name}.py").write_text(text)
@@ -262,12 +278,13 @@ def test_build_check_and_rebuild_without_executing(tmp_path, capsys):
     # the lab's public record, beside its notebooks in this root (never the repository's)
     record_file = tmp_path / "labsupport" / "course" / "records" / "lab00.json"
     written = json.loads(record_file.read_text())
-    assert written["givens"] == {"KV_KIB": 512}
+    kv_kib = card_kv_kib()  # lab 00's givens as its graders declare them, whatever the demo's own cell types
+    assert written["givens"] == {"KV_KIB": kv_kib}
     assert [(e["id"], e["kind"], e["prompts"]) for e in written["checkoffs"]] == [
         ("0.1", "value", ["set kib to 512 KiB in bytes"]), ("0.2", "function", ["return the KV bytes per token"])]
     student_ids = {c.id for c in nbformat.read(lab.student_path, as_version=4).cells}
     assert all(set(e["cells"]) <= student_ids for e in written["checkoffs"])
-    assert record.unseal(written["checkoffs"][0]["sealed"], 0)["spec"]["want"] == 512 * 1024  # 524,288
+    assert record.unseal(written["checkoffs"][0]["sealed"], 0)["spec"]["want"] == kv_kib * 1024  # 524,288 (lecture)
     assert B.main(["--root", root, "--no-execute", "00"]) == 0
     assert lab.student_path.read_text() == student and lab.solution_path.read_text() == solution
     capsys.readouterr()
@@ -422,7 +439,7 @@ def test_checkoff_cells_must_print_only_their_line(tmp_path):
 
 @pytest.mark.slow
 def test_build_executes_the_solution_in_its_folder(tmp_path, capsys):
-    lab = make_lab(tmp_path)
+    lab = make_lab(tmp_path, demo_on_the_card())
     assert B.main(["--root", str(tmp_path)]) == 0
     assert "the student copy's Run All reached its end" in capsys.readouterr().out
     nb = nbformat.read(lab.solution_path, as_version=4)
@@ -450,7 +467,7 @@ def test_build_executes_the_solution_in_its_folder(tmp_path, capsys):
 def test_build_fails_when_run_all_of_the_student_copy_stops(tmp_path, capsys):
     """A cell after an exercise that uses the student's unfinished function stops Run All: exit 1, and
     the message names the student copy's cell and the error."""
-    make_lab(tmp_path, DEMO + "\n# %%\nprint(per_token(32, 32, 128, 2))\n")
+    make_lab(tmp_path, demo_on_the_card() + "\n# %%\nprint(per_token(32, 32, 128, 2))\n")
     assert B.main(["--root", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "notebooks/00_demo.ipynb, cell 9: execution stops here with NotImplementedError" in err, err

@@ -154,7 +154,7 @@ def test_panels_offer_the_cards_model_and_gpu_first(second_card, monkeypatch):
 
 def test_the_seed4_harness_counts_the_cards_slots(second_card):
     """8.7's load bar is two thirds of the card's reserve-to-max slots plus one: 20 of the lecture's 29."""
-    from labsupport.replay import utilization_run
+    from labsupport.measure.replay import utilization_run
 
     run = utilization_run([(0.0, 512, 128)] * 3, 4096)
     assert run.slots == 225  # by hand above
@@ -180,3 +180,21 @@ def test_the_release_and_the_gradescope_bundle_carry_the_card():
 
     assert "course.toml" in release.TOP_FILES
     assert "course.toml" in {name for _, name in autograder._files(traces=False)}
+
+
+def test_exercise_4s_slow_link_leaves_a_positive_crossover_on_every_catalogue_card():
+    """The lecture's card: kv·F/N = 524,288 x 494.5e12 / 6.74e9 = 38.47 GB/s, so 32 GB/s (the lecture's slower link);
+    on any card the slower link is below the card's own and swapping stops winning at a positive length:
+    S* = (2·kv·F/W - 2N) / (4·L·H·d) > 0."""
+    assert card.Card(GPUS["h100-sxm-80gb"], MODELS["lecture-7b"]).slow_link_bandwidth == 32 * 10**9
+    assert 524_288 * 0.5 * 989e12 / 6.74e9 == pytest.approx(38.47e9, rel=1e-3)
+    for g in GPUS.values():
+        for m in MODELS.values():
+            if g.hbm_bytes - m.weight_bytes - 4e9 <= 0:
+                continue
+            c = card.Card(g, m)
+            w, mha, f = c.slow_link_bandwidth, c.mha, 0.5 * g.peak_flops
+            assert w < g.link_bandwidth, (g.name, m.name)
+            crossover = (2 * mha.kv_bytes_per_token * f / w - 2 * mha.num_params) / (
+                4 * mha.num_layers * mha.num_heads * mha.head_dim)
+            assert crossover > 0, (g.name, m.name, w)

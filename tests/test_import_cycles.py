@@ -3,6 +3,7 @@ under `if TYPE_CHECKING:` (a circle hidden in a function is still a circle for t
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "labsupport"
@@ -116,13 +117,13 @@ def test_layers_by_role():
     replays = [path for path in PACKAGE.rglob("*.py")
                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                if isinstance(node, ast.ClassDef) and node.name == "Replay"]
-    assert [p.relative_to(PACKAGE).as_posix() for p in replays] == ["replay.py"]
+    assert [p.relative_to(PACKAGE).as_posix() for p in replays] == ["measure/replay.py"]
 
 
 # The house's floors, lowest first: the mechanisms and their measurements at the top of the package, the labs' UI
 # (viz), the commands and their parser (cli), the course tooling (course: build, check, grade) and the benchmarks
 # (bench).  A module imports its own floor and the floors below; `labsupport.__main__` is the front door.
-FLOORS = ("top", "viz", "cli", "course", "bench")
+FLOORS = ("top", "measure", "viz", "cli", "course", "bench")
 
 
 def _floor(name: str) -> str:
@@ -151,3 +152,16 @@ def test_the_floor_check_sees_an_upward_import(tmp_path):
                       ("viz/panel.py", "from labsupport import ledger\n")):
         (pkg / rel).write_text(text)
     assert upward_imports(pkg) == ["labsupport.kvcache -> labsupport.viz.panel"]
+
+
+def test_the_readers_map_matches_the_folders():
+    """labsupport/README.md names every mechanism at the top of the package and every measurement in measure/, each
+    where it is, and no file that is not there (issue 37: the map matches the folders)."""
+    text = (PACKAGE / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:measure/)?[a-z_0-9]+\.py)`", text))
+    present = {p.relative_to(PACKAGE).as_posix() for p in [*PACKAGE.glob("*.py"), *PACKAGE.glob("measure/*.py")]
+               if p.name not in ("__init__.py", "__main__.py")}
+    assert sorted(named - present) == [], "the map names files that are not there"
+    assert sorted(present - named) == [], "files the map does not name"
+    for role in ("viz", "course", "bench", "cli", "measure"):
+        assert (PACKAGE / role / "__init__.py").is_file() and f"`{role}/`" in text, role

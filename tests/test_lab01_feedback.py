@@ -17,7 +17,7 @@ from labsupport.course.checkoffs import get
 from labsupport.course.checkoffs.lab01 import GQA_MOVES, LAB_POOL, LAB_REQUESTS
 from labsupport.course.judge import Mismatch
 from labsupport.course.registry import case_rng
-from labsupport.engine_runs import job_run
+from labsupport.measure.engine_runs import job_run
 from labsupport.specs import LECTURE_7B, LECTURE_GPU, LECTURE_MFU
 
 pytestmark = pytest.mark.usefixtures("fresh_results")

@@ -18,7 +18,7 @@ import pytest
 
 from labsupport import card
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
-from labsupport.fragmentation import run_until_fragmented
+from labsupport.measure.fragmentation import run_until_fragmented
 from labsupport.course.checkoffs import get
 from labsupport.course.judge import Mismatch, close
 from labsupport.course.registry import GIVENS, case_rng, namespace

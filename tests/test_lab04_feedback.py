@@ -2,9 +2,11 @@
 
 4.3, posed as what one decode step's attention must move (not as its terms): two different correct
 derivations pass, and the plausible wrong counts are rejected with a remark naming the slip.
-By hand, the headline point (B = 64, S = 8,192, GQA-8, D = 128, bf16): K and V 2 × 64 × 8,192 × 8 × 128
+By hand, the lecture's headline point (B = 64, S = 8,192, GQA-8, D = 128, bf16): K and V 2 × 64 × 8,192 × 8 × 128
 × 2 = 2,147,483,648 B, query and output 2 × 64 × 32 × 128 × 2 = 1,048,576 B; gather-then-attend moves the
-K/V bytes three times: 3 × 2,147,483,648 + 1,048,576 = 6,443,499,520 B.
+K/V bytes three times: 3 × 2,147,483,648 + 1,048,576 = 6,443,499,520 B.  4.4's givens are one layer of the course
+card's GQA form at that point (on A100-80GB + Qwen2.5-7B, GQA-4 with 28 query heads: 3 × 1,073,741,824 + 917,504 =
+3,222,142,976 B); its slips are worked out here on the card's givens.
 
 4.1 and 4.2: their cases are data only (4.2's tensors are made from a seed where the student's line runs,
 and its expected outputs are the kernels' torch references outside); the slips the old graders named
@@ -19,7 +21,9 @@ import pytest
 import torch
 
 import labsupport  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
+from labsupport import card
 from labsupport.course import checkoff as C
+from labsupport.course import record
 from labsupport.course.checkoff import check
 from labsupport.course.checkoffs import get
 from labsupport.course.judge import Mismatch, Unfinished, close
@@ -76,9 +80,30 @@ def test_4_3_names_the_slip(fn, words):
 
 # --- 4.4 -------------------------------------------------------------------------------------------
 
+# The lecture's headline point: one layer of its GQA-8 7B (32 query heads, 8 KV heads of 128, bf16), B = 64, S = 8,192
+LECTURE_GIVENS = dict(BATCH=64, SEQ_LEN=8192, Q_HEADS=32, KV_HEADS=8, HEAD_DIM=128, DTYPE_BYTES=2)
+
+
+def _card_givens() -> dict:
+    """Lab 04's givens on the course card, from its spec fields: one layer of the card's GQA form at the benchmark's
+    headline point (the lab's workload, B = 64 and S = 8,192, stays the lecture's)."""
+    m = card.card().gqa
+    return dict(BATCH=64, SEQ_LEN=8192, Q_HEADS=m.num_heads, KV_HEADS=m.num_kv_heads, HEAD_DIM=m.head_dim,
+                DTYPE_BYTES=m.dtype_bytes)
+
+
+def _parts(n) -> tuple[int, int]:
+    """(K/V bytes of every sequence, query and output bytes) on givens `n`, by hand."""
+    return kv(n.BATCH, n.SEQ_LEN, n.KV_HEADS, n.HEAD_DIM, n.DTYPE_BYTES), q_out(n.BATCH, n.Q_HEADS, n.HEAD_DIM,
+                                                                              n.DTYPE_BYTES)
+
+
 def test_4_4_headline_by_hand_and_two_derivations_on_hidden_givens():
     c = get("4.4")
-    assert c.expect() == 6_443_499_520
+    assert c.expect(namespace(LECTURE_GIVENS)) == 3 * 2_147_483_648 + 1_048_576 == 6_443_499_520  # the lecture's
+    assert GIVENS[4].lecture == _card_givens()  # the build set the givens cell from the card
+    k_v, q_o = _parts(namespace(_card_givens()))
+    assert c.expect() == 3 * k_v + q_o  # pool read, buffer write, buffer read; the query and the output once
     for g in [GIVENS[4].lecture, *GIVENS[4].draw(case_rng("givens", b"lab04 test", "x"), 4)]:
         n = namespace(g)
         fused = kv(n.BATCH, n.SEQ_LEN, n.KV_HEADS, n.HEAD_DIM, n.DTYPE_BYTES) + q_out(n.BATCH, n.Q_HEADS, n.HEAD_DIM,
@@ -90,23 +115,36 @@ def test_4_4_headline_by_hand_and_two_derivations_on_hidden_givens():
         c.verdict(per_sequence, c.expect(n))
 
 
-@pytest.mark.parametrize("answer, words", [
-    (kv(64, 8192, 8, 128, 2) + q_out(64, 32, 128, 2), "fused paged kernel"),
-    (2 * kv(64, 8192, 8, 128, 2) + q_out(64, 32, 128, 2), "gather's read and write"),
-    (3 * kv(64, 8192, 8, 128, 2), "query and the output cross HBM too"),
-    (3 * (kv(64, 8192, 8, 128, 2) + q_out(64, 32, 128, 2)), "copies only K and V"),
-    (3 * kv(64, 8192, 32, 128, 2) + q_out(64, 32, 128, 2), "KV heads, not query heads"),
-])
-def test_4_4_names_the_slip(answer, words, fails):
+SLIPS_4_4 = {  # the remark's words: the slip's answer on givens n, by hand
+    "fused paged kernel": lambda n: _parts(n)[0] + _parts(n)[1],
+    "gather's read and write": lambda n: 2 * _parts(n)[0] + _parts(n)[1],
+    "query and the output cross HBM too": lambda n: 3 * _parts(n)[0],
+    "copies only K and V": lambda n: 3 * (_parts(n)[0] + _parts(n)[1]),
+    "KV heads, not query heads": lambda n: 3 * kv(n.BATCH, n.SEQ_LEN, n.Q_HEADS, n.HEAD_DIM, n.DTYPE_BYTES)
+    + _parts(n)[1],
+}
+
+
+@pytest.mark.parametrize("words", SLIPS_4_4)
+def test_4_4_names_the_slip(words, fails):
+    """check() grades on the givens lab 04's record publishes (the card it was built for: the lecture's 2**31 + 2**20
+    B is the fused count on its card)."""
+    n = namespace(record.read(4)["givens"])
     with fails(words):
-        check("4.4", answer)
+        check("4.4", SLIPS_4_4[words](n))
 
 
 def test_4_4_no_listed_mistake_is_right_on_any_givens():
+    """On the card's givens and on hidden ones no slip is the answer, and no two slips coincide (each remark can fire:
+    the card's GQA form has fewer KV heads than query heads, so the query-heads count differs from the right one)."""
     c = get("4.4")
-    for g in GIVENS[4].draw(case_rng("givens", b"lab04 mistakes", "x"), 8):
-        spec = c.value_spec(namespace(g))
+    for g in [_card_givens(), LECTURE_GIVENS, *GIVENS[4].draw(case_rng("givens", b"lab04 mistakes", "x"), 8)]:
+        n = namespace(g)
+        spec = c.value_spec(n)
         assert spec["mistakes"] and not any(close(w, spec["want"]) for w, _ in spec["mistakes"])
+        slips = [slip(n) for slip in SLIPS_4_4.values()]
+        assert len(set(slips)) == len(slips) and spec["want"] not in slips, g
+        assert sorted(w for w, _ in spec["mistakes"]) == sorted(slips), g  # every slip named here is listed
 
 
 # Item 4: each step 4.4's prompt names, dropped from a derivation on the givens' names, fails on hidden givens.

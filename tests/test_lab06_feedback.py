@@ -2,14 +2,19 @@
 lecture's givens and on hidden ones; the plausible wrong answers are rejected with a remark naming the
 mistake.  The lecture's numbers are worked by hand: 16K GQA-8 KV = 16,384 × 131,072 B = 2.147 GB, swap
 67.1 ms over 64 GB/s, recompute (2 × 6.74e9 × 16,384 + 4 × 32 × 32 × 128 × 16,384²) / 494.5e12 = 731.2 ms;
-MHA crossover on 32 GB/s: (2 × 524,288 × 494.5e12 / 32e9 − 2 × 6.74e9) / (4 × 32 × 32 × 128) = 5,195.19."""
+MHA crossover on 32 GB/s: (2 × 524,288 × 494.5e12 / 32e9 − 2 × 6.74e9) / (4 × 32 × 32 × 128) = 5,195.19.
+check() grades on the givens lab 06's record publishes (the course card's), so the slips it must name are worked
+out here on those: on A100-80GB + Qwen2.5-7B (a 32 GB/s link, 156 TFLOP/s at 50%) the MHA root is
+(2 × 401,408 × 156e12 / 32e9 − 2 × 7.61e9) / (4 × 28 × 28 × 128) = −28,166.5: no length, swap wins at every one."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from labsupport.course import checkoff as C
+from labsupport.course import record
 from labsupport.course.checkoff import check
 from labsupport.course.checkoffs import get
 from labsupport.course.judge import Mismatch
@@ -37,7 +42,7 @@ def written_out(g, attention=4):
 
 def through_a_breakeven_function(g):
     """A second derivation: a W*(model, S) function on ModelSpecs, and the crossover found by bisection
-    on swap(S) − recompute(S)."""
+    on (swap(S) − recompute(S)) / S, which falls as S grows (a negative root where swap wins at every length)."""
     def wstar(m, s):
         kv = s * 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
         flops = 2 * m.num_params * s + 4 * m.num_layers * m.num_heads * m.head_dim * s ** 2
@@ -50,10 +55,19 @@ def through_a_breakeven_function(g):
     w = wstar(gqa, s)
     kv = s * 2 * gqa.num_layers * gqa.num_kv_heads * gqa.head_dim * gqa.dtype_bytes
     rec = 2 * kv / w  # at the break-even the round trip is the recompute
-    lo, hi = 1.0, 1e7  # W*(S) falls with S: find where it meets the slow link
+    f = g["MFU"] * g["PEAK_FLOPS"]
+
+    def gap(s):  # the MHA swap on the slow link minus its recompute, per token of the sequence
+        kv_per_token = 2 * mha.num_layers * mha.num_kv_heads * mha.head_dim * mha.dtype_bytes
+        return 2 * kv_per_token / g["SLOW_LINK_BW"] - (2 * mha.num_params + 4 * mha.num_layers * mha.num_heads
+                                                       * mha.head_dim * s) / f
+
+    lo, hi = -1e7, 1e7
     for _ in range(200):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if wstar(mha, mid) > g["SLOW_LINK_BW"] else (lo, mid)
+        lo, hi = (mid, hi) if gap(mid) > 0 else (lo, mid)
+    if lo > 0:  # a length: there the slow link is exactly the break-even bandwidth
+        assert wstar(mha, lo) == pytest.approx(g["SLOW_LINK_BW"], rel=1e-6)
     return {"recompute_ms": 1e3 * rec, "swap_advantage": g["LINK_BW"] / w, "breakeven_gbs": w / 1e9,
             "crossover_tokens": lo}
 
@@ -65,12 +79,35 @@ def test_the_lecture_case_by_hand():
     assert got["crossover_tokens"] == pytest.approx(5195.19, abs=0.01)
 
 
+def card_givens() -> dict:
+    """Lab 06's givens on the course card, from its spec fields (the givens cell's `# card=` lines): its MHA form's
+    shape and parameters, its GQA form's KV heads, the GPU's peak and host link; MFU, the slow link and the long
+    sequence stay the lecture's."""
+    from labsupport import card
+
+    c = card.card()
+    return dict(LAYERS=c.mha.num_layers, HEADS=c.mha.num_heads, GQA_KV_HEADS=c.gqa.num_kv_heads,
+                HEAD_DIM=c.mha.head_dim, DTYPE_BYTES=c.mha.dtype_bytes, PARAMS=c.mha.num_params,
+                PEAK_FLOPS=c.gpu.peak_flops, MFU=0.5, LINK_BW=c.gpu.link_bandwidth, SLOW_LINK_BW=32e9, LONG_SEQ=16_384)
+
+
+# What check() grades against: the givens lab 06's record publishes (built for the course card; the lecture's on its)
+BUILT = record.read(6)["givens"]
+RIGHT = written_out(BUILT)
+
+
+def test_the_build_sets_the_givens_from_the_card():
+    c = get("6.3")  # loads lab 06's graders, which declare its givens
+    assert GIVENS[6].lecture == card_givens()
+    assert c.expect() == pytest.approx(written_out(card_givens()), rel=1e-12)
+
+
 @pytest.mark.parametrize("derive", [written_out, through_a_breakeven_function])
 def test_two_correct_derivations_pass_on_the_lecture_and_hidden_givens(derive, capsys):
-    check("6.3", derive(LECTURE))
+    check("6.3", derive(BUILT))
     assert capsys.readouterr().out == "✅ Checkoff 6.3 passed\n"
     c = get("6.3")
-    for g in GIVENS[6].draw(case_rng("givens", b"lab06 test", "x"), 4):
+    for g in [LECTURE, card_givens(), *GIVENS[6].draw(case_rng("givens", b"lab06 test", "x"), 4)]:
         c.verdict(derive(g), c.expect(namespace(g)))
 
 
@@ -90,25 +127,51 @@ def test_the_required_keys_are_in_the_prompt():
         assert f'`"{key}"`' in prompt
 
 
-RIGHT = written_out(LECTURE)
-F = 0.5 * 989e12
-S = 16_384
+def _recompute_ms(g, attention=4, heads=None, rate=None):
+    """The long GQA sequence's prefill in ms, written out; `attention`, `heads` and `rate` write the slips' counts."""
+    s = g["LONG_SEQ"]
+    flops = 2 * g["PARAMS"] * s + attention * g["LAYERS"] * (heads or g["HEADS"]) * g["HEAD_DIM"] * s * s
+    return 1e3 * flops / (rate or g["MFU"] * g["PEAK_FLOPS"])
 
 
-@pytest.mark.parametrize("key, wrong, names", [
-    ("crossover_tokens", written_out(LECTURE, attention=2)["crossover_tokens"], "counted causally"),  # 10,390
-    ("crossover_tokens", written_out(LECTURE, attention=8)["crossover_tokens"], "half the root"),  # 2,598
-    ("recompute_ms", 1e3 * (2 * 6.74e9 * S + 4 * 32 * 8 * 128 * S * S) / F, "every query head attends"),
-    ("recompute_ms", 1e3 * (2 * 6.74e9 * S + 2 * 32 * 32 * 128 * S * S) / F, "causally"),
-    ("recompute_ms", 1e3 * (2 * 6.74e9 * S + 4 * 32 * 32 * 128 * S * S) / 989e12, "MFU × peak"),
-    ("recompute_ms", 1e3 * 2 * 6.74e9 * S / F, "weights' FLOPs alone"),
-    ("swap_advantage", 2 * RIGHT["swap_advantage"], "one-way trip"),
-    ("breakeven_gbs", RIGHT["breakeven_gbs"] / 2, "one-way bandwidth"),
-    ("breakeven_gbs", 4 * RIGHT["breakeven_gbs"], "MHA cache"),
-])
+def _mha_breakeven_gbs(g):
+    """The break-even with the long sequence's cache counted on HEADS KV heads (the MHA form's, not GQA_KV_HEADS):
+    both trips of that cache over the recompute time, in GB/s."""
+    kv_mha = 2 * g["LAYERS"] * g["HEADS"] * g["HEAD_DIM"] * g["DTYPE_BYTES"] * g["LONG_SEQ"]
+    return 2 * kv_mha / (_recompute_ms(g) / 1e3) / 1e9
+
+
+SLIPS_6_3 = [  # (key, the slip's answer on givens g by hand, the remark's words); the lecture's values noted
+    ("crossover_tokens", lambda g: written_out(g, attention=2)["crossover_tokens"], "counted causally"),  # 10,390
+    ("crossover_tokens", lambda g: written_out(g, attention=8)["crossover_tokens"], "half the root"),  # 2,598
+    ("recompute_ms", lambda g: _recompute_ms(g, heads=g["GQA_KV_HEADS"]), "every query head attends"),
+    ("recompute_ms", lambda g: _recompute_ms(g, attention=2), "causally"),
+    ("recompute_ms", lambda g: _recompute_ms(g, rate=g["PEAK_FLOPS"]), "MFU × peak"),
+    ("recompute_ms", lambda g: _recompute_ms(g, attention=0), "weights' FLOPs alone"),
+    ("swap_advantage", lambda g: 2 * written_out(g)["swap_advantage"], "one-way trip"),
+    ("breakeven_gbs", lambda g: written_out(g)["breakeven_gbs"] / 2, "one-way bandwidth"),
+    ("breakeven_gbs", _mha_breakeven_gbs, "MHA cache"),  # 4 times the right one on the lecture's GQA-8
+]
+
+
+@pytest.mark.parametrize("key, wrong, names", SLIPS_6_3, ids=[names for _, _, names in SLIPS_6_3])
 def test_each_plausible_wrong_answer_is_named(key, wrong, names, fails):
     with fails(names):
-        check("6.3", dict(RIGHT, **{key: wrong}))
+        check("6.3", dict(RIGHT, **{key: wrong(BUILT)}))
+
+
+def test_the_slips_are_apart_on_the_card_the_lecture_and_hidden_givens():
+    """Each slip's remark can fire on the card's givens (and the lecture's and hidden ones): no slip lands on the right
+    answer or on another slip of the same key within that key's tolerance."""
+    c = get("6.3")
+    for g in [card_givens(), LECTURE, *GIVENS[6].draw(case_rng("givens", b"lab06 test", "apart"), 4)]:
+        tolerances = c.value_spec(namespace(g))["keys"]
+        right = written_out(g)
+        for key in right:
+            rel, abs_ = tolerances[key]["rel_tol"], tolerances[key]["abs_tol"]
+            values = [right[key]] + [wrong(g) for k, wrong, _ in SLIPS_6_3 if k == key]
+            for i, a in enumerate(values):
+                assert all(not math.isclose(a, b, rel_tol=rel, abs_tol=abs_) for b in values[:i]), (key, g)
 
 
 # --- 6.1: the break-even bandwidth, posed as what each way spends (its terms are below the checkoff) --
@@ -147,8 +210,30 @@ def test_6_1_names_the_slip(fn, words, fails):
 
 @pytest.mark.parametrize("crossover, named", [(2600, True), (2550, True), (2655, True), (2700, False)])
 def test_6_3_the_lecture_printed_crossover_is_named(crossover, named, fails):
-    with fails("printed figure" if named else r"too low\.[^A-Z]*Hint"):
+    """Within 60 tokens of the lecture's printed ≈ 2,600 the remark says so, on any card; 2,700 is past it and gets
+    no remark, only its side of the card's root (too low against the lecture's 5,195.19)."""
+    roots = [RIGHT["crossover_tokens"]] + [wrong(BUILT) for key, wrong, _ in SLIPS_6_3 if key == "crossover_tokens"]
+    assert all(abs(crossover - root) > 2 for root in roots)  # neither right nor another slip on these givens
+    side = "too low" if crossover < RIGHT["crossover_tokens"] else "too high"
+    with fails("printed figure" if named else rf"{side}\.[^A-Z]*Hint"):
         check("6.3", dict(RIGHT, crossover_tokens=crossover))
+
+
+def test_6_3_zero_is_told_the_question_is_about_mha_only_where_mha_has_a_crossover():
+    """0 tokens ("swap wins at every length") is the GQA model's answer on the lecture's slow link, where the MHA
+    root is 5,195.19 tokens: the remark says the question is about MHA.  Where the MHA root is no length either (the
+    lecture's model on a 64 GB/s slow link: (2 × 524,288 × 494.5e12 / 64e9 − 2 × 6.74e9) / 524,288 < 0), that remark
+    would be false: 0 is then only too high."""
+    from labsupport.course import data, judge
+
+    c = get("6.3")
+    for g, has_root in ((LECTURE, True), (dict(LECTURE, SLOW_LINK_BW=64e9), False)):
+        assert (written_out(g)["crossover_tokens"] > 0) == has_root
+        spec = judge.readable(c.value_spec(namespace(g)))
+        with pytest.raises(Mismatch) as err:
+            judge.verdict(data.parse(data.dumps(dict(written_out(g), crossover_tokens=0))), spec)
+        assert ("the question is about MHA" in str(err.value)) == has_root, str(err.value)
+        assert has_root or "too high" in str(err.value)
 
 
 def test_6_3_names_the_slips_on_hidden_givens_too():

@@ -126,8 +126,11 @@ def test_ledger_cli_json_keys_and_values():
     kv = 2 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes
     assert r["kv_bytes_per_token"] == kv
     assert r["naive_concurrency"] == int((g.hbm_bytes - m.num_params * m.dtype_bytes - 4e9) // (4096 * kv))
-    # explicit shape flags override the card's model: 16 layers and 8 KV heads, its head size and bytes per value
-    out = _run("ledger", "--json", "--layers", "16", "--kv-heads", "8", "--link-gbs", "32", "--s-max", "2048")
+    # explicit shape flags override the card's model: 16 layers, 32 heads and 8 KV heads (the heads named too, as
+    # 8 KV heads cannot serve every card's heads: Qwen2.5-7B has 28), its head size and bytes per value
+    out = _run("ledger", "--json", "--layers", "16", "--heads", "32", "--kv-heads", "8", "--link-gbs", "32",
+               "--s-max", "2048")
+    assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     kv = 2 * 16 * 8 * m.head_dim * m.dtype_bytes  # 65,536 B on either card (head size 128, 2 B)
     assert r["kv_bytes_per_token"] == kv
@@ -144,7 +147,7 @@ def test_ledger_cli_json_keys_and_values():
     (["--hbm-gb", "10"], "weights alone"),
     (["--mfu", "2"], "--mfu"),
     (["--prompt", "abc"], "--prompt: expected an integer"),
-    (["--kv-heads", "5"], "multiple of"),
+    (["--heads", "32", "--kv-heads", "5"], "multiple of"),  # heads named: the card's need not be a multiple of 5
 ])
 def test_ledger_cli_bad_flags(flags, needle):
     out = _run("ledger", *flags)

@@ -10,7 +10,7 @@ import pytest
 import labsupport  # noqa: F401
 from labsupport.bench import engine as bench_engine
 from labsupport.cli import simulate
-from labsupport.replay import replay
+from labsupport.measure.replay import replay
 from labsupport.specs import LECTURE_7B, LECTURE_GPU
 from labsupport.workloads import REPO_ROOT
 from real_traces import real_trace
@@ -189,10 +189,14 @@ def test_rate_scale_compresses_arrivals():
 
 @pytest.mark.skipif(MOONCAKE_CONV is None, reason="the Mooncake trace is not present, or hidden")
 def test_mooncake_conversation_overload_with_both_preemption_modes(capsys):
-    # long Mooncake prompts on a 10 GB pool, arrivals 20x faster: the pool runs dry
+    # long Mooncake prompts on a pool of the tokens 10 GB holds of the lecture's model (10e9 // (16 x 524,288) = 1,192
+    # blocks of 16), at the card's model's KV bytes per token (1.09 GB for Qwen2.5-7B's 57,344 B; a plain 10 GB holds
+    # 10,899 of its blocks, and nothing runs dry), arrivals 20x faster: the pool runs dry
+    _, _, kv, _ = _card_by_hand()
     for mode in ("swap", "recompute"):
-        d = run_json(capsys, "--trace", "mooncake-conv", "--limit", "120", "--kv-budget-gb", "10",
+        d = run_json(capsys, "--trace", "mooncake-conv", "--limit", "120", "--kv-budget-gb", repr(10 * kv / 524_288),
                      "--rate-scale", "20", "--preemption", mode)
+        assert d["num_blocks"] == 1_192
         assert d["finished"] + d["rejected"] == 120
         assert d["preemptions"][mode] > 0 and d["leaked_blocks"] == 0
 

@@ -109,24 +109,33 @@ def test_panel_text_is_deterministic_and_is_its_plain_repr():
 
 
 def test_panel_shows_rejected_input_in_its_readout_and_keeps_the_figure():
+    # the panel's default is the course card's model as MHA; KiB per token by hand, 2 x L x n_kv x d x b / 1,024:
+    # 512 KiB with all 32 heads and 128 KiB with the GQA form's 8 on the lecture's card (392 and 56 on Qwen2.5-7B's
+    # 28 heads and 4 KV heads)
+    m, gqa = card.card().mha, card.card().gqa.num_kv_heads
+    heads = m.num_heads
+
+    def kib(num_kv_heads):
+        return 2 * m.num_layers * num_kv_heads * m.head_dim * m.dtype_bytes / 1024
+
     panel = roofline.kv_heads_panel()
-    assert list(panel.figure.data[0].y) == [512, 512]  # KiB per token, MHA
-    panel.controls["num_kv_heads"].value = 8
-    assert list(panel.figure.data[0].y) == [512, 128]
-    assert "131,072 B = 128 KiB" in panel.text()
+    assert list(panel.figure.data[0].y) == [kib(heads), kib(heads)]  # KiB per token, MHA
+    panel.controls["num_kv_heads"].value = gqa
+    assert list(panel.figure.data[0].y) == [kib(heads), kib(gqa)]
+    assert f"{round(kib(gqa) * 1024):,} B = {kib(gqa):,.0f} KiB" in panel.text()  # "131,072 B = 128 KiB"
 
     def figure(num_kv_heads):
         return roofline.kv_heads_figure(num_kv_heads)
 
     import ipywidgets as widgets
 
-    picky = viz.Panel(figure, {"num_kv_heads": widgets.IntSlider(value=8, min=1, max=32)}, title="t")
-    picky.controls["num_kv_heads"].value = 3  # 3 does not divide 32 query heads
+    picky = viz.Panel(figure, {"num_kv_heads": widgets.IntSlider(value=gqa, min=1, max=heads)}, title="t")
+    picky.controls["num_kv_heads"].value = next(k for k in range(2, heads) if heads % k)  # 3 divides no 32 or 28 heads
     assert picky.error is not None and "must divide" in picky.text()
     assert "must divide" in picky.readout.value
-    assert list(picky.figure.data[0].y) == [512, 128]
-    picky.controls["num_kv_heads"].value = 16
-    assert picky.error is None and list(picky.figure.data[0].y) == [512, 256]
+    assert list(picky.figure.data[0].y) == [kib(heads), kib(gqa)]  # the figure of the last good value stays
+    picky.controls["num_kv_heads"].value = heads // 2
+    assert picky.error is None and list(picky.figure.data[0].y) == [kib(heads), kib(heads // 2)]
 
 
 def test_patch_figure_replaces_traces_of_another_kind():

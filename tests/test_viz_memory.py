@@ -11,10 +11,11 @@ import math
 import plotly.graph_objects as go
 import pytest
 
-from labsupport import block_size, card, fragmentation
+from labsupport import card
+from labsupport.measure import block_size, fragmentation
 from labsupport.block_allocator import BlockAllocator
 from labsupport.contiguous import ContiguousAllocator
-from labsupport.fig2 import Breakdown
+from labsupport.measure.fig2 import Breakdown
 from labsupport.specs import GPUS
 from labsupport.viz import memory as vm
 

@@ -17,7 +17,8 @@ import pytest
 from plotly.basedatatypes import Undefined  # plotly's mark for "this trace: no change"
 from plotly.utils import PlotlyJSONEncoder
 
-from labsupport import fragmentation, ledger
+from labsupport import ledger
+from labsupport.measure import fragmentation
 from labsupport.specs import LECTURE_7B, LECTURE_GPU
 from labsupport.viz import engine, kernel, memory, reopen, roofline, sharing, slo
 from labsupport.viz.board import Board, segment_view

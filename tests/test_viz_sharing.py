@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labsupport import card, ledger
-from labsupport import sharing as S
+from labsupport.measure import sharing as S
 from labsupport.block_allocator import BlockAllocator
 from labsupport.course import checkoff as C
 from labsupport.course.checkoff import check

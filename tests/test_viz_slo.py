@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import pytest
 
 from labsupport import card
-from labsupport import replay as R
+from labsupport.measure import replay as R
 from labsupport import slo as S
 from labsupport.costmodel import CostModel
 from labsupport.engine import Engine

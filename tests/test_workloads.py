@@ -358,6 +358,7 @@ def test_the_trace_tests_find_the_traces_where_the_labs_do(tmp_path, monkeypatch
     info = W.TRACES["azure-conv"]
     monkeypatch.setattr(W, "REPO_ROOT", tmp_path / "repo")  # a clone with no data/ and nothing beside it
     monkeypatch.delenv(W.HIDE_TRACES_ENV, raising=False)
+    monkeypatch.delenv("LABSUPPORT_DATA", raising=False)  # the run's own (a copy's tests run on one) is not this clone's
     assert real_trace("azure-conv") is None
     (tmp_path / "env").mkdir()
     (tmp_path / "env" / info.filename).write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")

@@ -155,9 +155,14 @@ def _hidden_exercise4(rng) -> dict | None:
     return None
 
 
-_FALLBACKS = (dict(LAYERS=24, HEADS=16, GQA_KV_HEADS=4, HEAD_DIM=64, DTYPE_BYTES=1, PARAMS=1.3e9, PEAK_FLOPS=1979e12,
-                   MFU=0.4, LINK_BW=128e9, SLOW_LINK_BW=8e9, LONG_SEQ=32_768),
-              dict(LAYERS=24, HEADS=16, GQA_KV_HEADS=4, HEAD_DIM=96, DTYPE_BYTES=4, PARAMS=3.0e9, PEAK_FLOPS=1979e12,
+# Each fallback differs in every given from the givens of every catalogue card (specs.py: no model has 24 layers, 16
+# heads or 1 or 2 KV heads in its GQA form (Qwen2.5-7B's has 4), no GPU a 1,979 TFLOP/s peak or a 50 or 128 GB/s link,
+# and no card a 10 or 12 GB/s slower link: Card.slow_link_bandwidth is a PCIe rate, 32, 16, 8 ... GB/s), so that it
+# serves whatever card course.toml names; each is a set _hidden_exercise4 accepts (a slower second link, an MHA
+# crossover of 52,711 and 355,110 tokens).
+_FALLBACKS = (dict(LAYERS=24, HEADS=16, GQA_KV_HEADS=2, HEAD_DIM=64, DTYPE_BYTES=1, PARAMS=1.3e9, PEAK_FLOPS=1979e12,
+                   MFU=0.4, LINK_BW=128e9, SLOW_LINK_BW=10e9, LONG_SEQ=32_768),
+              dict(LAYERS=24, HEADS=16, GQA_KV_HEADS=1, HEAD_DIM=96, DTYPE_BYTES=4, PARAMS=3.0e9, PEAK_FLOPS=1979e12,
                    MFU=0.6, LINK_BW=50e9, SLOW_LINK_BW=12e9, LONG_SEQ=12_000))
 G = givens(hidden=_hidden_exercise4, fallbacks=_FALLBACKS)
 
@@ -211,7 +216,10 @@ def _exercise4_keys(g) -> dict:
             # within 60 tokens of the lecture's printed ≈ 2,600, as points 4 apart (a slip matches within ±2 tokens)
             *[(2600 + d, "About 2,600 is the lecture's printed figure, which is not the root of the lecture's own "
                          "equation; solve it exactly.") for d in range(-58, 59, 4)],
-            (0, "With the GQA cache swap may win at every length on the slow link; the question is about MHA.")]},
+            # true only where the MHA root is a length: on a card whose slow link already beats recompute for MHA at
+            # every length (an A100's 32 GB/s), MHA has no crossover either, and the remark would mislead
+            *([(0, "With the GQA cache swap may win at every length on the slow link; the question is about MHA.")]
+              if _crossover(mha, g.SLOW_LINK_BW, rate) > 0 else [])]},
     }
 
 
