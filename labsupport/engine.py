@@ -182,7 +182,7 @@ class TokenEvent:
 class StepOutput:
     """What one iteration of §10.5's loop did: `Engine.step` returns it, and None once nothing is left.
 
-    Streaming is a loop over it (`labsupport.engine_runs.stream_engine`).  An idle step (nobody to run,
+    Streaming is a loop over it (`labsupport.measure.engine_runs.stream_engine`).  An idle step (nobody to run,
     the clock jumps to the next arrival) admits, preempts and emits nothing.
     """
 

@@ -29,7 +29,7 @@ from IPython.display import Markdown, display
 
 from labsupport.costmodel import CostModel
 from labsupport.course.checkoff import check, revealed, unlocked
-from labsupport.engine_runs import job_run
+from labsupport.measure.engine_runs import job_run
 from labsupport.specs import GB, LECTURE_RESERVED_BYTES
 from labsupport.units import fmt_bytes, fmt_gb
 from labsupport.viz import roofline

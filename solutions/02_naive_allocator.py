@@ -36,8 +36,8 @@ from labsupport import card, ledger, workloads
 from labsupport.block_allocator import BlockAllocator
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
 from labsupport.course.checkoff import check, revealed, unlocked
-from labsupport.fig2 import fig2_breakdown, simulate_breakdown
-from labsupport.fragmentation import fill_reserve_to_max, naive_measurement, run_until_fragmented
+from labsupport.measure.fig2 import fig2_breakdown, simulate_breakdown
+from labsupport.measure.fragmentation import fill_reserve_to_max, naive_measurement, run_until_fragmented
 from labsupport.kvcache import ContiguousKVCache
 from labsupport.memory_stats import OutOfBlocks, ReservationExceeded
 from labsupport.units import fmt_bytes, fmt_gb, fmt_pct
@@ -752,7 +752,7 @@ check("2.12", tail_bytes)
 #
 # We replay the first 1,000 requests of the **Azure LLM Inference 2023 conversation trace**
 # (Patel et al., ISCA 2024) through each real allocator on the card's
-# {{ N.kv_budget_bytes / GB:.2f }} GB pool (`labsupport.fig2.fig2_breakdown`: every request waiting
+# {{ N.kv_budget_bytes / GB:.2f }} GB pool (`labsupport.measure.fig2.fig2_breakdown`: every request waiting
 # from the start, iteration-level admission, samples taken while memory is the bottleneck). Max is
 # run at two context windows: 8,192 (the smallest power of two holding these 1,000 requests) and
 # 16,384 (what the whole trace needs).

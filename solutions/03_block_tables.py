@@ -34,7 +34,7 @@ import torch
 
 from labsupport import card, ledger, workloads
 from labsupport.block_allocator import BlockAllocator
-from labsupport.block_size import fitting_batch, measure_workloads
+from labsupport.measure.block_size import fitting_batch, measure_workloads
 from IPython.display import Markdown, display
 
 from labsupport.course.checkoff import check, revealed, unlocked

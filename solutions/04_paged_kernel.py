@@ -42,7 +42,7 @@ import triton.language as tl
 from labsupport import card
 from labsupport import kernels as K
 from labsupport import viz
-from labsupport.addresses import HISTORIES, address_map
+from labsupport.measure.addresses import HISTORIES, address_map
 from labsupport.bench import kernel as kernel_bench
 from IPython.display import Markdown, display
 

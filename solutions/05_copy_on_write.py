@@ -31,7 +31,7 @@ from labsupport.engine import Engine
 from labsupport.kvcache import PagedKVCache
 from labsupport.model import load_tiny_model
 from labsupport.sampling import SamplingParams, sample_token
-from labsupport.sharing import fanout_in_pool, measure_fanout, measure_fork_cost, replay_prefix_cache
+from labsupport.measure.sharing import fanout_in_pool, measure_fanout, measure_fork_cost, replay_prefix_cache
 from labsupport.specs import GB, LECTURE_7B, MiB  # LECTURE_7B: only where a line states what the lecture printed
 from labsupport.units import fmt_gb
 from labsupport.viz import sharing as viz_sharing
@@ -257,7 +257,7 @@ check("5.2", fanout_blocks)
 # %% [markdown]
 # Your count against the engine's. A branch caches its prompt plus every output token but the last (the
 # last one is emitted, never attended to), so each branch of section 2 holds $P + O - 1$ tokens at its
-# peak. `labsupport.sharing.measure_fanout` replays the same fan-out on two real allocators, forked and
+# peak. `labsupport.measure.sharing.measure_fanout` replays the same fan-out on two real allocators, forked and
 # unshared:
 
 # %%

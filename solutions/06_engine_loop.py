@@ -30,10 +30,10 @@ from labsupport import card, ledger, viz
 from labsupport.costmodel import CostModel
 from labsupport.course.checkoff import check, revealed, unlocked
 from labsupport.engine import Engine
-from labsupport.engine_runs import run_requests, stream_engine
-from labsupport.machine import measure_copy_bandwidth, measure_prefill_rate
+from labsupport.measure.engine_runs import run_requests, stream_engine
+from labsupport.measure.machine import measure_copy_bandwidth, measure_prefill_rate
 from labsupport.model import load_tiny_model
-from labsupport.replay import watermark_sweep
+from labsupport.measure.replay import watermark_sweep
 from labsupport.sampling import SamplingParams
 # LECTURE_* only where a line states what the lecture printed (its errata); the lab runs on the course card
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU, LECTURE_MFU, ModelSpec
@@ -82,7 +82,7 @@ PARAMS = 6.74e9  # card=mha.num_params: parameters
 PEAK_FLOPS = 989e12  # card=gpu.peak_flops: the {gpu}'s bf16 peak, FLOP/s
 MFU = 0.5  # the share of peak a prefill achieves
 LINK_BW = 64e9  # card=gpu.link_bandwidth: the {gpu}'s host link, B/s per direction
-SLOW_LINK_BW = 32e9  # the slower link of the crossover question, B/s per direction
+SLOW_LINK_BW = 32e9  # card=card.slow_link_bandwidth: the slower link of the crossover question, B/s per direction
 LONG_SEQ = 16_384  # the long GQA sequence, tokens
 
 # %% [markdown]

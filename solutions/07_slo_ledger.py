@@ -29,7 +29,7 @@ from labsupport.costmodel import CostModel
 from labsupport.course.checkoff import check, passed, revealed, unlocked
 from labsupport.engine import Engine
 from labsupport.memory_stats import OutOfBlocks
-from labsupport.replay import ReplayConfig, chat_with_probe, replay, steady_batch_tpot
+from labsupport.measure.replay import ReplayConfig, chat_with_probe, replay, steady_batch_tpot
 from labsupport.slo import memory_ceiling, three_columns
 from labsupport.specs import GB, LECTURE_7B, LECTURE_7B_GQA8, LECTURE_GPU  # LECTURE_*: the lecture's errata only
 from labsupport.units import fmt_bytes, fmt_gb

@@ -27,10 +27,10 @@ from IPython.display import HTML, Markdown, display
 
 from labsupport import card, ledger, workloads
 from labsupport.course.checkoff import check, revealed, unlocked
-from labsupport.part_two import (attention_intensity, interference_spike, length_prediction_cost, map_rows, outputs,
+from labsupport.measure.part_two import (attention_intensity, interference_spike, length_prediction_cost, map_rows, outputs,
                                   tlb_bytes, trace_numbers)
-from labsupport.replay import ReplayConfig, chat_requests, replay, tlb_replay, utilization_run, utilization_sweep
-from labsupport.sharing import measure_fanout, measure_fork_cost
+from labsupport.measure.replay import ReplayConfig, chat_requests, replay, tlb_replay, utilization_run, utilization_sweep
+from labsupport.measure.sharing import measure_fanout, measure_fork_cost
 from labsupport.specs import GB
 from labsupport.viz import board as viz_board
 from labsupport.viz import slo as viz_slo
@@ -459,7 +459,7 @@ print(f"one 640-token sequence swapped in over {GPU.link_bandwidth / GB:g} GB/s:
 
 # %% [markdown]
 # A KV "TLB" would be a small cache of block-table entries, keyed by (sequence, logical block), next to
-# the attention kernel. Its hit rate on a real run (`labsupport.replay.tlb_replay`): the first 10 minutes of the
+# the attention kernel. Its hit rate on a real run (`labsupport.measure.replay.tlb_replay`): the first 10 minutes of the
 # Azure trace at twice the recorded rate, where every decode step reads each resident block's
 # translation once per layer.
 

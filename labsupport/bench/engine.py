@@ -23,7 +23,7 @@ from labsupport import ledger
 from labsupport.cli.parser import OneLineParser, int_flag
 from labsupport.cli.traces import TRACE_NAMES, load_trace_reporting
 from labsupport.costmodel import CostModel
-from labsupport.replay import ReplayConfig, replay
+from labsupport.measure.replay import ReplayConfig, replay
 from labsupport import card
 from labsupport.specs import GB
 from labsupport.workloads import MAX_REQUESTS

@@ -15,7 +15,7 @@ from labsupport.viz.engine import S_OPTIONS, swap_recompute_panel
 from labsupport.viz.memory import block_table_explorer, naive_panel
 from labsupport.viz.roofline import batch_gap_panel, kv_heads_panel
 from labsupport.viz.sharing import fanout_panel
-from labsupport.replay import ReplayConfig, replay
+from labsupport.measure.replay import ReplayConfig, replay
 from labsupport.viz.slo import goodput_slo_panel, goodput_table_panel, tpot_panel, ttft_panel
 from labsupport.workloads import chat_workload
 

@@ -23,7 +23,7 @@ from labsupport.cli.parser import (OneLineParser, UsageError, dumps_strict, int_
 from labsupport.costmodel import CostModel
 from labsupport.cli.traces import TRACE_NAMES, load_trace_reporting
 from labsupport.engine import PREEMPTION_MODES
-from labsupport.replay import Replay, ReplayConfig, replay
+from labsupport.measure.replay import Replay, ReplayConfig, replay
 from labsupport.slo import SLOReport
 from labsupport.specs import GB, GPUS, MODELS, MiB
 from labsupport.workloads import MAX_REQUESTS

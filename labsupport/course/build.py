@@ -637,7 +637,9 @@ def refresh_board_data(root: Path) -> None:
     """The board's engine runs and trace figures (labsupport/viz/board/board_data.json) computed again before the
     board is built, on the card course.toml names: a retargeted course's board shows its own card's runs.  Kept as
     it is without the real traces (its trace figures would be the stand-ins')."""
-    from labsupport.viz.board.map import write_board_data
+    import subprocess
+
+    from labsupport.course.runner import python
     from labsupport.workloads import FETCH_COMMAND, TRACES, find_trace
 
     path = root / "labsupport" / "viz" / "board" / "board_data.json"
@@ -645,7 +647,12 @@ def refresh_board_data(root: Path) -> None:
         print(f"build: the board's data ({path.relative_to(root)}) is kept as it is: its figures need the real "
               f"traces (`{FETCH_COMMAND}` fetches them)", file=sys.stderr, flush=True)
         return
-    write_board_data(path)
+    # the board's own command, as the course's tooling runs any lab code: in a process of the root's package
+    run = subprocess.run(python("labsupport.viz.board", "--write", root=str(root)), cwd=root, capture_output=True,
+                         text=True)
+    if run.returncode:
+        raise BuildError(f"the board's data: `python -m labsupport.viz.board --write` failed: "
+                         f"{(run.stderr.strip().splitlines() or ['no message'])[-1]}")
 
 
 def _say_if_on_stand_ins(lab: Lab, solution: nbformat.NotebookNode) -> None:

@@ -1,18 +1,18 @@
 """Figures and panels of lab 06: the engine loop, admission and preemption (§10.5, Exercise 4).
 
 Every picture is read off the real `Engine` or the ledger's closed forms; the runs and measurements
-live beside the engine (`labsupport.engine_runs`, `labsupport.replay`, `labsupport.machine`):
+live beside the engine (`labsupport.measure.engine_runs`, `labsupport.measure.replay`, `labsupport.measure.machine`):
 
 * the loop streamed: each step's batch re-chosen, tokens appearing per step (`stream_engine`
   records it; `stream_figure`, `stream_panel`, `stream_text` draw);
 * overload and the watermark: refusals at admission against preemptions, and blocks in use over
-  time, from engine runs on a real trace with the cost-model clock (`labsupport.replay.watermark_sweep`
+  time, from engine runs on a real trace with the cost-model clock (`labsupport.measure.replay.watermark_sweep`
   measures; `watermark_figure`, `watermark_panel` draw);
 * swap against recompute: the two stalls against S, the break-even bandwidth, the crossover, for
   any model, GPU and link (`swap_recompute`, `swap_recompute_figure`, `swap_recompute_panel`,
   `breakeven_figure`);
 * your own machine: host↔device copy bandwidth (a host memcpy, labelled as such, where there is no
-  device) and the tiny model's prefill rate (`labsupport.machine`), and your personal break-even
+  device) and the tiny model's prefill rate (`labsupport.measure.machine`), and your personal break-even
   (`personal_breakeven_figure`);
 * memory pressure: the same requests under swap, recompute and auto, and the stall each costs
   (`run_requests`, `stall_figure`, `blocks_figure`).
@@ -30,9 +30,9 @@ from plotly.subplots import make_subplots
 
 from labsupport import card, ledger
 from labsupport.checks import positive_int as _positive_int
-from labsupport.engine_runs import StreamLog
-from labsupport.machine import Bandwidth, PrefillRate
-from labsupport.replay import OverloadRun
+from labsupport.measure.engine_runs import StreamLog
+from labsupport.measure.machine import Bandwidth, PrefillRate
+from labsupport.measure.replay import OverloadRun
 from labsupport.specs import GB, LECTURE_MFU, GPUSpec, ModelSpec
 from labsupport.units import fmt_int, log_axis_ticks
 from labsupport.viz import (FONT_SIZE, PALETTE, Panel, a11y, attention_options, dropdown, gpu_options, number_slider,

@@ -6,7 +6,7 @@ Three pictures:
   reserve-to-max cache and for a paged pool whose block tables come from the real
   ``BlockAllocator`` (after a prefill, after sequences decode side by side, or after churn); the
   addresses are computed by the kernels' own ``kv_token_offsets`` (measured in
-  ``labsupport.addresses``).  Its runs are the lecture's "kernel's contiguous run".
+  ``labsupport.measure.addresses``).  Its runs are the lecture's "kernel's contiguous run".
 * the **bytes of one decode step**: the fused paged kernel against gather-then-attend, with the
   block table's share drawn to scale (§10.3: "the FLOPs and the bytes are identical").
 * the **bandwidth against block size**: GB/s and % of the device's measured copy bandwidth for the
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from labsupport.addresses import HISTORIES, AddressMap, address_map
+from labsupport.measure.addresses import HISTORIES, AddressMap, address_map
 from labsupport.checks import positive_int
 from labsupport import card
 from labsupport.specs import GB, GPUSpec, MiB, ModelSpec

@@ -5,13 +5,13 @@ Every picture is drawn from a real mechanism's state, never from re-typed number
 * §10.2's board: one S_max slot with the sequence's tokens shaded, then the stack of slots a real
   `ReserveToMaxAllocator` admits on the budget (`slot_figure`, `slot_stack_figure`, `naive_panel`);
 * Exercise 2: a real first-fit `ContiguousAllocator` driven by arrivals and retirements until it
-  refuses a request while more than enough memory is free (`labsupport.fragmentation` measures,
+  refuses a request while more than enough memory is free (`labsupport.measure.fragmentation` measures,
   `address_space_figure` draws);
-* the vLLM paper's Fig. 2 breakdown from `labsupport.fig2.fig2_breakdown` replays (`fig2_figure`);
+* the vLLM paper's Fig. 2 breakdown from `labsupport.measure.fig2.fig2_breakdown` replays (`fig2_figure`);
 * §10.3's board: logical blocks on the left, one physical pool on the right, arrows crossing, read
   off a real `PagedKVCache` (`block_table_figure`, `BlockTableExplorer` with step buttons);
 * the block-size trade-off, from the ledger and measured on the real allocator over real traces
-  (`labsupport.block_size` measures; `block_size_tradeoff_figure`, `block_size_panel` draw).
+  (`labsupport.measure.block_size` measures; `block_size_tradeoff_figure`, `block_size_panel` draw).
 
 Colours keep `viz.PALETTE`'s meanings: green holds real tokens, orange is reserved and never filled,
 vermilion is unusable free memory (external fragmentation), grey is free.
@@ -26,11 +26,11 @@ from plotly.subplots import make_subplots
 
 from labsupport import card, ledger
 from labsupport.block_allocator import BlockAllocator
-from labsupport.block_size import BlockSizeMeasurement
+from labsupport.measure.block_size import BlockSizeMeasurement
 from labsupport.checks import positive_int as _positive_int
 from labsupport.contiguous import ContiguousAllocator, Refusal, ReserveToMaxAllocator
-from labsupport.fig2 import Breakdown
-from labsupport.fragmentation import fill_reserve_to_max, naive_measurement
+from labsupport.measure.fig2 import Breakdown
+from labsupport.measure.fragmentation import fill_reserve_to_max, naive_measurement
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.specs import MiB
 from labsupport.units import fmt_gb, fmt_pct

@@ -1,7 +1,7 @@
 """Figures of lab 05: copy-on-write fan-out and prefix sharing (§10.4).
 
 Every picture is read off the real `BlockAllocator` (or the ledger's closed form, which tests prove
-equal to it), never re-typed; the measurements live in `labsupport.sharing`:
+equal to it), never re-typed; the measurements live in `labsupport.measure.sharing`:
 
 * §10.4's board: branches on the left, the physical blocks they name on the right, each block
   labelled with its reference count — one prompt's blocks with eight arrows and refcount 8, then
@@ -27,7 +27,7 @@ import plotly.graph_objects as go
 from labsupport import card, ledger
 from labsupport.block_allocator import BlockAllocator
 from labsupport.checks import as_count as _count
-from labsupport.sharing import ForkCost, PrefixReplay
+from labsupport.measure.sharing import ForkCost, PrefixReplay
 
 from labsupport.units import fmt_int, log_axis_ticks
 from labsupport.viz import (FONT_SIZE, PALETTE, Panel, attention_options, bytes_axis_title, dropdown, in_unit, number_slider,

@@ -1,7 +1,7 @@
 """Figures and panels of the SLO ledger (§10.6, lab 07) and the board's 58–68 minute segment.
 
 Four pictures, each from the real engine or the ledger, never from re-typed numbers (the runs live in
-`labsupport.replay`, the arithmetic of TTFT's parts and the three-column table in `labsupport.slo`):
+`labsupport.measure.replay`, the arithmetic of TTFT's parts and the three-column table in `labsupport.slo`):
 
 * TTFT as three stacked bars — queueing, prefill, scheduling delay — read off engine runs;
 * TPOT against the batch: the weights, your own KV and your neighbours' KV, stacked ("your
@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 
 from labsupport import card, ledger
-from labsupport.replay import ProbeRun, Replay, UtilizationRun, chat_with_probe
+from labsupport.measure.replay import ProbeRun, Replay, UtilizationRun, chat_with_probe
 from labsupport.slo import (TTFT_PARTS, Column, TTFTSplit, memory_ceiling, slo_batch, step_tpot_s, three_columns,
                            tpot_terms)
 from labsupport.specs import GB, GPUSpec, ModelSpec

@@ -7,7 +7,7 @@ from labsupport import card
 from labsupport.course.checkoffs._hidden import kv_blocks, kv_per_token, random_pair
 from labsupport.course.registry import case, choice, function, value
 from labsupport.costmodel import CostModel
-from labsupport.engine_runs import job_run
+from labsupport.measure.engine_runs import job_run
 from labsupport.specs import GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 JOBS = ("admit", "allocate", "batch", "run", "stream")

@@ -12,7 +12,7 @@ from labsupport import card
 from labsupport.contiguous import ContiguousAllocator, ReserveToMaxAllocator
 from labsupport.course.checkoffs._hidden import distinct_mistakes, givens_kv as _kv
 from labsupport.course.data import live
-from labsupport.fragmentation import run_until_fragmented
+from labsupport.measure.fragmentation import run_until_fragmented
 from labsupport.memory_stats import OutOfBlocks
 from labsupport.course.registry import DRAW_TRIES, case, choice, function, givens, namespace, value
 from labsupport.specs import KiB, MiB
@@ -159,7 +159,7 @@ value(
     hint="Utilization counts bytes that hold real tokens — what each live sequence has stored so far, not the slot it "
          "reserved — over the whole KV budget. The allocator knows its live slots (`alloc.slots`, a dict of `Slot`s "
          "with `.length` and `.size`) and its bytes per token (`alloc.kv_bytes_per_token`).",
-    forbid=("labsupport.contiguous.ContiguousAllocator.stats", "labsupport.fragmentation.naive_measurement",
+    forbid=("labsupport.contiguous.ContiguousAllocator.stats", "labsupport.measure.fragmentation.naive_measurement",
             "labsupport.viz.memory.naive_measurement"),
     derive="add up the tokens the live slots hold (`slot.length`) and convert them to bytes yourself",
     name="utilization",
@@ -222,7 +222,7 @@ def _never_filled(slots) -> int:
          "that is known) and what it never reaches. Only the last is the allocator's waste: the tokens still to come "
          "are space any allocator must find for them (§10.2's third waste). A sequence headed past its slot fills "
          "all of it. Convert with the allocator's own bytes per token, over the whole budget.",
-    forbid=("labsupport.contiguous.ContiguousAllocator.stats", "labsupport.fragmentation.naive_measurement",
+    forbid=("labsupport.contiguous.ContiguousAllocator.stats", "labsupport.measure.fragmentation.naive_measurement",
             "labsupport.viz.memory.naive_measurement"),
     derive="sort each live slot's positions yourself (`slot.size`, `slot.length`, `slot.final`) and add up the "
            "ones never filled",
@@ -365,8 +365,8 @@ def _rtm_util(budget, s_max: int, seq: int, kv: int) -> float:
          "fraction of a slot hold a sequence?), and how many tokens does each hold, when a slot cannot grow? "
          "Utilization is the bytes of those tokens over the whole budget. Try a limit whose slot is larger than the "
          "budget, and a sequence longer than its slot.",
-    forbid=_UTIL + ("labsupport.ledger.slot_occupancy", "labsupport.fragmentation.fill_reserve_to_max",
-                    "labsupport.fragmentation.naive_measurement"),
+    forbid=_UTIL + ("labsupport.ledger.slot_occupancy", "labsupport.measure.fragmentation.fill_reserve_to_max",
+                    "labsupport.measure.fragmentation.naive_measurement"),
     derive="count the slots the budget holds and the tokens each holds yourself",
     name="reserve_to_max_utilization",
 )

@@ -12,7 +12,7 @@ from labsupport.block_allocator import BlockAllocator
 from labsupport.course.data import live
 from labsupport.course.harness.lab05 import chat_hash_ids
 from labsupport.course.registry import case, function, givens, value
-from labsupport.sharing import measure_fanout, replay_prefix_cache
+from labsupport.measure.sharing import measure_fanout, replay_prefix_cache
 
 
 def _random_script(rng: random.Random, block_size: int, steps: int = 60) -> list[list]:
@@ -112,7 +112,7 @@ def _measured_fanout(n: int, prompt: int, output: int, block_size: int):
          "n times. Shared, ask which blocks the forks can keep naming for ever: only the prompt's FULL blocks. "
          "A partly filled last prompt block is written into by every branch's first token, so each branch ends up "
          "with its own copy of it — count it per branch, together with the blocks its output needs beyond it.",
-    forbid=("labsupport.ledger.fanout_blocks", "labsupport.sharing.measure_fanout", "labsupport.sharing.fanout_in_pool",
+    forbid=("labsupport.ledger.fanout_blocks", "labsupport.measure.sharing.measure_fanout", "labsupport.measure.sharing.fanout_in_pool",
             "labsupport.viz.sharing.measure_fanout", "labsupport.viz.sharing.fanout_in_pool",
             "labsupport.block_allocator.BlockAllocator"),
     derive="count the blocks: whole prompt blocks shared once, each branch's own tail and output blocks",
@@ -206,8 +206,8 @@ value(
          "original tail's count down as branches leave it — what does the last branch find when it writes?",
     expected=_divergence, keys=_divergence_keys,
     forbid=("labsupport.block_allocator.BlockAllocator", "labsupport.kvcache.PagedKVCache",
-            "labsupport.viz.sharing.board_blocks", "labsupport.sharing.measure_fork_cost",
-            "labsupport.viz.sharing.refcount_board_figure", "labsupport.sharing.measure_fanout",
+            "labsupport.viz.sharing.board_blocks", "labsupport.measure.sharing.measure_fork_cost",
+            "labsupport.viz.sharing.refcount_board_figure", "labsupport.measure.sharing.measure_fanout",
             "labsupport.viz.sharing.measure_fanout", "labsupport.ledger.fanout_blocks"),
     derive="work the reference counts out from N_BRANCHES, BLOCK, PROMPT_TOKENS and WRITERS rather than running "
            "the allocator",
@@ -226,7 +226,7 @@ CHAT_REQUESTS = 2000  # the long history's requests, as many as the lab's prompt
          "on everything before it). So walk each request's blocks from the start, key each block by the prefix "
          "that ends there, count a hit while the key is known, stop counting at the first miss, and remember "
          "every prefix of every request you have processed.",
-    forbid=("labsupport.sharing.replay_prefix_cache", "labsupport.workloads.prefix_hit_rate",
+    forbid=("labsupport.measure.sharing.replay_prefix_cache", "labsupport.workloads.prefix_hit_rate",
             "labsupport.block_allocator.BlockAllocator"),
     derive="walk each request's block ids from the start, keyed by the whole prefix, and count the hits",
     name="prefix_hit_blocks",

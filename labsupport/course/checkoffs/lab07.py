@@ -124,7 +124,7 @@ def _run_configs_7_3(rng):
          "requests you kept, every branch's, and divide by the run's duration — from the first arrival of any "
          "request (a refused one included: the run began when it arrived) to the last finish — the same "
          "duration throughput uses. Rejected requests earn nothing.",
-    forbid=("labsupport.slo.slo_report", "labsupport.replay.Replay.goodput_tok_s"),
+    forbid=("labsupport.slo.slo_report", "labsupport.measure.replay.Replay.goodput_tok_s"),
     derive="walk the finished requests, keep those within both SLOs, and divide their tokens by the run's span",
     name="goodput",
 )

@@ -12,7 +12,7 @@ from labsupport.course.registry import case, function, value
 from labsupport import card, ledger
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
-_BLOCKS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes", "labsupport.replay.lecture_pool",
+_BLOCKS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes", "labsupport.measure.replay.lecture_pool",
            "labsupport.viz.slo.lecture_pool")
 
 
@@ -153,7 +153,7 @@ def _allocator_waste(lengths, block_size) -> float:
          "Over the whole set of sequences, the waste fraction is the unfilled slots divided by all the slots "
          "the blocks hold. Lengths that are exact multiples of the block size waste nothing.",
     forbid=("labsupport.ledger.tail_waste_tokens", "labsupport.ledger.blocks_for",
-            "labsupport.block_allocator.BlockAllocator", "labsupport.block_size.measure_block_size",
+            "labsupport.block_allocator.BlockAllocator", "labsupport.measure.block_size.measure_block_size",
             "labsupport.viz.memory.measure_block_size"),
     derive="count each length's whole blocks, and divide the unfilled slots by all the slots",
     name="tail_waste_fraction",
@@ -257,7 +257,7 @@ def _largest_moves() -> dict:
 def _largest_moves_uncached() -> dict:
     """Measured here: which of part_two.outputs' four moves by the largest factor when each quantity doubles, on
     the course card's MHA model and GPU, as lab 08's section 1b measures it (MHA, GPU)."""
-    from labsupport.part_two import outputs
+    from labsupport.measure.part_two import outputs
 
     c = card.card()
     base = outputs(c.mha, c.gpu)

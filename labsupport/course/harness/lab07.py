@@ -27,7 +27,7 @@ def engine_requests(seed: int, rate: float, blocks: int, n_req: int) -> list:
     """7.4's input: the RequestResults of a small run of the real engine (cost-model clock), the same anywhere:
     `n_req` random requests at `rate` per second (one branch each), then one that never fits, on `blocks` blocks
     of 16."""
-    from labsupport.replay import replay
+    from labsupport.measure.replay import replay
 
     requests = [(t, prompt_len, new) for t, prompt_len, new, _ in request_draws(seed, rate, n_req, branches=False)]
     requests.append((requests[-1][0] if requests else 0.0, 200_000, 10))  # never fits: rejected

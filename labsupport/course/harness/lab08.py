@@ -17,7 +17,7 @@ from labsupport.course.judge import Mismatch
 @judge("utilization_workload")
 def _utilization_workload(got, spec) -> None:
     """8.7: the returned (arrival_s, prompt_tokens, output_tokens) workload, run naive and paged."""
-    from labsupport.replay import utilization_run
+    from labsupport.measure.replay import utilization_run
 
     try:
         requests = [(float(a), int(p), int(o)) for a, p, o in got]

@@ -1,6 +1,6 @@
 """The map of Part II (§10.7, lab 08) and the instructor's board (lab 99: Lecture 10's 75-minute timing plan).
 
-Lab 08 draws §10.7's "what paging did not fix" table with it, every row computed in `labsupport.part_two`;
+Lab 08 draws §10.7's "what paging did not fix" table with it, every row computed in `labsupport.measure.part_two`;
 lab 99 (notebooks/99_board.ipynb, `make board`, `make present`) stages the lecture one segment at a time:
 the room sees the segment's picture and its question; each "reveal" adds the next result in the order the
 lecture's notes give (exact figures on the course card, the lecture's print beside them where they differ,

@@ -1,6 +1,6 @@
 """§10.7's map of Part II as a table, and the board's shipped data (lab 08; lab 99's 68–75 segment).
 
-Every row of §10.7's "what paging did not fix" table is computed in `labsupport.part_two` (`map_rows`,
+Every row of §10.7's "what paging did not fix" table is computed in `labsupport.measure.part_two` (`map_rows`,
 from the real mechanisms, traces and engine runs); this module draws it: in full beside the lab that
 computed each quantity first (`map_table_html`, lab 08), in large type for the projector
 (`map_board_html`), and as the room's two columns in the board's last segment (`map_html`).
@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from labsupport.part_two import MapRow, map_rows, trace_numbers
+from labsupport.measure.part_two import MapRow, map_rows, trace_numbers
 from labsupport.viz import FONT_SIZE, TITLE_SIZE
 
 BOARD_DATA = Path(__file__).with_name("board_data.json")

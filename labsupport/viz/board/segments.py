@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from labsupport import card, ledger
 from labsupport.costmodel import CostModel, StepTime
-from labsupport.part_two import attention_intensity
+from labsupport.measure.part_two import attention_intensity
 from labsupport.slo import largest_batch_meeting
 from labsupport.specs import GB, LECTURE_7B, LECTURE_GPU, KiB
 

@@ -13,7 +13,7 @@ import html
 import json
 
 from labsupport import ledger
-from labsupport.part_two import LAB_NAMES
+from labsupport.measure.part_two import LAB_NAMES
 from labsupport.viz import PALETTE
 from labsupport.viz.board.map import load_board_data
 from labsupport.viz.board.pictures import PICTURE_HEIGHT, PICTURE_RANGE, picture
