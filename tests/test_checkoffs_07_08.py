@@ -84,8 +84,8 @@ def busy_workload(prompt: int, output: int, seed: int = 0, load: float = 0.75, p
     the batch wanders (the reserve-to-max engine peaked at 167 of its 258 slots).  There the rate is set
     `past_capacity` times the capacity: the batch grows until the engine's limits bind, and throughput is the card's
     FLOP rate with or without paging."""
-    # about 7.3 requests/s on the lecture's card (6/s was the hand-picked rate there) and 40/s on H200 + Llama-3-8B,
-    # both memory-bound; 1.25 x 12.9/s on A100-80GB + Qwen2.5-7B, compute-bound
+    # 256 + 512 tokens: about 7.3 requests/s on the lecture's card (6/s was the hand-picked rate there) and 39/s on
+    # H200 + Llama-3-8B, both memory-bound; 1.25 x 13.2/s on A100-80GB + Qwen2.5-7B, compute-bound
     from labsupport import card
 
     m, g = card.card().model, card.card().gpu
