@@ -82,13 +82,17 @@ def test_the_lecture_case_by_hand():
 def card_givens() -> dict:
     """Lab 06's givens on the course card, from its spec fields (the givens cell's `# card=` lines): its MHA form's
     shape and parameters, its GQA form's KV heads, the GPU's peak and host link; MFU, the slow link and the long
-    sequence stay the lecture's."""
+    sequence stay the lecture's; the slow link is the fastest PCIe rate (32, 16, 8 ... GB/s) below the card's own
+    link and below 90% of kv·F/N of its MHA form (F = 0.5 x peak), so the MHA crossover is a length (32 GB/s on the
+    lecture's card, whose edge is 524,288 x 494.5e12 / 6.74e9 = 38.5 GB/s)."""
     from labsupport import card
 
     c = card.card()
+    edge = c.mha.kv_bytes_per_token * 0.5 * c.gpu.peak_flops / c.mha.num_params
+    slow = next((gb * 1e9 for gb in (32, 16, 8, 4, 2, 1) if gb * 1e9 < min(c.gpu.link_bandwidth, 0.9 * edge)), 0.5e9)
     return dict(LAYERS=c.mha.num_layers, HEADS=c.mha.num_heads, GQA_KV_HEADS=c.gqa.num_kv_heads,
                 HEAD_DIM=c.mha.head_dim, DTYPE_BYTES=c.mha.dtype_bytes, PARAMS=c.mha.num_params,
-                PEAK_FLOPS=c.gpu.peak_flops, MFU=0.5, LINK_BW=c.gpu.link_bandwidth, SLOW_LINK_BW=32e9, LONG_SEQ=16_384)
+                PEAK_FLOPS=c.gpu.peak_flops, MFU=0.5, LINK_BW=c.gpu.link_bandwidth, SLOW_LINK_BW=slow, LONG_SEQ=16_384)
 
 
 # What check() grades against: the givens lab 06's record publishes (built for the course card; the lecture's on its)
