@@ -792,9 +792,8 @@ class Engine:
         if max_steps is not None:
             max_steps = as_count("max_steps", max_steps, 1)
         pending = sorted(((int(k), i, kw) for i, (k, kw) in enumerate(schedule)), key=lambda x: x[:2])
-        k = 0
+        k, arrived = 0, []
         while max_steps is None or k < max_steps:
-            arrived = []
             while pending and pending[0][0] <= k:
                 arrived.append(self.add_request(**pending.pop(0)[2]))
             out = self.step()
@@ -803,12 +802,12 @@ class Engine:
                     return
                 k = pending[0][0]  # nothing runs until the next scheduled arrival
                 continue
-            if out.idle:
-                if idle:
-                    yield out, arrived
-                continue
+            if out.idle and not idle:
+                continue  # its arrivals (a request refused at once, say) go with the next iteration yielded
             yield out, arrived
-            k += 1
+            arrived = []
+            if not out.idle:
+                k += 1
 
     def run(self, max_steps: int | None = None, progress: bool = False) -> EngineResult:
         """Step until every request has finished or been rejected (or `max_steps` iterations); then check nothing

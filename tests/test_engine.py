@@ -660,3 +660,14 @@ def test_a_policy_function_decides_each_victim_and_a_bad_answer_is_refused():
         eng.run()
     with pytest.raises(ValueError, match="or a function"):
         cost_engine(6, 4, preemption="sometimes")
+
+
+def test_iterations_hand_on_the_arrivals_of_a_skipped_idle_step():
+    """A request refused at once makes an idle step; the requests that joined before it are still handed to the
+    next iteration yielded, so a caller that records arrivals (stream_engine) loses none and stays in step."""
+    from labsupport.costmodel import CostModel
+
+    eng = Engine(cost_model=CostModel(), num_blocks=8, block_size=16)
+    schedule = [(0, dict(prompt_len=10_000, max_new_tokens=2)), (1, dict(prompt_len=16, max_new_tokens=2))]
+    seen = [rid for _, arrived in eng.iterations(schedule) for rid in arrived]
+    assert seen == [0, 1]
