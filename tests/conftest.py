@@ -22,6 +22,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
+def pytest_configure(config):
+    """`--dist loadgroup` on a pytest whose node ids pytest-xdist cannot suffix would spread every group over the
+    workers: module fixtures built once per worker, browser tests racing each other.  That run stops here, in one
+    line, rather than running slow and flaky (tests/test_suite.py checks the grouping itself)."""
+    if (why := lost_groups(config)):
+        raise pytest.UsageError(why)
+
+
+def lost_groups(config, reads_nodeid: bool | None = None) -> str:
+    """Why `--dist loadgroup` would lose its groups here ('' when it keeps them, or is not asked for).  pytest-xdist
+    (to 3.8 at least) groups a test by writing "@group" into its `_nodeid`; from pytest 9.2 a node's id is read from
+    another field, so the write is lost (pytest-dev/pytest-xdist#1386)."""
+    if hasattr(config, "workerinput") or config.getvalue("dist") != "loadgroup":
+        return ""
+    if reads_nodeid is None:
+        from _pytest.nodes import Node
+        reads_nodeid = "_nodeid" in Node.nodeid.fget.__code__.co_names
+    if reads_nodeid:
+        return ""
+    return (f"pytest {pytest.__version__} keeps pytest-xdist's --dist loadgroup from grouping any test "
+            f"(pytest-dev/pytest-xdist#1386): install pytest<9.2 (`make test` does), or run with JOBS=1")
+
+
 def _shares_a_module_fixture(item) -> bool:
     """Whether the test uses a module- or session-scoped fixture of its own module (a batch graded once, a model
     trained once): its module's tests then share one worker, or each worker would build the fixture again."""

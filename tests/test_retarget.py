@@ -22,9 +22,8 @@ import pytest
 from labsupport import workloads
 from labsupport.specs import GB, GPUS, MODELS
 
-# slow; and under pytest-xdist on the browser tests' worker: its build and grade start kernels and sandboxes that,
-# beside a Chromium measuring a chart's text, would leave that page too little of a 2-core machine
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
+# slow; under pytest-xdist its tests keep to one worker (they share the copy built once), beside the browser tests'
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 SECOND = '[card]\ngpu = "h200"\nmodel = "llama-3-8b"\n'
 
