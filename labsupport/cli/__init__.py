@@ -3,6 +3,7 @@
     ledger      the lecture's numbers recomputed for any model and GPU, with errata   (cli/ledger.py)
     simulate    a real trace replayed through the engine on the cost-model clock     (cli/simulate.py)
     doctor      what this machine can run                                            (cli/doctor.py)
+    generate    SmolLM2-135M's reply streamed through the Engine and PagedKVCache    (cli/generate.py)
     traces      fetch the real public traces into data/, sha256-verified; --list     (cli/traces.py)
     train_tiny  retrain the tiny lecture model: python -m labsupport.cli.train_tiny  (cli/train_tiny.py)
 
