@@ -31,6 +31,9 @@ PACKAGED_PATH = Path(__file__).resolve().parent / "course.toml"  # written into 
 KEYS = ("gpu", "model")
 # The lecture's GQA variant keeps 8 KV heads (§10.5, Exercise 1); an MHA card model is contrasted with that.
 GQA_KV_HEADS = 8
+# §10.2's long-context advertisement, in tokens: lab 02 asks what raising S_max to it costs the chat workload, so
+# the card must hold at least one sequence of it in the MHA form (its givens' S_MAX_LONG reads it here).
+LONG_CONTEXT = 32_768
 
 
 class CardError(ValueError):
@@ -82,6 +85,11 @@ class Card:
         return next((gb * GB for gb in (32, 16, 8, 4, 2, 1) if gb * GB < min(self.gpu.link_bandwidth, 0.9 * edge)),
                     0.5 * GB)
 
+    @property
+    def long_context(self) -> int:
+        """§10.2's long-context S_max in tokens (lab 02's S_MAX_LONG), the same on every card."""
+        return LONG_CONTEXT
+
     def models(self) -> dict[str, ModelSpec]:
         """The card's model and its contrast by name: what a panel's model menu offers first."""
         return {self.model.name: self.model, self.contrast.name: self.contrast}
@@ -126,10 +134,18 @@ def parse(text: str, where: str) -> Card:
         model = get_model(table["model"])
     except ValueError as exc:
         raise CardError(f"{where}:{_line(text, 'model')}: {exc}") from None
-    if gpu.hbm_bytes - model.weight_bytes - LECTURE_RESERVED_BYTES <= 0:
+    budget = gpu.hbm_bytes - model.weight_bytes - LECTURE_RESERVED_BYTES
+    if budget <= 0:
         raise CardError(f"{where}:{_line(text, 'model')}: {model.name}'s weights ({model.weight_bytes / 1e9:.2f} GB) "
                         f"and the reserve leave no KV budget on {gpu.name} ({gpu.hbm_bytes / 1e9:g} GB)")
-    return Card(gpu, model, where)
+    card = Card(gpu, model, where)
+    long = LONG_CONTEXT * card.mha.kv_bytes_per_token
+    if budget < long:
+        raise CardError(f"{where}:{_line(text, 'model')}: one {LONG_CONTEXT:,}-token sequence of {card.mha.name} "
+                        f"(lab 02's long context, §10.2) needs {long / 1e9:.2f} GB of KV and {gpu.name} leaves "
+                        f"{budget / 1e9:.2f} GB beside the weights and the reserve: choose a larger GPU or a "
+                        f"smaller model")
+    return card
 
 
 @functools.lru_cache(maxsize=None)

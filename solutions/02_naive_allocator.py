@@ -63,7 +63,7 @@ HBM_BW = 3_350 * 10**9  # card=gpu.hbm_bandwidth: HBM bandwidth, bytes/s
 PROMPT = 512  # tokens per prompt (the chat workload)
 OUTPUT = 128  # tokens generated per request
 S_MAX = 4_096  # the allocator's maximum sequence length
-S_MAX_LONG = 32_768  # the long-context advertisement (§10.2)
+S_MAX_LONG = 32_768  # card=card.long_context: the long-context advertisement (§10.2)
 S_MAX_BROCHURE = 131_072  # Exercise 1's 128K brochure
 BLOCK = 16  # tokens per block of a paged cache
 S_MAX_SHORT = 512  # Exercise 2: the smallest declared S_max (the others are S_MAX and S_MAX_LONG)

@@ -5,6 +5,8 @@ Expected values are worked by hand from the catalogue's cited figures (H200: 141
 """
 from __future__ import annotations
 
+import itertools
+
 import os
 import re
 import subprocess
@@ -72,6 +74,11 @@ def test_the_contrast_is_the_same_model_with_the_other_attention(model, kv_heads
     ('[card]\ngpu = "h100"\nmodel = "lecture-7b"\nmfu = 0.4\n', 4, "unknown key 'mfu'"),
     ('[card]\ngpu = 3\nmodel = "lecture-7b"\n', 2, "must be a catalogue name"),
     ('[card]\ngpu = "l4"\nmodel = "llama-3-70b"\n', 3, "leave no KV budget"),
+    # L4 + Llama 3 8B, by hand: 24e9 - 2 x 8.03e9 - 4e9 = 3.94e9 B of budget; one 32,768-token sequence of its MHA
+    # form is 32,768 x 2 x 32 x 32 x 128 x 2 B = 17.18e9 B
+    ('[card]\ngpu = "l4"\nmodel = "llama-3-8b"\n', 3, "needs 17.18 GB of KV and l4 leaves 3.94 GB"),
+    # B200 + Llama 3 70B: 180e9 - 2 x 70.6e9 - 4e9 = 34.8e9 B; its MHA form: 32,768 x 2 x 80 x 64 x 128 x 2 B = 85.9e9 B
+    ('[card]\ngpu = "b200"\nmodel = "llama-3-70b"\n', 3, "needs 85.90 GB of KV and b200 leaves 34.80 GB"),
     ('[card\n', None, "not TOML"),
 ])
 def test_a_bad_card_is_one_line_naming_the_file_and_line(text, line, words):
@@ -81,6 +88,26 @@ def test_a_bad_card_is_one_line_naming_the_file_and_line(text, line, words):
     assert "\n" not in message and words in message
     if line is not None:
         assert message.startswith(f"course.toml:{line}:")
+
+
+def test_every_card_the_catalogue_allows_holds_a_long_context_sequence():
+    """Lab 02 divides by the sequences of S_MAX_LONG tokens the card holds: every card `parse` accepts holds one (by
+    hand: budget // (32,768 x the MHA form's 2 x layers x heads x head_dim x dtype bytes) >= 1), and the cards it
+    refuses are the ones that would hold none."""
+    accepted = refused = 0
+    for g, m in itertools.product(GPUS, MODELS):
+        gpu, model = GPUS[g], MODELS[m]
+        budget = gpu.hbm_bytes - model.num_params * model.dtype_bytes - 4e9
+        kv = 2 * model.num_layers * model.num_heads * model.head_dim * model.dtype_bytes  # the MHA form
+        try:
+            card.parse(f'[card]\ngpu = "{g}"\nmodel = "{m}"\n', "course.toml")
+        except card.CardError:
+            refused += 1
+            assert budget < 32_768 * kv, (g, m)
+        else:
+            accepted += 1
+            assert budget // (32_768 * kv) >= 1, (g, m)
+    assert accepted >= 36 and refused >= 1
 
 
 def test_a_bad_card_is_exit_2_from_a_command(tmp_path):
