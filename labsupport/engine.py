@@ -780,14 +780,16 @@ class Engine:
             c.peak_running = batch
 
     # -- the whole run --------------------------------------------------------------------------------
-    def iterations(self, schedule=(), max_steps: int | None = None, idle: bool = False):
+    def iterations(self, schedule=(), max_steps: int | None = None, idle: bool = False, on_arrival=None):
         """§10.5's loop as an iterator: every caller that walks a run step by step walks this one loop.
 
         Yields `(StepOutput, arrived)` for each iteration, `arrived` being the ids of the requests added just
         before it.  `schedule` holds `(k, add_request keyword arguments)` pairs: each request joins just before
         iteration k (0-based), so such a run is the same whatever the clock says.  An idle step (the clock jumps
         to the next arrival) is yielded only with `idle=True`, and is not counted as an iteration.  Stops when
-        nothing is left to do or after `max_steps` iterations.
+        nothing is left to do or after `max_steps` iterations.  `on_arrival(request_id, kwargs)` sees each
+        scheduled request as it is added, even one refused at once after which nothing more runs (no iteration
+        follows to carry it).
         """
         if max_steps is not None:
             max_steps = as_count("max_steps", max_steps, 1)
@@ -795,7 +797,10 @@ class Engine:
         k, arrived = 0, []
         while max_steps is None or k < max_steps:
             while pending and pending[0][0] <= k:
-                arrived.append(self.add_request(**pending.pop(0)[2]))
+                kwargs = pending.pop(0)[2]
+                arrived.append(self.add_request(**kwargs))
+                if on_arrival is not None:
+                    on_arrival(arrived[-1], kwargs)
             out = self.step()
             if out is None:
                 if not pending:

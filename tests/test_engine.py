@@ -671,3 +671,20 @@ def test_iterations_hand_on_the_arrivals_of_a_skipped_idle_step():
     schedule = [(0, dict(prompt_len=10_000, max_new_tokens=2)), (1, dict(prompt_len=16, max_new_tokens=2))]
     seen = [rid for _, arrived in eng.iterations(schedule) for rid in arrived]
     assert seen == [0, 1]
+
+
+def test_an_arrival_that_no_iteration_follows_still_reaches_on_arrival():
+    """The last request is refused at once (10,000 tokens in a pool of 8 x 16 = 128 slots) and nothing runs after it:
+    no iteration is yielded to carry it, yet on_arrival saw it, and stream_engine records its lengths."""
+    from labsupport.costmodel import CostModel
+    from labsupport.measure.engine_runs import stream_engine
+
+    schedule = [(0, dict(prompt_len=16, max_new_tokens=2)), (5, dict(prompt_len=10_000, max_new_tokens=3))]
+    eng = Engine(cost_model=CostModel(), num_blocks=8, block_size=16, record_token_times=True)
+    joined = []
+    yielded = [rid for _, arrived in eng.iterations(schedule, on_arrival=lambda rid, kw: joined.append((rid, kw)))
+               for rid in arrived]
+    assert yielded == [0] and joined == [(0, schedule[0][1]), (1, schedule[1][1])]
+    eng = Engine(cost_model=CostModel(), num_blocks=8, block_size=16, record_token_times=True)
+    log = stream_engine(eng, schedule)
+    assert log.max_new == {0: 2, 1: 3} and log.result.requests[1].finished is False

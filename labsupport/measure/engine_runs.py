@@ -80,17 +80,15 @@ def stream_engine(engine, schedule: Sequence[tuple[int, dict]], max_steps: int =
     clock, so it is waiting at that step boundary.  `on_step` sees each StepRecord as it happens
     (a live view can redraw there).  Returns the log, with the engine's result attached.
     """
-    schedule = list(schedule)
-    # the ids add_request gives, in the order the loop adds them (its sort is stable: by step, then by place)
-    joining = [kw for _, _, kw in sorted((int(k), i, kw) for i, (k, kw) in enumerate(schedule))]
     prompts, max_new, fan = {}, {}, {}
+
+    def joined(rid: int, kw: dict) -> None:
+        prompts[rid] = list(kw["prompt_ids"]) if kw.get("prompt_ids") is not None else None
+        max_new[rid] = kw.get("max_new_tokens", 16)
+        fan[rid] = kw.get("n", 1)
+
     steps: list[StepRecord] = []
-    for out, arrived in engine.iterations(schedule, max_steps=max_steps):
-        for rid in arrived:
-            kw = joining.pop(0)
-            prompts[rid] = list(kw["prompt_ids"]) if kw.get("prompt_ids") is not None else None
-            max_new[rid] = kw.get("max_new_tokens", 16)
-            fan[rid] = kw.get("n", 1)
+    for out, arrived in engine.iterations(schedule, max_steps=max_steps, on_arrival=joined):
         if out.tokens is None:
             raise ValueError("stream_engine shows every token: give the Engine a model, or record_token_times=True")
         preempted = {"swap": 0, "recompute": 0}
@@ -139,11 +137,13 @@ def job_run(cost_model, requests: Sequence[tuple[int, int, int]], *, num_blocks:
     engine = Engine(cost_model=cost_model, num_blocks=num_blocks, block_size=block_size, watermark=0.0,
                     max_num_seqs=max_num_seqs, record_token_times=True)
     schedule = [(int(k), {"prompt_len": int(p), "max_new_tokens": int(m)}) for k, p, m in requests]
-    # a request's id is its place in the order the loop adds them: by step, then by place in `requests`
-    lengths = [{"prompt_tokens": kw["prompt_len"], "max_new_tokens": kw["max_new_tokens"]}
-               for _, _, kw in sorted((k, i, kw) for i, (k, kw) in enumerate(schedule))]
+    lengths = {}  # by request id: the engine numbers requests in the order its loop adds them
+
+    def joined(rid: int, kw: dict) -> None:
+        lengths[rid] = {"prompt_tokens": kw["prompt_len"], "max_new_tokens": kw["max_new_tokens"]}
+
     steps = []
-    for out, _ in engine.iterations(schedule):
+    for out, _ in engine.iterations(schedule, on_arrival=joined):
         if out.preempted:
             raise ValueError("job_run keeps runs without preemption: give the pool more blocks")
         steps.append({"start_s": out.start, "end_s": out.end, "admitted": list(out.admitted),
@@ -151,5 +151,6 @@ def job_run(cost_model, requests: Sequence[tuple[int, int, int]], *, num_blocks:
                       "blocks_in_use": engine.allocator.num_used_blocks})
     model = cost_model.model
     trace = {"num_params": int(model.num_params), "kv_bytes_per_token": int(model.kv_bytes_per_token),
-             "block_size": block_size, "num_blocks": num_blocks, "requests": lengths, "steps": steps}
+             "block_size": block_size, "num_blocks": num_blocks, "requests": [lengths[r] for r in sorted(lengths)],
+             "steps": steps}
     return trace, engine.result()
