@@ -7,10 +7,10 @@ import math
 from dataclasses import replace
 
 from labsupport.block_allocator import BlockAllocator
+from labsupport.course.harness.lab08 import load_bar
 from labsupport.course.checkoffs._hidden import RESERVE, kv_blocks, random_pair, tpot_batch, weight_bytes
 from labsupport.course.registry import case, function, value
 from labsupport import card, ledger
-from labsupport.measure.replay import ReplayConfig
 from labsupport.specs import GB, GPUS, LECTURE_7B, LECTURE_7B_GQA8, LLAMA3_8B, LLAMA3_70B
 
 _BLOCKS = ("labsupport.ledger.num_blocks", "labsupport.ledger.kv_budget_bytes", "labsupport.measure.replay.lecture_pool",
@@ -174,7 +174,7 @@ def _tail_waste(rng):
 # on the lecture's card, and the load bar the judge sets (more than two thirds of them at the naive engine's busiest).
 _SLOTS = ledger.naive_concurrency(ledger.kv_budget_bytes(card.model(), card.gpu()), 4096,
                                   card.model().kv_bytes_per_token)
-_RUNNABLE = min(_SLOTS, ReplayConfig().max_num_seqs)  # the engine runs at most max_num_seqs at once, slots or not
+_BUSY = load_bar(_SLOTS)[1]  # the judge's own bar (the engine's max_num_seqs binds above 256 slots)
 
 
 @function(
@@ -183,7 +183,7 @@ _RUNNABLE = min(_SLOTS, ReplayConfig().max_num_seqs)  # the engine runs at most 
          "raises the first by reserving only what a sequence uses. It raises the second only if the naive "
          "engine was turning requests away for lack of slots. So: keep every sequence far shorter than S_max "
          "(a reserve-to-max slot is then mostly empty, near 15% full), and load the card until the naive engine "
-         f"runs at least {_RUNNABLE * 2 // 3 + 1} of its {_SLOTS} slots at its busiest — an idle card proves nothing — "
+         f"runs at least {_BUSY} of its {_SLOTS} slots at its busiest — an idle card proves nothing — "
          "without turning requests away for lack of slots. How many sequences run at once is the arrival rate times "
          "how long each one lives on the card, and a decode-heavy request lives as many steps as it has output "
          "tokens: scale the sweep's measured rate by that.",

@@ -14,10 +14,20 @@ from labsupport.course.harness.base import harness, judge
 from labsupport.course.judge import Mismatch
 
 
+def load_bar(slots: int) -> tuple[int, int]:
+    """8.7's bar on a workload's load: (the sequences the engine may run at once, the fewest it must run at its
+    busiest).  The engine runs at most max_num_seqs (vLLM's 256) whatever the slots (H200 or B200 with Qwen2.5-7B
+    have more), and more than two thirds of those is a load at which slots could bind, so "unmoved" is a finding."""
+    from labsupport.measure.replay import ReplayConfig
+
+    runnable = min(slots, ReplayConfig().max_num_seqs)
+    return runnable, runnable * 2 // 3 + 1
+
+
 @judge("utilization_workload")
 def _utilization_workload(got, spec) -> None:
     """8.7: the returned (arrival_s, prompt_tokens, output_tokens) workload, run naive and paged."""
-    from labsupport.measure.replay import ReplayConfig, utilization_run
+    from labsupport.measure.replay import utilization_run
 
     try:
         requests = [(float(a), int(p), int(o)) for a, p, o in got]
@@ -52,10 +62,7 @@ def _utilization_workload(got, spec) -> None:
                        "starts near 15% — sequences so short are not the workload the lecture means (its chat "
                        "sequences hold 640 of 4,096 tokens).")
     slots = naive.slots  # reserve-to-max's slots on the course card (the lecture's 29)
-    # the engine runs at most max_num_seqs sequences at once (vLLM's 256), whatever the slots: on a card with more
-    # slots than that (H200 or B200 with Qwen2.5-7B) the bar is two thirds of what it can run
-    runnable = min(slots, ReplayConfig().max_num_seqs)
-    busy = runnable * 2 // 3 + 1  # more than two thirds: a load at which slots could bind, so "unmoved" is a finding
+    runnable, busy = load_bar(slots)
     if naive_peak < busy:
         of = f"its {slots} slots" if runnable == slots else f"the {runnable} it may run at once ({slots} slots)"
         raise Mismatch(f"at its busiest the reserve-to-max engine runs only {naive_peak} sequences of {of}: "
