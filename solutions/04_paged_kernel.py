@@ -135,8 +135,8 @@ print(f"K pool of layer 0: shape {tuple(pool.shape)} = [num_blocks, block_size, 
 #
 # The panel below asks the kernels' own address helper (`kernels.kv_token_offsets`, which runs the
 # very Triton function the kernels use) where it reads each token's keys, for three sequences of
-# 300, 220 and 130 tokens in the lecture's GQA-8 shape (8 KV heads × 128 × 2 bytes = 2 KiB of K per
-# token per layer). The block tables come from the real `BlockAllocator`, after one of three
+# 300, 220 and 130 tokens in the {{ "lecture's GQA-8" if card.is_lecture else "course card's GQA (" + gqa.name + ")" }} shape ({{ gqa.num_kv_heads }} KV heads × {{ gqa.head_dim }} × {{ gqa.dtype_bytes }} bytes =
+# {{ gqa.num_kv_heads * gqa.head_dim * gqa.dtype_bytes:, }} B of K per token per layer). The block tables come from the real `BlockAllocator`, after one of three
 # histories:
 #
 # * **prefill** — a fresh pool, each sequence allocated whole: its blocks happen to be neighbours;
@@ -166,7 +166,7 @@ for history in HISTORIES:
 # engine actually does, the prompt's blocks stay adjacent and so does the stretch the longest sequence
 # grows alone at the end, but while the three grow side by side their blocks alternate: the first
 # sequence's 19 blocks come in 12 runs. *After churn* no two of a sequence's blocks are neighbours:
-# every block boundary is a break. And no history changes the *bytes*: 300 tokens × 2 KiB is read in
+# every block boundary is a break. And no history changes the *bytes*: 300 tokens × {{ gqa.num_kv_heads * gqa.head_dim * gqa.dtype_bytes:, }} B is read in
 # every picture. Only the pattern changes.
 
 # %% [markdown]

@@ -108,10 +108,18 @@ def _address_map_cached(seq_lens: tuple[int, ...], block_size: int, history: str
     return _address_map(list(seq_lens), block_size, history, num_kv_heads, head_dim, dtype_bytes, pool_tokens, seed)
 
 
-def address_map(seq_lens: list[int], block_size: int, history: str = "after churn", *, num_kv_heads: int = 8,
-                head_dim: int = 128, dtype_bytes: int = 2, pool_tokens: int = 2048, seed: int = 0) -> AddressMap:
-    """Allocate a batch (``allocate_batch``) and ask the kernels' own address helper where it reads.
+def address_map(seq_lens: list[int], block_size: int, history: str = "after churn", *, num_kv_heads: int | None = None,
+                head_dim: int | None = None, dtype_bytes: int | None = None, pool_tokens: int = 2048,
+                seed: int = 0) -> AddressMap:
+    """Allocate a batch (``allocate_batch``) and ask the kernels' own address helper where it reads.  The rows are
+    the course card's GQA model's (the lecture's: 8 KV heads x 128 x 2 B) unless given.
     Results are cached (a panel asks twice per change: figure and readout); treat them as read-only."""
+    from labsupport import card
+
+    gqa = card.card().gqa
+    num_kv_heads = gqa.num_kv_heads if num_kv_heads is None else num_kv_heads
+    head_dim = gqa.head_dim if head_dim is None else head_dim
+    dtype_bytes = gqa.dtype_bytes if dtype_bytes is None else dtype_bytes
     return _address_map_cached(tuple(seq_lens), block_size, history, num_kv_heads, head_dim, dtype_bytes,
                                pool_tokens, seed)
 
