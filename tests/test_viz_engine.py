@@ -95,7 +95,7 @@ def test_swap_recompute_panel_reacts():
     # a link of the slider's on which the card's MHA form has a crossover and its GQA form none: 32 GB/s where it
     # serves (the lecture's card: 5,195.19 tokens; H200 + Llama-3-8B: 274), else the fastest that does (A100-80GB +
     # Qwen2.5-7B: 8 GB/s, as on 32 GB/s 2 kv F / W is already below 2 N for its MHA form), else the slowest
-    links = [32] + sorted((g for _, g in VE.LINK_OPTIONS), reverse=True)
+    links = [32] + sorted((g for _, g in VE.link_options()), reverse=True)
     link = next((w for w in links if _by_hand(C.mha, C.gpu, 4096, w * 1e9)[3] > 0 > _by_hand(C.gqa, C.gpu, 4096,
                                                                                               w * 1e9)[3]), min(links))
     panel.controls["link_gbs"].value = link
@@ -107,6 +107,21 @@ def test_swap_recompute_panel_reacts():
     panel.controls["model"].value = C.gqa.name  # fewer KV heads: 2 kv F / W falls below 2 N
     assert _by_hand(C.gqa, C.gpu, 4096, link * 1e9)[3] < 0
     assert "swap wins at every length" in panel.text() and "crossover at" not in panel.text()
+
+
+def test_the_sliders_stop_where_the_cards_numbers_are():
+    """The S slider stops at the card's crossover on Exercise 4's slower link, the link slider at both attention forms'
+    break-even links at S = 4,096 (by hand; the lecture's card: 5,195 tokens, 33.2 and 8.3 GB/s)."""
+    C = card.card()
+    s_stops = [v for _, v in VE.s_options()]
+    cross = _by_hand(C.mha, C.gpu, 4096, C.slow_link_bandwidth)[3]
+    assert round(cross) in s_stops and {4096, 32_768, 131_072} <= set(s_stops) and s_stops == sorted(set(s_stops))
+    links = [v for _, v in VE.link_options()]
+    for m in (C.mha, C.gqa):
+        assert round(_by_hand(m, C.gpu, 4096, 1)[2] / 1e9, 1) in links
+    assert C.slow_link_bandwidth / 1e9 in links and links == sorted(set(links))
+    if C.is_lecture:
+        assert 5195 in s_stops and {8.3, 33.2, 32} <= set(links)
 
 
 def test_swap_recompute_readout_tells_the_lectures_pair():

@@ -11,7 +11,7 @@ import time
 
 from labsupport.cli.parser import OneLineParser, int_flag
 from labsupport.viz import S_MAX_OPTIONS
-from labsupport.viz.engine import S_OPTIONS, swap_recompute_panel
+from labsupport.viz.engine import s_options, swap_recompute_panel
 from labsupport.viz.memory import block_table_explorer, naive_panel
 from labsupport.viz.roofline import batch_gap_panel, kv_heads_panel
 from labsupport.viz.sharing import fanout_panel
@@ -93,5 +93,5 @@ def bench_slo(argv: list[str] | None = None) -> int:
 
 def bench_engine(argv: list[str] | None = None) -> int:
     """`python -m labsupport bench viz_engine`: Python time per swap/recompute panel update."""
-    cases = {"swap_recompute_panel": (swap_recompute_panel, "seq_tokens", [v for _, v in S_OPTIONS])}
+    cases = {"swap_recompute_panel": (swap_recompute_panel, "seq_tokens", [v for _, v in s_options()])}
     return bench_panels(cases, argv, "python -m labsupport bench viz_engine", repeats=30)

@@ -51,8 +51,26 @@ _LEGEND_BELOW = dict(legend=dict(orientation="h", yanchor="top", y=-0.3, x=0.0),
                      height=520)
 # beyond the card's model and its contrast (attention_options), two real GQA models for scale
 SWAP_EXTRA_MODELS = ("llama-3-8b", "llama-3-70b")
-S_OPTIONS = [(f"{s:,}", s) for s in (256, 512, 1024, 2048, 4096, 5195, 8192, 16_384, 32_768, 65_536, 131_072)]
-LINK_OPTIONS = [(f"{g:g} GB/s", g) for g in (4, 8, 8.3, 16, 25, 32, 33.2, 50, 64, 128, 450)]
+S_STOPS = (256, 512, 1024, 2048, 4096, 8192, 16_384, 32_768, 65_536, 131_072)  # tokens
+LINK_STOPS = (4, 8, 16, 25, 32, 50, 64, 128, 450)  # GB/s: PCIe generations, NVLink-C2C's 450
+
+
+def s_options() -> list[tuple[str, int]]:
+    """The S slider's stops: powers of two, and the card's own crossover on Exercise 4's slower link (the lecture's
+    card: 5,195 tokens at 32 GB/s), so the slider can stand where swap and recompute tie."""
+    c = card.card()
+    cross = round(ledger.crossover_tokens(c.mha, c.slow_link_bandwidth, c.gpu.peak_flops))
+    stops = set(S_STOPS) | ({cross} if S_STOPS[0] < cross < S_STOPS[-1] else set())
+    return [(f"{s:,}", s) for s in sorted(stops)]
+
+
+def link_options() -> list[tuple[str, float]]:
+    """The link slider's stops (GB/s): the common links, Exercise 4's slower link, and the break-even links of the
+    card's two attention forms at S = 4,096 to one decimal (the lecture's card: 33.2 and 8.3 GB/s)."""
+    c = card.card()
+    edges = {round(ledger.breakeven_link_bandwidth(m, 4096, c.gpu.peak_flops) / GB, 1) for m in (c.mha, c.gqa)}
+    stops = set(LINK_STOPS) | {c.slow_link_bandwidth / GB} | {e for e in edges if e > 0}
+    return [(f"{g:g} GB/s", g) for g in sorted(stops)]
 
 
 # =============================================================================================
@@ -360,8 +378,8 @@ def swap_recompute_panel(seq_tokens: int = 4096, link_gbs: float = 64, model: st
                          gpu: str | None = None) -> Panel:
     """§10.5 / Exercise 4: sliders over S, the link, the model (MHA/GQA) and the GPU."""
     controls = {
-        "seq_tokens": selection_slider(S_OPTIONS, seq_tokens, "S (tokens)"),
-        "link_gbs": selection_slider(LINK_OPTIONS, link_gbs, "host link (GB/s)"),
+        "seq_tokens": selection_slider(s_options(), seq_tokens, "S (tokens)"),
+        "link_gbs": selection_slider(link_options(), link_gbs, "host link (GB/s)"),
         "model": dropdown(swap_models(), model, "model"),
         "gpu": dropdown(gpu_options(), gpu, "GPU"),
     }
