@@ -10,14 +10,14 @@ import pytest
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test`), the browser tests share one worker: each drives a JupyterLab server and a
-    Chromium, and two at once on a 2-core machine would race their own timeouts.  A module whose tests share an
-    expensive fixture keeps to one worker too."""
+    """Under pytest-xdist (`make test`), the browser tests keep to two workers: the labs' Run All with its audit on
+    one, the board and the other pages on the other (each drives its own server and Chromium).  A module whose
+    tests share an expensive fixture keeps to one worker too."""
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue
         if item.get_closest_marker("browser"):
-            item.add_marker(pytest.mark.xdist_group("browser"))
+            item.add_marker(pytest.mark.xdist_group(_browser_group(item)))
         elif _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
@@ -43,6 +43,15 @@ def lost_groups(config, reads_nodeid: bool | None = None) -> str:
         return ""
     return (f"pytest {pytest.__version__} keeps pytest-xdist's --dist loadgroup from grouping any test "
             f"(pytest-dev/pytest-xdist#1386): install pytest<9.2 (`make test` does), or run with JOBS=1")
+
+
+# The labs' Run All in Chromium and its accessibility audit share one Run All per notebook (test_browser.AFTER_CHECKS):
+# one worker.  The board's, present mode's and the reopen tests start JupyterLab or Voila of their own: a second one.
+_RUN_ALL_BROWSER = ("test_browser", "test_browser_a11y")
+
+
+def _browser_group(item) -> str:
+    return "browser" if item.module.__name__ in _RUN_ALL_BROWSER else "browser-board"
 
 
 def _shares_a_module_fixture(item) -> bool:
