@@ -20,7 +20,7 @@ COMMANDS = {
     "simulate": ("labsupport.cli.simulate", "replay a serving trace through the engine's cost-model clock"),
     "generate": ("labsupport.cli.generate", "stream a real model's reply (SmolLM2-135M) through the engine's paged cache"),
     "traces": ("labsupport.cli.traces", "fetch the real traces the labs use into data/ (--list: which are here)"),
-    "bench": ("labsupport.bench", "benchmarks: allocator, kernel, gpu, engine, notebooks"),
+    "bench": ("labsupport.bench", "benchmarks: allocator, kernel, gpu, engine, smollm2, notebooks"),
     "release": ("labsupport.course.release", "write the student release: package, notebooks, no answers"),
     "autograder": ("labsupport.course.autograder", "build the Gradescope autograder bundle (a .zip)"),
     "expect": ("labsupport.course.expect", "copy a finished notebook with its pass lines stored, for pytest --nbval-lax"),

@@ -18,6 +18,10 @@ What is here
                                       because only the address computation differs.
 ``gather_then_attend``                the naive way: ``paged_gather`` K and V, then attend contiguously.
 ``paged_decode_attention_reference``  plain torch, fp32 softmax, written without the kernels.
+``paged_decode_attention_torch``      the whole batch in a few torch calls (sequences of similar length
+                                      together: one gather through the block table per pool, then torch's
+                                      fused attention): what a model runs on a CPU, where the interpreted
+                                      kernel is far too slow.
 ``kv_token_offset``                   the block-table lookup itself (a ``@triton.jit`` helper), and
 ``kv_token_offsets``                  a launcher that evaluates it for inspection.
 
@@ -121,6 +125,8 @@ except Exception as exc:  # ImportError on macOS/Windows; anything else a broken
 __all__ = [
     "paged_decode_attention",
     "paged_decode_attention_reference",
+    "paged_decode_attention_torch",
+    "length_groups",
     "paged_gather",
     "paged_gather_reference",
     "contiguous_decode_attention",
@@ -713,6 +719,82 @@ def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_c
     k = paged_gather_reference(k_cache, block_tables, seq_lens)
     v = paged_gather_reference(v_cache, block_tables, seq_lens)
     return contiguous_decode_attention_reference(q, k, v, seq_lens, scale)
+
+
+# --------------------------------------------------------------------------------------------
+# The CPU path: one gather through the block table, then torch's fused attention
+# --------------------------------------------------------------------------------------------
+def length_groups(lengths, power: int = 1, waste: float = 2.0) -> list[list[int]]:
+    """Indices of ``lengths`` in groups of similar length, shortest first, for work padded to a group's longest.
+
+    Sorted by length, an index joins the group before it while that group's padded work (its count times its
+    longest length to the ``power``: 1 for a decode token's keys, 2 for a prompt's causal attention) stays
+    within ``waste`` times its own (the sum of its lengths to the ``power``).
+    """
+    lengths = [int(n) for n in lengths]
+    groups: list[list[int]] = []
+    own = 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        work = lengths[i] ** power
+        if groups and (len(groups[-1]) + 1) * work <= waste * (own + work):
+            groups[-1].append(i)
+            own += work
+        else:
+            groups.append([i])
+            own = work
+    return groups
+
+
+def paged_decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float | None = None,
+                                 num_splits: int = 1, *, validate: bool = True) -> torch.Tensor:
+    """``paged_decode_attention`` in plain torch for the whole batch at once: what a model decodes with on a CPU.
+
+    No loop over sequences: every sequence's slots come from its block-table row as the kernel computes them
+    (``block_tables[b, t // block_size] * block_size + t % block_size``), K and V are gathered through them in
+    one index per pool into ``[B, S, Hkv, D]``, and torch's fused attention (``scaled_dot_product_attention``:
+    scores and softmax accumulated in fp32) attends each KV head's G query heads to it as G queries (GQA without
+    a copy of K/V per query head).  Sequences of similar length go together (`length_groups`: a mixed batch
+    gathers and attends at most twice its real tokens, where padding every sequence to the longest can copy
+    several times them), so S is the longest of a group.  Slots past a sequence's length are never read (a pool
+    may hold anything there, NaN included): those positions read the sequence's own first token again, and
+    the mask gives them a weight of exactly 0.  The output agrees with the reference to the output dtype's
+    rounding.  ``validate=False`` skips the data-dependent checks; a table entry outside the pool still raises
+    (torch indexing is bounds-checked).  The split count does not change the result, so it is ignored.
+    """
+    _, scale = args.check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, None,
+                                          None, validate, _INTERPRETING)
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
+    lens = seq_lens.to(device=q.device, dtype=torch.long)
+    tables = block_tables.to(q.device)
+    groups = length_groups(lens.tolist())
+    if len(groups) == 1:
+        return _attend_padded(q, k_cache, v_cache, tables, lens, scale)
+    out = torch.empty_like(q)
+    for g in groups:
+        rows = torch.tensor(g, device=q.device)
+        out[rows] = _attend_padded(q[rows], k_cache, v_cache, tables[rows], lens[rows], scale)
+    return out
+
+
+def _attend_padded(q, k_cache, v_cache, block_tables, lens, scale: float) -> torch.Tensor:
+    """`paged_decode_attention_torch` for one group: K/V gathered to [n, longest, Hkv, D], then fused attention."""
+    from torch.nn.functional import scaled_dot_product_attention
+
+    batch, num_q_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    positions = torch.arange(int(lens.max()), device=q.device)
+    valid = positions[None, :] < lens[:, None]  # [n, S]
+    blocks = block_tables.long()[:, positions // block_size]
+    # past its length a sequence reads its own first token again (written, so finite), masked out below
+    slots = torch.where(valid, blocks * block_size + positions % block_size, blocks[:, :1] * block_size)
+    k = k_cache.reshape(-1, num_kv_heads, head_dim)[slots]  # [n, S, Hkv, D]
+    v = v_cache.reshape(-1, num_kv_heads, head_dim)[slots]
+    group = num_q_heads // num_kv_heads  # query head h reads KV head h // group
+    out = scaled_dot_product_attention(q.reshape(batch, num_kv_heads, group, head_dim), k.transpose(1, 2),
+                                       v.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale)
+    return out.reshape(batch, num_q_heads, head_dim)
 
 
 def interpreter_active() -> bool:

@@ -7,7 +7,9 @@ SwiGLU MLP, deterministic from a seed.  The same weights decode through two KV l
   final length (§10.2's layout), attended with plain torch — the reference;
 * paged: keys and values live in a :class:`labsupport.kvcache.PagedKVCache`; every layer writes
   its new K/V through the slot mapping and decode attention reads through the block table, with
-  :func:`labsupport.kernels.paged_decode_attention` (Triton) or its torch reference.
+  :func:`labsupport.kernels.paged_decode_attention` (Triton) or, on a CPU, its torch path for the whole
+  batch (:func:`labsupport.kernels.paged_decode_attention_torch`: one gather through the block table, then
+  torch's fused attention).
 
 Paging changes where bytes live, never the arithmetic (§10.3 step three), so greedy tokens from
 both paths are identical and logits agree to float tolerance; tests/test_model.py checks it.
@@ -20,6 +22,7 @@ class: a different shape, the same paged path.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -184,13 +187,23 @@ class RMSNorm(nn.Module):
         return (y * self.weight.float()).to(x.dtype)
 
 
-def rope_rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) for x [T, heads, D] at integer positions [T]."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, 1, D] of the rotary angles at integer positions [T]: the same for every layer and for
+    q and k, so a forward pass computes them once."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+                                / head_dim))
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, D/2]
     cos = torch.cat([angles.cos(), angles.cos()], -1)[:, None, :]
     sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None, :]
+    return cos, sin
+
+
+def rope_rotate(x: torch.Tensor, positions: torch.Tensor, theta: float,
+                tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) for x [T, heads, D] at integer positions [T] (``tables``: their
+    `rope_tables`, when already computed)."""
+    d = x.shape[-1]
+    cos, sin = rope_tables(positions, d, theta) if tables is None else tables
     xf = x.float()
     x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
     rotated = torch.cat([-x2, x1], -1)
@@ -201,7 +214,8 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positio
                     scale: float) -> torch.Tensor:
     """Causal attention of queries q [T, Hq, D] at q_positions over keys/values [S, Hkv, D] at 0..S-1.
 
-    Plain torch in float32: the contiguous reference, and the prefill path of both layouts.
+    Plain torch in float32: the contiguous reference (the paged prefill attends several prompts at once with
+    torch's fused attention, `causal_attention`).
     """
     hq, hkv = q.shape[1], k.shape[1]
     group = hq // hkv
@@ -214,6 +228,44 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positio
     return torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), vf).to(q.dtype)
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention for a batch of prompts at positions 0..T-1: q [n, T, Hq, D] over k, v [n, T, Hkv, D].
+
+    What `dense_attention` computes, for n prompts padded to one length T in one call of torch's fused attention
+    (``scaled_dot_product_attention``: scores and softmax accumulated in fp32).  Padding goes after a prompt's
+    tokens, so the causal mask alone keeps it from every real query (its own rows are discarded).
+    """
+    group = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(group, dim=2)  # query head h reads KV head h // group
+    v = v.repeat_interleave(group, dim=2)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                         scale=scale)
+    return out.transpose(1, 2)
+
+
+def prefill_groups(spans: Sequence[tuple[int, int]], device, waste: float = 2.0
+                   ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The prompts of one step, at rows ``spans`` = [(start, end), ...] of its flat batch, in groups of similar
+    length for `causal_attention`: one call per group rather than one per prompt.
+
+    A prompt joins a group while the group's padded attention (prompts x the longest length squared) stays
+    within ``waste`` times its prompts' own (`kernels.length_groups`).  Returns per group (index [n, T] of the
+    rows to gather, a prompt's last row repeated as its padding; keep [n, T], False on padding; the rows
+    [sum of lengths] the kept entries go back to).
+    """
+    from labsupport.kernels import length_groups
+
+    out = []
+    for g in length_groups([b - a for a, b in spans], power=2, waste=waste):
+        starts = torch.tensor([spans[i][0] for i in g], device=device)
+        lens = torch.tensor([spans[i][1] - spans[i][0] for i in g], device=device)
+        t = torch.arange(int(lens.max()), device=device)
+        keep = t[None, :] < lens[:, None]
+        index = starts[:, None] + torch.minimum(t[None, :], lens[:, None] - 1)
+        out.append((index, keep, index[keep]))
+    return out
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -223,13 +275,14 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.dim, bias=False)
 
-    def qkv(self, h: torch.Tensor, positions: torch.Tensor):
+    def qkv(self, h: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
         c = self.cfg
         n = h.shape[0]
         q = self.wq(h).view(n, c.num_heads, c.head_dim)
         k = self.wk(h).view(n, c.num_kv_heads, c.head_dim)
         v = self.wv(h).view(n, c.num_kv_heads, c.head_dim)
-        return rope_rotate(q, positions, c.rope_theta), rope_rotate(k, positions, c.rope_theta), v
+        rope = rope_tables(positions, c.head_dim, c.rope_theta) if rope is None else rope
+        return rope_rotate(q, positions, c.rope_theta, rope), rope_rotate(k, positions, c.rope_theta, rope), v
 
 
 class SwiGLU(nn.Module):
@@ -344,8 +397,9 @@ class TinyTransformer(nn.Module):
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
         """All layers over a flat batch of tokens [N]; attention is the caller's. Returns hidden [N, dim]."""
         x = self.embed(ids)
+        rope = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)  # one table for every layer
         for i, blk in enumerate(self.layers):
-            q, k, v = blk.attn.qkv(blk.attn_norm(x), positions)
+            q, k, v = blk.attn.qkv(blk.attn_norm(x), positions, rope)
             o = attend(i, q, k, v)
             x = x + blk.attn.wo(o.reshape(x.shape[0], -1))
             x = x + blk.mlp(blk.mlp_norm(x))
@@ -468,13 +522,14 @@ class TinyTransformer(nn.Module):
             positions.append(seq_lens.long() - 1)
         pos = torch.cat(positions)
         slot_mapping = torch.cat(slots)
+        groups = prefill_groups(prefill_spans, self.device)  # prompts of similar length attend in one call
 
         def attend(layer, q, k, v):
             cache.write(layer, slot_mapping, k, v)
             out = torch.empty_like(q)
             # Prefill attends to its own fresh K/V (nothing of it was cached before this step).
-            for a, b in prefill_spans:
-                out[a:b] = dense_attention(q[a:b], k[a:b], v[a:b], pos[a:b], self.scale)
+            for index, keep, rows in groups:
+                out[rows] = causal_attention(q[index], k[index], v[index], self.scale)[keep]
             if n_dec:
                 out[offset:] = attn_fn(q[offset:].contiguous(), cache.k_cache[layer], cache.v_cache[layer],
                                        block_tables, seq_lens, scale=self.scale)
@@ -534,11 +589,16 @@ def resolve_attention(attention: str, device: torch.device | str) -> str:
 
 
 def _decode_attention_fn(attention: str, device):
+    """The decode attention `forward_paged` calls per layer: the Triton kernel, or ("reference") the kernel's
+    torch path for the whole batch (`kernels.paged_decode_attention_torch`: one gather through the block table
+    per pool and torch's fused attention, fp32 softmax, where `kernels.paged_decode_attention_reference` loops
+    over the sequences in Python; the tables come from the allocator, and torch's indexing refuses a block
+    outside the pool, so the data checks are skipped)."""
     from labsupport import kernels
 
     if resolve_attention(attention, device) == "triton":
         return kernels.paged_decode_attention
-    return kernels.paged_decode_attention_reference
+    return functools.partial(kernels.paged_decode_attention_torch, validate=False)
 
 
 # --- the shipped weights ----------------------------------------------------------------------------

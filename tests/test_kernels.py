@@ -133,6 +133,50 @@ def test_reference_matches_float64_truth(hq, hkv, d, bs):
     assert_matches(K.paged_decode_attention_reference(*case.args()), case.truth(), torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hq,hkv,d,bs", [(4, 4, 32, 16), (8, 2, 16, 8), (9, 3, 64, 16), (5, 1, 64, 64)])
+def test_batched_torch_path_matches_float64_truth(dtype, hq, hkv, d, bs):
+    """The CPU path a model decodes with (one gather for the batch, then fused attention) reads the same
+    NaN-poisoned pool through the same junk-padded tables, and never a slot past a sequence's length."""
+    case = Case(seed=23 + d + bs, lens=lengths_for(bs) + [3 * bs + 5], hq=hq, hkv=hkv, d=d, bs=bs, dtype=dtype,
+                share_first_block=True)
+    out = K.paged_decode_attention_torch(*case.args())
+    assert out.dtype == dtype and out.shape == case.q.shape
+    assert_matches(out, case.truth(), dtype)
+    fast = K.paged_decode_attention_torch(*case.args(), validate=False)
+    assert torch.equal(fast, out)
+    if dtype == torch.float32:  # the same numbers as the per-sequence reference, to float32 rounding
+        torch.testing.assert_close(out, K.paged_decode_attention_reference(*case.args()), **FP32_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_torch_path_groups_a_mixed_batch_by_length(dtype):
+    """A mixed batch attends in groups of similar length (no group pads to more than twice its tokens), in any
+    order of the batch, with the same result as one padded call would give."""
+    lens = [100, 2, 37, 1, 101, 3]
+    groups = K.length_groups(lens)
+    assert [sorted(lens[i] for i in g) for g in groups] == [[1, 2, 3], [37, 100, 101]]
+    assert all(len(g) * max(lens[i] for i in g) <= 2 * sum(lens[i] for i in g) for g in groups)
+    case = Case(seed=31, lens=lens, hq=6, hkv=2, d=32, bs=8, dtype=dtype)
+    assert_matches(K.paged_decode_attention_torch(*case.args()), case.truth(), dtype)
+    assert K.length_groups([]) == [] and K.length_groups([5, 5, 5]) == [[0, 1, 2]]
+    assert K.length_groups([10, 1, 2, 3], power=2) == [[1, 2, 3], [0]]  # a prompt's attention grows as its square
+
+
+def test_batched_torch_path_refuses_what_the_kernel_refuses():
+    case = Case(seed=5, lens=[3, 20], hq=4, hkv=2, d=16, bs=8)
+    q, kc, vc, table, lens = case.args()
+    with pytest.raises(ValueError, match="seq_lens"):
+        K.paged_decode_attention_torch(q, kc, vc, table, torch.tensor([0, 20], dtype=torch.int32))
+    bad = table.clone()
+    bad[1, 0] = case.num_blocks + 4
+    with pytest.raises(ValueError, match="outside the pool"):
+        K.paged_decode_attention_torch(q, kc, vc, bad, lens)
+    with pytest.raises(IndexError):  # unvalidated, torch's indexing still refuses it
+        K.paged_decode_attention_torch(q, kc, vc, bad, lens, validate=False)
+    assert K.paged_decode_attention_torch(q[:0], kc, vc, table[:0], lens[:0]).shape == (0, 4, 16)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hq,hkv,d,bs", [(4, 4, 32, 16), (8, 1, 64, 8), (5, 1, 16, 256)])
 def test_paged_attention_half_precision(dtype, hq, hkv, d, bs):

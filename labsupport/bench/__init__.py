@@ -4,6 +4,7 @@
     kernel     the Triton kernels' times here (the interpreter on CPU: meaningless for GPUs)
     gpu        on a CUDA machine: the kernels' correctness matrix and bandwidth sweep -> data/gpu_results.json
     engine     the Azure conversation trace through the engine's scheduler on one core (§10.5)
+    smollm2    SmolLM2-135M on 32 scaled Azure requests: the paged engine beside transformers' generate
     notebooks  each solution notebook's run time
     board      the board's Run All and present mode's first page, beside INSTRUCTORS.md's promise
     grade      a class of 30 copies of lab 02's solution graded with --jobs 2 (target: 6 minutes)
@@ -26,6 +27,7 @@ BENCHES = {
     "kernel": "labsupport.bench.kernel:bench_kernel",
     "gpu": "labsupport.bench.kernel:gpu_check",
     "engine": "labsupport.bench.engine:bench",
+    "smollm2": "labsupport.bench.smollm2:bench",
     "notebooks": "labsupport.bench.notebooks:bench",
     "board": "labsupport.bench.board:bench",
     "grade": "labsupport.bench.grade:bench",
