@@ -11,13 +11,16 @@ import pytest
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test`), the browser tests keep to two workers: the labs' Run All with its audit on
-    one, the board and the other pages on the other (each drives its own server and Chromium).  A module whose
-    tests share an expensive fixture keeps to one worker too."""
+    one, the board and the other pages on the other (each drives its own server and Chromium).  The tests that read
+    a student copy's Run All (the `run_all` fixture runs each copy once a session) share a worker, and so do a
+    module's tests that share an expensive fixture."""
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue
         if item.get_closest_marker("browser"):
             item.add_marker(pytest.mark.xdist_group(_browser_group(item)))
+        elif "run_all" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("run-all"))  # each student copy's Run All once, for every test
         elif _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
