@@ -792,9 +792,11 @@ def _attend_padded(q, k_cache, v_cache, block_tables, lens, scale: float) -> tor
     k = k_cache.reshape(-1, num_kv_heads, head_dim)[slots]  # [n, S, Hkv, D]
     v = v_cache.reshape(-1, num_kv_heads, head_dim)[slots]
     group = num_q_heads // num_kv_heads  # query head h reads KV head h // group
-    out = scaled_dot_product_attention(q.reshape(batch, num_kv_heads, group, head_dim), k.transpose(1, 2),
-                                       v.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale)
-    return out.reshape(batch, num_q_heads, head_dim)
+    # in float32, as the Triton kernel accumulates and the reference computes: bf16 scores flip near-tied tokens
+    out = scaled_dot_product_attention(q.float().reshape(batch, num_kv_heads, group, head_dim),
+                                       k.float().transpose(1, 2), v.float().transpose(1, 2),
+                                       attn_mask=valid[:, None, None, :], scale=scale)
+    return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)
 
 
 def interpreter_active() -> bool:

@@ -232,15 +232,17 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     """Causal attention for a batch of prompts at positions 0..T-1: q [n, T, Hq, D] over k, v [n, T, Hkv, D].
 
     What `dense_attention` computes, for n prompts padded to one length T in one call of torch's fused attention
-    (``scaled_dot_product_attention``: scores and softmax accumulated in fp32).  Padding goes after a prompt's
+    (``scaled_dot_product_attention``, in float32 whatever the model's dtype).  Padding goes after a prompt's
     tokens, so the causal mask alone keeps it from every real query (its own rows are discarded).
     """
     group = q.shape[2] // k.shape[2]
     k = k.repeat_interleave(group, dim=2)  # query head h reads KV head h // group
     v = v.repeat_interleave(group, dim=2)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                         scale=scale)
-    return out.transpose(1, 2)
+    # in float32, as dense_attention and the kernels compute: bf16 scores flip near-tied tokens (a bf16 SmolLM2
+    # answered "What is the capital of France?" with "L'Étoile" where float32 attention says Paris)
+    out = F.scaled_dot_product_attention(q.float().transpose(1, 2), k.float().transpose(1, 2),
+                                         v.float().transpose(1, 2), is_causal=True, scale=scale)
+    return out.transpose(1, 2).to(q.dtype)
 
 
 def prefill_groups(spans: Sequence[tuple[int, int]], device, waste: float = 2.0

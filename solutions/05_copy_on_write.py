@@ -190,6 +190,67 @@ print(f"{len({tuple(o) for o in outputs})} distinct continuations of {N_BRANCHES
 # below has you count them yourself, and then compares your count with the engine's.
 
 # %% [markdown]
+# ### The same fork, on a real model
+#
+# The tiny model's branches are gibberish because the model is, not because of the fork. Nothing in the
+# engine knows whose weights it runs, so give it a real checkpoint: **SmolLM2-135M-Instruct** (Hugging
+# Face, Apache-2.0; 30 layers, 9 query heads sharing 3 KV heads; installed by `make lab`), in bf16 — on a
+# 2-core CPU it ran this fan-out in about half of float32's time. One chat prompt, `n=8`: the prompt (the chat
+# template's system turn included) is prefilled once and forked; each branch samples its own reply, up to
+# 24 tokens, and a branch that writes its end-of-turn token retires early. The board is the pool as the first
+# step left it — the prompt prefilled, the seven forks made, each branch's first token sampled but not yet
+# written:
+
+# %%
+import copy
+
+from labsupport import pretrained
+
+smol = pretrained.try_load_smollm2()  # (model, tokenizer); None, after one line naming the install command
+if smol is not None:
+    smol_model, smol_tok = smol
+    chat_prompt = smol_tok.chat("Finish this sentence: a good teacher is")
+    smol_engine = Engine(smol_model, num_blocks=32, block_size=16)
+    smol_rid = smol_engine.add_request(chat_prompt, max_new_tokens=24, n=8, sampling=SamplingParams(
+        temperature=0.8, seed=2026, stop_token_ids=smol_tok.stop_ids))
+    pools = []  # the allocator as each step left it, while all eight branches still held their blocks
+    for _ in smol_engine.iterations():
+        if len(smol_engine.allocator.block_tables) == 8:
+            pools.append(copy.deepcopy(smol_engine.allocator))
+    smol_result = smol_engine.result()
+    for branch, out in enumerate(smol_result.requests[smol_rid].outputs):
+        ended = bool(out) and out[-1] in smol_tok.stop_ids  # wrote its end-of-turn token (else cut at 24)
+        print(f"branch {branch}: {' '.join(smol_tok.decode(out, skip_special=True).split())}{'' if ended else ' …'}")
+    print(f"{len(chat_prompt)} prompt tokens = {len(chat_prompt) // 16} full blocks of 16 and {len(chat_prompt) % 16} "
+          f"tokens of one more; the eight replies took {smol_result.counters.steps} engine steps")
+    viz_sharing.refcount_board_figure(pools[0], sorted(pools[0].block_tables),
+                                      title="SmolLM2-135M, n = 8, after the fork: every branch names the prompt's "
+                                            "blocks").show()
+
+# %% [markdown]
+# Every block the prompt filled, the partly filled last one too, is named eight times and stored once.
+# What the branches' first writes do to those counts is Exercise 5.3's question (the board of this fan-out
+# after the writes shows once 5.3 passes). And what does one of those slots hold? §10.2's ledger
+# says $2 \times L \times n_{kv} \times d_{head} \times b$ bytes per token; compute it from the loaded
+# model's shape, and read what the live cache's K and V tensors really hold per token slot:
+
+# %%
+if smol is not None:
+    smol_spec = smol_model.spec()  # a ModelSpec of the loaded checkpoint: its shape, and the bytes of its dtype
+    ledger_bytes = ledger.kv_bytes_per_token(smol_spec)
+    smol_cache = smol_engine.cache
+    kv_tensors = (*smol_cache.k_cache, *smol_cache.v_cache)  # a K and a V pool per layer: [blocks, slots, KV heads, D]
+    pool_bytes = sum(t.nbytes for t in kv_tensors)
+    slots = smol_cache.num_blocks * smol_cache.block_size
+    print(f"the ledger: 2 × {smol_spec.num_layers} layers × {smol_spec.num_kv_heads} KV heads × {smol_spec.head_dim} × "
+          f"{smol_spec.dtype_bytes} B ({str(smol_cache.dtype).removeprefix('torch.')}) = {ledger_bytes:,} B per token")
+    print(f"the cache:  {len(kv_tensors)} tensors of {list(kv_tensors[0].shape)} hold {pool_bytes:,} B for "
+          f"{smol_cache.num_blocks} blocks × {smol_cache.block_size} slots = {pool_bytes // slots:,} B per token slot")
+    mha_bytes = 2 * smol_spec.num_layers * smol_spec.num_heads * smol_spec.head_dim * smol_spec.dtype_bytes
+    print(f"with a KV head per query head (MHA, {smol_spec.num_heads}) it would be {mha_bytes:,} B: GQA-"
+          f"{smol_spec.num_kv_heads} keeps {smol_spec.num_kv_heads / smol_spec.num_heads:.0%} of it")
+
+# %% [markdown]
 # ## 3. The sharing factor
 #
 # n completions of $O$ tokens off a $P$-token prompt hold, in tokens,
@@ -337,6 +398,16 @@ if revealed("5.3"):
         cows += [cow_append(b, tables, seq_lens, ref_counts, free_blocks, BLOCK)[1] for b in range(WRITERS, N_BRANCHES)]
         print(f"your cow_append on 5.3's givens: ref counts {after_writers} once {WRITERS} branches wrote; "
               f"{sum(c is not None for c in cows)} copies once all {N_BRANCHES} did")
+
+# %% [markdown]
+# Section 2's SmolLM2 fan-out once every branch had written (the last step all eight still ran): the prompt's
+# full blocks still named eight times, and each branch's own last block.
+
+# %%
+if smol is not None and revealed("5.3"):
+    viz_sharing.refcount_board_figure(pools[-1], sorted(pools[-1].block_tables),
+                                      title=f"SmolLM2-135M, n = 8, after step {len(pools)}: the full blocks still "
+                                            "shared, each branch's last block its own").show()
 
 # %% [markdown]
 # ## 4. Block size × fork cost

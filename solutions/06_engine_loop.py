@@ -148,6 +148,44 @@ print(viz_engine.stream_text(log, tok.decode))
 viz_engine.stream_panel(log, tok.decode, upto=12)
 
 # %% [markdown]
+# ### The same loop, streaming real text
+#
+# The tiny model spells out the lecture one character at a time. Nothing in the loop knows whose weights it
+# runs, so give it a real checkpoint: **SmolLM2-135M-Instruct** (Hugging Face, Apache-2.0; 30 layers, 9
+# query heads sharing 3 KV heads, bf16; installed by `make lab`), through the same `Engine` and `PagedKVCache`.
+# Four chat requests arrive together, each with its own limit of new tokens, decoded greedily (the likeliest
+# token every step). Each line below is printed as its step ends: the batch, the pool's blocks in use, and the
+# piece of text each request got in that step (⏹: its end-of-turn token). All four prefill in step 1; after
+# that each gets one token per step, and a request that ends its turn, or reaches its limit, retires in that
+# step and its blocks go back to the pool.
+
+# %%
+from labsupport import pretrained
+
+smol = pretrained.try_load_smollm2()  # (model, tokenizer); None, after one line naming the install command
+if smol is not None:
+    smol_model, smol_tok = smol
+    questions = {"What is a page table?": 32, "What is the capital of Japan?": 12,
+                 "What is the opposite of hot?": 20, "Why is the sky blue?": 28}  # each with its own limit
+    greedy = SamplingParams(temperature=0.0, stop_token_ids=smol_tok.stop_ids)  # the likeliest token every step
+    chat_schedule = [(0, dict(prompt_ids=smol_tok.chat(q), max_new_tokens=limit, sampling=greedy))
+                     for q, limit in questions.items()]
+    chat_engine = Engine(smol_model, num_blocks=32, block_size=16)
+    texts = [pretrained.TextStream(smol_tok) for _ in questions]  # request r's text so far, piece by piece
+
+    def print_step(rec):
+        got = "  ".join(f"r{r} " + ("⏹" if token in smol_tok.stop_ids else repr(texts[r].push(token)))
+                        for r, _, token, _ in rec.emitted)
+        print(f"step {rec.step:>2} | B={len(rec.emitted)} | {rec.blocks_in_use:>2} of {chat_engine.num_blocks} "
+              f"blocks | {got}", flush=True)
+
+    chat_log = stream_engine(chat_engine, chat_schedule, on_step=print_step)
+    for r, q in enumerate(questions):
+        ended = chat_log.result.requests[r].outputs[0][-1] in smol_tok.stop_ids  # else cut at its limit: …
+        print(f"r{r} {q!r} -> {' '.join(smol_tok.decode(texts[r].ids, skip_special=True).split())}"
+              f"{'' if ended else ' …'}")
+
+# %% [markdown]
 # ## 2. Admission is a promise the engine can be forced to break
 #
 # Blocks are handed out on demand, so a card can be fully admitted and still run out when the

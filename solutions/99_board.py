@@ -8,3 +8,10 @@ import labsupport  # first: on a CPU-only machine this routes Triton kernels thr
 from labsupport.viz import board as viz_board
 
 viz_board.Board()
+
+# %% jupyter={"source_hidden": true}
+# The live demo, folded below the board and out of its segments: SmolLM2-135M-Instruct streams a reply through the
+# labs' Engine and PagedKVCache when its button is pressed (nothing loads or runs at Run All). INSTRUCTORS.md.
+from labsupport.viz.board.live import LiveDemo
+
+LiveDemo()

@@ -504,11 +504,12 @@ def test_the_presenter_view_follows_the_deck():
 
 
 def test_the_board_notebook_puts_the_heading_first_and_folds_its_code():
-    """Issue 36: the lecture's heading above the board; the Colab set-up cell and the board's own code folded
-    in JupyterLab (the build keeps a source's jupyter.source_hidden), so only the board is projected."""
+    """Issue 36: the lecture's heading above the board; the Colab set-up cell, the board's own code and the live
+    demo's below it folded in JupyterLab (the build keeps a source's jupyter.source_hidden), so no code is projected."""
     nb = json.loads((ROOT / "notebooks" / "99_board.ipynb").read_text(encoding="utf-8"))
     cells = nb["cells"]
     assert cells[0]["cell_type"] == "markdown" and "Lecture 10" in "".join(cells[0]["source"])
     code = [c for c in cells if c["cell_type"] == "code"]
-    assert len(code) == 2 and "google.colab" in "".join(code[0]["source"]) and "Board()" in "".join(code[1]["source"])
+    assert len(code) == 3 and "google.colab" in "".join(code[0]["source"]) and "Board()" in "".join(code[1]["source"])
+    assert "LiveDemo()" in "".join(code[2]["source"])  # issue 38: the live demo, folded below the board
     assert all(c["metadata"].get("jupyter", {}).get("source_hidden") for c in code)

@@ -327,6 +327,7 @@ def main(argv: list[str]) -> int:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.dup2(null, 2)
+    os.environ["LABSUPPORT_GRADING"] = "1"  # labsupport.pretrained.GRADING_ENV: the labs' real model stays unloaded
     from labsupport.course import checkoff
 
     checkoff.collect = collector(job)
