@@ -8,6 +8,15 @@ import re
 import pytest
 
 
+# Longest first.  pytest-xdist deals the groups out in collection order, so a long group dealt late is the run's tail
+# (with test_retarget.py collected near the end, `make test` ran for minutes on one worker).  These modules' groups
+# are the longest chains of the slow tier, in this order; every other test follows in its own order.
+LONGEST_FIRST = ("test_retarget", "test_browser", "test_browser_a11y", "test_browser_board", "test_browser_present",
+                 "test_browser_reopen", "test_grade_solutions", "test_notebooks", "test_answer_scan", "test_pretrained",
+                 "test_one_call_answers", "test_givens_styles", "test_grade_plan", "test_grade_bounds",
+                 "test_grade_runs", "test_bench_smollm2")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test`), the browser tests keep to two workers: the labs' Run All with its audit on
@@ -23,6 +32,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("run-all"))  # each student copy's Run All once, for every test
         elif _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(getattr(getattr(item, "module", None), "__name__", ""), len(rank)))  # stable: order kept within
 
 
 def pytest_configure(config):

@@ -130,13 +130,19 @@ def _walk():
     found = []
 
     def look(x, where):
+        try:
+            see(x, where)
+        except Exception:  # an odd mapping of some library (its get or items may not be dict's): not ours to read
+            pass
+
+    def see(x, where):
         if isinstance(x, dict):
             # data under a telling key (a namespace holding random.seed, a function, or a class's slot, is none)
             keys = {k for k in x if isinstance(k, str) and k in suspicious
                     and isinstance(x[k], (int, float, str, list, tuple, dict))}
             if keys:
                 found.append(f"{where}: a dict with {sorted(keys)}: {repr(x)[:200]}")
-            make = x.get("make")
+            make = dict.get(x, "make")
             # a recipe that makes a run (a record of labsupport.engine, sent as its fields, is the input itself)
             if isinstance(make, str) and any(w in make for w in ("engine_run", "engine_requests", "harness",
                                                                   "checkoffs")):
