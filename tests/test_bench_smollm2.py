@@ -6,26 +6,15 @@ what the requests imply.  Skipped, with the reason, without the model or transfo
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from labsupport import bench, pretrained
+from labsupport import bench
+from test_pretrained import TEST_ONLY, missing
 
 
-def _missing() -> str | None:
-    for module in ("gguf", "tokenizers", "transformers", "accelerate"):
-        if importlib.util.find_spec(module) is None:
-            return f"the {module} package is not installed (pip install -e .[test])"
-    try:
-        pretrained.find_gguf()
-    except FileNotFoundError as exc:
-        return str(exc)
-    return None
-
-
-MISSING = _missing()
+MISSING = missing(*TEST_ONLY)
 
 
 @pytest.mark.slow  # 20 to 60 s on 2 cores: transformers dequantizes the GGUF itself at every load

@@ -26,10 +26,16 @@ from labsupport.model import ModelConfig
 from labsupport.sampling import SamplingParams
 
 
-def _missing() -> str | None:
-    for module in ("gguf", "tokenizers"):
+TEST_ONLY = ("transformers", "accelerate")  # the reference's packages: pyproject's [test] extra
+
+
+def missing(*modules: str) -> str | None:
+    """Why the real model cannot run here (its packages, the named `modules`, or its file), or None; the other test
+    files that need it skip on this too."""
+    for module in ("gguf", "tokenizers", *modules):
         if importlib.util.find_spec(module) is None:
-            return f"the {module} package is not installed (pip install -e .)"
+            extra = "[test]" if module in TEST_ONLY else ""
+            return f"the {module} package is not installed (pip install -e .{extra})"
     try:
         pretrained.find_gguf()
     except FileNotFoundError as exc:
@@ -37,7 +43,7 @@ def _missing() -> str | None:
     return None
 
 
-MISSING = _missing()
+MISSING = missing()
 # one torch thread: `make test` runs a worker per core, and two threads per worker only contend
 pytestmark = [pytest.mark.skipif(MISSING is not None, reason=f"SmolLM2-135M: {MISSING}"),
               pytest.mark.usefixtures("one_thread")]

@@ -18,16 +18,9 @@ import pytest
 
 import labsupport  # noqa: F401  (sets TRITON_INTERPRET before anything imports triton)
 from labsupport import pretrained
+from test_pretrained import MISSING
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _installed() -> str | None:
-    try:
-        pretrained.find_gguf()
-    except FileNotFoundError as exc:
-        return str(exc)
-    return None
 
 
 @pytest.fixture
@@ -93,7 +86,7 @@ def test_the_live_demo_loads_nothing_until_pressed_and_names_the_install_command
     assert pretrained.INSTALL in demo.status.value and not demo.button.disabled
 
 
-@pytest.mark.skipif(_installed() is not None, reason=f"SmolLM2-135M: {_installed()}")
+@pytest.mark.skipif(MISSING is not None, reason=f"SmolLM2-135M: {MISSING}")
 @pytest.mark.usefixtures("one_thread")
 def test_the_live_demo_streams_a_reply_through_the_engine():
     from labsupport.viz.board.live import LiveDemo
