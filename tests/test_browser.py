@@ -216,14 +216,14 @@ def _open(page, base: str, name: str) -> None:
     page.goto(f"{base}/lab/workspaces/{name[:-6]}/tree/notebooks/{name}?reset", wait_until="domcontentloaded",
               timeout=90_000)
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    page.wait_for_function("() => document.body.innerText.includes('(ipykernel) | Idle')", timeout=120_000)
+    page.wait_for_function("() => document.body.innerText.includes('(ipykernel) | Idle')", timeout=120_000, polling=100)
 
 
 def _click_run_all(page) -> float:
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
     clicked = time.perf_counter()
-    page.wait_for_function("() => document.body.innerText.includes('(ipykernel) | Busy')", timeout=30_000)
+    page.wait_for_function("() => document.body.innerText.includes('(ipykernel) | Busy')", timeout=30_000, polling=100)
     return clicked
 
 
@@ -271,7 +271,7 @@ def _move_first_slider(page, index: int, scope: str = ".jp-Notebook") -> str | N
         page.keyboard.press(key)
         try:
             page.wait_for_function("([h, old]) => h.getAttribute('aria-valuenow') !== old",
-                                   arg=[handle.element_handle(), start], timeout=5_000)
+                                   arg=[handle.element_handle(), start], timeout=5_000, polling=100)
             break
         except Exception:  # playwright's TimeoutError: press again
             continue
@@ -279,7 +279,7 @@ def _move_first_slider(page, index: int, scope: str = ".jp-Notebook") -> str | N
         return "the slider did not move on three arrow-key presses"
     try:
         page.wait_for_function(f"(old) => ({figure})({index}) !== old", arg=before,
-                               timeout=SLIDER_REDRAW_TIMEOUT_MS)
+                               timeout=SLIDER_REDRAW_TIMEOUT_MS, polling=100)
     except Exception:  # playwright's TimeoutError: report which panel did not redraw
         return f"its figure did not change within {SLIDER_REDRAW_TIMEOUT_MS // 1000} s"
     return None
@@ -295,7 +295,7 @@ def test_run_all_in_chromium(jupyterlab, runs, name):
     checked = time.perf_counter()
     try:
         assert page.locator(".jp-FileBrowser").first.is_visible(), "the file browser should be open (the default)"
-        page.wait_for_function(_ALL_RENDERED, timeout=180_000)
+        page.wait_for_function(_ALL_RENDERED, timeout=180_000, polling=100)
         figures, panels, controls = page.evaluate(_FIGURES), page.evaluate(_PANELS), page.evaluate(_CONTROLS)
         problems = [f"panel {p['title']!r} has {p['plots']} plotly charts" for p in panels if p["plots"] != 1]
         problems += page.evaluate(_TEXT_COLLISIONS)

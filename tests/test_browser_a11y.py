@@ -204,7 +204,7 @@ def test_outputs_accessible(request, name):
         run.start(name)
         page, _, _ = run.finish(name)
         try:
-            page.wait_for_function(tb._ALL_RENDERED, timeout=180_000)
+            page.wait_for_function(tb._ALL_RENDERED, timeout=180_000, polling=100)
             _record(page, name)
         finally:
             run.close(name, page)

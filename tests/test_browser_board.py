@@ -168,21 +168,21 @@ _DRAWN = """() => { const d = document.querySelector('.board-deck');
 
 
 def _wait_label(page, segment: str) -> None:
-    page.wait_for_function(f"() => ({_LABEL})().startsWith({json.dumps(segment)})", timeout=60_000)
-    page.wait_for_function(_DRAWN, timeout=60_000)
+    page.wait_for_function(f"() => ({_LABEL})().startsWith({json.dumps(segment)})", timeout=60_000, polling=100)
+    page.wait_for_function(_DRAWN, timeout=60_000, polling=100)
 
 
 def _settle(page) -> None:
     """The board drawn and its charts fitted to the width (fit_width scales them a frame later)."""
-    page.wait_for_function(_DRAWN, timeout=60_000)
+    page.wait_for_function(_DRAWN, timeout=60_000, polling=100)
     page.wait_for_function("""() => [...document.querySelectorAll('.board-deck .js-plotly-plot')].every(p => {
         const box = p.parentElement.getBoundingClientRect().width;
-        return Math.abs(p.getBoundingClientRect().width - box) <= 2; })""", timeout=30_000)
+        return Math.abs(p.getBoundingClientRect().width - box) <= 2; })""", timeout=30_000, polling=100)
     # the deck has fitted its picture to the screen (it redraws the chart at the height it measured)
     page.wait_for_function("() => document.querySelector('.board-nav') && document.querySelector('.board-deck')"
-                           " .dataset.fitted === '1'", timeout=60_000)
+                           " .dataset.fitted === '1'", timeout=60_000, polling=100)
     page.wait_for_timeout(600)
-    page.wait_for_function(_DRAWN, timeout=60_000)
+    page.wait_for_function(_DRAWN, timeout=60_000, polling=100)
 
 
 def _room_text(page, deck) -> str:
@@ -238,7 +238,7 @@ def _toggle_file_browser(page, want_open: bool) -> None:
         page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id='filebrowser']").click()
         page.wait_for_function(f"() => !!(document.querySelector('.jp-FileBrowser') || {{}}).checkVisibility"
                                f" && document.querySelector('.jp-FileBrowser').checkVisibility() === {str(want_open).lower()}",
-                               timeout=10_000)
+                               timeout=10_000, polling=100)
 
 
 def test_the_board_stages_each_segment(jupyterlab, browser):
@@ -250,7 +250,8 @@ def test_the_board_stages_each_segment(jupyterlab, browser):
     try:
         page.goto(f"{base}/", wait_until="domcontentloaded", timeout=90_000)
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-        page.wait_for_function("() => document.body.innerText.includes('(ipykernel) | Idle')", timeout=120_000)
+        page.wait_for_function("() => document.body.innerText.includes('(ipykernel) | Idle')",
+                               timeout=120_000, polling=100)
         assert page.url.endswith(f"/doc/tree/{copy}"), page.url
         assert not page.locator(".jp-FileBrowser").first.is_visible(), "make board opens with the file browser"
         assert not page.locator(".jp-Notification-Toast").count(), "a notification covers the board"
@@ -258,7 +259,7 @@ def test_the_board_stages_each_segment(jupyterlab, browser):
         # the code cells are folded (source_hidden), so their prompts are not drawn: wait for the kernel to be
         # idle again with the board on the page instead of for every prompt's count
         page.wait_for_function(_BOARD_RAN, timeout=300_000, polling=500)
-        page.wait_for_function(_DRAWN, timeout=120_000)
+        page.wait_for_function(_DRAWN, timeout=120_000, polling=100)
         print(f"\nboard: Run All until the first segment is drawn: {time.perf_counter() - clicked:.1f} s")
         deck = page.locator(".board-deck").first
         assert "Run the cell" not in page.inner_text(".jp-Notebook"), "a static copy shows beside the live board"
@@ -304,7 +305,7 @@ def _state(page) -> list[str]:
 def _wait_both_changed(page, before: list[str]) -> None:
     """A reveal is done when its result line and the reveal button both changed (two messages from the kernel)."""
     page.wait_for_function(f"() => ({_RESULTS})() !== {json.dumps(before[0])} "
-                           f"&& ({_REVEAL_TEXT})() !== {json.dumps(before[1])}", timeout=60_000)
+                           f"&& ({_REVEAL_TEXT})() !== {json.dumps(before[1])}", timeout=60_000, polling=100)
 
 
 def _rewind(page) -> list[str]:
@@ -315,7 +316,8 @@ def _rewind(page) -> list[str]:
             return seen
         state = _label(page) + page.evaluate(_REVEAL_TEXT)
         page.keyboard.press("ArrowLeft")
-        page.wait_for_function(f"() => ({_LABEL})() + ({_REVEAL_TEXT})() !== {json.dumps(state)}", timeout=60_000)
+        page.wait_for_function(f"() => ({_LABEL})() + ({_REVEAL_TEXT})() !== {json.dumps(state)}",
+                               timeout=60_000, polling=100)
         if _label(page).split(" ")[0] != seen[-1]:
             seen.append(_label(page).split(" ")[0])
     raise AssertionError(f"← did not return to 0–6 with nothing revealed: at {_label(page)!r}")
@@ -380,22 +382,26 @@ def test_the_presenter_view_follows_the_deck(jupyterlab, browser, tmp_path):
         page = browser.new_page(viewport=XGA)
         try:
             page.goto(f"{base}/", wait_until="domcontentloaded", timeout=300_000)
-            page.wait_for_function(_DRAWN, timeout=300_000)
+            page.wait_for_function(_DRAWN, timeout=300_000, polling=100)
             with page.expect_popup(timeout=30_000) as popup_info:
                 page.keyboard.press("s")
             presenter = popup_info.value
             text = lambda: presenter.evaluate("() => document.body.innerText")  # noqa: E731
-            presenter.wait_for_function("() => (document.getElementById('notes') || {}).innerText", timeout=30_000)
+            presenter.wait_for_function("() => (document.getElementById('notes') || {}).innerText",
+                                        timeout=30_000, polling=100)
             assert "Board:" in text() and segs[1].ask in text() and "0 of 1 revealed" in text(), text()[:300]
-            presenter.wait_for_function("() => /\\d\\d:\\d\\d/.test(document.getElementById('elapsed').textContent)")
+            presenter.wait_for_function("() => /\\d\\d:\\d\\d/.test(document.getElementById('elapsed').textContent)",
+                                        polling=100)
             assert "Board:" not in page.inner_text("body"), "a note on the projected page"
             page.keyboard.press("ArrowRight")  # the reveal
-            presenter.wait_for_function("() => document.body.innerText.includes('1 of 1 revealed')", timeout=60_000)
+            presenter.wait_for_function("() => document.body.innerText.includes('1 of 1 revealed')",
+                                        timeout=60_000, polling=100)
             page.keyboard.press("PageDown")  # the next segment
             presenter.wait_for_function("() => document.getElementById('where').textContent.startsWith('6–16')",
-                                        timeout=60_000)
+                                        timeout=60_000, polling=100)
             assert segs[2].ask in text() and "The naive allocator" in text(), text()[:300]
             presenter.keyboard.press("ArrowRight")  # the presenter's own keys drive the deck
-            page.wait_for_function("() => document.querySelector('.board-results') !== null", timeout=60_000)
+            page.wait_for_function("() => document.querySelector('.board-results') !== null",
+                                   timeout=60_000, polling=100)
         finally:
             page.close()

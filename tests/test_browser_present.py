@@ -57,7 +57,7 @@ def test_make_lab_lands_in_notebooks(browser, tmp_path):
         page = browser.new_page(viewport=WINDOW)
         try:
             page.goto(f"{base}/", wait_until="domcontentloaded", timeout=90_000)
-            page.wait_for_function(f"() => ({_LISTED})().includes('01_five_jobs.ipynb')", timeout=90_000)
+            page.wait_for_function(f"() => ({_LISTED})().includes('01_five_jobs.ipynb')", timeout=90_000, polling=100)
             assert page.url == f"{base}/lab/tree/notebooks", page.url
             assert "notebooks" in page.evaluate(_CURRENT_FOLDER)
             assert "99_board.ipynb" in page.evaluate(_LISTED) and "solutions" not in page.evaluate(_LISTED)

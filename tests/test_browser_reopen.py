@@ -63,7 +63,7 @@ _NOTES = f"""() => [...document.querySelectorAll('.jp-Notebook .{reopen.NOTE_CLA
 def _open_path(page, base: str, path: str, workspace: str) -> None:
     page.goto(f"{base}/lab/workspaces/{workspace}/tree/{path}?reset", wait_until="domcontentloaded", timeout=90_000)
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    page.wait_for_function("() => document.body.innerText.includes('(ipykernel) | Idle')", timeout=120_000)
+    page.wait_for_function("() => document.body.innerText.includes('(ipykernel) | Idle')", timeout=120_000, polling=100)
 
 
 def _new_page(browser):
@@ -133,7 +133,7 @@ def test_a_saved_notebook_reopens_with_its_last_figures(jupyterlab, browser, nam
         assert float(handle.get_attribute("aria-valuenow")) == 0, "the S_max slider did not reach 512 (its first stop)"
         page.wait_for_function("() => [...document.querySelectorAll('.jp-Notebook .lab-panel')].some(p => "
                                "(((p.querySelector('.js-plotly-plot') || {}).layout || {}).title || {}).text"
-                               "?.startsWith('232 slots'))", timeout=60_000)
+                               "?.startsWith('232 slots'))", timeout=60_000, polling=100)
         # the copy's update follows the figure's, later on a loaded machine: save until the file holds it
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

@@ -567,3 +567,29 @@ def test_a_prose_field_that_does_not_render_is_one_line_naming_the_cell(tmp_path
     with pytest.raises(B.BuildError, match=r"00_demo.py, cell 1: the prose field \{\{ N.no_such_number \}\}"):
         B.parse(make_lab(tmp_path, text))
 
+
+
+@pytest.mark.parametrize("deaths, message, ran", [
+    (1, "Kernel died before replying to kernel_info", 2),  # a kernel that died as it started: a second one runs
+    (2, "Kernel died before replying to kernel_info", 2),  # twice: the error stands
+    (1, "Event loop stopped before Future completed.", 1),  # any other failure is not retried
+])
+def test_a_kernel_that_dies_as_it_starts_is_replaced_once(monkeypatch, tmp_path, capsys, deaths, message, ran):
+    calls = []
+
+    def run(client, nb, label, progress):
+        calls.append(nb)
+        nb.cells[0].outputs = ["stands for what ran"]  # what a run writes into its copy of the notebook
+        if len(calls) <= deaths:
+            raise RuntimeError(message)
+
+    monkeypatch.setattr(B, "_run", run)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
+    if deaths < ran:
+        assert B.execute(nb, tmp_path, progress=False, label="lab").cells[0].outputs == ["stands for what ran"]
+        assert "lab: the kernel died as it started" in capsys.readouterr().err
+    else:
+        with pytest.raises(RuntimeError, match=message.split()[0]):
+            B.execute(nb, tmp_path, progress=False, label="lab")
+    assert len(calls) == ran and nb.cells[0].outputs == []  # each run had a fresh copy, the input is untouched
+    assert calls[0] is not calls[-1] or ran == 1

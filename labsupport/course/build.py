@@ -465,24 +465,40 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600, progress: 
             allow_errors: bool = False, label: str = "") -> nbformat.NotebookNode:
     """Run a copy of `nb` in a fresh kernel in `cwd`, stopping at the first error unless `allow_errors`."""
     from nbclient import NotebookClient
+    source = nb
+    for attempt in (1, 2):
+        nb = copy.deepcopy(source)
+        client = NotebookClient(nb, km=kernel_manager(), timeout=timeout, allow_errors=allow_errors,
+                                record_timing=False, resources={"metadata": {"path": str(cwd)}},
+                                store_widget_state=False)
+        try:
+            _run(client, nb, label, progress)
+            return nb
+        except RuntimeError as exc:
+            # the kernel process died before it ran any cell (seen once in about a thousand starts on a loaded
+            # machine): nothing of the notebook ran, so a second kernel is tried once
+            if attempt == 2 or "before replying to kernel_info" not in str(exc):
+                raise
+            print(f"{label or 'notebook'}: the kernel died as it started ({exc}); starting another",
+                  file=sys.stderr, flush=True)
+
+
+def _run(client, nb: nbformat.NotebookNode, label: str, progress: bool) -> None:
+    """`client` runs `nb` top to bottom; a cell that fails or times out raises ExecutionFailure, naming it."""
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
     from tqdm.auto import tqdm
-    nb = copy.deepcopy(nb)
-    client = NotebookClient(nb, km=kernel_manager(), timeout=timeout, allow_errors=allow_errors, record_timing=False,
-                            resources={"metadata": {"path": str(cwd)}}, store_widget_state=False)
     with tqdm(total=len(nb.cells), desc=label or "cells", unit="cell", file=sys.stderr, leave=False,
               disable=not progress) as bar:
         client.on_cell_executed = lambda **_: bar.update(1)
         try:
             client.execute()
         except CellTimeoutError:
-            raise ExecutionFailure(f"{label or 'notebook'}: a cell ran longer than {timeout} s") from None
+            raise ExecutionFailure(f"{label or 'notebook'}: a cell ran longer than {client.timeout} s") from None
         except CellExecutionError as exc:
             where = next((f"cell {i}" for i, c in enumerate(nb.cells, start=1) if c.cell_type == "code"
                           and any(o.output_type == "error" for o in c.get("outputs", []))), "a cell")
             raise ExecutionFailure(f"{label or 'notebook'}, {where}: execution stops here with "
                                    f"{exc.ename}: {str(exc.evalue)[:300]}") from None
-    return nb
 
 
 def finalize(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
