@@ -212,3 +212,32 @@ def test_the_placeholder_is_found_only_in_built_in_containers():
         pass
 
     assert not D.contains_unfinished(Box([...]))
+
+
+@pytest.mark.parametrize("leaf", [None, True, False, 0, -7, 2**62, 2**64, 2**4000 - 1, 2**4000, -(2**5000), 1.5,
+                                  -0.0, math.nan, math.inf, -math.inf, "", "text", "$new"])
+def test_a_case_inputs_leaves_are_plain_data_as_plain_writes_them(leaf):
+    """as_input reads an engine run's leaves on a path of its own (most of a plan's time was spent there): each
+    leaf, alone, in a list, as a dict value and in a labsupport dataclass, is the data `plain` makes of it."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Held:  # as a labsupport dataclass would hold it
+        value: object
+        seen: int = dataclasses.field(default=0, init=False)
+
+    Held.__module__ = "labsupport.stand_in"
+    want = D.plain(leaf)
+    assert json.dumps(D.as_input(leaf)) == json.dumps(want)
+    assert json.dumps(D.as_input([leaf, {"k": leaf}])) == json.dumps([want, {"k": want}])
+    made = D.as_input(Held(leaf))
+    assert made["make"].endswith(":test_a_case_inputs_leaves_are_plain_data_as_plain_writes_them.<locals>.Held")
+    assert json.dumps(made["kwargs"]) == json.dumps({"value": want})  # the constructor's fields only
+
+
+def test_a_case_input_nested_past_the_bound_is_refused_at_its_leaf():
+    nested = 1
+    for _ in range(D.MAX_DEPTH + 1):
+        nested = [nested, "x"]  # mixed: not the all-numbers list fast path
+    with pytest.raises(DataError, match="too deeply nested"):
+        D.as_input(nested)

@@ -370,3 +370,32 @@ def test_the_trace_tests_find_the_traces_where_the_labs_do(tmp_path, monkeypatch
     direct = [p.name for p in here.glob("test_*.py") if p.name != Path(__file__).name
               and '"shared" / "traces"' in p.read_text(encoding="utf-8")]
     assert direct == [], f"these tests read ../shared/traces/ directly instead of through real_trace(): {direct}"
+
+
+def test_azure_timestamps_read_as_strptime_reads_them():
+    """_parse_time matches "%Y-%m-%d %H:%M:%S" itself (strptime was half of reading a trace): on thousands of drawn
+    texts, in range and out of it, it reads or refuses exactly as strptime does."""
+    import random
+    from datetime import datetime
+
+    from labsupport.workloads import _parse_time
+
+    def by_strptime(text):
+        whole, _, frac = text.strip().partition(".")
+        t = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S")
+        return (t - datetime(1970, 1, 1)).total_seconds() + (float("0." + frac) if frac else 0.0)
+
+    rng = random.Random(37)
+    texts = ["2023-11-16 18:15:46.6805900", "2023-1-5 1:2:3", "2024-02-29 23:59:59", "2023-02-29 00:00:00",
+             "2023-11-16  18:15:46", "2023-11-16T18:15:46", "2023-11-16 18:15", "023-11-16 18:15:46"]
+    texts += [f"{rng.randint(0, 9999):0{rng.choice([1, 4])}d}-{rng.randint(0, 13)}-{rng.randint(0, 32):02d}"
+              f"{rng.choice([' ', '  ', 'T'])}{rng.randint(0, 25)}:{rng.randint(0, 61):02d}:{rng.randint(0, 61)}"
+              f"{rng.choice(['', '.5', '.6805900'])}" for _ in range(3000)]
+    for text in texts:
+        try:
+            want = by_strptime(text)
+        except ValueError:
+            with pytest.raises(ValueError):
+                _parse_time(text)
+        else:
+            assert _parse_time(text) == want, text

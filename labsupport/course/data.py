@@ -96,6 +96,12 @@ def plain(x, _depth: int = 0, _count: list | None = None):
     if x is Ellipsis:
         return {"$": "unfinished"}
     if type(x) in (list, tuple):
+        if _depth < MAX_DEPTH and all(type(v) is int and -2**63 <= v < 2**63 or type(v) is float and math.isfinite(v)
+                                      for v in x):
+            count[0] += len(x)  # a list of plain numbers (a block table, token times) is itself: one item each
+            if count[0] > MAX_ITEMS:
+                raise DataError("the answer is too large or too deeply nested to hand over")
+            return list(x)
         return [plain(v, _depth + 1, count) for v in x]
     if type(x) is dict:
         if all(type(k) is str and not k.startswith("$") for k in x):
@@ -254,6 +260,11 @@ def as_input(x, _depth: int = 0):
     from its fields.  A live made by a class (an allocator) stays its recipe: the object, built as it was."""
     if _depth > MAX_DEPTH:
         raise DataError("the input is too deeply nested")
+    kind = type(x)
+    if x is None or kind is str or kind is bool or kind is int and x.bit_length() <= 4000:
+        return x  # the leaves of an engine run, most of the calls: plain as they are (as `plain` returns them)
+    if kind is float:
+        return _number(x)
     if isinstance(x, Live) and not (isinstance(x._make, type) or isinstance(getattr(x._make, "__self__", None), type)):
         key = json.dumps(x.recipe([0]), sort_keys=True)
         if key not in _MADE:
@@ -267,11 +278,23 @@ def as_input(x, _depth: int = 0):
         return [as_input(v, _depth + 1) for v in x]
     if type(x) is dict and all(type(k) is str and not k.startswith("$") for k in x):
         return {k: as_input(v, _depth + 1) for k, v in x.items()}
-    if dataclasses.is_dataclass(x) and not isinstance(x, type) and type(x).__module__.startswith("labsupport."):
-        fields = {f.name: as_input(getattr(x, f.name), _depth + 1) for f in dataclasses.fields(x) if f.init}
-        return {"$": "new", "make": f"{type(x).__module__}:{type(x).__qualname__}", "args": [], "kwargs": fields,
+    if (names := _init_fields(kind)) is not None:
+        fields = {name: as_input(getattr(x, name), _depth + 1) for name in names}
+        return {"$": "new", "make": f"{kind.__module__}:{kind.__qualname__}", "args": [], "kwargs": fields,
                 "calls": []}
     return plain(x, _depth)
+
+
+_INIT_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _init_fields(kind: type) -> tuple[str, ...] | None:
+    """The fields a labsupport dataclass's constructor takes, in order; None for any other type (read once a type:
+    an engine run hands over thousands of requests)."""
+    if kind not in _INIT_FIELDS:
+        made = dataclasses.is_dataclass(kind) and kind.__module__.startswith("labsupport.")
+        _INIT_FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind) if f.init) if made else None
+    return _INIT_FIELDS[kind]
 
 
 def share(inputs):
