@@ -70,7 +70,7 @@ def test_solution_passes_strict_nbval(path):
             [sys.executable, "-m", "pytest", "--nbval", "--nbval-sanitize-with", str(SANITIZE),
              "-p", "no:cacheprovider", *plugin, "-q", "--nbval-cell-timeout=600", str(path.relative_to(ROOT))],
             cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
-        if "Kernel died before replying to kernel_info" not in proc.stdout:
+        if B.KERNEL_DIED_AT_START not in proc.stdout:
             break
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert re.search(r"\d+ passed", proc.stdout), proc.stdout[-2000:]

@@ -461,6 +461,9 @@ def kernel_manager():
     return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=ThisPython())
 
 
+KERNEL_DIED_AT_START = "Kernel died before replying to kernel_info"  # jupyter_client's words, before any cell ran
+
+
 def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600, progress: bool = True,
             allow_errors: bool = False, label: str = "") -> nbformat.NotebookNode:
     """Run a copy of `nb` in a fresh kernel in `cwd`, stopping at the first error unless `allow_errors`."""
@@ -477,7 +480,7 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600, progress: 
         except RuntimeError as exc:
             # the kernel process died before it ran any cell (seen once in about a thousand starts on a loaded
             # machine): nothing of the notebook ran, so a second kernel is tried once
-            if attempt == 2 or "before replying to kernel_info" not in str(exc):
+            if attempt == 2 or KERNEL_DIED_AT_START not in str(exc):
                 raise
             print(f"{label or 'notebook'}: the kernel died as it started ({exc}); starting another",
                   file=sys.stderr, flush=True)

@@ -31,6 +31,7 @@ import operator
 MAX_DEPTH = 40
 MAX_ITEMS = 2_000_000  # list items, dict entries and tensor elements in one answer
 MAX_TEXT = 64 * 2**20  # characters of JSON read back
+MAX_INT_BITS = 4000  # a longer whole number is not handed over: JSON has no limit, Python's int-to-text has one
 
 
 class DataError(ValueError):
@@ -66,6 +67,12 @@ def _exact(x: fractions.Fraction | decimal.Decimal) -> int | float:
         return math.nan
 
 
+def plain_numbers(values) -> bool:
+    """Whether every item is a finite float or an int within 64 bits: such a list (a block table, an engine run's
+    token times) is plain data as it is, item by item, with no walk through it."""
+    return all(type(v) is float and math.isfinite(v) or type(v) is int and abs(v) < 2**63 for v in values)
+
+
 def _tensor(x) -> dict | None:
     kind = type(x).__module__.split(".")[0]
     if kind == "torch" and type(x).__name__ in ("Tensor", "Parameter"):
@@ -85,7 +92,7 @@ def plain(x, _depth: int = 0, _count: list | None = None):
     count[0] += 1
     if count[0] > MAX_ITEMS or _depth > MAX_DEPTH:
         raise DataError("the answer is too large or too deeply nested to hand over")
-    if type(x) is int and x.bit_length() > 4000:  # JSON has no limit, Python's int-to-text has one
+    if type(x) is int and x.bit_length() > MAX_INT_BITS:
         return {"$": "object", "type": f"whole number of {x.bit_length():,} bits"}
     if x is None or type(x) in (bool, int, str):
         return x
@@ -96,8 +103,7 @@ def plain(x, _depth: int = 0, _count: list | None = None):
     if x is Ellipsis:
         return {"$": "unfinished"}
     if type(x) in (list, tuple):
-        if _depth < MAX_DEPTH and all(type(v) is int and -2**63 <= v < 2**63 or type(v) is float and math.isfinite(v)
-                                      for v in x):
+        if _depth < MAX_DEPTH and plain_numbers(x):
             count[0] += len(x)  # a list of plain numbers (a block table, token times) is itself: one item each
             if count[0] > MAX_ITEMS:
                 raise DataError("the answer is too large or too deeply nested to hand over")
@@ -261,7 +267,7 @@ def as_input(x, _depth: int = 0):
     if _depth > MAX_DEPTH:
         raise DataError("the input is too deeply nested")
     kind = type(x)
-    if x is None or kind is str or kind is bool or kind is int and x.bit_length() <= 4000:
+    if x is None or kind is str or kind is bool or kind is int and x.bit_length() <= MAX_INT_BITS:
         return x  # the leaves of an engine run, most of the calls: plain as they are (as `plain` returns them)
     if kind is float:
         return _number(x)
@@ -273,7 +279,7 @@ def as_input(x, _depth: int = 0):
             _MADE[key] = as_input(x.real, _depth + 1)
         return {"$": "shared", "value": _MADE[key]}
     if type(x) in (list, tuple):
-        if all(type(v) is float and math.isfinite(v) or type(v) is int and abs(v) < 2**63 for v in x):
+        if plain_numbers(x):
             return list(x)  # an engine run's token times: plain as they are, at a planning's scale (issue 34)
         return [as_input(v, _depth + 1) for v in x]
     if type(x) is dict and all(type(k) is str and not k.startswith("$") for k in x):
