@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from conftest import lost_groups
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GROUPED = '''
 import pytest
@@ -60,3 +63,29 @@ def test_a_run_that_would_lose_its_groups_is_refused_in_one_line(dist, worker, r
 def test_this_pytest_keeps_the_groups():
     """The pytest `make test` installs is one whose ids pytest-xdist can suffix."""
     assert lost_groups(_config("loadgroup")) == ""
+
+
+HANGS = '''
+import time
+def test_hangs():
+    while True:
+        time.sleep(0.1)
+def test_after_it():
+    pass
+'''
+
+
+def test_a_hung_test_fails_and_the_run_goes_on(tmp_path):
+    """The suite's own settings (pyproject.toml) stop a test that never returns: with the bounds cut to seconds,
+    the hung test's stack is written out as it runs on, then its worker is ended and reported, and the other test
+    still passes."""
+    (tmp_path / "test_hangs.py").write_text(HANGS)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
+                          "-o", "timeout=3", "-o", "faulthandler_timeout=1", "-n", "2", "-p", "no:cacheprovider", "-p", "no:randomly",
+                          str(tmp_path / "test_hangs.py")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out[-3000:]
+    assert "crashed while running 'test_hangs.py::test_hangs'" in out, out[-3000:]
+    assert "1 failed, 1 passed" in run.stdout, out[-3000:]
+    assert "in test_hangs" in out, out[-3000:]  # the hung test's own frame, in the stack written out
