@@ -100,6 +100,37 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(scope="module")
+def gguf_read_once():
+    """Within a module, transformers' GGUF loads share gguf's reading of the file.  transformers parses the whole
+    file at each load (its config, its weights and its tokenizer: three parses of SmolLM2's 98 MB, each about
+    3.5 CPU-s) and builds gguf's tensor-name map once per tensor (397 times, 4.7 CPU-s); both are pure reads of a
+    file that does not change, so each is made once here (13.7 -> 5.6 CPU-s for the tokenizer and the model,
+    the same weights bit for bit).  transformers' own loading and arithmetic are untouched: the reference stays
+    independent of labsupport.pretrained."""
+    import os
+
+    gguf = pytest.importorskip("gguf")
+    readers, maps = {}, {}
+    read, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = read(path, mode)
+        return readers[key]
+
+    def tensor_name_map(arch, n_blocks):
+        if (arch, n_blocks) not in maps:
+            maps[arch, n_blocks] = name_map(arch, n_blocks)
+        return maps[arch, n_blocks]
+
+    with pytest.MonkeyPatch.context() as patch:  # transformers imports both from gguf at each load
+        patch.setattr(gguf, "GGUFReader", reader)
+        patch.setattr(gguf, "get_tensor_name_map", tensor_name_map)
+        yield
+
+
 @pytest.fixture
 def fails():
     """`with fails("too low"): check(...)`: the block must print one ❌ line (check() never raises for

@@ -19,7 +19,7 @@ MISSING = missing(*TEST_ONLY)
 
 @pytest.mark.slow  # 20 to 60 s on 2 cores: transformers dequantizes the GGUF itself at every load
 @pytest.mark.skipif(MISSING is not None, reason=f"bench smollm2: {MISSING}")
-@pytest.mark.usefixtures("one_thread")
+@pytest.mark.usefixtures("one_thread", "gguf_read_once")
 def test_a_tiny_batch_runs_on_both_sides(tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["smollm2", "--requests", "4", "--max-prompt", "24", "--max-output", "6", "--dtype", "float32",

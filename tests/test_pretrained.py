@@ -192,7 +192,7 @@ def test_generate_cli_streams_and_counts_blocks(capsys):
 # --- our tokenizer against transformers' ------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def hf_tokenizer():
+def hf_tokenizer(gguf_read_once):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     transformers = pytest.importorskip("transformers", reason=NEEDS_TRANSFORMERS)
     path = pretrained.find_gguf()
@@ -233,7 +233,7 @@ def test_token_ids_match_transformers(smol, hf_tokenizer):
 # --- the three decode paths against transformers' generate -------------------------------------------
 
 @pytest.fixture(scope="module")
-def reference(smol):
+def reference(smol, gguf_read_once):
     """transformers' greedy tokens and per-step logits for the three prompts (float32, offline)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     transformers = pytest.importorskip("transformers", reason=NEEDS_TRANSFORMERS)
