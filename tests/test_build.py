@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -593,3 +594,32 @@ def test_a_kernel_that_dies_as_it_starts_is_replaced_once(monkeypatch, tmp_path,
             B.execute(nb, tmp_path, progress=False, label="lab")
     assert len(calls) == ran and nb.cells[0].outputs == []  # each run had a fresh copy, the input is untouched
     assert calls[0] is not calls[-1] or ran == 1
+
+
+def _kernels_alive(pids: list[int]) -> list[int]:
+    """Those of `pids` that are still running (a zombie has ended: it waits only to be reaped)."""
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_kernel_ends_with_its_notebook(tmp_path, fails):
+    """A notebook's kernel ends when execute returns, or raises: a build runs twenty notebooks, and a kernel kept
+    alive after its notebook held its memory, idle, until the whole build ended."""
+    source = "import os\nopen('kernel.pid', 'w').write(str(os.getpid()))" + ("\n1 / 0" if fails else "")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    if fails:
+        with pytest.raises(B.ExecutionFailure, match="ZeroDivisionError"):
+            B.execute(nb, tmp_path, progress=False, label="lab")
+    else:
+        B.execute(nb, tmp_path, progress=False, label="lab")
+    pid = int((tmp_path / "kernel.pid").read_text())
+    assert pid != os.getpid() and _kernels_alive([pid]) == []

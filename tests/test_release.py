@@ -330,7 +330,7 @@ def test_the_released_notebooks_run(release, name):
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, km=B.kernel_manager(), timeout=600, allow_errors=True,
                             resources={"metadata": {"path": str(path.parent)}})
-    client.execute(env=_env(release))
+    client.execute(env=_env(release), cleanup_kc=True)  # a kernel given to nbclient is ours to end
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, [(e.ename, e.evalue) for e in errors]
     code = [c for c in nb.cells if c.cell_type == "code"]

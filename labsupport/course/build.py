@@ -473,7 +473,7 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600, progress: 
         nb = copy.deepcopy(source)
         client = NotebookClient(nb, km=kernel_manager(), timeout=timeout, allow_errors=allow_errors,
                                 record_timing=False, resources={"metadata": {"path": str(cwd)}},
-                                store_widget_state=False)
+                                store_widget_state=False, shutdown_kernel="immediate")
         try:
             _run(client, nb, label, progress)
             return nb
@@ -494,7 +494,10 @@ def _run(client, nb: nbformat.NotebookNode, label: str, progress: bool) -> None:
               disable=not progress) as bar:
         client.on_cell_executed = lambda **_: bar.update(1)
         try:
-            client.execute()
+            # the kernel goes when the notebook has run, or fails: nbclient keeps alive a kernel whose manager it
+            # was given (ours, kernel_manager()), and a build's twenty kernels then lived, idle, holding their
+            # memory, until the build ended
+            client.execute(cleanup_kc=True)
         except CellTimeoutError:
             raise ExecutionFailure(f"{label or 'notebook'}: a cell ran longer than {client.timeout} s") from None
         except CellExecutionError as exc:
