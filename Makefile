@@ -91,7 +91,8 @@ bubblewrap:
 # Every core: pytest-xdist spreads the tests over two workers a core (JOBS=1 for one process, in order; JOBS=auto for
 # one a core).  Two a core, because much of the suite waits rather than computes (a grading sandbox's time limits, a
 # browser waiting on its kernel, a subprocess starting): on a 2-core machine with two workers, `make test` spent
-# 970 CPU-seconds in 1,400 s of wall time, its cores a third idle; with four, 1,334 CPU-seconds in 670 s (99.7% busy).
+# 970 CPU-seconds in 1,400 s of wall time, its cores a third idle; with four, 1,334 CPU-seconds in 670 s (99.7% busy),
+# and now, on a clean machine, about 1,105 CPU-seconds in 555-580 s.
 JOBS ?= $(shell $(PYTHON) -c "import os; print(2 * (os.cpu_count() or 1))")
 XDIST := $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup)
 # The fast tier computes rather than waits: one worker a core (on 2 cores: 78 s, against 91 s with four).
