@@ -578,7 +578,7 @@ def test_a_prose_field_that_does_not_render_is_one_line_naming_the_cell(tmp_path
 def test_a_kernel_that_dies_as_it_starts_is_replaced_once(monkeypatch, tmp_path, capsys, deaths, message, ran):
     calls = []
 
-    def run(client, nb, label, progress):
+    def run(client, nb, label, progress, env):
         calls.append(nb)
         nb.cells[0].outputs = ["stands for what ran"]  # what a run writes into its copy of the notebook
         if len(calls) <= deaths:
@@ -596,30 +596,28 @@ def test_a_kernel_that_dies_as_it_starts_is_replaced_once(monkeypatch, tmp_path,
     assert calls[0] is not calls[-1] or ran == 1
 
 
-def _kernels_alive(pids: list[int]) -> list[int]:
-    """Those of `pids` that are still running (a zombie has ended: it waits only to be reaped)."""
-    alive = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.append(pid)
-    return alive
+def _running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie has ended: it waits only to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
 @pytest.mark.parametrize("fails", [False, True])
 def test_the_kernel_ends_with_its_notebook(tmp_path, fails):
-    """A notebook's kernel ends when execute returns, or raises: a build runs twenty notebooks, and a kernel kept
-    alive after its notebook held its memory, idle, until the whole build ended."""
-    source = "import os\nopen('kernel.pid', 'w').write(str(os.getpid()))" + ("\n1 / 0" if fails else "")
+    """A notebook's kernel starts with the environment it is given and ends when execute returns, or raises: a
+    build runs twenty notebooks, and a kernel kept alive after its notebook held its memory, idle, until the whole
+    build ended."""
+    source = ("import os\nopen('kernel.pid', 'w').write(f\"{os.getpid()} {os.environ['LAB_MARK']}\")"
+              + ("\n1 / 0" if fails else ""))
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    env = dict(os.environ, LAB_MARK="given")
     if fails:
         with pytest.raises(B.ExecutionFailure, match="ZeroDivisionError"):
-            B.execute(nb, tmp_path, progress=False, label="lab")
+            B.execute(nb, tmp_path, progress=False, label="lab", env=env)
     else:
-        B.execute(nb, tmp_path, progress=False, label="lab")
-    pid = int((tmp_path / "kernel.pid").read_text())
-    assert pid != os.getpid() and _kernels_alive([pid]) == []
+        B.execute(nb, tmp_path, progress=False, label="lab", env=env)
+    pid, mark = (tmp_path / "kernel.pid").read_text().split()
+    assert mark == "given" and int(pid) != os.getpid() and not _running(int(pid))

@@ -465,8 +465,9 @@ KERNEL_DIED_AT_START = "Kernel died before replying to kernel_info"  # jupyter_c
 
 
 def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600, progress: bool = True,
-            allow_errors: bool = False, label: str = "") -> nbformat.NotebookNode:
-    """Run a copy of `nb` in a fresh kernel in `cwd`, stopping at the first error unless `allow_errors`."""
+            allow_errors: bool = False, label: str = "", env: dict | None = None) -> nbformat.NotebookNode:
+    """Run a copy of `nb` in a fresh kernel in `cwd`, stopping at the first error unless `allow_errors`; the
+    kernel starts with `env` (default: this process's environment) and ends with the run."""
     from nbclient import NotebookClient
     source = nb
     for attempt in (1, 2):
@@ -475,7 +476,7 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600, progress: 
                                 record_timing=False, resources={"metadata": {"path": str(cwd)}},
                                 store_widget_state=False, shutdown_kernel="immediate")
         try:
-            _run(client, nb, label, progress)
+            _run(client, nb, label, progress, env)
             return nb
         except RuntimeError as exc:
             # the kernel process died before it ran any cell (seen once in about a thousand starts on a loaded
@@ -486,7 +487,7 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600, progress: 
                   file=sys.stderr, flush=True)
 
 
-def _run(client, nb: nbformat.NotebookNode, label: str, progress: bool) -> None:
+def _run(client, nb: nbformat.NotebookNode, label: str, progress: bool, env: dict | None = None) -> None:
     """`client` runs `nb` top to bottom; a cell that fails or times out raises ExecutionFailure, naming it."""
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
     from tqdm.auto import tqdm
@@ -497,7 +498,7 @@ def _run(client, nb: nbformat.NotebookNode, label: str, progress: bool) -> None:
             # the kernel goes when the notebook has run, or fails: nbclient keeps alive a kernel whose manager it
             # was given (ours, kernel_manager()), and a build's twenty kernels then lived, idle, holding their
             # memory, until the build ended
-            client.execute(cleanup_kc=True)
+            client.execute(cleanup_kc=True, **({} if env is None else {"env": env}))
         except CellTimeoutError:
             raise ExecutionFailure(f"{label or 'notebook'}: a cell ran longer than {client.timeout} s") from None
         except CellExecutionError as exc:
